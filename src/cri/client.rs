@@ -1,0 +1,313 @@
+//! The CRI client over gRPC on a Unix socket (upstream `cri/remote`). Every
+//! call carries a deadline (runtimeRequestTimeout); the channel connects
+//! lazily and reconnects on the next call after containerd restarts.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::v1::runtime_service_client::RuntimeServiceClient;
+use super::v1::{self, image_service_client::ImageServiceClient};
+use super::*;
+
+/// Upstream caps CRI messages at 16 MiB (`maxMsgSize` in cri/remote).
+const MAX_MSG_SIZE: usize = 16 * 1024 * 1024;
+
+/// Image pulls can legitimately take much longer than other calls.
+const PULL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+#[derive(Clone)]
+pub struct RemoteRuntime {
+    runtime: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
+    timeout: Duration,
+}
+
+/// Turns `unix:///run/containerd/containerd.sock` (or a bare path) into a path.
+pub fn socket_path(endpoint: &str) -> CriResult<PathBuf> {
+    let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+    if !path.starts_with('/') {
+        return Err(CriError::Endpoint {
+            endpoint: endpoint.to_string(),
+            reason: "only unix socket endpoints are supported".into(),
+        });
+    }
+    Ok(PathBuf::from(path))
+}
+
+impl RemoteRuntime {
+    /// Builds a lazily-connecting client; no I/O happens until the first call.
+    pub fn connect_lazy(endpoint: &str, timeout: Duration) -> CriResult<Self> {
+        let path = socket_path(endpoint)?;
+        // The URI is a placeholder: the connector below ignores it.
+        let channel =
+            Endpoint::from_static("http://[::]:0")
+                .connect_timeout(Duration::from_secs(5))
+                .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                    }
+                }));
+        let runtime = RuntimeServiceClient::new(channel.clone())
+            .max_decoding_message_size(MAX_MSG_SIZE)
+            .max_encoding_message_size(MAX_MSG_SIZE);
+        let images = ImageServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MSG_SIZE)
+            .max_encoding_message_size(MAX_MSG_SIZE);
+        Ok(RemoteRuntime {
+            runtime,
+            images,
+            timeout,
+        })
+    }
+
+    async fn call<T, F>(&self, op: &'static str, timeout: Duration, fut: F) -> CriResult<T>
+    where
+        F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(Ok(resp)) => Ok(resp.into_inner()),
+            Ok(Err(status)) => Err(CriError::from_status(op, status)),
+            Err(_) => Err(CriError::DeadlineExceeded { op }),
+        }
+    }
+}
+
+#[async_trait]
+impl RuntimeService for RemoteRuntime {
+    async fn version(&self) -> CriResult<v1::VersionResponse> {
+        let mut c = self.runtime.clone();
+        let req = v1::VersionRequest {
+            version: "v1".into(),
+        };
+        self.call("Version", self.timeout, c.version(req)).await
+    }
+
+    async fn status(&self) -> CriResult<v1::StatusResponse> {
+        let mut c = self.runtime.clone();
+        let req = v1::StatusRequest { verbose: false };
+        self.call("Status", self.timeout, c.status(req)).await
+    }
+
+    async fn run_pod_sandbox(
+        &self,
+        config: PodSandboxConfig,
+        handler: String,
+    ) -> CriResult<String> {
+        let mut c = self.runtime.clone();
+        let req = v1::RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: handler,
+        };
+        // Upstream doubles the deadline for sandbox creation (network setup).
+        let r = self
+            .call("RunPodSandbox", self.timeout * 2, c.run_pod_sandbox(req))
+            .await?;
+        Ok(r.pod_sandbox_id)
+    }
+
+    async fn stop_pod_sandbox(&self, id: &str) -> CriResult<()> {
+        let mut c = self.runtime.clone();
+        let req = v1::StopPodSandboxRequest {
+            pod_sandbox_id: id.into(),
+        };
+        self.call("StopPodSandbox", self.timeout, c.stop_pod_sandbox(req))
+            .await
+            .map(drop)
+    }
+
+    async fn remove_pod_sandbox(&self, id: &str) -> CriResult<()> {
+        let mut c = self.runtime.clone();
+        let req = v1::RemovePodSandboxRequest {
+            pod_sandbox_id: id.into(),
+        };
+        self.call("RemovePodSandbox", self.timeout, c.remove_pod_sandbox(req))
+            .await
+            .map(drop)
+    }
+
+    async fn pod_sandbox_status(&self, id: &str) -> CriResult<PodSandboxStatus> {
+        let mut c = self.runtime.clone();
+        let req = v1::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: false,
+        };
+        let r = self
+            .call("PodSandboxStatus", self.timeout, c.pod_sandbox_status(req))
+            .await?;
+        r.status.ok_or(CriError::NotFound {
+            op: "PodSandboxStatus",
+            message: id.into(),
+        })
+    }
+
+    async fn list_pod_sandbox(
+        &self,
+        filter: Option<PodSandboxFilter>,
+    ) -> CriResult<Vec<PodSandbox>> {
+        let mut c = self.runtime.clone();
+        let req = v1::ListPodSandboxRequest { filter };
+        Ok(self
+            .call("ListPodSandbox", self.timeout, c.list_pod_sandbox(req))
+            .await?
+            .items)
+    }
+
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: ContainerConfig,
+        sandbox_config: PodSandboxConfig,
+    ) -> CriResult<String> {
+        let mut c = self.runtime.clone();
+        let req = v1::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.into(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config),
+        };
+        Ok(self
+            .call("CreateContainer", self.timeout, c.create_container(req))
+            .await?
+            .container_id)
+    }
+
+    async fn start_container(&self, id: &str) -> CriResult<()> {
+        let mut c = self.runtime.clone();
+        let req = v1::StartContainerRequest {
+            container_id: id.into(),
+        };
+        self.call("StartContainer", self.timeout, c.start_container(req))
+            .await
+            .map(drop)
+    }
+
+    async fn stop_container(&self, id: &str, timeout: i64) -> CriResult<()> {
+        let mut c = self.runtime.clone();
+        let req = v1::StopContainerRequest {
+            container_id: id.into(),
+            timeout,
+        };
+        // The runtime waits up to `timeout` seconds before SIGKILL, so the
+        // deadline must cover the grace period (upstream adds it too).
+        let deadline = self.timeout + Duration::from_secs(timeout.max(0) as u64);
+        self.call("StopContainer", deadline, c.stop_container(req))
+            .await
+            .map(drop)
+    }
+
+    async fn remove_container(&self, id: &str) -> CriResult<()> {
+        let mut c = self.runtime.clone();
+        let req = v1::RemoveContainerRequest {
+            container_id: id.into(),
+        };
+        self.call("RemoveContainer", self.timeout, c.remove_container(req))
+            .await
+            .map(drop)
+    }
+
+    async fn list_containers(&self, filter: Option<ContainerFilter>) -> CriResult<Vec<Container>> {
+        let mut c = self.runtime.clone();
+        let req = v1::ListContainersRequest { filter };
+        Ok(self
+            .call("ListContainers", self.timeout, c.list_containers(req))
+            .await?
+            .containers)
+    }
+
+    async fn container_status(&self, id: &str) -> CriResult<ContainerStatus> {
+        let mut c = self.runtime.clone();
+        let req = v1::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: false,
+        };
+        let r = self
+            .call("ContainerStatus", self.timeout, c.container_status(req))
+            .await?;
+        r.status.ok_or(CriError::NotFound {
+            op: "ContainerStatus",
+            message: id.into(),
+        })
+    }
+
+    async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout_secs: i64,
+    ) -> CriResult<v1::ExecSyncResponse> {
+        let mut c = self.runtime.clone();
+        let req = v1::ExecSyncRequest {
+            container_id: id.into(),
+            cmd,
+            timeout: timeout_secs,
+        };
+        let deadline = self.timeout + Duration::from_secs(timeout_secs.max(0) as u64);
+        self.call("ExecSync", deadline, c.exec_sync(req)).await
+    }
+}
+
+#[async_trait]
+impl ImageService for RemoteRuntime {
+    async fn list_images(&self) -> CriResult<Vec<Image>> {
+        let mut c = self.images.clone();
+        let req = v1::ListImagesRequest { filter: None };
+        Ok(self
+            .call("ListImages", self.timeout, c.list_images(req))
+            .await?
+            .images)
+    }
+
+    async fn image_status(&self, image: &str) -> CriResult<Option<Image>> {
+        let mut c = self.images.clone();
+        let req = v1::ImageStatusRequest {
+            image: Some(ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            verbose: false,
+        };
+        Ok(self
+            .call("ImageStatus", self.timeout, c.image_status(req))
+            .await?
+            .image)
+    }
+
+    async fn pull_image(
+        &self,
+        image: &str,
+        sandbox: Option<PodSandboxConfig>,
+    ) -> CriResult<String> {
+        let mut c = self.images.clone();
+        let req = v1::PullImageRequest {
+            image: Some(ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            auth: None,
+            sandbox_config: sandbox,
+        };
+        Ok(self
+            .call("PullImage", PULL_TIMEOUT, c.pull_image(req))
+            .await?
+            .image_ref)
+    }
+
+    async fn remove_image(&self, image: &str) -> CriResult<()> {
+        let mut c = self.images.clone();
+        let req = v1::RemoveImageRequest {
+            image: Some(ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+        };
+        self.call("RemoveImage", self.timeout, c.remove_image(req))
+            .await
+            .map(drop)
+    }
+}

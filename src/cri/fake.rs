@@ -1,0 +1,378 @@
+//! An in-memory runtime for unit tests: it keeps sandboxes, containers and
+//! images in maps and records every call, so tests can assert what the
+//! kubelet asked for. Never used against real pods.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+
+use super::*;
+
+#[derive(Default)]
+struct State {
+    sandboxes: BTreeMap<String, (PodSandboxConfig, i32)>,
+    containers: BTreeMap<String, FakeContainer>,
+    images: BTreeMap<String, Image>,
+    calls: Vec<String>,
+}
+
+struct FakeContainer {
+    sandbox_id: String,
+    config: ContainerConfig,
+    state: i32,
+    created_at: i64,
+    started_at: i64,
+    finished_at: i64,
+    exit_code: i32,
+}
+
+/// A fake CRI runtime. Clock values are a counter so ordering is stable.
+#[derive(Default)]
+pub struct FakeRuntime {
+    state: Mutex<State>,
+    seq: AtomicU64,
+}
+
+impl FakeRuntime {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn add_image(&self, name: &str) {
+        let img = Image {
+            id: format!("sha256:{:064x}", self.next()),
+            repo_tags: vec![name.to_string()],
+            ..Default::default()
+        };
+        self.state.lock().images.insert(name.to_string(), img);
+    }
+
+    /// Calls made so far, as "Op id-or-name" strings.
+    pub fn calls(&self) -> Vec<String> {
+        self.state.lock().calls.clone()
+    }
+
+    pub fn clear_calls(&self) {
+        self.state.lock().calls.clear();
+    }
+
+    /// Makes a running container exit with `code`, as if its process ended.
+    pub fn exit_container(&self, id: &str, code: i32) {
+        let now = self.next() as i64;
+        let mut s = self.state.lock();
+        if let Some(c) = s.containers.get_mut(id) {
+            c.state = ContainerState::ContainerExited as i32;
+            c.exit_code = code;
+            c.finished_at = now;
+        }
+    }
+
+    /// Marks a sandbox not ready, as if its network or pause process died.
+    pub fn kill_sandbox(&self, id: &str) {
+        if let Some(sb) = self.state.lock().sandboxes.get_mut(id) {
+            sb.1 = PodSandboxState::SandboxNotready as i32;
+        }
+    }
+
+    fn next(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn record(&self, s: &mut State, call: String) {
+        s.calls.push(call);
+    }
+}
+
+fn labels_match(
+    want: &std::collections::HashMap<String, String>,
+    have: &std::collections::HashMap<String, String>,
+) -> bool {
+    want.iter().all(|(k, v)| have.get(k) == Some(v))
+}
+
+#[async_trait]
+impl RuntimeService for FakeRuntime {
+    async fn version(&self) -> CriResult<v1::VersionResponse> {
+        Ok(v1::VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: "fake".into(),
+            runtime_version: "0".into(),
+            runtime_api_version: "v1".into(),
+        })
+    }
+
+    async fn status(&self) -> CriResult<v1::StatusResponse> {
+        Ok(v1::StatusResponse::default())
+    }
+
+    async fn run_pod_sandbox(&self, config: PodSandboxConfig, _h: String) -> CriResult<String> {
+        let id = format!("sb{}", self.next());
+        let mut s = self.state.lock();
+        self.record(
+            &mut s,
+            format!(
+                "RunPodSandbox {}",
+                config
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.name.as_str())
+                    .unwrap_or("")
+            ),
+        );
+        s.sandboxes
+            .insert(id.clone(), (config, PodSandboxState::SandboxReady as i32));
+        Ok(id)
+    }
+
+    async fn stop_pod_sandbox(&self, id: &str) -> CriResult<()> {
+        let mut s = self.state.lock();
+        self.record(&mut s, format!("StopPodSandbox {id}"));
+        let now = self.next() as i64;
+        for c in s.containers.values_mut().filter(|c| c.sandbox_id == id) {
+            if c.state == ContainerState::ContainerRunning as i32 {
+                c.state = ContainerState::ContainerExited as i32;
+                c.exit_code = 137;
+                c.finished_at = now;
+            }
+        }
+        if let Some(sb) = s.sandboxes.get_mut(id) {
+            sb.1 = PodSandboxState::SandboxNotready as i32;
+        }
+        Ok(())
+    }
+
+    async fn remove_pod_sandbox(&self, id: &str) -> CriResult<()> {
+        let mut s = self.state.lock();
+        self.record(&mut s, format!("RemovePodSandbox {id}"));
+        s.sandboxes.remove(id);
+        s.containers.retain(|_, c| c.sandbox_id != id);
+        Ok(())
+    }
+
+    async fn pod_sandbox_status(&self, id: &str) -> CriResult<PodSandboxStatus> {
+        let s = self.state.lock();
+        let (cfg, state) = s.sandboxes.get(id).ok_or(CriError::NotFound {
+            op: "PodSandboxStatus",
+            message: id.into(),
+        })?;
+        Ok(PodSandboxStatus {
+            id: id.into(),
+            metadata: cfg.metadata.clone(),
+            state: *state,
+            network: Some(v1::PodSandboxNetworkStatus {
+                ip: "10.88.0.5".into(),
+                additional_ips: vec![],
+            }),
+            labels: cfg.labels.clone(),
+            annotations: cfg.annotations.clone(),
+            ..Default::default()
+        })
+    }
+
+    async fn list_pod_sandbox(
+        &self,
+        filter: Option<PodSandboxFilter>,
+    ) -> CriResult<Vec<PodSandbox>> {
+        let s = self.state.lock();
+        let want = filter.map(|f| f.label_selector).unwrap_or_default();
+        Ok(s.sandboxes
+            .iter()
+            .filter(|(_, (cfg, _))| labels_match(&want, &cfg.labels))
+            .map(|(id, (cfg, state))| PodSandbox {
+                id: id.clone(),
+                metadata: cfg.metadata.clone(),
+                state: *state,
+                created_at: id.trim_start_matches("sb").parse().unwrap_or(0),
+                labels: cfg.labels.clone(),
+                annotations: cfg.annotations.clone(),
+                runtime_handler: String::new(),
+            })
+            .collect())
+    }
+
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: ContainerConfig,
+        _sb: PodSandboxConfig,
+    ) -> CriResult<String> {
+        let n = self.next();
+        let id = format!("c{n}");
+        let mut s = self.state.lock();
+        if !s.sandboxes.contains_key(sandbox_id) {
+            return Err(CriError::NotFound {
+                op: "CreateContainer",
+                message: sandbox_id.into(),
+            });
+        }
+        self.record(
+            &mut s,
+            format!(
+                "CreateContainer {}",
+                config
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.name.as_str())
+                    .unwrap_or("")
+            ),
+        );
+        s.containers.insert(
+            id.clone(),
+            FakeContainer {
+                sandbox_id: sandbox_id.into(),
+                config,
+                state: ContainerState::ContainerCreated as i32,
+                created_at: n as i64,
+                started_at: 0,
+                finished_at: 0,
+                exit_code: 0,
+            },
+        );
+        Ok(id)
+    }
+
+    async fn start_container(&self, id: &str) -> CriResult<()> {
+        let now = self.next() as i64;
+        let mut s = self.state.lock();
+        let name = s
+            .containers
+            .get(id)
+            .and_then(|c| c.config.metadata.as_ref())
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        self.record(&mut s, format!("StartContainer {name}"));
+        let c = s.containers.get_mut(id).ok_or(CriError::NotFound {
+            op: "StartContainer",
+            message: id.into(),
+        })?;
+        c.state = ContainerState::ContainerRunning as i32;
+        c.started_at = now;
+        Ok(())
+    }
+
+    async fn stop_container(&self, id: &str, _timeout: i64) -> CriResult<()> {
+        let now = self.next() as i64;
+        let mut s = self.state.lock();
+        let name = s
+            .containers
+            .get(id)
+            .and_then(|c| c.config.metadata.as_ref())
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        self.record(&mut s, format!("StopContainer {name}"));
+        if let Some(c) = s.containers.get_mut(id) {
+            if c.state == ContainerState::ContainerRunning as i32 {
+                c.state = ContainerState::ContainerExited as i32;
+                c.exit_code = 137;
+                c.finished_at = now;
+            }
+        }
+        Ok(())
+    }
+
+    async fn remove_container(&self, id: &str) -> CriResult<()> {
+        let mut s = self.state.lock();
+        self.record(&mut s, format!("RemoveContainer {id}"));
+        s.containers.remove(id);
+        Ok(())
+    }
+
+    async fn list_containers(&self, filter: Option<ContainerFilter>) -> CriResult<Vec<Container>> {
+        let s = self.state.lock();
+        let want = filter.map(|f| f.label_selector).unwrap_or_default();
+        Ok(s.containers
+            .iter()
+            .filter(|(_, c)| labels_match(&want, &c.config.labels))
+            .map(|(id, c)| Container {
+                id: id.clone(),
+                pod_sandbox_id: c.sandbox_id.clone(),
+                metadata: c.config.metadata.clone(),
+                image: c.config.image.clone(),
+                image_ref: "sha256:fake".into(),
+                state: c.state,
+                created_at: c.created_at,
+                labels: c.config.labels.clone(),
+                annotations: c.config.annotations.clone(),
+                ..Default::default()
+            })
+            .collect())
+    }
+
+    async fn container_status(&self, id: &str) -> CriResult<ContainerStatus> {
+        let s = self.state.lock();
+        let c = s.containers.get(id).ok_or(CriError::NotFound {
+            op: "ContainerStatus",
+            message: id.into(),
+        })?;
+        let exited = c.state == ContainerState::ContainerExited as i32;
+        Ok(ContainerStatus {
+            id: id.into(),
+            metadata: c.config.metadata.clone(),
+            state: c.state,
+            created_at: c.created_at,
+            started_at: c.started_at,
+            finished_at: c.finished_at,
+            exit_code: c.exit_code,
+            image: c.config.image.clone(),
+            image_ref: "sha256:fake".into(),
+            reason: if exited {
+                if c.exit_code == 0 {
+                    "Completed".into()
+                } else {
+                    "Error".into()
+                }
+            } else {
+                String::new()
+            },
+            labels: c.config.labels.clone(),
+            annotations: c.config.annotations.clone(),
+            ..Default::default()
+        })
+    }
+
+    async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        _t: i64,
+    ) -> CriResult<v1::ExecSyncResponse> {
+        let mut s = self.state.lock();
+        self.record(&mut s, format!("ExecSync {id} {}", cmd.join(" ")));
+        Ok(v1::ExecSyncResponse::default())
+    }
+}
+
+#[async_trait]
+impl ImageService for FakeRuntime {
+    async fn list_images(&self) -> CriResult<Vec<Image>> {
+        Ok(self.state.lock().images.values().cloned().collect())
+    }
+
+    async fn image_status(&self, image: &str) -> CriResult<Option<Image>> {
+        Ok(self.state.lock().images.get(image).cloned())
+    }
+
+    async fn pull_image(&self, image: &str, _sb: Option<PodSandboxConfig>) -> CriResult<String> {
+        {
+            let mut s = self.state.lock();
+            self.record(&mut s, format!("PullImage {image}"));
+            if !s.images.contains_key(image) && image.contains("missing") {
+                return Err(CriError::NotFound {
+                    op: "PullImage",
+                    message: format!("{image}: not found"),
+                });
+            }
+        }
+        if !self.state.lock().images.contains_key(image) {
+            self.add_image(image);
+        }
+        Ok(self.state.lock().images[image].id.clone())
+    }
+
+    async fn remove_image(&self, image: &str) -> CriResult<()> {
+        self.state.lock().images.remove(image);
+        Ok(())
+    }
+}

@@ -1,0 +1,227 @@
+//! Image manager: pull policies, pull backoff and pull serialization
+//! (upstream `pkg/kubelet/images/image_manager.go`, `puller.go`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+
+use crate::cri::{ImageService, PodSandboxConfig};
+use crate::kuberuntime::backoff::Backoff;
+
+/// Why a container's image is not ready, with upstream's waiting reasons.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct ImageError {
+    pub reason: &'static str,
+    pub message: String,
+    /// When a retry may succeed; `None` for errors only a spec change fixes.
+    pub retry_after: Option<Duration>,
+}
+
+pub struct ImageManager {
+    svc: Arc<dyn ImageService>,
+    backoff: Mutex<Backoff>,
+    /// One permit when pulls are serialized (upstream default), else
+    /// maxParallelImagePulls.
+    pulls: Semaphore,
+}
+
+/// Upstream's pull policy default: Always for `:latest` or no tag, else
+/// IfNotPresent (applied by API defaulting; repeated here for pods that
+/// arrive without it).
+pub fn pull_policy(c: &Container) -> &str {
+    if let Some(p) = c.image_pull_policy.as_deref().filter(|p| !p.is_empty()) {
+        return p;
+    }
+    let image = c.image.as_deref().unwrap_or_default();
+    if image.contains('@') {
+        return "IfNotPresent";
+    }
+    match image.rsplit_once(':') {
+        Some((_, tag)) if !tag.contains('/') && tag != "latest" => "IfNotPresent",
+        _ => "Always",
+    }
+}
+
+/// A light form of upstream's reference parsing: enough to turn obvious
+/// garbage into InvalidImageName instead of a pull error.
+fn valid_image_name(image: &str) -> bool {
+    let name = image.split(['@']).next().unwrap_or_default();
+    let repo = match name.rsplit_once(':') {
+        Some((r, tag)) if !tag.contains('/') => r,
+        _ => name,
+    };
+    !repo.is_empty()
+        && !image.chars().any(|c| c.is_whitespace())
+        && repo
+            .split('/')
+            .skip(usize::from(repo.contains('/')))
+            .all(|p| {
+                !p.is_empty()
+                    && p.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
+            })
+}
+
+impl ImageManager {
+    pub fn new(svc: Arc<dyn ImageService>, serialize: bool, max_parallel: Option<usize>) -> Self {
+        let permits = if serialize {
+            1
+        } else {
+            max_parallel.unwrap_or(Semaphore::MAX_PERMITS).max(1)
+        };
+        ImageManager {
+            svc,
+            backoff: Mutex::new(Backoff::container()),
+            pulls: Semaphore::new(permits),
+        }
+    }
+
+    /// Makes sure the container's image is present; returns the image
+    /// reference to create the container from.
+    pub async fn ensure_image(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        sandbox: &PodSandboxConfig,
+        now: Duration,
+    ) -> Result<String, ImageError> {
+        let image = c.image.as_deref().unwrap_or_default();
+        if !valid_image_name(image) {
+            return Err(ImageError {
+                reason: "InvalidImageName",
+                message: format!(
+                    "Failed to apply default image tag {image:?}: couldn't parse image name"
+                ),
+                retry_after: None,
+            });
+        }
+        let policy = pull_policy(c);
+        let present = match self.svc.image_status(image).await {
+            Ok(found) => found,
+            Err(e) => {
+                return Err(ImageError {
+                    reason: "ErrImageInspect",
+                    message: format!("Failed to inspect image {image:?}: {e}"),
+                    retry_after: Some(Duration::from_secs(1)),
+                })
+            }
+        };
+        if let Some(img) = &present {
+            if policy != "Always" {
+                return Ok(img.id.clone());
+            }
+        } else if policy == "Never" {
+            return Err(ImageError {
+                reason: "ErrImageNeverPull",
+                message: format!(
+                    "Container image {image:?} is not present with pull policy of Never"
+                ),
+                retry_after: None,
+            });
+        }
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let key = format!("{uid}_{image}");
+        if let Some(left) = self.backoff.lock().remaining(&key, now, now) {
+            return Err(ImageError {
+                reason: "ImagePullBackOff",
+                message: format!("Back-off pulling image {image:?}"),
+                retry_after: Some(left),
+            });
+        }
+        let _permit = self.pulls.acquire().await.expect("semaphore never closed");
+        tracing::info!(
+            image,
+            pod = pod.metadata.name.as_deref().unwrap_or_default(),
+            "pulling image"
+        );
+        match self.svc.pull_image(image, Some(sandbox.clone())).await {
+            Ok(image_ref) => {
+                self.backoff.lock().reset(&key);
+                Ok(image_ref)
+            }
+            Err(e) => {
+                let mut b = self.backoff.lock();
+                b.next(&key, now, now);
+                Err(ImageError {
+                    reason: "ErrImagePull",
+                    message: format!("failed to pull image {image:?}: {e}"),
+                    retry_after: b.current(&key),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::fake::FakeRuntime;
+
+    fn ctr(image: &str, policy: Option<&str>) -> Container {
+        Container {
+            name: "a".into(),
+            image: Some(image.into()),
+            image_pull_policy: policy.map(String::from),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn default_pull_policy_follows_the_tag() {
+        assert_eq!(pull_policy(&ctr("busybox", None)), "Always");
+        assert_eq!(pull_policy(&ctr("busybox:latest", None)), "Always");
+        assert_eq!(pull_policy(&ctr("busybox:1.36", None)), "IfNotPresent");
+        assert_eq!(pull_policy(&ctr("localhost:5000/busybox", None)), "Always");
+        assert_eq!(
+            pull_policy(&ctr("busybox@sha256:abc", None)),
+            "IfNotPresent"
+        );
+    }
+
+    #[test]
+    fn image_names_are_checked() {
+        assert!(valid_image_name("docker.io/library/busybox:1.36"));
+        assert!(valid_image_name("localhost:5000/a/b"));
+        assert!(!valid_image_name("Busy Box"));
+        assert!(!valid_image_name(""));
+    }
+
+    #[tokio::test]
+    async fn never_policy_reports_err_image_never_pull_and_pull_failures_back_off() {
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let m = ImageManager::new(fake.clone(), true, None);
+        let pod = Pod::default();
+        let sb = PodSandboxConfig::default();
+        let now = Duration::from_secs(1000);
+        assert!(m
+            .ensure_image(&pod, &ctr("busybox:1.36", Some("Never")), &sb, now)
+            .await
+            .is_ok());
+        let e = m
+            .ensure_image(&pod, &ctr("other:1", Some("Never")), &sb, now)
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason, "ErrImageNeverPull");
+        let e = m
+            .ensure_image(&pod, &ctr("missing:1", None), &sb, now)
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason, "ErrImagePull");
+        let e = m
+            .ensure_image(
+                &pod,
+                &ctr("missing:1", None),
+                &sb,
+                now + Duration::from_secs(1),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason, "ImagePullBackOff");
+        assert!(!fake.calls().contains(&"PullImage busybox:1.36".to_string()));
+    }
+}

@@ -1,0 +1,231 @@
+//! Assembles the kubelet from its parts and runs it: config sources, pod
+//! manager, PLEG, pod workers, syncLoop and servers, each a task under one
+//! cancellation token (upstream `kubelet.go` NewMainKubelet + Run).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::KubeletConfiguration;
+use crate::cri::client::RemoteRuntime;
+use crate::cri::{ImageService, RuntimeService};
+use crate::images::ImageManager;
+use crate::kuberuntime::{RuntimeManager, RuntimeOptions};
+use crate::pod::PodManager;
+use crate::podworkers::{Deps, PodWorkers, WorkQueue};
+use crate::server::{self, machine::MachineInfo, ServerState};
+use crate::source::{self, PodConfig};
+use crate::status::StatusManager;
+use crate::syncloop::{SyncLoop, SyncLoopHealth};
+use crate::{pleg, server::ListenError};
+
+/// The Kubernetes version rkubelet reports, as `kubelet --version` does.
+pub const KUBERNETES_VERSION: &str = "v1.34.0";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    #[error(transparent)]
+    Runtime(#[from] crate::cri::CriError),
+    #[error(transparent)]
+    Listen(#[from] ListenError),
+    #[error("invalid address {0:?}")]
+    Address(String),
+    #[error("cannot create directory {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the kubelet needs beyond its configuration file.
+#[derive(Debug, Clone)]
+pub struct KubeletOptions {
+    pub config: KubeletConfiguration,
+    pub node_name: String,
+    pub node_ip: Option<String>,
+    pub root_dir: PathBuf,
+}
+
+/// The node name upstream uses: --hostname-override or the hostname, lowercased.
+pub fn node_name(hostname_override: Option<&str>) -> String {
+    let raw = match hostname_override.filter(|h| !h.trim().is_empty()) {
+        Some(h) => h.trim().to_string(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap_or_else(|_| "localhost".into()),
+    };
+    raw.trim().to_lowercase()
+}
+
+/// The address a UDP socket would send from towards a documentation
+/// address: the host's primary IP. connect() on UDP sends no packet.
+pub fn detect_node_ip() -> Option<String> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_unspecified() && !ip.is_loopback()).then(|| ip.to_string())
+}
+
+/// Upstream sets the kubelet's own oom_score_adj (-999); without
+/// CAP_SYS_RESOURCE that fails, which is logged and ignored, as upstream does.
+fn set_own_oom_score_adj(value: i32) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
+        warn!(value, error = %e, "failed to set rkubelet's oom_score_adj; continuing");
+    }
+}
+
+fn addr(ip: &str, port: i32) -> Result<SocketAddr, KubeletError> {
+    let ip: IpAddr = if ip.is_empty() {
+        IpAddr::from([0, 0, 0, 0])
+    } else {
+        ip.parse().map_err(|_| KubeletError::Address(ip.into()))?
+    };
+    Ok(SocketAddr::new(ip, port as u16))
+}
+
+fn mkdir(path: &std::path::Path) -> Result<(), KubeletError> {
+    std::fs::create_dir_all(path).map_err(|source| KubeletError::Dir {
+        path: path.into(),
+        source,
+    })
+}
+
+/// Runs until `token` is cancelled. Running pods are left running on exit.
+pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), KubeletError> {
+    let cfg = &opts.config;
+    set_own_oom_score_adj(cfg.oom_score_adj);
+    let logs_dir = PathBuf::from(if cfg.pod_logs_dir.is_empty() {
+        "/var/log/pods"
+    } else {
+        &cfg.pod_logs_dir
+    });
+    mkdir(&opts.root_dir)?;
+    mkdir(&opts.root_dir.join("pods"))?;
+    mkdir(&logs_dir)?;
+
+    let remote = Arc::new(RemoteRuntime::connect_lazy(
+        &cfg.container_runtime_endpoint,
+        cfg.runtime_request_timeout.0,
+    )?);
+    match remote.version().await {
+        Ok(v) => {
+            info!(runtime = %v.runtime_name, version = %v.runtime_version, api = %v.runtime_api_version, "connected to container runtime")
+        }
+        Err(e) => {
+            warn!(endpoint = %cfg.container_runtime_endpoint, error = %e, "container runtime not answering yet; will keep retrying")
+        }
+    }
+    let runtime: Arc<dyn RuntimeService> = remote.clone();
+    let images: Arc<dyn ImageService> = remote;
+    let node_ip = opts
+        .node_ip
+        .clone()
+        .or_else(detect_node_ip)
+        .unwrap_or_default();
+    let machine = Arc::new(MachineInfo::read());
+
+    let rt_opts = RuntimeOptions {
+        root_dir: opts.root_dir.clone(),
+        pod_logs_dir: logs_dir,
+        cgroup_root: cfg.cgroup_root.clone(),
+        systemd_cgroups: cfg.cgroup_driver == "systemd",
+        cluster_dns: cfg.cluster_dns.clone(),
+        cluster_domain: cfg.cluster_domain.clone(),
+        resolv_conf: PathBuf::from(&cfg.resolv_conf),
+        node_ip: node_ip.clone(),
+        memory_capacity: machine.memory_capacity as i64,
+        runtime_handler: String::new(),
+    };
+    let max_parallel = cfg.max_parallel_image_pulls.map(|n| n.max(1) as usize);
+    let image_manager = ImageManager::new(images, cfg.serialize_image_pulls, max_parallel);
+    let manager = Arc::new(RuntimeManager::new(runtime.clone(), image_manager, rt_opts));
+
+    let pods = PodManager::new();
+    let status = StatusManager::new();
+    let queue = Arc::new(WorkQueue::default());
+    let workers = PodWorkers::new(
+        Deps {
+            runtime: manager,
+            status: status.clone(),
+            queue: queue.clone(),
+            host_ip: node_ip,
+            resync: cfg.sync_frequency.0,
+        },
+        token.child_token(),
+    );
+
+    let (pleg_tx, pleg_rx) = mpsc::channel(pleg::CHANNEL_CAPACITY);
+    let pleg = pleg::spawn(
+        runtime.clone(),
+        pleg::RELIST_PERIOD,
+        pleg_tx,
+        token.child_token(),
+    );
+    let health = SyncLoopHealth::new(cfg.sync_frequency.0);
+
+    let state = ServerState {
+        pods: pods.clone(),
+        status: status.clone(),
+        pleg: pleg.clone(),
+        syncloop: health.clone(),
+        runtime,
+        machine,
+    };
+    let mut servers = Vec::new();
+    if cfg.healthz_port > 0 {
+        let a = addr(&cfg.healthz_bind_address, cfg.healthz_port)?;
+        servers.push(
+            server::serve(
+                a,
+                server::healthz_router(state.clone()),
+                token.child_token(),
+            )
+            .await?,
+        );
+    }
+    if cfg.read_only_port > 0 {
+        let a = addr(&cfg.address, cfg.read_only_port)?;
+        servers.push(
+            server::serve(
+                a,
+                server::read_only_router(state.clone()),
+                token.child_token(),
+            )
+            .await?,
+        );
+    }
+
+    let (updates_tx, updates_rx) = mpsc::channel(100);
+    let pod_config = PodConfig::new(updates_tx);
+    let mut expected: Vec<&'static str> = Vec::new();
+    if !cfg.static_pod_path.is_empty() {
+        expected.push(source::FILE_SOURCE);
+        source::file::spawn_file_source(
+            PathBuf::from(&cfg.static_pod_path),
+            opts.node_name.clone(),
+            cfg.file_check_frequency.0,
+            pod_config.channel(source::FILE_SOURCE),
+            token.child_token(),
+        );
+    }
+    info!(node = %opts.node_name, static_pod_path = %cfg.static_pod_path, "rkubelet started");
+    let sync_loop = SyncLoop {
+        pods,
+        status,
+        workers,
+        queue,
+        pleg,
+        health,
+        sources_ready: Box::new(move || pod_config.seen_all_sources(&expected)),
+    };
+    sync_loop.run(updates_rx, pleg_rx, token.clone()).await;
+    for s in servers {
+        let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! ContainerConfig from a container spec (upstream `kuberuntime_container.go`
+//! generateContainerConfig and `kuberuntime_container_linux.go`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::cm;
+use crate::cri::v1;
+use crate::volume;
+
+use super::{hash, labels, sandbox, RuntimeOptions};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Volume(#[from] volume::VolumeError),
+    #[error("container has runAsNonRoot and image will run as root")]
+    RunAsRoot,
+}
+
+/// Expands `$(VAR)` references from the container's env, `$$` escaping,
+/// unknown references left as written (upstream `expansion.Expand`).
+pub fn expand(input: &str, env: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(tail) = after.strip_prefix('(') {
+            match tail.find(')') {
+                Some(end) => {
+                    let name = &tail[..end];
+                    match env.get(name) {
+                        Some(v) => out.push_str(v),
+                        None => {
+                            out.push_str("$(");
+                            out.push_str(name);
+                            out.push(')');
+                        }
+                    }
+                    rest = &tail[end + 1..];
+                }
+                None => {
+                    out.push_str("$(");
+                    rest = tail;
+                }
+            }
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The container's env as name/value pairs, in order, with `$(VAR)`
+/// references to earlier entries expanded. Downward-API and configMap
+/// references are the next issue's work; they are skipped with a log line.
+fn env_pairs(pod: &Pod, c: &Container, pod_ip: &str, host_ip: &str) -> Vec<(String, String)> {
+    let mut map: HashMap<String, String> = HashMap::new();
+    let mut out = Vec::new();
+    for e in c.env.iter().flatten() {
+        let value = if let Some(v) = &e.value {
+            expand(v, &map)
+        } else if let Some(fr) = e.value_from.as_ref().and_then(|vf| vf.field_ref.as_ref()) {
+            let m = &pod.metadata;
+            match fr.field_path.as_str() {
+                "metadata.name" => m.name.clone().unwrap_or_default(),
+                "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
+                "metadata.uid" => m.uid.clone().unwrap_or_default(),
+                "spec.nodeName" => pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default(),
+                "spec.serviceAccountName" => pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.service_account_name.clone())
+                    .unwrap_or_default(),
+                "status.podIP" | "status.podIPs" => pod_ip.to_string(),
+                "status.hostIP" | "status.hostIPs" => host_ip.to_string(),
+                other => {
+                    tracing::warn!(pod = m.name.as_deref().unwrap_or_default(), container = %c.name, field = other, "unsupported fieldRef; leaving env empty");
+                    String::new()
+                }
+            }
+        } else {
+            String::new()
+        };
+        map.insert(e.name.clone(), value.clone());
+        out.push((e.name.clone(), value));
+    }
+    out
+}
+
+pub struct ContainerContext<'a> {
+    pub pod: &'a Pod,
+    pub container: &'a Container,
+    pub init: bool,
+    pub restart_count: i32,
+    pub image_ref: &'a str,
+    pub pod_ip: &'a str,
+    pub volumes: &'a HashMap<String, PathBuf>,
+}
+
+pub fn container_config(
+    opts: &RuntimeOptions,
+    ctx: &ContainerContext<'_>,
+) -> Result<v1::ContainerConfig, ConfigError> {
+    let (pod, c) = (ctx.pod, ctx.container);
+    let envs = env_pairs(pod, c, ctx.pod_ip, &opts.node_ip);
+    let env_map: HashMap<String, String> = envs.iter().cloned().collect();
+    let ex = |v: &Option<Vec<String>>| {
+        v.iter()
+            .flatten()
+            .map(|s| expand(s, &env_map))
+            .collect::<Vec<_>>()
+    };
+    let res = cm::container_resources(c);
+    let sc = c.security_context.as_ref();
+    let psc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let run_as_user = sc
+        .and_then(|s| s.run_as_user)
+        .or(psc.and_then(|s| s.run_as_user));
+    let run_as_group = sc
+        .and_then(|s| s.run_as_group)
+        .or(psc.and_then(|s| s.run_as_group));
+    let non_root = sc
+        .and_then(|s| s.run_as_non_root)
+        .or(psc.and_then(|s| s.run_as_non_root))
+        .unwrap_or(false);
+    if non_root && run_as_user == Some(0) {
+        return Err(ConfigError::RunAsRoot);
+    }
+    let caps = sc.and_then(|s| s.capabilities.as_ref());
+    let mut mounts = volume::container_mounts(c, ctx.volumes)?;
+    mounts.sort_by(|a, b| a.container_path.cmp(&b.container_path));
+    Ok(v1::ContainerConfig {
+        metadata: Some(v1::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: ctx.restart_count as u32,
+        }),
+        image: Some(v1::ImageSpec {
+            image: ctx.image_ref.to_string(),
+            user_specified_image: c.image.clone().unwrap_or_default(),
+            ..Default::default()
+        }),
+        command: ex(&c.command),
+        args: ex(&c.args),
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs: envs
+            .into_iter()
+            .map(|(key, value)| v1::KeyValue { key, value })
+            .collect(),
+        mounts,
+        labels: labels::container_labels(pod, c, ctx.init),
+        annotations: labels::container_annotations(
+            pod,
+            c,
+            ctx.restart_count,
+            &hash::container_hash(c),
+        ),
+        log_path: format!("{}/{}.log", c.name, ctx.restart_count),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(v1::LinuxContainerConfig {
+            resources: Some(v1::LinuxContainerResources {
+                cpu_period: if res.cpu_limit.is_some() {
+                    cm::CPU_PERIOD_US
+                } else {
+                    0
+                },
+                cpu_quota: cm::cpu_quota(res.cpu_limit),
+                cpu_shares: cm::cpu_shares(res.cpu_request),
+                memory_limit_in_bytes: res.mem_limit.unwrap_or(0),
+                oom_score_adj: cm::oom_score_adj(pod, c, opts.memory_capacity),
+                ..Default::default()
+            }),
+            security_context: Some(v1::LinuxContainerSecurityContext {
+                capabilities: caps.map(|k| v1::Capability {
+                    add_capabilities: k.add.clone().unwrap_or_default(),
+                    drop_capabilities: k.drop.clone().unwrap_or_default(),
+                    ..Default::default()
+                }),
+                privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
+                namespace_options: Some(sandbox::namespace_options(pod)),
+                run_as_user: run_as_user.map(|value| v1::Int64Value { value }),
+                run_as_group: run_as_group.map(|value| v1::Int64Value { value }),
+                readonly_rootfs: sc
+                    .and_then(|s| s.read_only_root_filesystem)
+                    .unwrap_or(false),
+                supplemental_groups: psc
+                    .and_then(|s| s.supplemental_groups.clone())
+                    .unwrap_or_default(),
+                no_new_privs: sc
+                    .and_then(|s| s.allow_privilege_escalation)
+                    .map(|a| !a)
+                    .unwrap_or(false),
+                ..Default::default()
+            }),
+        }),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expansion_follows_upstream_rules() {
+        let env: HashMap<String, String> = [("A".to_string(), "x".to_string())].into();
+        assert_eq!(expand("$(A)-$(B)", &env), "x-$(B)");
+        assert_eq!(expand("$$(A)", &env), "$(A)");
+        assert_eq!(expand("a$b", &env), "a$b");
+        assert_eq!(expand("$(A", &env), "$(A");
+    }
+}

@@ -1,0 +1,516 @@
+//! The runtime manager: turns a pod spec into CRI calls and reads back what
+//! the runtime runs (upstream `pkg/kubelet/kuberuntime`).
+
+pub mod actions;
+pub mod backoff;
+pub mod container;
+pub mod hash;
+pub mod labels;
+pub mod pod_status;
+pub mod sandbox;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use parking_lot::Mutex;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::cri::{self, CriError, RuntimeService};
+use crate::images::ImageManager;
+use crate::volume;
+
+pub use pod_status::{CState, ContainerInfo, RuntimePod, SandboxInfo};
+
+use backoff::Backoff;
+
+/// Settings from the kubelet configuration that shape CRI requests.
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    pub root_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
+    pub cgroup_root: String,
+    pub systemd_cgroups: bool,
+    pub cluster_dns: Vec<String>,
+    pub cluster_domain: String,
+    pub resolv_conf: PathBuf,
+    pub node_ip: String,
+    pub memory_capacity: i64,
+    pub runtime_handler: String,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions {
+            root_dir: PathBuf::from("/var/lib/kubelet"),
+            pod_logs_dir: PathBuf::from("/var/log/pods"),
+            cgroup_root: String::new(),
+            systemd_cgroups: false,
+            cluster_dns: Vec::new(),
+            cluster_domain: String::new(),
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            node_ip: String::new(),
+            memory_capacity: 1 << 30,
+            runtime_handler: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error("pod log directory {path}: {source}")]
+    LogDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why a container is waiting, as the status manager reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub reason: String,
+    pub message: String,
+}
+
+/// The outcome of one sync of a pod.
+#[derive(Debug, Default)]
+pub struct SyncResult {
+    /// Container name → why it is not running (CrashLoopBackOff, ErrImagePull, ...).
+    pub waiting: HashMap<String, Waiting>,
+    /// Sync again after this long (backoff expiry, or a retry after an error).
+    pub requeue_after: Option<Duration>,
+    pub errors: Vec<String>,
+}
+
+impl SyncResult {
+    fn requeue(&mut self, after: Duration) {
+        self.requeue_after = Some(self.requeue_after.map_or(after, |d| d.min(after)));
+    }
+}
+
+pub fn wall_now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+fn ns_to_duration(ns: i64) -> Duration {
+    Duration::from_nanos(ns.max(0) as u64)
+}
+
+pub struct RuntimeManager {
+    pub runtime: Arc<dyn RuntimeService>,
+    pub images: ImageManager,
+    pub opts: RuntimeOptions,
+    backoff: Mutex<Backoff>,
+}
+
+fn pod_name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn uid_filter(uid: &str) -> HashMap<String, String> {
+    HashMap::from([(labels::POD_UID.to_string(), uid.to_string())])
+}
+
+impl RuntimeManager {
+    pub fn new(
+        runtime: Arc<dyn RuntimeService>,
+        images: ImageManager,
+        opts: RuntimeOptions,
+    ) -> Self {
+        RuntimeManager {
+            runtime,
+            images,
+            opts,
+            backoff: Mutex::new(Backoff::container()),
+        }
+    }
+
+    /// Reads the pod's sandboxes and containers from the runtime. Each call
+    /// carries the CRI deadline, so a hung inspect delays only this pod.
+    pub async fn pod_status(&self, uid: &str) -> Result<RuntimePod, RuntimeError> {
+        let sandboxes = self
+            .runtime
+            .list_pod_sandbox(Some(cri::PodSandboxFilter {
+                label_selector: uid_filter(uid),
+                ..Default::default()
+            }))
+            .await?;
+        let containers = self
+            .runtime
+            .list_containers(Some(cri::ContainerFilter {
+                label_selector: uid_filter(uid),
+                ..Default::default()
+            }))
+            .await?;
+        let mut rt = RuntimePod {
+            uid: uid.to_string(),
+            ..Default::default()
+        };
+        for sb in &sandboxes {
+            match self.runtime.pod_sandbox_status(&sb.id).await {
+                Ok(s) => rt.sandboxes.push(SandboxInfo::from_cri(&s)),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for c in &containers {
+            match self.runtime.container_status(&c.id).await {
+                Ok(s) => rt
+                    .containers
+                    .push(ContainerInfo::from_cri(&s, &c.pod_sandbox_id)),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        rt.sort();
+        Ok(rt)
+    }
+
+    /// Brings the runtime in line with the pod spec (upstream SyncPod).
+    pub async fn sync_pod(&self, pod: &Pod, rt: &RuntimePod) -> SyncResult {
+        let mut result = SyncResult::default();
+        let a = actions::compute_pod_actions(pod, rt);
+        debug!(pod = pod_name(pod), actions = ?a, "computed pod actions");
+
+        if a.kill_pod {
+            if let Err(e) = self.kill_pod(Some(pod), rt, None).await {
+                result.errors.push(format!("KillPod: {e}"));
+                result.requeue(Duration::from_secs(1));
+                return result;
+            }
+        } else {
+            for k in &a.containers_to_kill {
+                info!(pod = pod_name(pod), container = %k.name, reason = %k.reason, "killing container");
+                if let Err(e) = self
+                    .runtime
+                    .stop_container(&k.id, grace_period(Some(pod), None))
+                    .await
+                {
+                    result.errors.push(format!("KillContainer {}: {e}", k.name));
+                }
+            }
+        }
+
+        let volumes = match volume::setup_pod_volumes(&self.opts.root_dir, pod) {
+            Ok(v) => v,
+            Err(e) => {
+                warn!(pod = pod_name(pod), error = %e, "unable to set up volumes");
+                for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+                    result.waiting.insert(
+                        c.name.clone(),
+                        Waiting {
+                            reason: "ContainerCreating".into(),
+                            message: e.to_string(),
+                        },
+                    );
+                }
+                result.errors.push(format!("FailedMount: {e}"));
+                result.requeue(Duration::from_secs(2));
+                return result;
+            }
+        };
+
+        let sandbox_cfg = sandbox::sandbox_config(&self.opts, pod, a.attempt);
+        let mut pod_ip = rt.ips().into_iter().next().unwrap_or_default();
+        let sandbox_id = if a.create_sandbox {
+            let dir = PathBuf::from(&sandbox_cfg.log_directory);
+            if let Err(source) = std::fs::create_dir_all(&dir) {
+                result
+                    .errors
+                    .push(RuntimeError::LogDir { path: dir, source }.to_string());
+                result.requeue(Duration::from_secs(2));
+                return result;
+            }
+            info!(
+                pod = pod_name(pod),
+                attempt = a.attempt,
+                "creating pod sandbox"
+            );
+            match self
+                .runtime
+                .run_pod_sandbox(sandbox_cfg.clone(), self.opts.runtime_handler.clone())
+                .await
+            {
+                Ok(id) => {
+                    if let Ok(s) = self.runtime.pod_sandbox_status(&id).await {
+                        pod_ip = SandboxInfo::from_cri(&s)
+                            .ips
+                            .into_iter()
+                            .next()
+                            .unwrap_or_default();
+                    }
+                    id
+                }
+                Err(e) => {
+                    warn!(pod = pod_name(pod), error = %e, "failed to create pod sandbox");
+                    result.errors.push(format!("CreatePodSandbox: {e}"));
+                    result.requeue(Duration::from_secs(2));
+                    return result;
+                }
+            }
+        } else {
+            match a.sandbox_id.clone() {
+                Some(id) => id,
+                None => return result,
+            }
+        };
+
+        let spec = pod.spec.as_ref();
+        let inits = spec
+            .and_then(|s| s.init_containers.as_deref())
+            .unwrap_or(&[]);
+        let apps = spec.map(|s| s.containers.as_slice()).unwrap_or(&[]);
+        let mut starts: Vec<(&Container, bool)> = Vec::new();
+        if let Some(i) = a.next_init {
+            starts.push((&inits[i], true));
+        }
+        starts.extend(a.containers_to_start.iter().map(|&i| (&apps[i], false)));
+        for (c, init) in starts {
+            let ctx = StartContext {
+                pod,
+                rt,
+                sandbox_id: &sandbox_id,
+                sandbox_cfg: &sandbox_cfg,
+                pod_ip: &pod_ip,
+                volumes: &volumes,
+            };
+            if let Err(w) = self.start_container(&ctx, c, init).await {
+                result.waiting.insert(c.name.clone(), w.0);
+                if let Some(after) = w.1 {
+                    result.requeue(after);
+                }
+            }
+        }
+        self.prune_dead(rt).await;
+        result
+    }
+
+    async fn start_container(
+        &self,
+        ctx: &StartContext<'_>,
+        c: &Container,
+        init: bool,
+    ) -> Result<(), (Waiting, Option<Duration>)> {
+        let pod = ctx.pod;
+        let latest = ctx.rt.latest(&c.name);
+        let now = wall_now();
+        // Upstream doBackOff: key on pod, container and spec hash.
+        let key = format!(
+            "{}_{}_{}_{}_{}",
+            pod_name(pod),
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.uid.as_deref().unwrap_or_default(),
+            c.name,
+            hash::container_hash(c)
+        );
+        if let Some(prev) = latest.filter(|l| l.state == CState::Exited) {
+            let finished = ns_to_duration(prev.finished_at);
+            let left = self.backoff.lock().remaining(&key, finished, now);
+            if let Some(left) = left {
+                let window = self.backoff.lock().current(&key).unwrap_or_default();
+                let msg = format!(
+                    "back-off {} restarting failed container={} pod={}_{}({})",
+                    crate::config::duration::format_go_duration(window),
+                    c.name,
+                    pod_name(pod),
+                    pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    pod.metadata.uid.as_deref().unwrap_or_default()
+                );
+                return Err((
+                    Waiting {
+                        reason: "CrashLoopBackOff".into(),
+                        message: msg,
+                    },
+                    Some(left),
+                ));
+            }
+            self.backoff.lock().next(&key, finished, now);
+        }
+        let image_ref = self
+            .images
+            .ensure_image(pod, c, ctx.sandbox_cfg, now)
+            .await
+            .map_err(|e| {
+                (
+                    Waiting {
+                        reason: e.reason.into(),
+                        message: e.message.clone(),
+                    },
+                    e.retry_after,
+                )
+            })?;
+        let restart_count = latest.map(|l| l.restart_count + 1).unwrap_or(0);
+        let cctx = container::ContainerContext {
+            pod,
+            container: c,
+            init,
+            restart_count,
+            image_ref: &image_ref,
+            pod_ip: ctx.pod_ip,
+            volumes: ctx.volumes,
+        };
+        let retry = Some(Duration::from_secs(2));
+        let config = container::container_config(&self.opts, &cctx).map_err(|e| {
+            (
+                Waiting {
+                    reason: "CreateContainerConfigError".into(),
+                    message: e.to_string(),
+                },
+                retry,
+            )
+        })?;
+        let id = self
+            .runtime
+            .create_container(ctx.sandbox_id, config, ctx.sandbox_cfg.clone())
+            .await
+            .map_err(|e| {
+                (
+                    Waiting {
+                        reason: "CreateContainerError".into(),
+                        message: e.to_string(),
+                    },
+                    retry,
+                )
+            })?;
+        if let Err(e) = self.runtime.start_container(&id).await {
+            warn!(pod = pod_name(pod), container = %c.name, error = %e, "failed to start container");
+            return Err((
+                Waiting {
+                    reason: "RunContainerError".into(),
+                    message: e.to_string(),
+                },
+                retry,
+            ));
+        }
+        info!(pod = pod_name(pod), container = %c.name, id = %id, restart_count, "started container");
+        Ok(())
+    }
+
+    /// Stops all containers (in parallel, each with the grace period) and
+    /// then the sandboxes (upstream killPodWithSyncResult).
+    pub async fn kill_pod(
+        &self,
+        pod: Option<&Pod>,
+        rt: &RuntimePod,
+        grace_override: Option<i64>,
+    ) -> Result<(), RuntimeError> {
+        let grace = grace_period(pod, grace_override);
+        let mut set = JoinSet::new();
+        for c in rt.running_containers() {
+            let runtime = self.runtime.clone();
+            let (id, name) = (c.id.clone(), c.name.clone());
+            set.spawn(async move {
+                debug!(container = %name, grace, "stopping container");
+                runtime
+                    .stop_container(&id, grace)
+                    .await
+                    .or_else(ignore_not_found)
+            });
+        }
+        let mut first_err = None;
+        while let Some(r) = set.join_next().await {
+            if let Ok(Err(e)) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e.into());
+        }
+        for sb in &rt.sandboxes {
+            if sb.ready {
+                self.runtime
+                    .stop_pod_sandbox(&sb.id)
+                    .await
+                    .or_else(ignore_not_found)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes all containers and sandboxes of a pod that has been killed.
+    pub async fn remove_pod(&self, rt: &RuntimePod) -> Result<(), RuntimeError> {
+        for c in &rt.containers {
+            self.runtime
+                .remove_container(&c.id)
+                .await
+                .or_else(ignore_not_found)?;
+        }
+        for sb in &rt.sandboxes {
+            // StopPodSandbox is idempotent and required before removal.
+            self.runtime
+                .stop_pod_sandbox(&sb.id)
+                .await
+                .or_else(ignore_not_found)?;
+            self.runtime
+                .remove_pod_sandbox(&sb.id)
+                .await
+                .or_else(ignore_not_found)?;
+        }
+        Ok(())
+    }
+
+    /// Per-pod container GC: keep the newest instance of each container and
+    /// one dead one before it (upstream maxPerPodContainer=1), and drop dead
+    /// sandboxes that no container uses any more.
+    async fn prune_dead(&self, rt: &RuntimePod) {
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut used_sandboxes: Vec<&str> = Vec::new();
+        for c in &rt.containers {
+            let n = seen.entry(c.name.as_str()).or_default();
+            *n += 1;
+            if *n > 2 && c.state == CState::Exited {
+                if let Err(e) = self.runtime.remove_container(&c.id).await {
+                    debug!(container = %c.name, error = %e, "failed to remove dead container");
+                }
+            } else {
+                used_sandboxes.push(&c.sandbox_id);
+            }
+        }
+        for sb in rt.sandboxes.iter().skip(1) {
+            if !sb.ready && !used_sandboxes.contains(&sb.id.as_str()) {
+                if let Err(e) = self.runtime.remove_pod_sandbox(&sb.id).await {
+                    debug!(sandbox = %sb.id, error = %e, "failed to remove dead sandbox");
+                }
+            }
+        }
+    }
+}
+
+struct StartContext<'a> {
+    pod: &'a Pod,
+    rt: &'a RuntimePod,
+    sandbox_id: &'a str,
+    sandbox_cfg: &'a cri::PodSandboxConfig,
+    pod_ip: &'a str,
+    volumes: &'a HashMap<String, PathBuf>,
+}
+
+fn ignore_not_found(e: CriError) -> Result<(), CriError> {
+    if e.is_not_found() {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+/// The grace period for stopping: an explicit override (deletion), the
+/// pod's terminationGracePeriodSeconds, else upstream's default of 30 s.
+/// Upstream never passes less than 2 s (minimumGracePeriodInSeconds).
+pub fn grace_period(pod: Option<&Pod>, over: Option<i64>) -> i64 {
+    let g = over
+        .or_else(|| pod.and_then(|p| p.metadata.deletion_grace_period_seconds))
+        .or_else(|| {
+            pod.and_then(|p| p.spec.as_ref())
+                .and_then(|s| s.termination_grace_period_seconds)
+        })
+        .unwrap_or(30);
+    g.max(2)
+}

@@ -1,0 +1,180 @@
+//! What the runtime knows about one pod: its sandboxes and containers as CRI
+//! reports them, newest first (upstream `kubecontainer.PodStatus`).
+
+use std::collections::HashMap;
+
+use crate::cri::{self, ContainerState, PodSandboxState};
+
+use super::labels;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CState {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+impl CState {
+    pub fn from_cri(state: i32) -> Self {
+        match ContainerState::try_from(state) {
+            Ok(ContainerState::ContainerCreated) => CState::Created,
+            Ok(ContainerState::ContainerRunning) => CState::Running,
+            Ok(ContainerState::ContainerExited) => CState::Exited,
+            _ => CState::Unknown,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ContainerInfo {
+    pub id: String,
+    pub name: String,
+    pub sandbox_id: String,
+    pub state: CState,
+    pub init: bool,
+    pub restart_count: i32,
+    pub hash: Option<String>,
+    pub spec_version: Option<String>,
+    /// Nanoseconds since the epoch, as CRI reports them.
+    pub created_at: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    pub reason: String,
+    pub message: String,
+    pub image: String,
+    pub image_ref: String,
+}
+
+impl ContainerInfo {
+    pub fn from_cri(s: &cri::ContainerStatus, sandbox_id: &str) -> Self {
+        let a = &s.annotations;
+        ContainerInfo {
+            id: s.id.clone(),
+            name: s
+                .labels
+                .get(labels::CONTAINER_NAME)
+                .cloned()
+                .or_else(|| s.metadata.as_ref().map(|m| m.name.clone()))
+                .unwrap_or_default(),
+            sandbox_id: sandbox_id.to_string(),
+            state: CState::from_cri(s.state),
+            init: s
+                .labels
+                .get(labels::CONTAINER_TYPE)
+                .is_some_and(|t| t == "init"),
+            restart_count: a
+                .get(labels::CONTAINER_RESTART_COUNT)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            hash: a.get(labels::CONTAINER_HASH).cloned(),
+            spec_version: a.get(labels::CONTAINER_SPEC_VERSION).cloned(),
+            created_at: s.created_at,
+            started_at: s.started_at,
+            finished_at: s.finished_at,
+            exit_code: s.exit_code,
+            reason: s.reason.clone(),
+            message: s.message.clone(),
+            image: s
+                .image
+                .as_ref()
+                .map(|i| i.image.clone())
+                .unwrap_or_default(),
+            image_ref: s.image_ref.clone(),
+        }
+    }
+
+    pub fn failed(&self) -> bool {
+        self.state == CState::Unknown || (self.state == CState::Exited && self.exit_code != 0)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub ready: bool,
+    pub attempt: u32,
+    pub created_at: i64,
+    pub ips: Vec<String>,
+    pub host_network: bool,
+}
+
+impl SandboxInfo {
+    pub fn from_cri(s: &cri::PodSandboxStatus) -> Self {
+        let mut ips = Vec::new();
+        if let Some(n) = &s.network {
+            if !n.ip.is_empty() {
+                ips.push(n.ip.clone());
+            }
+            ips.extend(n.additional_ips.iter().map(|i| i.ip.clone()));
+        }
+        let host_network = s
+            .linux
+            .as_ref()
+            .and_then(|l| l.namespaces.as_ref())
+            .and_then(|n| n.options.as_ref())
+            .is_some_and(|o| o.network == cri::v1::NamespaceMode::Node as i32);
+        SandboxInfo {
+            id: s.id.clone(),
+            ready: s.state == PodSandboxState::SandboxReady as i32,
+            attempt: s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+            created_at: s.created_at,
+            ips,
+            host_network,
+        }
+    }
+}
+
+/// The runtime's view of one pod; both lists are newest first.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimePod {
+    pub uid: String,
+    pub sandboxes: Vec<SandboxInfo>,
+    pub containers: Vec<ContainerInfo>,
+}
+
+impl RuntimePod {
+    /// The newest instance of the named container.
+    pub fn latest(&self, name: &str) -> Option<&ContainerInfo> {
+        self.containers.iter().find(|c| c.name == name)
+    }
+
+    /// All instances of the named container, newest first.
+    pub fn instances<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a ContainerInfo> + 'a {
+        self.containers.iter().filter(move |c| c.name == name)
+    }
+
+    pub fn ips(&self) -> Vec<String> {
+        self.sandboxes
+            .first()
+            .map(|s| s.ips.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn running_containers(&self) -> impl Iterator<Item = &ContainerInfo> {
+        self.containers
+            .iter()
+            .filter(|c| matches!(c.state, CState::Running | CState::Unknown))
+    }
+
+    pub fn sort(&mut self) {
+        self.sandboxes
+            .sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        self.containers
+            .sort_by_key(|c| std::cmp::Reverse(c.created_at));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sandboxes.is_empty() && self.containers.is_empty()
+    }
+
+    /// Container name → newest instance, for quick lookups in status code.
+    pub fn latest_by_name(&self) -> HashMap<&str, &ContainerInfo> {
+        let mut m = HashMap::new();
+        for c in &self.containers {
+            m.entry(c.name.as_str()).or_insert(c);
+        }
+        m
+    }
+}

@@ -1,0 +1,242 @@
+//! PodSandboxConfig from a pod (upstream `kuberuntime_sandbox.go`
+//! generatePodSandboxConfig) and the pod's DNS settings (`pkg/kubelet/network/dns`).
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cri::v1::{self, NamespaceMode};
+
+use super::labels;
+use super::RuntimeOptions;
+
+/// Upstream `kubecontainer.GetPodFullName`-style log dir: `<ns>_<name>_<uid>`.
+pub fn pod_log_dir(opts: &RuntimeOptions, pod: &Pod) -> String {
+    let m = &pod.metadata;
+    format!(
+        "{}/{}_{}_{}",
+        opts.pod_logs_dir.display(),
+        m.namespace.as_deref().unwrap_or("default"),
+        m.name.as_deref().unwrap_or_default(),
+        m.uid.as_deref().unwrap_or_default()
+    )
+}
+
+pub fn namespace_options(pod: &Pod) -> v1::NamespaceOption {
+    let spec = pod.spec.as_ref();
+    let flag = |f: fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>| {
+        spec.and_then(f).unwrap_or(false)
+    };
+    let mode = |host: bool, otherwise: NamespaceMode| if host { NamespaceMode::Node } else { otherwise } as i32;
+    v1::NamespaceOption {
+        network: mode(flag(|s| s.host_network), NamespaceMode::Pod),
+        pid: mode(
+            flag(|s| s.host_pid),
+            if flag(|s| s.share_process_namespace) {
+                NamespaceMode::Pod
+            } else {
+                NamespaceMode::Container
+            },
+        ),
+        ipc: mode(flag(|s| s.host_ipc), NamespaceMode::Pod),
+        ..Default::default()
+    }
+}
+
+/// Parses nameserver/search/options lines of a resolv.conf.
+fn parse_resolv_conf(text: &str) -> v1::DnsConfig {
+    let mut d = v1::DnsConfig::default();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        match f.next() {
+            Some("nameserver") => d.servers.extend(f.next().map(String::from)),
+            Some("search") => d.searches = f.map(String::from).collect(),
+            Some("options") => d.options.extend(f.map(String::from)),
+            _ => {}
+        }
+    }
+    d
+}
+
+/// The sandbox DNS config for the pod's dnsPolicy, as upstream computes it.
+pub fn dns_config(opts: &RuntimeOptions, pod: &Pod) -> v1::DnsConfig {
+    let spec = pod.spec.as_ref();
+    let host_net = spec.and_then(|s| s.host_network).unwrap_or(false);
+    let mut policy = spec
+        .and_then(|s| s.dns_policy.as_deref())
+        .unwrap_or("ClusterFirst");
+    if policy == "ClusterFirstWithHostNet" {
+        policy = "ClusterFirst";
+    } else if policy == "ClusterFirst" && host_net {
+        // Upstream: ClusterFirst on the host network means the host's DNS.
+        policy = "Default";
+    }
+    if policy == "ClusterFirst" && opts.cluster_dns.is_empty() {
+        tracing::debug!(
+            pod = pod.metadata.name.as_deref().unwrap_or_default(),
+            "ClusterFirst policy but no clusterDNS configured, falling back to Default"
+        );
+        policy = "Default";
+    }
+    let host = || {
+        if opts.resolv_conf.as_os_str().is_empty() {
+            return v1::DnsConfig::default();
+        }
+        std::fs::read_to_string(&opts.resolv_conf)
+            .map(|t| parse_resolv_conf(&t))
+            .unwrap_or_default()
+    };
+    let mut d = match policy {
+        "None" => v1::DnsConfig::default(),
+        "Default" => host(),
+        _ => {
+            let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+            let dom = &opts.cluster_domain;
+            let mut searches = Vec::new();
+            if !dom.is_empty() {
+                searches = vec![format!("{ns}.svc.{dom}"), format!("svc.{dom}"), dom.clone()];
+            }
+            searches.extend(host().searches);
+            v1::DnsConfig {
+                servers: opts.cluster_dns.clone(),
+                searches,
+                options: vec!["ndots:5".into()],
+            }
+        }
+    };
+    if let Some(extra) = spec.and_then(|s| s.dns_config.as_ref()) {
+        d.servers
+            .extend(extra.nameservers.iter().flatten().cloned());
+        d.searches.extend(extra.searches.iter().flatten().cloned());
+        for o in extra.options.iter().flatten() {
+            let opt = match &o.value {
+                Some(v) => format!("{}:{v}", o.name.as_deref().unwrap_or_default()),
+                None => o.name.clone().unwrap_or_default(),
+            };
+            let key = opt.split(':').next().unwrap_or_default().to_string();
+            d.options
+                .retain(|x| x.split(':').next() != Some(key.as_str()));
+            d.options.push(opt);
+        }
+    }
+    // Upstream limits: 3 nameservers, 32 search domains.
+    d.servers.truncate(3);
+    d.searches.dedup();
+    d.searches.truncate(32);
+    d
+}
+
+pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::PodSandboxConfig {
+    let m = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    let host_net = spec.and_then(|s| s.host_network).unwrap_or(false);
+    let hostname = if host_net {
+        String::new()
+    } else {
+        let mut h = spec
+            .and_then(|s| s.hostname.clone())
+            .unwrap_or_else(|| m.name.clone().unwrap_or_default());
+        h.truncate(63);
+        h.trim_end_matches(['-', '.']).to_string()
+    };
+    let mut port_mappings = Vec::new();
+    for c in spec.map(|s| s.containers.as_slice()).unwrap_or(&[]) {
+        for p in c.ports.iter().flatten() {
+            let Some(host_port) = p.host_port.filter(|p| *p > 0) else {
+                continue;
+            };
+            let protocol = match p.protocol.as_deref() {
+                Some("UDP") => v1::Protocol::Udp,
+                Some("SCTP") => v1::Protocol::Sctp,
+                _ => v1::Protocol::Tcp,
+            };
+            port_mappings.push(v1::PortMapping {
+                protocol: protocol as i32,
+                container_port: p.container_port,
+                host_port,
+                host_ip: p.host_ip.clone().unwrap_or_default(),
+            });
+        }
+    }
+    let privileged = spec
+        .into_iter()
+        .flat_map(|s| {
+            s.init_containers
+                .iter()
+                .flatten()
+                .chain(s.containers.iter())
+        })
+        .any(|c| {
+            c.security_context
+                .as_ref()
+                .and_then(|sc| sc.privileged)
+                .unwrap_or(false)
+        });
+    let sysctls = spec
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|sc| sc.sysctls.as_ref())
+        .map(|v| {
+            v.iter()
+                .map(|s| (s.name.clone(), s.value.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v1::PodSandboxConfig {
+        metadata: Some(v1::PodSandboxMetadata {
+            name: m.name.clone().unwrap_or_default(),
+            uid: m.uid.clone().unwrap_or_default(),
+            namespace: m.namespace.clone().unwrap_or_else(|| "default".into()),
+            attempt,
+        }),
+        hostname,
+        log_directory: pod_log_dir(opts, pod),
+        dns_config: Some(dns_config(opts, pod)),
+        port_mappings,
+        labels: labels::sandbox_labels(pod),
+        annotations: labels::sandbox_annotations(pod),
+        linux: Some(v1::LinuxPodSandboxConfig {
+            cgroup_parent: crate::cm::pod_cgroup_parent(
+                pod,
+                &opts.cgroup_root,
+                opts.systemd_cgroups,
+            ),
+            security_context: Some(v1::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespace_options(pod)),
+                privileged,
+                ..Default::default()
+            }),
+            sysctls,
+            ..Default::default()
+        }),
+        windows: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolv_conf_is_parsed() {
+        let d = parse_resolv_conf(
+            "# c\nnameserver 1.1.1.1\nnameserver 8.8.8.8\nsearch a b\noptions ndots:2 edns0\n",
+        );
+        assert_eq!(d.servers, vec!["1.1.1.1", "8.8.8.8"]);
+        assert_eq!(d.searches, vec!["a", "b"]);
+        assert_eq!(d.options, vec!["ndots:2", "edns0"]);
+    }
+
+    #[test]
+    fn cluster_first_uses_cluster_dns_and_search_path() {
+        let opts = RuntimeOptions {
+            cluster_dns: vec!["10.96.0.10".into()],
+            cluster_domain: "cluster.local".into(),
+            resolv_conf: "".into(),
+            ..RuntimeOptions::default()
+        };
+        let mut pod = Pod::default();
+        pod.metadata.namespace = Some("kube-system".into());
+        let d = dns_config(&opts, &pod);
+        assert_eq!(d.servers, vec!["10.96.0.10"]);
+        assert_eq!(d.searches[0], "kube-system.svc.cluster.local");
+        assert_eq!(d.options, vec!["ndots:5"]);
+    }
+}

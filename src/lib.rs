@@ -1,0 +1,17 @@
+//! rkubelet: the Kubernetes node agent (kubelet) rebuilt in Rust. Modules
+//! mirror the upstream kubelet's parts; see docs/architecture.md.
+
+pub mod cm;
+pub mod config;
+pub mod cri;
+pub mod images;
+pub mod kubelet;
+pub mod kuberuntime;
+pub mod pleg;
+pub mod pod;
+pub mod podworkers;
+pub mod server;
+pub mod source;
+pub mod status;
+pub mod syncloop;
+pub mod volume;

@@ -1,0 +1,135 @@
+//! The rkubelet binary: flags, config file, logging, then the kubelet until
+//! SIGTERM/SIGINT. Errors stop here as anyhow; pods keep running on exit.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use rkubelet::config::flags::{self, FlagError, VersionMode};
+use rkubelet::config::{self, KubeletConfiguration};
+use rkubelet::kubelet::{self, KubeletOptions, KUBERNETES_VERSION};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// klog verbosity to tracing levels: 0-1 info, 2-4 debug, 5+ trace.
+fn level(v: u8) -> tracing::Level {
+    match v {
+        0..=1 => tracing::Level::INFO,
+        2..=4 => tracing::Level::DEBUG,
+        _ => tracing::Level::TRACE,
+    }
+}
+
+/// rkubelet's own logs at the -v level; libraries (h2, hyper, tonic) only
+/// warn unless -v is 6 or more, since their debug output drowns ours.
+fn init_logging(v: u8) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let deps = if v >= 6 {
+        tracing::Level::DEBUG
+    } else {
+        tracing::Level::WARN
+    };
+    let filter = tracing_subscriber::filter::Targets::new()
+        .with_target("rkubelet", level(v))
+        .with_default(deps);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(ansi)
+                .with_target(false)
+                .with_filter(filter),
+        )
+        .init();
+}
+
+fn main() -> ExitCode {
+    let parsed = flags::parse_args(std::env::args().skip(1));
+    let flags = match parsed {
+        Ok(f) => f,
+        Err(FlagError::Help) => {
+            println!("{}", flags::usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("Error: {e}");
+            eprintln!("Run 'rkubelet --help' for usage.");
+            return ExitCode::from(1);
+        }
+    };
+    match flags.version {
+        Some(VersionMode::Plain) => {
+            println!("Kubernetes {KUBERNETES_VERSION}");
+            return ExitCode::SUCCESS;
+        }
+        Some(VersionMode::Raw) => {
+            println!("version.Info{{GitVersion:\"{KUBERNETES_VERSION}\", Compiler:\"rustc\", Platform:\"linux/{}\"}}", std::env::consts::ARCH);
+            return ExitCode::SUCCESS;
+        }
+        None => {}
+    }
+    init_logging(flags.verbosity);
+    match run(flags) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
+    for w in &flags.deprecation_warnings {
+        warn!("{w}");
+    }
+    let mut cfg = match &flags.config {
+        Some(path) => {
+            let (cfg, warnings) = config::load_file(path).with_context(|| {
+                format!("failed to load kubelet config file {}", path.display())
+            })?;
+            for w in warnings {
+                warn!(file = %path.display(), "{w}");
+            }
+            cfg
+        }
+        None => KubeletConfiguration::default(),
+    };
+    flags.apply(&mut cfg);
+    cfg.validate().context("invalid kubelet configuration")?;
+
+    let opts = KubeletOptions {
+        node_name: kubelet::node_name(flags.hostname_override.as_deref()),
+        node_ip: flags.node_ip.clone(),
+        root_dir: flags.root_dir.clone(),
+        config: cfg,
+    };
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .min(4);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let token = CancellationToken::new();
+        let mut task = tokio::spawn(kubelet::run(opts, token.clone()));
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = &mut task => return r?.map_err(anyhow::Error::from),
+            _ = term.recv() => info!("received SIGTERM, shutting down"),
+            _ = tokio::signal::ctrl_c() => info!("received SIGINT, shutting down"),
+        }
+        token.cancel();
+        match tokio::time::timeout(Duration::from_secs(10), task).await {
+            Ok(r) => r?.map_err(anyhow::Error::from),
+            Err(_) => {
+                warn!("shutdown timed out");
+                Ok(())
+            }
+        }
+    })
+}

@@ -1,0 +1,267 @@
+//! Pod workers: one task per pod UID, at most one sync in flight per pod,
+//! and the newest pending update replacing older ones (upstream
+//! `pkg/kubelet/pod_workers.go`). Termination runs to completion before a
+//! pod with the same UID may start again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+
+use crate::kuberuntime::{RuntimeManager, RuntimePod};
+use crate::status::{generate_pod_status, StatusInput, StatusManager};
+use crate::volume;
+
+/// What a worker is asked to do next.
+#[derive(Clone, Debug)]
+pub enum Work {
+    Sync(Arc<Pod>),
+    /// Stop everything the pod runs and remove its containers and sandbox.
+    /// `pod` is `None` for orphans found only in the runtime.
+    Terminate {
+        pod: Option<Arc<Pod>>,
+        grace: Option<i64>,
+    },
+}
+
+/// Pods due for another sync, and when (upstream's work queue, drained by
+/// the syncLoop's 1 s tick).
+#[derive(Default)]
+pub struct WorkQueue {
+    due: Mutex<HashMap<String, Instant>>,
+}
+
+impl WorkQueue {
+    pub fn enqueue(&self, uid: &str, delay: Duration) {
+        let at = Instant::now() + delay;
+        let mut due = self.due.lock();
+        let e = due.entry(uid.to_string()).or_insert(at);
+        if at < *e {
+            *e = at;
+        }
+    }
+
+    pub fn take_due(&self, now: Instant) -> Vec<String> {
+        let mut due = self.due.lock();
+        let ready: Vec<String> = due
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(u, _)| u.clone())
+            .collect();
+        for u in &ready {
+            due.remove(u);
+        }
+        ready
+    }
+
+    pub fn forget(&self, uid: &str) {
+        self.due.lock().remove(uid);
+    }
+}
+
+pub struct Deps {
+    pub runtime: Arc<RuntimeManager>,
+    pub status: StatusManager,
+    pub queue: Arc<WorkQueue>,
+    pub host_ip: String,
+    /// How often a healthy pod is synced anyway (syncFrequency).
+    pub resync: Duration,
+}
+
+struct Entry {
+    tx: watch::Sender<Work>,
+    terminating: bool,
+    /// A new pod with this UID that arrived while the old one terminated.
+    after_termination: Option<Work>,
+}
+
+#[derive(Clone)]
+pub struct PodWorkers {
+    deps: Arc<Deps>,
+    workers: Arc<Mutex<HashMap<String, Entry>>>,
+    token: CancellationToken,
+}
+
+fn pod_uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+impl PodWorkers {
+    pub fn new(deps: Deps, token: CancellationToken) -> Self {
+        PodWorkers {
+            deps: Arc::new(deps),
+            workers: Default::default(),
+            token,
+        }
+    }
+
+    /// Hands work to the pod's worker, starting one if needed.
+    pub fn update(&self, uid: &str, work: Work) {
+        let mut workers = self.workers.lock();
+        if let Some(e) = workers.get_mut(uid) {
+            match (&work, e.terminating) {
+                (Work::Sync(_), true) => e.after_termination = Some(work),
+                (Work::Terminate { .. }, true) => {}
+                (Work::Terminate { .. }, false) => {
+                    e.terminating = true;
+                    e.tx.send_replace(work);
+                }
+                (Work::Sync(_), false) => {
+                    e.tx.send_replace(work);
+                }
+            }
+            return;
+        }
+        self.spawn_worker(&mut workers, uid, work);
+    }
+
+    fn spawn_worker(&self, workers: &mut HashMap<String, Entry>, uid: &str, work: Work) {
+        let terminating = matches!(work, Work::Terminate { .. });
+        let (tx, rx) = watch::channel(work);
+        workers.insert(
+            uid.to_string(),
+            Entry {
+                tx,
+                terminating,
+                after_termination: None,
+            },
+        );
+        let this = self.clone();
+        let uid = uid.to_string();
+        let span = tracing::info_span!("pod_worker", pod_uid = %uid);
+        tokio::spawn(async move { this.run(uid, rx).await }.instrument(span));
+    }
+
+    pub fn is_known(&self, uid: &str) -> bool {
+        self.workers.lock().contains_key(uid)
+    }
+
+    pub fn is_terminating(&self, uid: &str) -> bool {
+        self.workers.lock().get(uid).is_some_and(|e| e.terminating)
+    }
+
+    async fn run(self, uid: String, mut rx: watch::Receiver<Work>) {
+        loop {
+            let work = rx.borrow_and_update().clone();
+            match work {
+                Work::Sync(pod) => {
+                    let delay = self.sync(&uid, &pod).await;
+                    self.deps.queue.enqueue(&uid, delay);
+                }
+                Work::Terminate { pod, grace } => {
+                    self.terminate(&uid, pod.as_deref(), grace).await;
+                    self.finish(&uid);
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = self.token.cancelled() => return,
+                r = rx.changed() => if r.is_err() { return },
+            }
+        }
+    }
+
+    /// One sync: read the runtime, act, publish the status. Returns when
+    /// the pod should be synced again.
+    async fn sync(&self, uid: &str, pod: &Pod) -> Duration {
+        let rm = &self.deps.runtime;
+        let rt = match rm.pod_status(uid).await {
+            Ok(rt) => rt,
+            Err(e) => {
+                warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), error = %e, "unable to read pod status from the runtime");
+                return Duration::from_secs(2);
+            }
+        };
+        let result = rm.sync_pod(pod, &rt).await;
+        for e in &result.errors {
+            warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), error = %e, "error syncing pod");
+        }
+        // Re-read so the status shows what this sync just started.
+        let rt = rm.pod_status(uid).await.unwrap_or(rt);
+        self.publish_status(uid, pod, &rt, &result.waiting);
+        result
+            .requeue_after
+            .unwrap_or(self.deps.resync)
+            .min(self.deps.resync)
+    }
+
+    fn publish_status(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        rt: &RuntimePod,
+        waiting: &HashMap<String, crate::kuberuntime::Waiting>,
+    ) {
+        let previous = self.deps.status.get(uid);
+        let status = generate_pod_status(&StatusInput {
+            pod,
+            rt,
+            waiting,
+            readiness: &HashMap::new(),
+            host_ip: &self.deps.host_ip,
+            previous: previous.as_deref(),
+            now: Timestamp::from_nanosecond(crate::kuberuntime::wall_now().as_nanos() as i128)
+                .unwrap_or(Timestamp::UNIX_EPOCH),
+        });
+        self.deps.status.set(uid, status);
+    }
+
+    /// Kills and removes everything of the pod, retrying with backoff until
+    /// it is done or rkubelet shuts down (a shutdown leaves pods running).
+    async fn terminate(&self, uid: &str, pod: Option<&Pod>, grace: Option<i64>) {
+        let rm = &self.deps.runtime;
+        let mut delay = Duration::from_millis(500);
+        loop {
+            let r = async {
+                let rt = rm.pod_status(uid).await?;
+                rm.kill_pod(pod, &rt, grace).await?;
+                let rt = rm.pod_status(uid).await?;
+                rm.remove_pod(&rt).await
+            }
+            .await;
+            match r {
+                Ok(()) => break,
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?delay, "failed to terminate pod");
+                    tokio::select! {
+                        _ = self.token.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+        if let Err(e) = volume::cleanup_pod_dir(&rm.opts.root_dir, uid) {
+            warn!(error = %e, "failed to remove pod directory");
+        }
+        self.deps.status.remove(uid);
+        self.deps.queue.forget(uid);
+        info!(
+            pod = pod
+                .and_then(|p| p.metadata.name.as_deref())
+                .unwrap_or("<orphan>"),
+            "pod terminated and removed"
+        );
+    }
+
+    fn finish(&self, uid: &str) {
+        let mut workers = self.workers.lock();
+        if let Some(e) = workers.remove(uid) {
+            if let Some(next) = e.after_termination {
+                debug!(pod_uid = uid, "starting pod again after termination");
+                self.spawn_worker(&mut workers, uid, next);
+            }
+        }
+    }
+}
+
+pub fn uid(pod: &Pod) -> String {
+    pod_uid(pod)
+}

@@ -1,0 +1,51 @@
+//! The status manager: computes each pod's API status from its spec and the
+//! runtime's view, and keeps the latest one per pod for the servers (and,
+//! in cluster mode, for patching `pods/status`). Upstream
+//! `pkg/kubelet/status` plus generateAPIPodStatus in `kubelet_pods.go`.
+
+pub mod generate;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::PodStatus;
+use parking_lot::RwLock;
+
+pub use generate::{generate_pod_status, StatusInput};
+
+#[derive(Default, Clone)]
+pub struct StatusManager {
+    statuses: Arc<RwLock<HashMap<String, Arc<PodStatus>>>>,
+}
+
+impl StatusManager {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn get(&self, uid: &str) -> Option<Arc<PodStatus>> {
+        self.statuses.read().get(uid).cloned()
+    }
+
+    /// Stores a status. A pod that reached Succeeded or Failed never goes
+    /// back to a running phase (upstream's terminal-phase guard).
+    pub fn set(&self, uid: &str, mut status: PodStatus) {
+        let mut map = self.statuses.write();
+        if let Some(old) = map.get(uid) {
+            if generate::is_terminal(old.phase.as_deref())
+                && !generate::is_terminal(status.phase.as_deref())
+            {
+                status.phase = old.phase.clone();
+            }
+        }
+        map.insert(uid.to_string(), Arc::new(status));
+    }
+
+    pub fn remove(&self, uid: &str) {
+        self.statuses.write().remove(uid);
+    }
+
+    pub fn uids(&self) -> Vec<String> {
+        self.statuses.read().keys().cloned().collect()
+    }
+}

@@ -1,0 +1,162 @@
+//! The syncLoop: one select over pod config updates, PLEG events, the 1 s
+//! sync tick and housekeeping, handing each pod to its worker (upstream
+//! `kubelet.go` syncLoop / syncLoopIteration / HandlePodCleanups).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use crate::pleg::{PlegHandle, PodLifecycleEvent};
+use crate::pod::PodManager;
+use crate::podworkers::{PodWorkers, Work, WorkQueue};
+use crate::source::{PodOperation, PodUpdate};
+use crate::status::StatusManager;
+
+/// Upstream housekeepingPeriod.
+pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+/// Upstream's sync tick that drains the work queue.
+pub const SYNC_TICK: Duration = Duration::from_secs(1);
+
+/// When the loop last ran an iteration, for /healthz.
+#[derive(Clone)]
+pub struct SyncLoopHealth {
+    last: Arc<RwLock<Instant>>,
+    threshold: Duration,
+}
+
+impl SyncLoopHealth {
+    /// Upstream: unhealthy when the loop has not run for 2× syncFrequency,
+    /// and never less than 5 minutes.
+    pub fn new(sync_frequency: Duration) -> Self {
+        SyncLoopHealth {
+            last: Arc::new(RwLock::new(Instant::now())),
+            threshold: (sync_frequency * 2).max(Duration::from_secs(300)),
+        }
+    }
+
+    fn mark(&self) {
+        *self.last.write() = Instant::now();
+    }
+
+    pub fn healthy(&self) -> Result<(), String> {
+        let elapsed = self.last.read().elapsed();
+        if elapsed > self.threshold {
+            return Err(format!(
+                "syncLoop was last seen active {elapsed:?} ago; threshold is {:?}",
+                self.threshold
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub struct SyncLoop {
+    pub pods: PodManager,
+    pub status: StatusManager,
+    pub workers: PodWorkers,
+    pub queue: Arc<WorkQueue>,
+    pub pleg: PlegHandle,
+    pub health: SyncLoopHealth,
+    /// True once every config source has reported its pods once; orphans are
+    /// not cleaned up before, or a restart would kill pods still to be listed.
+    pub sources_ready: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl SyncLoop {
+    pub async fn run(
+        self,
+        mut updates: mpsc::Receiver<PodUpdate>,
+        mut pleg_events: mpsc::Receiver<PodLifecycleEvent>,
+        token: CancellationToken,
+    ) {
+        let mut sync_tick = tokio::time::interval(SYNC_TICK);
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
+        for t in [&mut sync_tick, &mut housekeeping] {
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        loop {
+            self.health.mark();
+            tokio::select! {
+                _ = token.cancelled() => {
+                    info!("syncLoop stopping; running pods are left running");
+                    return;
+                }
+                Some(u) = updates.recv() => self.handle_update(u),
+                Some(ev) = pleg_events.recv() => self.handle_pleg(ev),
+                _ = sync_tick.tick() => {
+                    for uid in self.queue.take_due(Instant::now()) {
+                        if let Some(pod) = self.pods.get(&uid) {
+                            self.workers.update(&uid, Work::Sync(pod));
+                        }
+                    }
+                }
+                _ = housekeeping.tick() => self.housekeeping(),
+            }
+        }
+    }
+
+    fn handle_update(&self, u: PodUpdate) {
+        debug!(op = ?u.op, source = %u.source, pods = u.pods.len(), "pod config update");
+        for pod in u.pods {
+            let uid = crate::podworkers::uid(&pod);
+            match u.op {
+                PodOperation::Add | PodOperation::Update | PodOperation::Set => {
+                    info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, op = ?u.op, "syncing pod");
+                    let pod = self.pods.upsert(pod);
+                    self.workers.update(&uid, Work::Sync(pod));
+                }
+                PodOperation::Delete | PodOperation::Remove => {
+                    info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, op = ?u.op, "terminating pod");
+                    let grace = pod.metadata.deletion_grace_period_seconds;
+                    let pod = self.pods.remove(&uid).unwrap_or_else(|| Arc::new(pod));
+                    self.workers.update(
+                        &uid,
+                        Work::Terminate {
+                            pod: Some(pod),
+                            grace,
+                        },
+                    );
+                }
+                // Status-only changes from the API server need no runtime work.
+                PodOperation::Reconcile => {}
+            }
+        }
+    }
+
+    fn handle_pleg(&self, ev: PodLifecycleEvent) {
+        if let Some(pod) = self.pods.get(&ev.uid) {
+            self.workers.update(&ev.uid, Work::Sync(pod));
+        }
+    }
+
+    /// Kills pods the runtime runs that no source wants (upstream
+    /// HandlePodCleanups), once every source has been heard from.
+    fn housekeeping(&self) {
+        if !(self.sources_ready)() {
+            return;
+        }
+        let snap = self.pleg.snapshot();
+        for uid in snap.keys() {
+            if !self.pods.contains(uid) && !self.workers.is_known(uid) {
+                info!(pod_uid = %uid, "cleaning up orphaned pod");
+                self.workers.update(
+                    uid,
+                    Work::Terminate {
+                        pod: None,
+                        grace: None,
+                    },
+                );
+            }
+        }
+        for uid in self.status.uids() {
+            if !self.pods.contains(&uid) && !self.workers.is_known(&uid) {
+                self.status.remove(&uid);
+            }
+        }
+    }
+}

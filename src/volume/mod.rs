@@ -1,0 +1,285 @@
+//! The two simplest volume plugins, emptyDir and hostPath, prepared on the
+//! host and handed to CRI as bind mounts (upstream `pkg/volume/emptydir`,
+//! `pkg/volume/hostpath`; the full volume manager comes later).
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::cri::v1::{Mount, MountPropagation};
+
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("volume {volume}: {path}: {source}")]
+    Io {
+        volume: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("volume {volume}: hostPath type check failed: {path} is not a {kind}")]
+    HostPathType {
+        volume: String,
+        path: PathBuf,
+        kind: String,
+    },
+    #[error("volume {volume}: this volume type is not supported yet")]
+    Unsupported { volume: String },
+    #[error("container {container}: volumeMount {volume:?} names no volume of the pod")]
+    UnknownVolume { container: String, volume: String },
+    #[error("container {container}: invalid subPath {sub_path:?}")]
+    BadSubPath { container: String, sub_path: String },
+}
+
+/// `<root>/pods/<uid>`: where everything rkubelet keeps for a pod lives.
+pub fn pod_dir(root: &Path, uid: &str) -> PathBuf {
+    root.join("pods").join(uid)
+}
+
+fn io_err(volume: &str, path: &Path) -> impl FnOnce(std::io::Error) -> VolumeError {
+    let (volume, path) = (volume.to_string(), path.to_path_buf());
+    move |source| VolumeError::Io {
+        volume,
+        path,
+        source,
+    }
+}
+
+/// Creates the host side of each volume; returns volume name → host path.
+pub fn setup_pod_volumes(root: &Path, pod: &Pod) -> Result<HashMap<String, PathBuf>, VolumeError> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let mut out = HashMap::new();
+    for v in pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        let path = if let Some(hp) = &v.host_path {
+            let p = PathBuf::from(&hp.path);
+            check_host_path(&v.name, &p, hp.type_.as_deref().unwrap_or(""))?;
+            p
+        } else if v.empty_dir.is_some() {
+            // Medium "Memory" would be a tmpfs; until the volume manager
+            // mounts one, a plain directory keeps the pod working.
+            let p = pod_dir(root, uid)
+                .join("volumes/kubernetes.io~empty-dir")
+                .join(&v.name);
+            std::fs::create_dir_all(&p).map_err(io_err(&v.name, &p))?;
+            // Upstream makes emptyDir world-writable so any container user can use it.
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777))
+                .map_err(io_err(&v.name, &p))?;
+            p
+        } else {
+            return Err(VolumeError::Unsupported {
+                volume: v.name.clone(),
+            });
+        };
+        out.insert(v.name.clone(), path);
+    }
+    Ok(out)
+}
+
+fn check_host_path(volume: &str, p: &Path, kind: &str) -> Result<(), VolumeError> {
+    let meta = std::fs::metadata(p);
+    let bad = |k: &str| VolumeError::HostPathType {
+        volume: volume.into(),
+        path: p.into(),
+        kind: k.into(),
+    };
+    use std::os::unix::fs::FileTypeExt;
+    match kind {
+        "" => Ok(()),
+        "DirectoryOrCreate" => {
+            if meta.is_err() {
+                std::fs::create_dir_all(p).map_err(io_err(volume, p))?;
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755))
+                    .map_err(io_err(volume, p))?;
+                return Ok(());
+            }
+            meta.ok()
+                .filter(|m| m.is_dir())
+                .map(drop)
+                .ok_or_else(|| bad("directory"))
+        }
+        "FileOrCreate" => {
+            if meta.is_err() {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map_err(io_err(volume, p))?;
+                return Ok(());
+            }
+            meta.ok()
+                .filter(|m| m.is_file())
+                .map(drop)
+                .ok_or_else(|| bad("file"))
+        }
+        "Directory" => meta
+            .ok()
+            .filter(|m| m.is_dir())
+            .map(drop)
+            .ok_or_else(|| bad("directory")),
+        "File" => meta
+            .ok()
+            .filter(|m| m.is_file())
+            .map(drop)
+            .ok_or_else(|| bad("file")),
+        "Socket" => meta
+            .ok()
+            .filter(|m| m.file_type().is_socket())
+            .map(drop)
+            .ok_or_else(|| bad("socket")),
+        "CharDevice" => meta
+            .ok()
+            .filter(|m| m.file_type().is_char_device())
+            .map(drop)
+            .ok_or_else(|| bad("character device")),
+        "BlockDevice" => meta
+            .ok()
+            .filter(|m| m.file_type().is_block_device())
+            .map(drop)
+            .ok_or_else(|| bad("block device")),
+        other => Err(bad(other)),
+    }
+}
+
+/// CRI mounts for a container's volumeMounts, honouring readOnly and subPath.
+pub fn container_mounts(
+    c: &Container,
+    volumes: &HashMap<String, PathBuf>,
+) -> Result<Vec<Mount>, VolumeError> {
+    let mut mounts = Vec::new();
+    for vm in c.volume_mounts.iter().flatten() {
+        let base = volumes
+            .get(&vm.name)
+            .ok_or_else(|| VolumeError::UnknownVolume {
+                container: c.name.clone(),
+                volume: vm.name.clone(),
+            })?;
+        let mut host = base.clone();
+        if let Some(sub) = vm.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            let rel = Path::new(sub);
+            if rel.is_absolute()
+                || rel
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+            {
+                return Err(VolumeError::BadSubPath {
+                    container: c.name.clone(),
+                    sub_path: sub.into(),
+                });
+            }
+            host = base.join(rel);
+            if !host.exists() {
+                std::fs::create_dir_all(&host).map_err(io_err(&vm.name, &host))?;
+            }
+        }
+        let propagation = match vm.mount_propagation.as_deref() {
+            Some("HostToContainer") => MountPropagation::PropagationHostToContainer,
+            Some("Bidirectional") => MountPropagation::PropagationBidirectional,
+            _ => MountPropagation::PropagationPrivate,
+        };
+        mounts.push(Mount {
+            container_path: vm.mount_path.clone(),
+            host_path: host.to_string_lossy().into_owned(),
+            readonly: vm.read_only.unwrap_or(false),
+            propagation: propagation as i32,
+            ..Default::default()
+        });
+    }
+    Ok(mounts)
+}
+
+/// Removes the pod's directory once its containers are gone.
+pub fn cleanup_pod_dir(root: &Path, uid: &str) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(pod_dir(root, uid)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        EmptyDirVolumeSource, HostPathVolumeSource, PodSpec, Volume, VolumeMount,
+    };
+
+    #[test]
+    fn empty_dir_and_host_path_become_mounts_with_read_only_and_sub_path() {
+        let root = std::env::temp_dir().join(format!("rkubelet-vol-{}", std::process::id()));
+        let host = root.join("host");
+        let pod = Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                uid: Some("u1".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                volumes: Some(vec![
+                    Volume {
+                        name: "scratch".into(),
+                        empty_dir: Some(EmptyDirVolumeSource::default()),
+                        ..Default::default()
+                    },
+                    Volume {
+                        name: "h".into(),
+                        host_path: Some(HostPathVolumeSource {
+                            path: host.to_string_lossy().into(),
+                            type_: Some("DirectoryOrCreate".into()),
+                        }),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let vols = setup_pod_volumes(&root, &pod).unwrap();
+        assert!(vols["scratch"].is_dir() && host.is_dir());
+        let c = Container {
+            name: "a".into(),
+            volume_mounts: Some(vec![
+                VolumeMount {
+                    name: "scratch".into(),
+                    mount_path: "/data".into(),
+                    sub_path: Some("x".into()),
+                    ..Default::default()
+                },
+                VolumeMount {
+                    name: "h".into(),
+                    mount_path: "/h".into(),
+                    read_only: Some(true),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        };
+        let m = container_mounts(&c, &vols).unwrap();
+        assert!(
+            m[0].host_path
+                .ends_with("kubernetes.io~empty-dir/scratch/x")
+                && !m[0].readonly
+        );
+        assert!(m[1].readonly);
+        let bad = Container {
+            name: "b".into(),
+            volume_mounts: Some(vec![VolumeMount {
+                name: "nope".into(),
+                mount_path: "/n".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        assert!(matches!(
+            container_mounts(&bad, &vols),
+            Err(VolumeError::UnknownVolume { .. })
+        ));
+        cleanup_pod_dir(&root, "u1").unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

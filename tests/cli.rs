@@ -1,0 +1,39 @@
+//! The command line behaves like upstream's: --version, unknown flags.
+
+use std::process::Command;
+
+fn rkubelet(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rkubelet"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn version_prints_kubernetes_version() {
+    let out = rkubelet(&["--version"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("Kubernetes v1."), "{text}");
+}
+
+#[test]
+fn unknown_flag_exits_one_with_a_message() {
+    let out = rkubelet(&["--no-such-flag=1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flag: --no-such-flag"));
+}
+
+#[test]
+fn broken_config_file_exits_one_naming_the_file() {
+    let path = std::env::temp_dir().join(format!("rkubelet-badcfg-{}.yaml", std::process::id()));
+    std::fs::write(
+        &path,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: NotAKubeletConfiguration\n",
+    )
+    .unwrap();
+    let out = rkubelet(&["--config", path.to_str().unwrap()]);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(path.to_str().unwrap()));
+}

@@ -1,0 +1,344 @@
+//! Helpers for the real-containerd integration tests: start the rkubelet
+//! binary against the machine's containerd, read `/pods`, poll with a
+//! deadline, and clean up every pod a test made. Tests that use containerd
+//! take a global lock, because a kubelet owns every CRI pod on its node and
+//! two of them at once would clean up each other's pods as orphans.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rkubelet::cri::client::RemoteRuntime;
+use rkubelet::cri::RuntimeService;
+use serde_json::Value;
+
+pub const ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+pub const BUSYBOX: &str = "docker.io/library/busybox:1.36";
+
+static CONTAINERD_LOCK: Mutex<()> = Mutex::new(());
+
+/// Polls `f` every 100 ms until it returns Some or the deadline passes.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A blocking HTTP/1.1 GET against 127.0.0.1; returns (status, body).
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Some((status, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A CRI client on the machine's containerd, with its own tokio runtime.
+pub struct Cri {
+    pub rt: tokio::runtime::Runtime,
+    pub client: RemoteRuntime,
+}
+
+impl Cri {
+    pub fn new() -> Self {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(async {
+            RemoteRuntime::connect_lazy(ENDPOINT, Duration::from_secs(10)).unwrap()
+        });
+        let v = rt.block_on(client.version());
+        assert!(
+            v.is_ok(),
+            "containerd must be running at {ENDPOINT} (run scripts/setup.sh as root): {v:?}"
+        );
+        Cri { rt, client }
+    }
+
+    /// Removes every sandbox and container whose pod name ends in `-<node>`.
+    pub fn remove_pods_of_node(&self, node: &str) {
+        let suffix = format!("-{node}");
+        self.rt.block_on(async {
+            for c in self.client.list_containers(None).await.unwrap_or_default() {
+                if c.labels
+                    .get("io.kubernetes.pod.name")
+                    .is_some_and(|n| n.ends_with(&suffix))
+                {
+                    let _ = self.client.stop_container(&c.id, 0).await;
+                    let _ = self.client.remove_container(&c.id).await;
+                }
+            }
+            for s in self.client.list_pod_sandbox(None).await.unwrap_or_default() {
+                if s.labels
+                    .get("io.kubernetes.pod.name")
+                    .is_some_and(|n| n.ends_with(&suffix))
+                {
+                    let _ = self.client.stop_pod_sandbox(&s.id).await;
+                    let _ = self.client.remove_pod_sandbox(&s.id).await;
+                }
+            }
+        });
+    }
+
+    /// (sandbox count, container count) the runtime has for a pod UID.
+    pub fn count_for_uid(&self, uid: &str) -> (usize, usize) {
+        self.rt.block_on(async {
+            let has = |l: &std::collections::HashMap<String, String>| {
+                l.get("io.kubernetes.pod.uid").is_some_and(|u| u == uid)
+            };
+            let s = self
+                .client
+                .list_pod_sandbox(None)
+                .await
+                .unwrap()
+                .iter()
+                .filter(|s| has(&s.labels))
+                .count();
+            let c = self
+                .client
+                .list_containers(None)
+                .await
+                .unwrap()
+                .iter()
+                .filter(|c| has(&c.labels))
+                .count();
+            (s, c)
+        })
+    }
+}
+
+/// One rkubelet process with its own manifest dir, root dir and ports.
+pub struct Kubelet {
+    pub node: String,
+    pub dir: PathBuf,
+    pub manifests: PathBuf,
+    pub read_only: String,
+    pub healthz: String,
+    child: Option<Child>,
+    pub cri: Cri,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Kubelet {
+    /// Starts rkubelet as node `node` (pod names end in `-<node>`).
+    pub fn start(node: &str) -> Self {
+        let lock = CONTAINERD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let cri = Cri::new();
+        cri.remove_pods_of_node(node);
+        let dir = std::env::temp_dir().join(format!("rkubelet-it-{node}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let manifests = dir.join("manifests");
+        std::fs::create_dir_all(&manifests).unwrap();
+        let mut k = Kubelet {
+            node: node.into(),
+            read_only: format!("127.0.0.1:{}", free_port()),
+            healthz: format!("127.0.0.1:{}", free_port()),
+            dir,
+            manifests,
+            child: None,
+            cri,
+            _lock: lock,
+        };
+        k.spawn();
+        k
+    }
+
+    pub fn spawn(&mut self) {
+        let ro_port = self.read_only.rsplit(':').next().unwrap();
+        let hz_port = self.healthz.rsplit(':').next().unwrap();
+        let config = self.dir.join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 5s\nreadOnlyPort: {ro_port}\naddress: 127.0.0.1\nhealthzPort: {hz_port}\nfailSwapOn: false\ncontainerRuntimeEndpoint: {ENDPOINT}\n",
+                self.manifests.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(self.dir.join("rkubelet.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_rkubelet"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--root-dir")
+            .arg(self.dir.join("root"))
+            .arg("--hostname-override")
+            .arg(&self.node)
+            .arg("--v=2")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start rkubelet");
+        self.child = Some(child);
+        let hz = self.healthz.clone();
+        wait_for("rkubelet /healthz ok", Duration::from_secs(30), || {
+            http_get(&hz, "/healthz")
+                .filter(|(s, _)| *s == 200)
+                .map(|_| ())
+        });
+    }
+
+    /// Stops the process (SIGTERM) and waits for it; pods keep running.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    pub fn write_manifest(&self, file: &str, yaml: &str) {
+        // Write then rename, as editors and config tools do, so the source
+        // never reads half a file.
+        let tmp = self.dir.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml).unwrap();
+        std::fs::rename(&tmp, self.manifests.join(file)).unwrap();
+    }
+
+    pub fn remove_manifest(&self, file: &str) {
+        std::fs::remove_file(self.manifests.join(file)).unwrap();
+    }
+
+    pub fn pods(&self) -> Vec<Value> {
+        let Some((200, body)) = http_get(&self.read_only, "/pods") else {
+            return vec![];
+        };
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        v["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The pod named `<name>-<node>` as listed on /pods.
+    pub fn pod(&self, name: &str) -> Option<Value> {
+        let full = format!("{name}-{}", self.node);
+        self.pods()
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == full.as_str())
+    }
+
+    /// Waits until `pred` holds for the pod, returning it.
+    pub fn wait_pod(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        wait_for(&format!("pod {name}: {what}"), timeout, || {
+            self.pod(name).filter(|p| pred(p))
+        })
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("rkubelet.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("---- rkubelet log ({}) ----\n{}", self.node, self.log());
+        }
+        self.cri.remove_pods_of_node(&self.node);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn phase(p: &Value) -> &str {
+    p["status"]["phase"].as_str().unwrap_or("")
+}
+
+pub fn container_status<'a>(p: &'a Value, name: &str) -> Option<&'a Value> {
+    p["status"]["containerStatuses"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+}
+
+pub fn init_status<'a>(p: &'a Value, name: &str) -> Option<&'a Value> {
+    p["status"]["initContainerStatuses"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+}
+
+pub fn running(p: &Value, name: &str) -> bool {
+    container_status(p, name).is_some_and(|c| c["state"]["running"].is_object())
+}
+
+/// A one-container busybox pod manifest.
+pub fn simple_pod(name: &str, command: &str, restart_policy: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {restart_policy}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", {command:?}]\n"
+    )
+}
+
+pub fn path_exists(p: &Path) -> bool {
+    p.exists()
+}

@@ -1,0 +1,262 @@
+//! Standalone mode on real containerd: static pods from a manifest folder
+//! run, restart, update, finish and go away as with the upstream kubelet.
+//! Needs root and containerd with the CRI plugin (scripts/setup.sh); these
+//! tests fail, never skip, when containerd is missing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use rkubelet::cri::RuntimeService;
+
+const T: Duration = Duration::from_secs(60);
+
+#[test]
+fn static_pod_runs_with_a_pod_ip_and_serves_traffic() {
+    let k = Kubelet::start("it-serve");
+    k.write_manifest(
+        "web.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {{app: web}}\nspec:\n  containers:\n  - name: httpd\n    image: {BUSYBOX}\n    command: [sh, -c, 'mkdir -p /www && echo served-by-rkubelet > /www/index.html && exec httpd -f -p 8080 -h /www']\n"
+        ),
+    );
+    let p = k.wait_pod("web", "Running with an IP", T, |p| {
+        phase(p) == "Running" && p["status"]["podIP"].is_string()
+    });
+    let ip = p["status"]["podIP"].as_str().unwrap().to_string();
+    assert!(ip.starts_with("10.88."), "pod IP from the CNI bridge: {ip}");
+    // Upstream static pod identity: name-node, config annotations, node name.
+    assert_eq!(
+        p["metadata"]["annotations"]["kubernetes.io/config.source"],
+        "file"
+    );
+    assert_eq!(
+        p["metadata"]["annotations"]["kubernetes.io/config.hash"],
+        p["metadata"]["uid"]
+    );
+    assert_eq!(p["spec"]["nodeName"], "it-serve");
+    assert_eq!(p["status"]["qosClass"], "BestEffort");
+    let c = container_status(&p, "httpd").unwrap();
+    assert!(c["containerID"]
+        .as_str()
+        .unwrap()
+        .starts_with("containerd://"));
+    assert_eq!(c["ready"], true);
+    let body = wait_for("httpd answers on the pod IP", T, || {
+        http_get(&format!("{ip}:8080"), "/")
+            .filter(|(s, _)| *s == 200)
+            .map(|(_, b)| b)
+    });
+    assert!(body.contains("served-by-rkubelet"));
+    // CRI labels carry upstream's keys.
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let labels = k
+        .cri
+        .rt
+        .block_on(k.cri.client.list_containers(None))
+        .unwrap();
+    let ours = labels
+        .iter()
+        .find(|c| c.labels.get("io.kubernetes.pod.uid") == Some(&uid))
+        .expect("container with the pod uid label");
+    assert_eq!(ours.labels["io.kubernetes.container.name"], "httpd");
+    assert_eq!(ours.labels["io.kubernetes.pod.name"], "web-it-serve");
+    assert_eq!(ours.labels["io.kubernetes.pod.namespace"], "default");
+    assert!(ours
+        .annotations
+        .contains_key("io.kubernetes.container.hash"));
+    assert_eq!(
+        ours.annotations["io.kubernetes.container.restartCount"],
+        "0"
+    );
+    // Logs land where upstream puts them.
+    let log_dir = format!("/var/log/pods/default_web-it-serve_{uid}/httpd");
+    wait_for("container log file", T, || {
+        std::path::Path::new(&format!("{log_dir}/0.log"))
+            .exists()
+            .then_some(())
+    });
+}
+
+#[test]
+fn killed_container_is_restarted_with_restart_count_plus_one() {
+    let k = Kubelet::start("it-restart");
+    k.write_manifest(
+        "sleeper.yaml",
+        &simple_pod("sleeper", "exec sleep 3600", "Always"),
+    );
+    let p = k.wait_pod("sleeper", "running", T, |p| running(p, "main"));
+    let first = container_status(&p, "main").unwrap()["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_string();
+    k.cri
+        .rt
+        .block_on(k.cri.client.stop_container(&first, 0))
+        .unwrap();
+    let p = k.wait_pod("sleeper", "restarted", T, |p| {
+        let c = container_status(p, "main").unwrap();
+        c["restartCount"] == 1 && c["state"]["running"].is_object()
+    });
+    let c = container_status(&p, "main").unwrap();
+    assert_ne!(
+        c["containerID"].as_str().unwrap(),
+        format!("containerd://{first}")
+    );
+    assert_eq!(c["lastState"]["terminated"]["exitCode"], 137);
+    assert_eq!(phase(&p), "Running");
+}
+
+#[test]
+fn edited_manifest_replaces_the_container() {
+    let k = Kubelet::start("it-edit");
+    // An explicit uid keeps the pod's identity across the edit, so only the
+    // changed container is replaced (without one the UID follows the content).
+    let manifest = |msg: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: edit\n  uid: 6f1c0d7e-0000-4000-8000-00000000ed17\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sh, -c, 'echo {msg}; exec sleep 3600']\n"
+        )
+    };
+    k.write_manifest("edit.yaml", &manifest("one"));
+    let p = k.wait_pod("edit", "running", T, |p| running(p, "main"));
+    let before = container_status(&p, "main").unwrap()["containerID"].clone();
+    k.write_manifest("edit.yaml", &manifest("two"));
+    let p = k.wait_pod("edit", "new container running", T, |p| {
+        running(p, "main") && container_status(p, "main").unwrap()["containerID"] != before
+    });
+    assert_eq!(p["metadata"]["uid"], "6f1c0d7e-0000-4000-8000-00000000ed17");
+    assert!(p["spec"]["containers"][0]["command"][2]
+        .as_str()
+        .unwrap()
+        .contains("two"));
+}
+
+#[test]
+fn removed_manifest_removes_sandbox_and_containers() {
+    let k = Kubelet::start("it-remove");
+    k.write_manifest(
+        "gone.yaml",
+        &simple_pod("gone", "exec sleep 3600", "Always"),
+    );
+    let p = k.wait_pod("gone", "running", T, |p| running(p, "main"));
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_eq!(k.cri.count_for_uid(&uid), (1, 1));
+    k.remove_manifest("gone.yaml");
+    wait_for("pod gone from /pods", T, || {
+        k.pod("gone").is_none().then_some(())
+    });
+    wait_for("sandbox and containers removed", T, || {
+        (k.cri.count_for_uid(&uid) == (0, 0)).then_some(())
+    });
+}
+
+#[test]
+fn restart_policies_never_and_on_failure_end_failed_and_succeeded() {
+    let k = Kubelet::start("it-policy");
+    k.write_manifest("fails.yaml", &simple_pod("fails", "exit 3", "Never"));
+    k.write_manifest("works.yaml", &simple_pod("works", "exit 0", "OnFailure"));
+    let f = k.wait_pod("fails", "Failed", T, |p| phase(p) == "Failed");
+    let c = container_status(&f, "main").unwrap();
+    assert_eq!(c["state"]["terminated"]["exitCode"], 3);
+    assert_eq!(c["state"]["terminated"]["reason"], "Error");
+    assert_eq!(c["restartCount"], 0);
+    let w = k.wait_pod("works", "Succeeded", T, |p| phase(p) == "Succeeded");
+    let c = container_status(&w, "main").unwrap();
+    assert_eq!(c["state"]["terminated"]["reason"], "Completed");
+    let ready = w["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready["reason"], "PodCompleted");
+}
+
+#[test]
+fn init_containers_finish_before_app_containers_start() {
+    let k = Kubelet::start("it-init");
+    k.write_manifest(
+        "init.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: init\nspec:\n  terminationGracePeriodSeconds: 2\n  initContainers:\n  - name: first\n    image: {BUSYBOX}\n    command: [sh, -c, 'sleep 1; echo from-first > /shared/a']\n    volumeMounts: [{{name: shared, mountPath: /shared}}]\n  - name: second\n    image: {BUSYBOX}\n    command: [sh, -c, 'test -f /shared/a && cat /shared/a > /shared/b']\n    volumeMounts: [{{name: shared, mountPath: /shared}}]\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [sh, -c, 'test -f /shared/b && exec sleep 3600; exit 1']\n    volumeMounts: [{{name: shared, mountPath: /shared, readOnly: true}}]\n  volumes:\n  - name: shared\n    emptyDir: {{}}\n"
+        ),
+    );
+    let p = k.wait_pod("init", "app running", T, |p| running(p, "app"));
+    for name in ["first", "second"] {
+        let s = init_status(&p, name).unwrap();
+        assert_eq!(s["state"]["terminated"]["reason"], "Completed", "{name}");
+    }
+    let app = container_status(&p, "app").unwrap();
+    assert_eq!(
+        app["restartCount"], 0,
+        "the app found the files the init containers wrote"
+    );
+    let init_cond = p["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Initialized")
+        .unwrap()
+        .clone();
+    assert_eq!(init_cond["status"], "True");
+}
+
+#[test]
+fn restarted_rkubelet_adopts_running_pods_with_the_same_container_ids() {
+    let mut k = Kubelet::start("it-adopt");
+    k.write_manifest(
+        "keep.yaml",
+        &simple_pod("keep", "exec sleep 3600", "Always"),
+    );
+    let p = k.wait_pod("keep", "running", T, |p| running(p, "main"));
+    let id = container_status(&p, "main").unwrap()["containerID"].clone();
+    let uid = p["metadata"]["uid"].clone();
+    k.stop();
+    k.spawn();
+    let p = k.wait_pod("keep", "running after restart", T, |p| running(p, "main"));
+    assert_eq!(p["metadata"]["uid"], uid);
+    let c = container_status(&p, "main").unwrap();
+    assert_eq!(c["containerID"], id);
+    assert_eq!(c["restartCount"], 0);
+    let uid = uid.as_str().unwrap();
+    assert_eq!(
+        k.cri.count_for_uid(uid),
+        (1, 1),
+        "no second sandbox or container"
+    );
+}
+
+#[test]
+fn garbage_manifest_is_skipped_and_other_pods_keep_running() {
+    let mut k = Kubelet::start("it-garbage");
+    k.write_manifest(
+        "good.yaml",
+        &simple_pod("good", "exec sleep 3600", "Always"),
+    );
+    let p = k.wait_pod("good", "running", T, |p| running(p, "main"));
+    let id = container_status(&p, "main").unwrap()["containerID"].clone();
+    k.write_manifest(
+        "bad.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: [this is not\n  a pod\n",
+    );
+    k.write_manifest(
+        "worse.json",
+        "{\"kind\": \"Pod\", \"apiVersion\": \"v1\", \"spec\": 42}",
+    );
+    wait_for("the broken manifest is logged with its path", T, || {
+        k.log().contains("bad.yaml").then_some(())
+    });
+    assert!(k.is_running());
+    let p = k.pod("good").expect("good pod still listed");
+    assert_eq!(container_status(&p, "main").unwrap()["containerID"], id);
+    assert_eq!(k.pods().len(), 1);
+    // A pod added after the garbage still starts.
+    k.write_manifest(
+        "later.yaml",
+        &simple_pod("later", "exec sleep 3600", "Always"),
+    );
+    k.wait_pod("later", "running", T, |p| running(p, "main"));
+}
