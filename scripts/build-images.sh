@@ -76,8 +76,9 @@ image_present() { # NAME...
 # Stamp: checksum of everything that determines an image's content.
 inputs_sum() { # KIND
     case "$1" in
-        pause) sha256sum "$PAUSE_SRC" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1 ;;
-        busybox) sha256sum "$BUSYBOX_BIN" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1 ;;
+        # Contents only: the same inputs from another checkout path match.
+        pause) cat "$PAUSE_SRC" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1 ;;
+        busybox) cat "$BUSYBOX_BIN" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1 ;;
     esac
 }
 

@@ -1,1 +1,453 @@
-fn main() {}
+//! rkubelet-bench: measures rkubelet against a bare CRI client on the
+//! machine's containerd, and prints figures (never asserts on them).
+//!
+//! For each pod count N it reports:
+//! - bare CRI: RunPodSandbox + CreateContainer + StartContainer for N pods
+//!   at once, p50/p99 per pod and the wall time;
+//! - rkubelet: N manifests written at once, time until each pod's container
+//!   shows running on /pods, p50/p99 and wall, and the ratio to bare CRI;
+//! - rkubelet's RSS and CPU seconds over an idle window with the N pods;
+//! - how long a killed container takes to show on /pods (p50/p99).
+//!
+//! Needs root and containerd set up by scripts/setup.sh; stop any other
+//! kubelet first (scripts/stop-rkubelet.sh).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rkubelet::cri::client::RemoteRuntime;
+use rkubelet::cri::v1;
+use rkubelet::cri::{ImageService, RuntimeService};
+use serde_json::Value;
+
+const ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+const IMAGE: &str = "docker.io/library/busybox:1.36";
+
+struct Args {
+    pods: Vec<usize>,
+    idle: Duration,
+    kills: usize,
+    rkubelet: PathBuf,
+}
+
+fn parse_args() -> Result<Args> {
+    let exe = std::env::current_exe()?;
+    let mut a = Args {
+        pods: vec![1, 30, 110],
+        idle: Duration::from_secs(60),
+        kills: 20,
+        rkubelet: exe.with_file_name("rkubelet"),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let (k, inline) = match arg.split_once('=') {
+            Some((k, v)) => (k.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        let mut val = || {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .with_context(|| format!("{k} needs a value"))
+        };
+        match k.as_str() {
+            "--pods" => {
+                a.pods = val()?
+                    .split(',')
+                    .map(|s| s.trim().parse())
+                    .collect::<Result<_, _>>()?
+            }
+            "--idle-secs" => a.idle = Duration::from_secs(val()?.parse()?),
+            "--kills" => a.kills = val()?.parse()?,
+            "--rkubelet" => a.rkubelet = PathBuf::from(val()?),
+            "-h" | "--help" => {
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]");
+                std::process::exit(0);
+            }
+            other => bail!("unknown flag: {other}"),
+        }
+    }
+    Ok(a)
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let idx = ((p / 100.0) * (v.len() as f64 - 1.0)).round() as usize;
+    v[idx.min(v.len() - 1)]
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.contains(" 200 ").then(|| body.to_string())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// /proc/<pid>: (RSS bytes, CPU seconds user+system).
+fn proc_usage(pid: u32) -> (u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (rss, ticks / 100.0)
+}
+
+struct Kubelet {
+    child: Child,
+    dir: PathBuf,
+    manifests: PathBuf,
+    ro: String,
+}
+
+impl Kubelet {
+    fn start(bin: &Path) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("rkubelet-bench-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let manifests = dir.join("manifests");
+        std::fs::create_dir_all(&manifests)?;
+        let (ro, hz) = (free_port(), free_port());
+        let cfg = dir.join("config.yaml");
+        std::fs::write(&cfg, format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nreadOnlyPort: {ro}\naddress: 127.0.0.1\nhealthzPort: {hz}\nfailSwapOn: false\n", manifests.display()))?;
+        let log = std::fs::File::create(dir.join("rkubelet.log"))?;
+        let child = Command::new(bin)
+            .args([
+                "--config",
+                cfg.to_str().unwrap(),
+                "--hostname-override",
+                "bench",
+                "--root-dir",
+            ])
+            .arg(dir.join("root"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let k = Kubelet {
+            child,
+            dir,
+            manifests,
+            ro: format!("127.0.0.1:{ro}"),
+        };
+        let hz = format!("127.0.0.1:{hz}");
+        wait(Duration::from_secs(30), || {
+            http_get(&hz, "/healthz").map(|_| ())
+        })
+        .context("rkubelet healthz")?;
+        Ok(k)
+    }
+
+    fn pods(&self) -> Vec<Value> {
+        http_get(&self.ro, "/pods")
+            .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+            .and_then(|v| v["items"].as_array().cloned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn manifest(name: &str) -> String {
+    format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [sleep, '3600']\n")
+}
+
+fn running_main(p: &Value) -> Option<String> {
+    let c = p["status"]["containerStatuses"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == "main")?;
+    c["state"]["running"]
+        .is_object()
+        .then(|| c["containerID"].as_str().unwrap_or_default().to_string())
+}
+
+struct KubeletFigures {
+    per_pod: Vec<f64>,
+    wall: f64,
+}
+
+/// Writes N manifests at once and times each pod to running on /pods.
+fn kubelet_start_pods(k: &Kubelet, n: usize) -> Result<KubeletFigures> {
+    let t0 = Instant::now();
+    for i in 0..n {
+        std::fs::write(
+            k.manifests.join(format!("p{i}.yaml")),
+            manifest(&format!("p{i}")),
+        )?;
+    }
+    let mut done: HashMap<String, f64> = HashMap::new();
+    wait(Duration::from_secs(300), || {
+        let el = t0.elapsed().as_secs_f64();
+        for p in k.pods() {
+            if running_main(&p).is_some() {
+                let name = p["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                done.entry(name).or_insert(el);
+            }
+        }
+        (done.len() >= n).then_some(())
+    })?;
+    let per_pod: Vec<f64> = done.values().copied().collect();
+    let wall = per_pod.iter().cloned().fold(0.0, f64::max);
+    Ok(KubeletFigures { per_pod, wall })
+}
+
+fn bare_sandbox(i: usize, uid: &str) -> v1::PodSandboxConfig {
+    v1::PodSandboxConfig {
+        metadata: Some(v1::PodSandboxMetadata {
+            name: format!("bare{i}"),
+            uid: uid.into(),
+            namespace: "bench".into(),
+            attempt: 0,
+        }),
+        hostname: format!("bare{i}"),
+        log_directory: format!("/var/log/pods/bench_bare{i}_{uid}"),
+        labels: HashMap::from([("rkubelet-bench".to_string(), "bare".to_string())]),
+        linux: Some(v1::LinuxPodSandboxConfig {
+            cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The same work without a kubelet: sandbox, create, start, N at once.
+async fn bare_cri(cri: &RemoteRuntime, n: usize, image_ref: &str) -> Result<(Vec<f64>, f64)> {
+    let t0 = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let cri = cri.clone();
+        let image_ref = image_ref.to_string();
+        set.spawn(async move {
+            let uid = format!("bench-bare-{}-{i}", std::process::id());
+            let sb = bare_sandbox(i, &uid);
+            std::fs::create_dir_all(&sb.log_directory).ok();
+            let id = cri.run_pod_sandbox(sb.clone(), String::new()).await?;
+            let cfg = v1::ContainerConfig {
+                metadata: Some(v1::ContainerMetadata {
+                    name: "main".into(),
+                    attempt: 0,
+                }),
+                image: Some(v1::ImageSpec {
+                    image: image_ref,
+                    ..Default::default()
+                }),
+                command: vec!["sleep".into(), "3600".into()],
+                log_path: "main/0.log".into(),
+                labels: HashMap::from([("rkubelet-bench".to_string(), "bare".to_string())]),
+                ..Default::default()
+            };
+            let c = cri.create_container(&id, cfg, sb).await?;
+            cri.start_container(&c).await?;
+            Ok::<f64, rkubelet::cri::CriError>(t0.elapsed().as_secs_f64())
+        });
+    }
+    let mut per = Vec::new();
+    while let Some(r) = set.join_next().await {
+        per.push(r??);
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    Ok((per, wall))
+}
+
+async fn remove_bare(cri: &RemoteRuntime) {
+    for s in cri.list_pod_sandbox(None).await.unwrap_or_default() {
+        if s.labels.contains_key("rkubelet-bench") {
+            let _ = cri.stop_pod_sandbox(&s.id).await;
+            let _ = cri.remove_pod_sandbox(&s.id).await;
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let cri =
+        rt.block_on(async { RemoteRuntime::connect_lazy(ENDPOINT, Duration::from_secs(60)) })?;
+    rt.block_on(cri.version())
+        .context("containerd must be running (scripts/setup.sh)")?;
+    let image_ref = rt
+        .block_on(cri.image_status(IMAGE))?
+        .context("busybox image missing (scripts/setup.sh)")?
+        .id;
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    println!(
+        "rkubelet-bench at commit {commit}; {} cores",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+
+    {
+        let k = Kubelet::start(&args.rkubelet)?;
+        std::thread::sleep(Duration::from_secs(3));
+        let (rss0, _) = proc_usage(k.child.id());
+        println!("idle, no pods: RSS {:.1} MiB", rss0 as f64 / 1048576.0);
+    }
+
+    for &n in &args.pods {
+        println!("\n== {n} pod(s) ==");
+        rt.block_on(remove_bare(&cri));
+        let (mut bare, bare_wall) = rt.block_on(bare_cri(&cri, n, &image_ref))?;
+        rt.block_on(remove_bare(&cri));
+        let k = Kubelet::start(&args.rkubelet)?;
+        let mut f = kubelet_start_pods(&k, n)?;
+        let (bp50, bp99) = (pct(&mut bare, 50.0), pct(&mut bare, 99.0));
+        let (kp50, kp99) = (pct(&mut f.per_pod, 50.0), pct(&mut f.per_pod, 99.0));
+        println!("bare CRI : p50 {bp50:.3}s  p99 {bp99:.3}s  wall {bare_wall:.3}s");
+        println!(
+            "rkubelet : p50 {kp50:.3}s  p99 {kp99:.3}s  wall {:.3}s",
+            f.wall
+        );
+        println!(
+            "ratio    : wall {:.2}x  p50 {:.2}x",
+            f.wall / bare_wall,
+            kp50 / bp50
+        );
+
+        let pid = k.child.id();
+        let (_, cpu0) = proc_usage(pid);
+        std::thread::sleep(args.idle);
+        let (rss, cpu1) = proc_usage(pid);
+        println!(
+            "idle {}s with {n} pod(s): RSS {:.1} MiB, CPU {:.2}s = {:.2}% of one core",
+            args.idle.as_secs(),
+            rss as f64 / 1048576.0,
+            cpu1 - cpu0,
+            100.0 * (cpu1 - cpu0) / args.idle.as_secs_f64()
+        );
+
+        let mut kills = Vec::new();
+        for i in 0..args.kills.min(n.max(1) * 20) {
+            let name = format!("p{}-bench", i % n);
+            let Some(id) = k
+                .pods()
+                .iter()
+                .find(|p| p["metadata"]["name"] == name.as_str())
+                .and_then(running_main)
+            else {
+                continue;
+            };
+            let cid = id.trim_start_matches("containerd://").to_string();
+            let t0 = Instant::now();
+            rt.block_on(cri.stop_container(&cid, 0))?;
+            wait(Duration::from_secs(30), || {
+                k.pods()
+                    .iter()
+                    .find(|p| p["metadata"]["name"] == name.as_str())
+                    .and_then(|p| {
+                        let c = p["status"]["containerStatuses"]
+                            .as_array()?
+                            .iter()
+                            .find(|c| c["name"] == "main")?
+                            .clone();
+                        (c["containerID"].as_str() != Some(id.as_str())
+                            || !c["state"]["running"].is_object())
+                        .then_some(())
+                    })
+            })?;
+            kills.push(t0.elapsed().as_secs_f64());
+            // Let the restart settle before the next kill.
+            let _ = wait(Duration::from_secs(30), || {
+                k.pods()
+                    .iter()
+                    .find(|p| p["metadata"]["name"] == name.as_str())
+                    .and_then(running_main)
+            });
+        }
+        if !kills.is_empty() {
+            println!(
+                "killed container visible on /pods: p50 {:.3}s  p99 {:.3}s  ({} kills)",
+                pct(&mut kills, 50.0),
+                pct(&mut kills, 99.0),
+                kills.len()
+            );
+        }
+        for i in 0..n {
+            let _ = std::fs::remove_file(k.manifests.join(format!("p{i}.yaml")));
+        }
+        wait(Duration::from_secs(300), || {
+            k.pods().is_empty().then_some(())
+        })?;
+        let cleaned = wait(Duration::from_secs(120), || {
+            let left = rt
+                .block_on(cri.list_pod_sandbox(None))
+                .ok()?
+                .iter()
+                .filter(|s| {
+                    s.labels
+                        .get("io.kubernetes.pod.name")
+                        .is_some_and(|n| n.ends_with("-bench"))
+                })
+                .count();
+            (left == 0).then_some(())
+        });
+        if cleaned.is_err() {
+            eprintln!("warning: some bench sandboxes were not removed in time");
+        }
+    }
+    Ok(())
+}

@@ -16,6 +16,9 @@ struct State {
     containers: BTreeMap<String, FakeContainer>,
     images: BTreeMap<String, Image>,
     calls: Vec<String>,
+    /// Scripted ExecSync outcomes by container ID: an exit code, or `None`
+    /// for a runtime deadline (exec timeout). Unscripted containers exit 0.
+    exec_results: BTreeMap<String, Option<i32>>,
 }
 
 struct FakeContainer {
@@ -33,6 +36,7 @@ struct FakeContainer {
 pub struct FakeRuntime {
     state: Mutex<State>,
     seq: AtomicU64,
+    last_ns: std::sync::atomic::AtomicI64,
 }
 
 impl FakeRuntime {
@@ -60,7 +64,7 @@ impl FakeRuntime {
 
     /// Makes a running container exit with `code`, as if its process ended.
     pub fn exit_container(&self, id: &str, code: i32) {
-        let now = self.next() as i64;
+        let now = self.now_ns();
         let mut s = self.state.lock();
         if let Some(c) = s.containers.get_mut(id) {
             c.state = ContainerState::ContainerExited as i32;
@@ -69,10 +73,42 @@ impl FakeRuntime {
         }
     }
 
+    /// Makes every later ExecSync in the container exit with `exit_code`.
+    pub fn set_exec_result(&self, container_id: &str, exit_code: i32) {
+        self.state
+            .lock()
+            .exec_results
+            .insert(container_id.to_string(), Some(exit_code));
+    }
+
+    /// Makes every later ExecSync in the container fail with a deadline, as
+    /// the runtime reports a command that outlived its timeout.
+    pub fn set_exec_timeout(&self, container_id: &str) {
+        self.state
+            .lock()
+            .exec_results
+            .insert(container_id.to_string(), None);
+    }
+
     /// Marks a sandbox not ready, as if its network or pause process died.
     pub fn kill_sandbox(&self, id: &str) {
         if let Some(sb) = self.state.lock().sandboxes.get_mut(id) {
             sb.1 = PodSandboxState::SandboxNotready as i32;
+        }
+    }
+
+    /// Wall-clock nanoseconds, strictly increasing, as CRI timestamps are
+    /// (backoff compares them with the real clock).
+    fn now_ns(&self) -> i64 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as i64;
+        let prev = self.last_ns.fetch_max(wall, Ordering::SeqCst);
+        if wall > prev {
+            wall
+        } else {
+            self.last_ns.fetch_add(1, Ordering::SeqCst) + 1
         }
     }
 
@@ -129,7 +165,7 @@ impl RuntimeService for FakeRuntime {
     async fn stop_pod_sandbox(&self, id: &str) -> CriResult<()> {
         let mut s = self.state.lock();
         self.record(&mut s, format!("StopPodSandbox {id}"));
-        let now = self.next() as i64;
+        let now = self.now_ns();
         for c in s.containers.values_mut().filter(|c| c.sandbox_id == id) {
             if c.state == ContainerState::ContainerRunning as i32 {
                 c.state = ContainerState::ContainerExited as i32;
@@ -200,6 +236,7 @@ impl RuntimeService for FakeRuntime {
     ) -> CriResult<String> {
         let n = self.next();
         let id = format!("c{n}");
+        let created = self.now_ns();
         let mut s = self.state.lock();
         if !s.sandboxes.contains_key(sandbox_id) {
             return Err(CriError::NotFound {
@@ -224,7 +261,7 @@ impl RuntimeService for FakeRuntime {
                 sandbox_id: sandbox_id.into(),
                 config,
                 state: ContainerState::ContainerCreated as i32,
-                created_at: n as i64,
+                created_at: created,
                 started_at: 0,
                 finished_at: 0,
                 exit_code: 0,
@@ -234,7 +271,7 @@ impl RuntimeService for FakeRuntime {
     }
 
     async fn start_container(&self, id: &str) -> CriResult<()> {
-        let now = self.next() as i64;
+        let now = self.now_ns();
         let mut s = self.state.lock();
         let name = s
             .containers
@@ -253,7 +290,7 @@ impl RuntimeService for FakeRuntime {
     }
 
     async fn stop_container(&self, id: &str, _timeout: i64) -> CriResult<()> {
-        let now = self.next() as i64;
+        let now = self.now_ns();
         let mut s = self.state.lock();
         let name = s
             .containers
@@ -340,7 +377,14 @@ impl RuntimeService for FakeRuntime {
     ) -> CriResult<v1::ExecSyncResponse> {
         let mut s = self.state.lock();
         self.record(&mut s, format!("ExecSync {id} {}", cmd.join(" ")));
-        Ok(v1::ExecSyncResponse::default())
+        match s.exec_results.get(id).copied() {
+            Some(None) => Err(CriError::DeadlineExceeded { op: "ExecSync" }),
+            Some(Some(exit_code)) => Ok(v1::ExecSyncResponse {
+                exit_code,
+                ..Default::default()
+            }),
+            None => Ok(v1::ExecSyncResponse::default()),
+        }
     }
 }
 

@@ -514,3 +514,136 @@ pub fn grace_period(pod: Option<&Pod>, over: Option<i64>) -> i64 {
         .unwrap_or(30);
     g.max(2)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::fake::FakeRuntime;
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    fn manager(fake: &Arc<FakeRuntime>) -> RuntimeManager {
+        let root = std::env::temp_dir().join(format!(
+            "rkubelet-rm-{}-{}",
+            std::process::id(),
+            fake.calls().len()
+        ));
+        let opts = RuntimeOptions {
+            root_dir: root.clone(),
+            pod_logs_dir: root.join("logs"),
+            resolv_conf: PathBuf::new(),
+            ..RuntimeOptions::default()
+        };
+        RuntimeManager::new(
+            fake.clone(),
+            ImageManager::new(fake.clone(), true, None),
+            opts,
+        )
+    }
+
+    fn pod(policy: &str) -> Pod {
+        let mut p = Pod {
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.into()),
+                init_containers: Some(vec![Container {
+                    name: "init".into(),
+                    image: Some("busybox:1.36".into()),
+                    ..Default::default()
+                }]),
+                containers: vec![Container {
+                    name: "app".into(),
+                    image: Some("busybox:1.36".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        p.metadata.name = Some("p".into());
+        p.metadata.namespace = Some("default".into());
+        p.metadata.uid = Some("uid-1".into());
+        p
+    }
+
+    #[tokio::test]
+    async fn sync_creates_the_sandbox_runs_init_then_app_and_backs_off_crashes() {
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let rm = manager(&fake);
+        let p = pod("Always");
+
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        let r = rm.sync_pod(&p, &rt).await;
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(
+            fake.calls(),
+            vec![
+                "RunPodSandbox p",
+                "CreateContainer init",
+                "StartContainer init"
+            ]
+        );
+
+        // The init container finished: the app starts, init is not rerun.
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        fake.exit_container(&rt.latest("init").unwrap().id, 0);
+        fake.clear_calls();
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        rm.sync_pod(&p, &rt).await;
+        assert_eq!(
+            fake.calls(),
+            vec!["CreateContainer app", "StartContainer app"]
+        );
+
+        // First crash restarts at once with restartCount 1.
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        fake.exit_container(&rt.latest("app").unwrap().id, 1);
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        rm.sync_pod(&p, &rt).await;
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        assert_eq!(rt.latest("app").unwrap().restart_count, 1);
+        assert_eq!(rt.latest("app").unwrap().state, CState::Running);
+
+        // Second crash within the window: CrashLoopBackOff, requeued, no start.
+        fake.exit_container(&rt.latest("app").unwrap().id, 1);
+        fake.clear_calls();
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        let r = rm.sync_pod(&p, &rt).await;
+        assert_eq!(r.waiting["app"].reason, "CrashLoopBackOff");
+        assert!(r.waiting["app"]
+            .message
+            .starts_with("back-off 10s restarting failed container=app pod=p_default(uid-1)"));
+        assert!(r
+            .requeue_after
+            .is_some_and(|d| d <= Duration::from_secs(10)));
+        assert!(!fake.calls().iter().any(|c| c.starts_with("StartContainer")));
+    }
+
+    #[tokio::test]
+    async fn kill_and_remove_stop_containers_before_the_sandbox_and_leave_nothing() {
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let rm = manager(&fake);
+        let mut p = pod("Always");
+        p.spec.as_mut().unwrap().init_containers = None;
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        rm.sync_pod(&p, &rt).await;
+        fake.clear_calls();
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        rm.kill_pod(Some(&p), &rt, None).await.unwrap();
+        let calls = fake.calls();
+        assert_eq!(calls[0], "StopContainer app");
+        assert!(calls[1].starts_with("StopPodSandbox"));
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        rm.remove_pod(&rt).await.unwrap();
+        assert!(rm.pod_status("uid-1").await.unwrap().is_empty());
+    }
+
+    #[test]
+    fn grace_period_has_upstream_floor_and_default() {
+        assert_eq!(grace_period(None, None), 30);
+        assert_eq!(grace_period(None, Some(0)), 2);
+        let mut p = pod("Always");
+        p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(5);
+        assert_eq!(grace_period(Some(&p), None), 5);
+    }
+}
