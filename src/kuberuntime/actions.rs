@@ -3,6 +3,8 @@
 //! `kuberuntime_manager.go` computePodActions and its helpers). Pure: the
 //! caller executes the actions.
 
+use std::collections::HashSet;
+
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::hash;
@@ -23,11 +25,26 @@ pub struct PodActions {
     /// The sandbox to use when not creating one.
     pub sandbox_id: Option<String>,
     pub attempt: u32,
-    /// Index into `initContainers` of the one to start next.
-    pub next_init: Option<usize>,
+    /// Indexes into `initContainers` to start: the next regular init
+    /// container, or sidecars (init containers with restartPolicy Always).
+    pub init_to_start: Vec<usize>,
     /// Indexes into `containers` to start.
     pub containers_to_start: Vec<usize>,
     pub containers_to_kill: Vec<KillContainer>,
+}
+
+/// What the probes say about the pod's running containers, by name.
+#[derive(Debug, Clone, Default)]
+pub struct ProbeState {
+    /// Liveness or startup probe failed for the current instance.
+    pub failed: HashSet<String>,
+    /// Startup probe has not succeeded yet for the current instance.
+    pub not_started: HashSet<String>,
+}
+
+/// A sidecar: an init container with `restartPolicy: Always`.
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
 }
 
 pub fn restart_policy(pod: &Pod) -> &str {
@@ -81,42 +98,57 @@ fn sandbox_changed(pod: &Pod, rt: &RuntimePod) -> (bool, u32, Option<String>) {
     (false, newest.attempt, id)
 }
 
-/// Upstream `findNextInitContainerToRun`: (last failed init status, next
-/// init index to run, all done).
-fn next_init_container<'a>(
-    pod: &Pod,
-    rt: &'a RuntimePod,
-) -> (Option<&'a ContainerInfo>, Option<usize>, bool) {
-    let inits = init_containers(pod);
-    if inits.is_empty() {
-        return (None, None, true);
-    }
-    // A running app container means initialization finished before.
-    if app_containers(pod).iter().any(|c| {
-        rt.latest(&c.name)
-            .is_some_and(|s| s.state == CState::Running)
-    }) {
-        return (None, None, true);
-    }
-    for (i, c) in inits.iter().enumerate().rev() {
-        if let Some(s) = rt.latest(&c.name) {
-            if s.failed() {
-                return (Some(s), Some(i), false);
+/// Walks the init containers in order (upstream computeInitContainerActions):
+/// regular ones must finish with success one after the other; a sidecar must
+/// be running (and started, per its startup probe) before the next one runs.
+/// Returns whether initialization is complete.
+fn init_actions(pod: &Pod, rt: &RuntimePod, probes: &ProbeState, a: &mut PodActions) -> bool {
+    for (i, c) in init_containers(pod).iter().enumerate() {
+        let s = rt.latest(&c.name);
+        if is_sidecar(c) {
+            match s.map(|s| s.state) {
+                Some(CState::Running) if probes.not_started.contains(&c.name) => return false,
+                Some(CState::Running) => continue,
+                _ => {
+                    kill_if_unknown(s, a);
+                    a.init_to_start.push(i);
+                    return false;
+                }
+            }
+        }
+        match s {
+            None
+            | Some(ContainerInfo {
+                state: CState::Created,
+                ..
+            }) => {
+                a.init_to_start.push(i);
+                return false;
+            }
+            Some(s) if s.state == CState::Running => return false,
+            Some(s) if !s.failed() => continue,
+            Some(s) => {
+                if should_restart_on_failure(pod) {
+                    kill_if_unknown(Some(s), a);
+                    a.init_to_start.push(i);
+                } else {
+                    a.kill_pod = true;
+                }
+                return false;
             }
         }
     }
-    for (i, c) in inits.iter().enumerate().rev() {
-        let Some(s) = rt.latest(&c.name) else {
-            continue;
-        };
-        match s.state {
-            CState::Running => return (None, None, false),
-            CState::Exited if i == inits.len() - 1 => return (None, None, true),
-            CState::Exited => return (None, Some(i + 1), false),
-            _ => {}
-        }
+    true
+}
+
+fn kill_if_unknown(s: Option<&ContainerInfo>, a: &mut PodActions) {
+    if let Some(s) = s.filter(|s| s.state == CState::Unknown) {
+        a.containers_to_kill.push(KillContainer {
+            id: s.id.clone(),
+            name: s.name.clone(),
+            reason: "container in unknown state".into(),
+        });
     }
-    (None, Some(0), false)
 }
 
 /// Upstream `ShouldContainerBeRestarted`.
@@ -138,7 +170,7 @@ pub fn should_start(c: &Container, pod: &Pod, rt: &RuntimePod) -> bool {
     }
 }
 
-pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod) -> PodActions {
+pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> PodActions {
     let (create, attempt, sandbox_id) = sandbox_changed(pod, rt);
     let mut a = PodActions {
         kill_pod: create,
@@ -170,29 +202,21 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod) -> PodActions {
             return a;
         }
         if !init_containers(pod).is_empty() {
-            a.next_init = Some(0);
+            a.init_to_start = vec![0];
             return a;
         }
         a.containers_to_start = to_start;
         return a;
     }
 
-    let (last_failed, next, done) = next_init_container(pod, rt);
-    if !done {
-        if let Some(next) = next {
-            if last_failed.is_some() && !should_restart_on_failure(pod) {
-                a.kill_pod = true;
-            } else {
-                if let Some(s) = last_failed.filter(|s| s.state == CState::Unknown) {
-                    a.containers_to_kill.push(KillContainer {
-                        id: s.id.clone(),
-                        name: s.name.clone(),
-                        reason: "init container in unknown state".into(),
-                    });
-                }
-                a.next_init = Some(next);
-            }
-        }
+    // Initialization ran once an app container ran in this sandbox; after
+    // that only sidecars are (re)started, never regular init containers.
+    let current = a.sandbox_id.as_deref();
+    let apps_started = app_containers(pod).iter().any(|c| {
+        rt.latest(&c.name)
+            .is_some_and(|s| s.state == CState::Running || Some(s.sandbox_id.as_str()) == current)
+    });
+    if !apps_started && !init_actions(pod, rt, probes, &mut a) {
         return a;
     }
 
@@ -222,10 +246,53 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod) -> PodActions {
             });
             continue;
         }
+        if probes.failed.contains(&c.name) {
+            // Killed on a liveness (or startup) failure; restarted unless Never.
+            if should_restart_on_failure(pod) {
+                a.containers_to_start.push(idx);
+            }
+            a.containers_to_kill.push(KillContainer {
+                id: s.id.clone(),
+                name: c.name.clone(),
+                reason: format!(
+                    "Container {} failed liveness probe, will be restarted",
+                    c.name
+                ),
+            });
+            continue;
+        }
         keep += 1;
     }
     if keep == 0 && a.containers_to_start.is_empty() {
+        // Nothing left to run: the pod is done, sidecars included.
         a.kill_pod = true;
+        return a;
+    }
+    // Sidecars keep running beside the app containers.
+    for (i, c) in init_containers(pod)
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| is_sidecar(c))
+    {
+        let s = rt.latest(&c.name);
+        match s {
+            Some(s) if s.state == CState::Running && probes.failed.contains(&c.name) => {
+                a.containers_to_kill.push(KillContainer {
+                    id: s.id.clone(),
+                    name: c.name.clone(),
+                    reason: format!(
+                        "Container {} failed liveness probe, will be restarted",
+                        c.name
+                    ),
+                });
+                a.init_to_start.push(i);
+            }
+            Some(s) if s.state == CState::Running => {}
+            _ => {
+                kill_if_unknown(s, &mut a);
+                a.init_to_start.push(i);
+            }
+        }
     }
     a
 }
@@ -305,7 +372,7 @@ mod tests {
     #[test]
     fn new_pod_creates_sandbox_and_starts_all_containers() {
         let p = pod("Always", &[], &["a", "b"]);
-        let a = compute_pod_actions(&p, &RuntimePod::default());
+        let a = compute_pod_actions(&p, &RuntimePod::default(), &ProbeState::default());
         assert!(a.create_sandbox && a.kill_pod);
         assert_eq!(a.containers_to_start, vec![0, 1]);
     }
@@ -313,8 +380,8 @@ mod tests {
     #[test]
     fn new_pod_with_init_containers_starts_the_first_init_only() {
         let p = pod("Always", &["i1", "i2"], &["a"]);
-        let a = compute_pod_actions(&p, &RuntimePod::default());
-        assert_eq!(a.next_init, Some(0));
+        let a = compute_pod_actions(&p, &RuntimePod::default(), &ProbeState::default());
+        assert_eq!(a.init_to_start, vec![0]);
         assert!(a.containers_to_start.is_empty());
     }
 
@@ -325,13 +392,16 @@ mod tests {
             vec![sandbox(true)],
             vec![ctr(&p, "i1", CState::Exited, 0, 2)],
         );
-        assert_eq!(compute_pod_actions(&p, &r).next_init, Some(1));
+        assert_eq!(
+            compute_pod_actions(&p, &r, &ProbeState::default()).init_to_start,
+            vec![1]
+        );
         let r = rt(
             vec![sandbox(true)],
             vec![ctr(&p, "i1", CState::Running, 0, 2)],
         );
-        let a = compute_pod_actions(&p, &r);
-        assert_eq!((a.next_init, a.containers_to_start.len()), (None, 0));
+        let a = compute_pod_actions(&p, &r, &ProbeState::default());
+        assert_eq!((a.init_to_start.len(), a.containers_to_start.len()), (0, 0));
         let r = rt(
             vec![sandbox(true)],
             vec![
@@ -339,7 +409,10 @@ mod tests {
                 ctr(&p, "i2", CState::Exited, 0, 3),
             ],
         );
-        assert_eq!(compute_pod_actions(&p, &r).containers_to_start, vec![0]);
+        assert_eq!(
+            compute_pod_actions(&p, &r, &ProbeState::default()).containers_to_start,
+            vec![0]
+        );
     }
 
     #[test]
@@ -349,14 +422,17 @@ mod tests {
             vec![sandbox(true)],
             vec![ctr(&p, "i1", CState::Exited, 1, 2)],
         );
-        assert_eq!(compute_pod_actions(&p, &r).next_init, Some(0));
+        assert_eq!(
+            compute_pod_actions(&p, &r, &ProbeState::default()).init_to_start,
+            vec![0]
+        );
         let p = pod("Never", &["i1"], &["a"]);
         let r = rt(
             vec![sandbox(true)],
             vec![ctr(&p, "i1", CState::Exited, 1, 2)],
         );
-        let a = compute_pod_actions(&p, &r);
-        assert!(a.kill_pod && a.next_init.is_none());
+        let a = compute_pod_actions(&p, &r, &ProbeState::default());
+        assert!(a.kill_pod && a.init_to_start.is_empty());
     }
 
     #[test]
@@ -367,7 +443,7 @@ mod tests {
             vec![ctr(&p, "a", CState::Running, 0, 2)],
         );
         assert_eq!(
-            compute_pod_actions(&p, &r),
+            compute_pod_actions(&p, &r, &ProbeState::default()),
             PodActions {
                 sandbox_id: Some("sb1".into()),
                 ..Default::default()
@@ -380,7 +456,11 @@ mod tests {
         let p = pod("Never", &[], &["a"]);
         let mut running = ctr(&p, "a", CState::Running, 0, 2);
         running.hash = Some("0".into());
-        let a = compute_pod_actions(&p, &rt(vec![sandbox(true)], vec![running]));
+        let a = compute_pod_actions(
+            &p,
+            &rt(vec![sandbox(true)], vec![running]),
+            &ProbeState::default(),
+        );
         assert_eq!(a.containers_to_start, vec![0]);
         assert_eq!(a.containers_to_kill.len(), 1);
     }
@@ -398,7 +478,7 @@ mod tests {
                 vec![sandbox(true)],
                 vec![ctr(&p, "a", CState::Exited, code, 2)],
             );
-            let a = compute_pod_actions(&p, &r);
+            let a = compute_pod_actions(&p, &r, &ProbeState::default());
             assert_eq!(
                 !a.containers_to_start.is_empty(),
                 restart,
@@ -416,7 +496,7 @@ mod tests {
             vec![sandbox(false)],
             vec![ctr(&p, "a", CState::Exited, 137, 2)],
         );
-        let a = compute_pod_actions(&p, &r);
+        let a = compute_pod_actions(&p, &r, &ProbeState::default());
         assert!(a.create_sandbox && a.kill_pod);
         assert_eq!(a.attempt, 1);
         let p = pod("Never", &[], &["a"]);
@@ -424,6 +504,121 @@ mod tests {
             vec![sandbox(false)],
             vec![ctr(&p, "a", CState::Exited, 0, 2)],
         );
-        assert!(!compute_pod_actions(&p, &r).create_sandbox);
+        assert!(!compute_pod_actions(&p, &r, &ProbeState::default()).create_sandbox);
+    }
+
+    fn with_sidecar(p: &mut Pod, name: &str) {
+        let inits = p
+            .spec
+            .as_mut()
+            .unwrap()
+            .init_containers
+            .get_or_insert_with(Vec::new);
+        inits.insert(
+            0,
+            Container {
+                name: name.into(),
+                image: Some("busybox".into()),
+                restart_policy: Some("Always".into()),
+                ..Default::default()
+            },
+        );
+    }
+
+    #[test]
+    fn sidecar_starts_first_and_the_next_init_waits_for_its_startup() {
+        let mut p = pod("Always", &["i1"], &["a"]);
+        with_sidecar(&mut p, "side");
+        let r = rt(vec![sandbox(true)], vec![]);
+        assert_eq!(
+            compute_pod_actions(&p, &r, &ProbeState::default()).init_to_start,
+            vec![0]
+        );
+        let r = rt(
+            vec![sandbox(true)],
+            vec![ctr(&p, "side", CState::Running, 0, 2)],
+        );
+        let waiting = ProbeState {
+            not_started: ["side".to_string()].into(),
+            ..Default::default()
+        };
+        assert!(compute_pod_actions(&p, &r, &waiting)
+            .init_to_start
+            .is_empty());
+        assert_eq!(
+            compute_pod_actions(&p, &r, &ProbeState::default()).init_to_start,
+            vec![1]
+        );
+    }
+
+    #[test]
+    fn sidecar_is_restarted_beside_apps_but_not_after_they_finish() {
+        let mut p = pod("Never", &[], &["a"]);
+        with_sidecar(&mut p, "side");
+        let r = rt(
+            vec![sandbox(true)],
+            vec![
+                ctr(&p, "side", CState::Exited, 1, 2),
+                ctr(&p, "a", CState::Running, 0, 3),
+            ],
+        );
+        let a = compute_pod_actions(&p, &r, &ProbeState::default());
+        assert_eq!(a.init_to_start, vec![0]);
+        assert!(!a.kill_pod);
+        let r = rt(
+            vec![sandbox(true)],
+            vec![
+                ctr(&p, "side", CState::Running, 0, 2),
+                ctr(&p, "a", CState::Exited, 0, 3),
+            ],
+        );
+        let a = compute_pod_actions(&p, &r, &ProbeState::default());
+        assert!(
+            a.kill_pod,
+            "the app finished: the sidecar goes with the pod"
+        );
+        assert!(a.init_to_start.is_empty());
+    }
+
+    #[test]
+    fn liveness_failure_kills_and_restarts_unless_never() {
+        let p = pod("Always", &[], &["a"]);
+        let r = rt(
+            vec![sandbox(true)],
+            vec![ctr(&p, "a", CState::Running, 0, 2)],
+        );
+        let failed = ProbeState {
+            failed: ["a".to_string()].into(),
+            ..Default::default()
+        };
+        let a = compute_pod_actions(&p, &r, &failed);
+        assert_eq!(
+            (a.containers_to_kill.len(), a.containers_to_start.clone()),
+            (1, vec![0])
+        );
+        let p = pod("Never", &[], &["a"]);
+        let r = rt(
+            vec![sandbox(true)],
+            vec![ctr(&p, "a", CState::Running, 0, 2)],
+        );
+        let a = compute_pod_actions(&p, &r, &failed);
+        assert_eq!(
+            (a.containers_to_kill.len(), a.containers_to_start.len()),
+            (1, 0)
+        );
+    }
+
+    #[test]
+    fn apps_start_when_the_latest_init_runs_succeeded_in_an_older_sandbox() {
+        let p = pod("Always", &["i1"], &["a"]);
+        let mut old_app = ctr(&p, "a", CState::Exited, 137, 3);
+        old_app.sandbox_id = "old".into();
+        let mut old_init = ctr(&p, "i1", CState::Exited, 0, 2);
+        old_init.sandbox_id = "old".into();
+        let r = rt(vec![sandbox(true)], vec![old_init, old_app]);
+        // The latest init run belongs to an old sandbox but finished fine:
+        // upstream reruns init only when the latest instance failed.
+        let a = compute_pod_actions(&p, &r, &ProbeState::default());
+        assert_eq!(a.containers_to_start, vec![0]);
     }
 }

@@ -18,6 +18,12 @@ pub enum ConfigError {
     Volume(#[from] volume::VolumeError),
     #[error("container has runAsNonRoot and image will run as root")]
     RunAsRoot,
+    #[error("termination message file {path}: {source}")]
+    TerminationLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Expands `$(VAR)` references from the container's env, `$$` escaping,
@@ -100,6 +106,46 @@ fn env_pairs(pod: &Pod, c: &Container, pod_ip: &str, host_ip: &str) -> Vec<(Stri
     out
 }
 
+/// The file behind terminationMessagePath: one per container instance under
+/// the pod's directory, world-writable so any container user can write it
+/// (upstream makes it 0666 too). Skipped when a volume already covers the path.
+fn termination_message_mount(
+    opts: &RuntimeOptions,
+    pod: &Pod,
+    c: &Container,
+    mounts: &[v1::Mount],
+) -> Result<Option<v1::Mount>, ConfigError> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = c
+        .termination_message_path
+        .as_deref()
+        .unwrap_or("/dev/termination-log");
+    if path.is_empty() || mounts.iter().any(|m| m.container_path == path) {
+        return Ok(None);
+    }
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let dir = volume::pod_dir(&opts.root_dir, uid)
+        .join("containers")
+        .join(&c.name);
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let file = dir.join(format!("{stamp:x}"));
+    let io = |source| ConfigError::TerminationLog {
+        path: file.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    std::fs::File::create(&file).map_err(io)?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).map_err(io)?;
+    Ok(Some(v1::Mount {
+        container_path: path.to_string(),
+        host_path: file.to_string_lossy().into_owned(),
+        ..Default::default()
+    }))
+}
+
 pub struct ContainerContext<'a> {
     pub pod: &'a Pod,
     pub container: &'a Container,
@@ -141,6 +187,9 @@ pub fn container_config(
     }
     let caps = sc.and_then(|s| s.capabilities.as_ref());
     let mut mounts = volume::container_mounts(c, ctx.volumes)?;
+    if let Some(m) = termination_message_mount(opts, pod, c, &mounts)? {
+        mounts.push(m);
+    }
     mounts.sort_by(|a, b| a.container_path.cmp(&b.container_path));
     Ok(v1::ContainerConfig {
         metadata: Some(v1::ContainerMetadata {

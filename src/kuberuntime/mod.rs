@@ -6,6 +6,7 @@ pub mod backoff;
 pub mod container;
 pub mod hash;
 pub mod labels;
+pub mod lifecycle;
 pub mod pod_status;
 pub mod sandbox;
 
@@ -175,9 +176,14 @@ impl RuntimeManager {
     }
 
     /// Brings the runtime in line with the pod spec (upstream SyncPod).
-    pub async fn sync_pod(&self, pod: &Pod, rt: &RuntimePod) -> SyncResult {
+    pub async fn sync_pod(
+        self: &Arc<Self>,
+        pod: &Pod,
+        rt: &RuntimePod,
+        probes: &actions::ProbeState,
+    ) -> SyncResult {
         let mut result = SyncResult::default();
-        let a = actions::compute_pod_actions(pod, rt);
+        let a = actions::compute_pod_actions(pod, rt, probes);
         debug!(pod = pod_name(pod), actions = ?a, "computed pod actions");
 
         if a.kill_pod {
@@ -187,11 +193,12 @@ impl RuntimeManager {
                 return result;
             }
         } else {
+            let pod_ip = rt.ips().into_iter().next().unwrap_or_default();
             for k in &a.containers_to_kill {
                 info!(pod = pod_name(pod), container = %k.name, reason = %k.reason, "killing container");
+                let grace = grace_period(Some(pod), None);
                 if let Err(e) = self
-                    .runtime
-                    .stop_container(&k.id, grace_period(Some(pod), None))
+                    .kill_container(Some(pod), &k.id, &k.name, &pod_ip, grace)
                     .await
                 {
                     result.errors.push(format!("KillContainer {}: {e}", k.name));
@@ -269,9 +276,7 @@ impl RuntimeManager {
             .unwrap_or(&[]);
         let apps = spec.map(|s| s.containers.as_slice()).unwrap_or(&[]);
         let mut starts: Vec<(&Container, bool)> = Vec::new();
-        if let Some(i) = a.next_init {
-            starts.push((&inits[i], true));
-        }
+        starts.extend(a.init_to_start.iter().map(|&i| (&inits[i], true)));
         starts.extend(a.containers_to_start.iter().map(|&i| (&apps[i], false)));
         for (c, init) in starts {
             let ctx = StartContext {
@@ -391,38 +396,129 @@ impl RuntimeManager {
             ));
         }
         info!(pod = pod_name(pod), container = %c.name, id = %id, restart_count, "started container");
+        if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            // Upstream runs postStart right after start and kills the
+            // container when it fails; the restart policy and backoff apply.
+            let timeout = Duration::from_secs(grace_period(Some(pod), None) as u64);
+            if let Err(e) =
+                lifecycle::run_handler(self.runtime.as_ref(), h, &id, c, ctx.pod_ip, timeout).await
+            {
+                warn!(pod = pod_name(pod), container = %c.name, error = %e, "FailedPostStartHook");
+                let _ = self
+                    .runtime
+                    .stop_container(&id, grace_period(Some(pod), None))
+                    .await;
+                return Err((
+                    Waiting {
+                        reason: "PostStartHookError".into(),
+                        message: e.to_string(),
+                    },
+                    Some(Duration::from_secs(1)),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Stops one container: its preStop hook first, within the grace period,
+    /// then StopContainer with what is left (upstream killContainer, with its
+    /// 2 s floor).
+    async fn kill_container(
+        &self,
+        pod: Option<&Pod>,
+        id: &str,
+        name: &str,
+        pod_ip: &str,
+        grace: i64,
+    ) -> Result<(), CriError> {
+        let spec = pod.and_then(|p| p.spec.as_ref()).and_then(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+                .find(|c| c.name == name)
+        });
+        let mut left = grace;
+        if let Some((c, h)) = spec.and_then(|c| {
+            c.lifecycle
+                .as_ref()
+                .and_then(|l| l.pre_stop.as_ref())
+                .map(|h| (c, h))
+        }) {
+            let started = tokio::time::Instant::now();
+            let budget = Duration::from_secs(grace.max(0) as u64);
+            if let Err(e) =
+                lifecycle::run_handler(self.runtime.as_ref(), h, id, c, pod_ip, budget).await
+            {
+                warn!(container = %name, error = %e, "PreStop hook failed");
+            }
+            left = (grace - started.elapsed().as_secs() as i64).max(2);
+        }
+        self.runtime
+            .stop_container(id, left)
+            .await
+            .or_else(ignore_not_found)
     }
 
     /// Stops all containers (in parallel, each with the grace period) and
     /// then the sandboxes (upstream killPodWithSyncResult).
     pub async fn kill_pod(
-        &self,
+        self: &Arc<Self>,
         pod: Option<&Pod>,
         rt: &RuntimePod,
         grace_override: Option<i64>,
     ) -> Result<(), RuntimeError> {
         let grace = grace_period(pod, grace_override);
-        let mut set = JoinSet::new();
-        for c in rt.running_containers() {
-            let runtime = self.runtime.clone();
-            let (id, name) = (c.id.clone(), c.name.clone());
-            set.spawn(async move {
-                debug!(container = %name, grace, "stopping container");
-                runtime
-                    .stop_container(&id, grace)
-                    .await
-                    .or_else(ignore_not_found)
-            });
+        let pod_ip = rt.ips().into_iter().next().unwrap_or_default();
+        // Sidecars stop after the app containers, in reverse order (upstream
+        // KEP-753); everything else stops at once, in parallel.
+        let sidecars: Vec<String> = pod
+            .and_then(|p| p.spec.as_ref())
+            .map(|s| {
+                s.init_containers
+                    .iter()
+                    .flatten()
+                    .filter(|c| actions::is_sidecar(c))
+                    .map(|c| c.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let running: Vec<&ContainerInfo> = rt.running_containers().collect();
+        let mut waves: Vec<Vec<&ContainerInfo>> = vec![running
+            .iter()
+            .copied()
+            .filter(|c| !sidecars.contains(&c.name))
+            .collect()];
+        for name in sidecars.iter().rev() {
+            waves.push(
+                running
+                    .iter()
+                    .copied()
+                    .filter(|c| &c.name == name)
+                    .collect(),
+            );
         }
-        let mut first_err = None;
-        while let Some(r) = set.join_next().await {
-            if let Ok(Err(e)) = r {
-                first_err.get_or_insert(e);
+        let pod_arc = pod.map(|p| Arc::new(p.clone()));
+        for wave in waves {
+            let mut set = JoinSet::new();
+            for c in wave {
+                let this = self.clone();
+                let (id, name, ip, p) = (
+                    c.id.clone(),
+                    c.name.clone(),
+                    pod_ip.clone(),
+                    pod_arc.clone(),
+                );
+                set.spawn(async move {
+                    debug!(container = %name, grace, "stopping container");
+                    this.kill_container(p.as_deref(), &id, &name, &ip, grace)
+                        .await
+                });
             }
-        }
-        if let Some(e) = first_err {
-            return Err(e.into());
+            while let Some(r) = set.join_next().await {
+                if let Ok(Err(e)) = r {
+                    return Err(e.into());
+                }
+            }
         }
         for sb in &rt.sandboxes {
             if sb.ready {
@@ -521,7 +617,7 @@ mod tests {
     use crate::cri::fake::FakeRuntime;
     use k8s_openapi::api::core::v1::PodSpec;
 
-    fn manager(fake: &Arc<FakeRuntime>) -> RuntimeManager {
+    fn manager(fake: &Arc<FakeRuntime>) -> Arc<RuntimeManager> {
         let root = std::env::temp_dir().join(format!(
             "rkubelet-rm-{}-{}",
             std::process::id(),
@@ -533,11 +629,11 @@ mod tests {
             resolv_conf: PathBuf::new(),
             ..RuntimeOptions::default()
         };
-        RuntimeManager::new(
+        Arc::new(RuntimeManager::new(
             fake.clone(),
             ImageManager::new(fake.clone(), true, None),
             opts,
-        )
+        ))
     }
 
     fn pod(policy: &str) -> Pod {
@@ -572,7 +668,7 @@ mod tests {
         let p = pod("Always");
 
         let rt = rm.pod_status("uid-1").await.unwrap();
-        let r = rm.sync_pod(&p, &rt).await;
+        let r = rm.sync_pod(&p, &rt, &Default::default()).await;
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         assert_eq!(
             fake.calls(),
@@ -588,7 +684,7 @@ mod tests {
         fake.exit_container(&rt.latest("init").unwrap().id, 0);
         fake.clear_calls();
         let rt = rm.pod_status("uid-1").await.unwrap();
-        rm.sync_pod(&p, &rt).await;
+        rm.sync_pod(&p, &rt, &Default::default()).await;
         assert_eq!(
             fake.calls(),
             vec!["CreateContainer app", "StartContainer app"]
@@ -598,7 +694,7 @@ mod tests {
         let rt = rm.pod_status("uid-1").await.unwrap();
         fake.exit_container(&rt.latest("app").unwrap().id, 1);
         let rt = rm.pod_status("uid-1").await.unwrap();
-        rm.sync_pod(&p, &rt).await;
+        rm.sync_pod(&p, &rt, &Default::default()).await;
         let rt = rm.pod_status("uid-1").await.unwrap();
         assert_eq!(rt.latest("app").unwrap().restart_count, 1);
         assert_eq!(rt.latest("app").unwrap().state, CState::Running);
@@ -607,7 +703,7 @@ mod tests {
         fake.exit_container(&rt.latest("app").unwrap().id, 1);
         fake.clear_calls();
         let rt = rm.pod_status("uid-1").await.unwrap();
-        let r = rm.sync_pod(&p, &rt).await;
+        let r = rm.sync_pod(&p, &rt, &Default::default()).await;
         assert_eq!(r.waiting["app"].reason, "CrashLoopBackOff");
         assert!(r.waiting["app"]
             .message
@@ -626,7 +722,7 @@ mod tests {
         let mut p = pod("Always");
         p.spec.as_mut().unwrap().init_containers = None;
         let rt = rm.pod_status("uid-1").await.unwrap();
-        rm.sync_pod(&p, &rt).await;
+        rm.sync_pod(&p, &rt, &Default::default()).await;
         fake.clear_calls();
         let rt = rm.pod_status("uid-1").await.unwrap();
         rm.kill_pod(Some(&p), &rt, None).await.unwrap();

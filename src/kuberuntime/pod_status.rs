@@ -75,7 +75,16 @@ impl ContainerInfo {
             finished_at: s.finished_at,
             exit_code: s.exit_code,
             reason: s.reason.clone(),
-            message: s.message.clone(),
+            message: if CState::from_cri(s.state) == CState::Exited {
+                let t = Self::termination_message(s);
+                match (s.message.is_empty(), t.is_empty()) {
+                    (_, true) => s.message.clone(),
+                    (true, false) => t,
+                    (false, false) => format!("{}: {t}", s.message),
+                }
+            } else {
+                s.message.clone()
+            },
             image: s
                 .image
                 .as_ref()
@@ -85,9 +94,65 @@ impl ContainerInfo {
         }
     }
 
+    /// Upstream's termination message: the file behind
+    /// terminationMessagePath (at most 4 KiB), or with
+    /// FallbackToLogsOnError and a failure, the last 80 log lines (2 KiB).
+    fn termination_message(s: &cri::ContainerStatus) -> String {
+        let path = s
+            .annotations
+            .get(labels::CONTAINER_TERMINATION_MESSAGE_PATH);
+        let host = path
+            .and_then(|p| s.mounts.iter().find(|m| &m.container_path == p))
+            .map(|m| m.host_path.as_str());
+        let mut msg = host.map(|h| read_tail(h, 4096)).unwrap_or_default();
+        let fallback = s
+            .annotations
+            .get(labels::CONTAINER_TERMINATION_MESSAGE_POLICY)
+            .is_some_and(|p| p == "FallbackToLogsOnError");
+        if msg.is_empty() && fallback && s.exit_code != 0 && !s.log_path.is_empty() {
+            msg = last_log_lines(&s.log_path, 80, 2048);
+        }
+        msg
+    }
+
     pub fn failed(&self) -> bool {
         self.state == CState::Unknown || (self.state == CState::Exited && self.exit_code != 0)
     }
+}
+
+/// The last `max` bytes of a file, lossily decoded.
+fn read_tail(path: &str, max: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(max)));
+    let mut buf = Vec::new();
+    let _ = f.take(max).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// The message part of the last `lines` CRI log lines
+/// (`<time> <stream> <P|F> <msg>`), within `max` bytes.
+fn last_log_lines(path: &str, lines: usize, max: usize) -> String {
+    let text = read_tail(path, 64 * 1024);
+    let mut out: Vec<&str> = text
+        .lines()
+        .map(|l| l.splitn(4, ' ').nth(3).unwrap_or(l))
+        .collect();
+    if out.len() > lines {
+        out.drain(..out.len() - lines);
+    }
+    let mut joined = out.join("\n");
+    if joined.len() > max {
+        let cut = joined.len() - max;
+        let cut = (cut..joined.len())
+            .find(|i| joined.is_char_boundary(*i))
+            .unwrap_or(joined.len());
+        joined.drain(..cut);
+    }
+    joined
 }
 
 #[derive(Debug, Clone)]

@@ -179,7 +179,7 @@ impl PodWorkers {
                 return Duration::from_secs(2);
             }
         };
-        let result = rm.sync_pod(pod, &rt).await;
+        let result = rm.sync_pod(pod, &rt, &Default::default()).await;
         for e in &result.errors {
             warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), error = %e, "error syncing pod");
         }

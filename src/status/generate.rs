@@ -139,11 +139,27 @@ fn last_exit(s: &ContainerStatus) -> Option<i32> {
         .map(|t| t.exit_code)
 }
 
+fn sidecar_names(pod: &Pod) -> Vec<&str> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .filter(|c| crate::kuberuntime::actions::is_sidecar(c))
+        .map(|c| c.name.as_str())
+        .collect()
+}
+
 /// Upstream getPhase.
 pub fn phase(pod: &Pod, init: &[ContainerStatus], apps: &[ContainerStatus]) -> &'static str {
     let policy = crate::kuberuntime::actions::restart_policy(pod);
     let (mut pending_init, mut failed_init) = (false, false);
+    let sidecars = sidecar_names(pod);
     for s in init {
+        if sidecars.contains(&s.name.as_str()) {
+            // A sidecar only holds the pod Pending until it first started;
+            // its later exits and restarts do not change the phase.
+            pending_init |= s.started != Some(true) && s.container_id.is_none();
+            continue;
+        }
         match state_of(s) {
             (true, _, _) => pending_init = true,
             (_, _, Some(code)) => failed_init |= code != 0,
@@ -255,9 +271,16 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         .sandboxes
         .first()
         .is_some_and(|s| s.ready && (s.host_network || !s.ips.is_empty()));
+    let sidecars = sidecar_names(pod);
     let not_init: Vec<&str> = init_statuses
         .iter()
-        .filter(|s| state_of(s).2 != Some(0))
+        .filter(|s| {
+            if sidecars.contains(&s.name.as_str()) {
+                s.started != Some(true)
+            } else {
+                state_of(s).2 != Some(0)
+            }
+        })
         .map(|s| s.name.as_str())
         .collect();
     let apps_started = app_statuses.iter().any(|s| s.container_id.is_some());
@@ -574,5 +597,32 @@ mod tests {
             &HashMap::new(),
         );
         assert!(!s.container_statuses.unwrap()[0].ready);
+    }
+
+    #[test]
+    fn a_running_sidecar_neither_blocks_nor_prolongs_the_phase() {
+        let mut p = pod("Never", &["side"], &["a"]);
+        p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].restart_policy =
+            Some("Always".into());
+        let s = gen(
+            &p,
+            &rt(vec![
+                info("side", CState::Running, 0, 2, 0),
+                info("a", CState::Running, 0, 3, 0),
+            ]),
+            &HashMap::new(),
+        );
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(cond(&s, "Initialized").status, "True");
+        // The app finished; the sidecar was stopped with exit 137 afterwards.
+        let s = gen(
+            &p,
+            &rt(vec![
+                info("side", CState::Exited, 137, 5, 0),
+                info("a", CState::Exited, 0, 3, 0),
+            ]),
+            &HashMap::new(),
+        );
+        assert_eq!(s.phase.as_deref(), Some("Succeeded"));
     }
 }
