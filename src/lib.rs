@@ -10,6 +10,7 @@ pub mod kuberuntime;
 pub mod pleg;
 pub mod pod;
 pub mod podworkers;
+pub mod prober;
 pub mod server;
 pub mod source;
 pub mod status;

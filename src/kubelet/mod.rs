@@ -148,10 +148,13 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     let pods = PodManager::new();
     let status = StatusManager::new();
     let queue = Arc::new(WorkQueue::default());
+    let (probe_tx, probe_rx) = mpsc::channel(1000);
+    let probes = crate::prober::ProbeManager::new(runtime.clone(), probe_tx, token.child_token());
     let workers = PodWorkers::new(
         Deps {
             runtime: manager,
             status: status.clone(),
+            probes: probes.clone(),
             queue: queue.clone(),
             host_ip: node_ip,
             resync: cfg.sync_frequency.0,
@@ -175,6 +178,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         syncloop: health.clone(),
         runtime,
         machine,
+        probes,
     };
     let mut servers = Vec::new();
     if cfg.healthz_port > 0 {
@@ -223,7 +227,9 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         health,
         sources_ready: Box::new(move || pod_config.seen_all_sources(&expected)),
     };
-    sync_loop.run(updates_rx, pleg_rx, token.clone()).await;
+    sync_loop
+        .run(updates_rx, pleg_rx, probe_rx, token.clone())
+        .await;
     for s in servers {
         let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
     }

@@ -15,7 +15,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::kuberuntime::{RuntimeManager, RuntimePod};
+use crate::kuberuntime::actions::ProbeState;
+use crate::kuberuntime::{CState, RuntimeManager, RuntimePod};
+use crate::prober::ProbeManager;
 use crate::status::{generate_pod_status, StatusInput, StatusManager};
 use crate::volume;
 
@@ -69,6 +71,7 @@ impl WorkQueue {
 pub struct Deps {
     pub runtime: Arc<RuntimeManager>,
     pub status: StatusManager,
+    pub probes: ProbeManager,
     pub queue: Arc<WorkQueue>,
     pub host_ip: String,
     /// How often a healthy pod is synced anyway (syncFrequency).
@@ -179,17 +182,51 @@ impl PodWorkers {
                 return Duration::from_secs(2);
             }
         };
-        let result = rm.sync_pod(pod, &rt, &Default::default()).await;
+        let probes = self.probe_state(uid, pod, &rt);
+        let result = rm.sync_pod(pod, &rt, &probes).await;
         for e in &result.errors {
             warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), error = %e, "error syncing pod");
         }
         // Re-read so the status shows what this sync just started.
         let rt = rm.pod_status(uid).await.unwrap_or(rt);
-        self.publish_status(uid, pod, &rt, &result.waiting);
+        let pod_ip = rt
+            .ips()
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| self.deps.host_ip.clone());
+        self.deps.probes.sync_pod(pod, &rt, &pod_ip);
+        let probes = self.probe_state(uid, pod, &rt);
+        self.publish_status(uid, pod, &rt, &result.waiting, &probes);
         result
             .requeue_after
             .unwrap_or(self.deps.resync)
             .min(self.deps.resync)
+    }
+
+    /// What the probes say about the pod's current container instances.
+    fn probe_state(&self, uid: &str, pod: &Pod, rt: &RuntimePod) -> ProbeState {
+        let failed_ids = self.deps.probes.failed_container_ids(uid);
+        let failed = rt
+            .containers
+            .iter()
+            .filter(|c| c.state == CState::Running && failed_ids.contains(&c.id))
+            .map(|c| c.name.clone())
+            .collect();
+        let not_started = pod
+            .spec
+            .iter()
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .filter(|c| c.startup_probe.is_some() && !self.deps.probes.started(uid, &c.name))
+            .map(|c| c.name.clone())
+            .collect();
+        ProbeState {
+            failed,
+            not_started,
+        }
     }
 
     fn publish_status(
@@ -198,13 +235,15 @@ impl PodWorkers {
         pod: &Pod,
         rt: &RuntimePod,
         waiting: &HashMap<String, crate::kuberuntime::Waiting>,
+        probes: &ProbeState,
     ) {
         let previous = self.deps.status.get(uid);
         let status = generate_pod_status(&StatusInput {
             pod,
             rt,
             waiting,
-            readiness: &HashMap::new(),
+            readiness: &self.deps.probes.readiness(uid),
+            not_started: &probes.not_started,
             host_ip: &self.deps.host_ip,
             previous: previous.as_deref(),
             now: Timestamp::from_nanosecond(crate::kuberuntime::wall_now().as_nanos() as i128)
@@ -242,6 +281,7 @@ impl PodWorkers {
             warn!(error = %e, "failed to remove pod directory");
         }
         self.deps.status.remove(uid);
+        self.deps.probes.remove_pod(uid);
         self.deps.queue.forget(uid);
         info!(
             pod = pod

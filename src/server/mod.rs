@@ -29,6 +29,7 @@ pub struct ServerState {
     pub syncloop: SyncLoopHealth,
     pub runtime: Arc<dyn RuntimeService>,
     pub machine: Arc<machine::MachineInfo>,
+    pub probes: crate::prober::ProbeManager,
 }
 
 /// `/healthz`: ok only when the syncLoop and PLEG are healthy and the
@@ -93,6 +94,17 @@ async fn pods(State(s): State<ServerState>) -> Response {
     json(&pod_list(&s.pods, &s.status))
 }
 
+async fn metrics_probes(State(s): State<ServerState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.probes.metrics_text(),
+    )
+        .into_response()
+}
+
 async fn spec(State(s): State<ServerState>) -> Response {
     json(&*s.machine)
 }
@@ -103,6 +115,7 @@ pub fn read_only_router(state: ServerState) -> Router {
         .route("/healthz", get(healthz))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .route("/metrics/probes", get(metrics_probes))
         .route("/spec", get(spec))
         .route("/spec/", get(spec))
         .with_state(state)

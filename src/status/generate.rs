@@ -20,6 +20,8 @@ pub struct StatusInput<'a> {
     /// Readiness probe results by container name; a container with a
     /// readiness probe and no result yet is not ready, as upstream.
     pub readiness: &'a HashMap<String, bool>,
+    /// Containers whose startup probe has not succeeded yet.
+    pub not_started: &'a std::collections::HashSet<String>,
     pub host_ip: &'a str,
     pub previous: Option<&'a PodStatus>,
     pub now: Timestamp,
@@ -98,11 +100,13 @@ fn container_status(
                     }),
                     ..Default::default()
                 });
-                s.started = Some(true);
-                s.ready = match c.readiness_probe {
-                    None => true,
-                    Some(_) => input.readiness.get(&c.name).copied().unwrap_or(false),
-                };
+                let started = !input.not_started.contains(&c.name);
+                s.started = Some(started);
+                s.ready = started
+                    && match c.readiness_probe {
+                        None => true,
+                        Some(_) => input.readiness.get(&c.name).copied().unwrap_or(false),
+                    };
             }
             CState::Exited => s.state = Some(terminated(l)),
             CState::Created | CState::Unknown => s.state = Some(waiting("ContainerCreating", "")),
@@ -431,6 +435,7 @@ mod tests {
             rt: r,
             waiting,
             readiness: &empty,
+            not_started: &Default::default(),
             host_ip: "192.0.2.1",
             previous: None,
             now: Timestamp::UNIX_EPOCH,

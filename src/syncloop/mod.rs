@@ -14,6 +14,7 @@ use tracing::{debug, info};
 use crate::pleg::{PlegHandle, PodLifecycleEvent};
 use crate::pod::PodManager;
 use crate::podworkers::{PodWorkers, Work, WorkQueue};
+use crate::prober::ProbeUpdate;
 use crate::source::{PodOperation, PodUpdate};
 use crate::status::StatusManager;
 
@@ -72,6 +73,7 @@ impl SyncLoop {
         self,
         mut updates: mpsc::Receiver<PodUpdate>,
         mut pleg_events: mpsc::Receiver<PodLifecycleEvent>,
+        mut probe_updates: mpsc::Receiver<ProbeUpdate>,
         token: CancellationToken,
     ) {
         let mut sync_tick = tokio::time::interval(SYNC_TICK);
@@ -88,6 +90,14 @@ impl SyncLoop {
                 }
                 Some(u) = updates.recv() => self.handle_update(u),
                 Some(ev) = pleg_events.recv() => self.handle_pleg(ev),
+                // A liveness/startup failure or a readiness change: sync the
+                // pod so it is restarted or its status republished.
+                Some(u) = probe_updates.recv() => {
+                    if let Some(pod) = self.pods.get(&u.pod_uid) {
+                        debug!(pod_uid = %u.pod_uid, container = %u.container, probe = ?u.probe, success = u.success, "probe result changed");
+                        self.workers.update(&u.pod_uid, Work::Sync(pod));
+                    }
+                }
                 _ = sync_tick.tick() => {
                     for uid in self.queue.take_due(Instant::now()) {
                         if let Some(pod) = self.pods.get(&uid) {
