@@ -212,3 +212,49 @@ fn failing_post_start_hook_kills_the_container() {
     );
     assert!(k.log().contains("FailedPostStartHook"));
 }
+
+#[test]
+fn active_deadline_fails_the_pod_with_deadline_exceeded() {
+    let k = Kubelet::start("it-deadline");
+    k.write_manifest(
+        "deadline.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: deadline\nspec:\n  activeDeadlineSeconds: 3\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n"
+        ),
+    );
+    k.wait_pod("deadline", "running", T, |p| running(p, "main"));
+    let p = k.wait_pod("deadline", "Failed", T, |p| phase(p) == "Failed");
+    assert_eq!(p["status"]["reason"], "DeadlineExceeded");
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    wait_for("container stopped", T, || {
+        let p = k.pod("deadline")?;
+        (!running(&p, "main")).then_some(())
+    });
+    // Not restarted: the only container instance is the first one.
+    assert_eq!(k.cri.count_for_uid(&uid).1, 1);
+}
+
+#[test]
+fn kubelet_managed_hosts_file_and_fqdn_hostname() {
+    let k = Kubelet::start("it-hosts");
+    k.write_manifest(
+        "hosts.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hosts\nspec:\n  restartPolicy: Never\n  hostname: web-0\n  hostAliases:\n  - ip: 10.1.2.3\n    hostnames: [foo.local, bar.local]\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sh, -c, 'cat /etc/hosts > /dev/termination-log; echo \"hostname=$(hostname)\" >> /dev/termination-log']\n"
+        ),
+    );
+    let p = k.wait_pod("hosts", "Succeeded", T, |p| phase(p) == "Succeeded");
+    let msg = container_status(&p, "main").unwrap()["state"]["terminated"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ip = p["status"]["podIP"].as_str().unwrap();
+    assert!(msg.starts_with("# Kubernetes-managed hosts file."), "{msg}");
+    assert!(msg.contains(&format!("{ip}\tweb-0\n")), "{msg}");
+    assert!(msg.contains("10.1.2.3\tfoo.local\tbar.local"), "{msg}");
+    assert!(msg.contains("hostname=web-0"), "{msg}");
+    assert_eq!(
+        container_status(&p, "main").unwrap()["image"],
+        "docker.io/library/busybox:1.36"
+    );
+}

@@ -30,6 +30,8 @@ const IMAGE: &str = "docker.io/library/busybox:1.36";
 
 struct Args {
     pods: Vec<usize>,
+    probe_pods: usize,
+    flips: usize,
     idle: Duration,
     kills: usize,
     rkubelet: PathBuf,
@@ -39,6 +41,8 @@ fn parse_args() -> Result<Args> {
     let exe = std::env::current_exe()?;
     let mut a = Args {
         pods: vec![1, 30, 110],
+        probe_pods: 0,
+        flips: 20,
         idle: Duration::from_secs(60),
         kills: 20,
         rkubelet: exe.with_file_name("rkubelet"),
@@ -64,9 +68,11 @@ fn parse_args() -> Result<Args> {
             }
             "--idle-secs" => a.idle = Duration::from_secs(val()?.parse()?),
             "--kills" => a.kills = val()?.parse()?,
+            "--probe-pods" => a.probe_pods = val()?.parse()?,
+            "--flips" => a.flips = val()?.parse()?,
             "--rkubelet" => a.rkubelet = PathBuf::from(val()?),
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -314,6 +320,106 @@ async fn remove_bare(cri: &RemoteRuntime) {
     }
 }
 
+/// CPU seconds of every containerd and shim process: the runtime's share.
+fn runtime_cpu() -> f64 {
+    let mut total = 0.0;
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.starts_with("containerd") {
+            total += proc_usage(pid).1;
+        }
+    }
+    total
+}
+
+fn probed_manifest(name: &str, www: &Path) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {IMAGE}\n    command: [httpd, -f, -p, '8080', -h, /www]\n    readinessProbe:\n      httpGet: {{path: /ready, port: 8080}}\n      periodSeconds: 1\n      failureThreshold: 1\n    livenessProbe:\n      tcpSocket: {{port: 8080}}\n      periodSeconds: 1\n    volumeMounts: [{{name: www, mountPath: /www}}]\n  volumes:\n  - name: www\n    hostPath: {{path: {}}}\n",
+        www.display()
+    )
+}
+
+fn ready_condition(p: &Value) -> bool {
+    p["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// Probed pods in steady state, then readiness flips timed on /pods.
+fn probe_bench(args: &Args) -> Result<()> {
+    let n = args.probe_pods;
+    println!("\n== {n} probed pod(s): readiness httpGet + liveness tcpSocket, periodSeconds 1 ==");
+    let k = Kubelet::start(&args.rkubelet)?;
+    let www = k.dir.join("www");
+    for i in 0..n {
+        let dir = www.join(format!("q{i}"));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("ready"), "ok")?;
+        std::fs::write(
+            k.manifests.join(format!("q{i}.yaml")),
+            probed_manifest(&format!("q{i}"), &dir),
+        )?;
+    }
+    wait(Duration::from_secs(600), || {
+        (k.pods().iter().filter(|p| ready_condition(p)).count() >= n).then_some(())
+    })?;
+    let pid = k.child.id();
+    let (_, cpu0) = proc_usage(pid);
+    let rt0 = runtime_cpu();
+    std::thread::sleep(args.idle);
+    let (rss, cpu1) = proc_usage(pid);
+    let rt1 = runtime_cpu();
+    let secs = args.idle.as_secs_f64();
+    println!(
+        "steady {}s: rkubelet RSS {:.1} MiB, CPU {:.2}s = {:.2}% of one core; containerd+shims CPU {:.2}s = {:.2}%",
+        args.idle.as_secs(),
+        rss as f64 / 1048576.0,
+        cpu1 - cpu0,
+        100.0 * (cpu1 - cpu0) / secs,
+        rt1 - rt0,
+        100.0 * (rt1 - rt0) / secs
+    );
+    let mut delays = Vec::new();
+    for f in 0..args.flips {
+        // Each pod goes unready, then ready again.
+        let i = (f / 2) % n;
+        let name = format!("q{i}-bench");
+        let ready_file = www.join(format!("q{i}")).join("ready");
+        let want_ready = f % 2 == 1;
+        let t0 = Instant::now();
+        if want_ready {
+            std::fs::write(&ready_file, "ok")?;
+        } else {
+            std::fs::remove_file(&ready_file)?;
+        }
+        wait(Duration::from_secs(30), || {
+            k.pods()
+                .iter()
+                .find(|p| p["metadata"]["name"] == name.as_str())
+                .filter(|p| ready_condition(p) == want_ready)
+                .map(|_| ())
+        })?;
+        delays.push(t0.elapsed().as_secs_f64());
+    }
+    println!(
+        "readiness change to Ready on /pods: p50 {:.3}s  p99 {:.3}s  ({} flips; probe period 1s)",
+        pct(&mut delays, 50.0),
+        pct(&mut delays, 99.0),
+        delays.len()
+    );
+    for i in 0..n {
+        let _ = std::fs::remove_file(k.manifests.join(format!("q{i}.yaml")));
+    }
+    wait(Duration::from_secs(300), || {
+        k.pods().is_empty().then_some(())
+    })?;
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = parse_args()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -346,6 +452,10 @@ fn main() -> Result<()> {
         std::thread::sleep(Duration::from_secs(3));
         let (rss0, _) = proc_usage(k.child.id());
         println!("idle, no pods: RSS {:.1} MiB", rss0 as f64 / 1048576.0);
+    }
+
+    if args.probe_pods > 0 {
+        probe_bench(&args)?;
     }
 
     for &n in &args.pods {

@@ -250,6 +250,33 @@ impl RuntimeService for RemoteRuntime {
         let deadline = self.timeout + Duration::from_secs(timeout_secs.max(0) as u64);
         self.call("ExecSync", deadline, c.exec_sync(req)).await
     }
+
+    async fn container_events(
+        &self,
+        tx: tokio::sync::mpsc::Sender<v1::ContainerEventResponse>,
+    ) -> CriResult<()> {
+        let mut c = self.runtime.clone();
+        // A stream lives as long as the runtime does: no deadline here,
+        // only on opening it.
+        let mut stream = self
+            .call(
+                "GetContainerEvents",
+                self.timeout,
+                c.get_container_events(v1::GetEventsRequest {}),
+            )
+            .await?;
+        loop {
+            match stream.message().await {
+                Ok(Some(ev)) => {
+                    if tx.send(ev).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(status) => return Err(CriError::from_status("GetContainerEvents", status)),
+            }
+        }
+    }
 }
 
 #[async_trait]

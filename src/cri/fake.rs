@@ -386,6 +386,18 @@ impl RuntimeService for FakeRuntime {
             None => Ok(v1::ExecSyncResponse::default()),
         }
     }
+
+    async fn container_events(
+        &self,
+        _tx: tokio::sync::mpsc::Sender<v1::ContainerEventResponse>,
+    ) -> CriResult<()> {
+        // Like containerd 1.6: the generic relist is the only source.
+        Err(CriError::Status {
+            op: "GetContainerEvents",
+            code: tonic::Code::Unimplemented,
+            message: "fake".into(),
+        })
+    }
 }
 
 #[async_trait]

@@ -49,6 +49,16 @@ impl CriError {
         }
     }
 
+    pub fn is_unimplemented(&self) -> bool {
+        matches!(
+            self,
+            CriError::Status {
+                code: tonic::Code::Unimplemented,
+                ..
+            }
+        )
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(self, CriError::NotFound { .. })
     }
@@ -89,6 +99,12 @@ pub trait RuntimeService: Send + Sync + 'static {
         cmd: Vec<String>,
         timeout_secs: i64,
     ) -> CriResult<v1::ExecSyncResponse>;
+    /// Streams container events (GetContainerEvents) into `tx` until the
+    /// stream ends or fails. Runtimes without it answer Unimplemented.
+    async fn container_events(
+        &self,
+        tx: tokio::sync::mpsc::Sender<v1::ContainerEventResponse>,
+    ) -> CriResult<()>;
 }
 
 /// The CRI ImageService, reduced to what the kubelet calls.

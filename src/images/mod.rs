@@ -46,6 +46,43 @@ pub fn pull_policy(c: &Container) -> &str {
     }
 }
 
+/// The fully qualified form a runtime reports: `busybox` becomes
+/// `docker.io/library/busybox:latest` (upstream's docker reference
+/// normalisation, as containerd applies it).
+pub fn normalize_image(image: &str) -> String {
+    let (name, digest) = match image.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (image, None),
+    };
+    let (repo, tag) = match name.rsplit_once(':') {
+        Some((r, t)) if !t.contains('/') => (r, Some(t)),
+        _ => (name, None),
+    };
+    let first = repo.split('/').next().unwrap_or_default();
+    let has_domain =
+        repo.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let mut out = if has_domain {
+        repo.to_string()
+    } else if repo.contains('/') {
+        format!("docker.io/{repo}")
+    } else {
+        format!("docker.io/library/{repo}")
+    };
+    match (tag, digest) {
+        (Some(t), _) => {
+            out.push(':');
+            out.push_str(t);
+        }
+        (None, None) => out.push_str(":latest"),
+        (None, Some(_)) => {}
+    }
+    if let Some(d) = digest {
+        out.push('@');
+        out.push_str(d);
+    }
+    out
+}
+
 /// A light form of upstream's reference parsing: enough to turn obvious
 /// garbage into InvalidImageName instead of a pull error.
 fn valid_image_name(image: &str) -> bool {
@@ -179,6 +216,31 @@ mod tests {
         assert_eq!(
             pull_policy(&ctr("busybox@sha256:abc", None)),
             "IfNotPresent"
+        );
+    }
+
+    #[test]
+    fn image_names_normalise_like_docker_references() {
+        assert_eq!(
+            normalize_image("busybox"),
+            "docker.io/library/busybox:latest"
+        );
+        assert_eq!(
+            normalize_image("busybox:1.36"),
+            "docker.io/library/busybox:1.36"
+        );
+        assert_eq!(normalize_image("team/app"), "docker.io/team/app:latest");
+        assert_eq!(
+            normalize_image("registry.k8s.io/pause:3.10"),
+            "registry.k8s.io/pause:3.10"
+        );
+        assert_eq!(
+            normalize_image("localhost:5000/a"),
+            "localhost:5000/a:latest"
+        );
+        assert_eq!(
+            normalize_image("busybox@sha256:ab"),
+            "docker.io/library/busybox@sha256:ab"
         );
     }
 

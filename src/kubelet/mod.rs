@@ -140,6 +140,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         node_ip: node_ip.clone(),
         memory_capacity: machine.memory_capacity as i64,
         runtime_handler: String::new(),
+        seccomp_default: cfg.seccomp_default,
     };
     let max_parallel = cfg.max_parallel_image_pulls.map(|n| n.max(1) as usize);
     let image_manager = ImageManager::new(images, cfg.serialize_image_pulls, max_parallel);

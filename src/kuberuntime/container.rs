@@ -18,8 +18,8 @@ pub enum ConfigError {
     Volume(#[from] volume::VolumeError),
     #[error("container has runAsNonRoot and image will run as root")]
     RunAsRoot,
-    #[error("termination message file {path}: {source}")]
-    TerminationLog {
+    #[error("kubelet-managed file {path}: {source}")]
+    ManagedFile {
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -132,7 +132,7 @@ fn termination_message_mount(
         .unwrap_or_default()
         .as_nanos();
     let file = dir.join(format!("{stamp:x}"));
-    let io = |source| ConfigError::TerminationLog {
+    let io = |source| ConfigError::ManagedFile {
         path: file.clone(),
         source,
     };
@@ -142,6 +142,39 @@ fn termination_message_mount(
     Ok(Some(v1::Mount {
         container_path: path.to_string(),
         host_path: file.to_string_lossy().into_owned(),
+        ..Default::default()
+    }))
+}
+
+/// The kubelet-managed /etc/hosts, written into the pod's directory and
+/// bind-mounted, unless a volume already mounts /etc/hosts (upstream).
+fn hosts_mount(
+    opts: &RuntimeOptions,
+    pod: &Pod,
+    pod_ip: &str,
+    mounts: &[v1::Mount],
+) -> Result<Option<v1::Mount>, ConfigError> {
+    if mounts.iter().any(|m| m.container_path == "/etc/hosts") {
+        return Ok(None);
+    }
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let path = volume::pod_dir(&opts.root_dir, uid).join("etc-hosts");
+    let ips: Vec<String> = if pod_ip.is_empty() {
+        vec![]
+    } else {
+        vec![pod_ip.to_string()]
+    };
+    let io = |source| ConfigError::ManagedFile {
+        path: path.clone(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    std::fs::write(&path, sandbox::hosts_file(opts, pod, &ips)).map_err(io)?;
+    Ok(Some(v1::Mount {
+        container_path: "/etc/hosts".into(),
+        host_path: path.to_string_lossy().into_owned(),
         ..Default::default()
     }))
 }
@@ -188,6 +221,9 @@ pub fn container_config(
     let caps = sc.and_then(|s| s.capabilities.as_ref());
     let mut mounts = volume::container_mounts(c, ctx.volumes)?;
     if let Some(m) = termination_message_mount(opts, pod, c, &mounts)? {
+        mounts.push(m);
+    }
+    if let Some(m) = hosts_mount(opts, pod, ctx.pod_ip, &mounts)? {
         mounts.push(m);
     }
     mounts.sort_by(|a, b| a.container_path.cmp(&b.container_path));

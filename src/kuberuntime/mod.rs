@@ -41,6 +41,8 @@ pub struct RuntimeOptions {
     pub node_ip: String,
     pub memory_capacity: i64,
     pub runtime_handler: String,
+    /// seccompDefault: RuntimeDefault instead of Unconfined when a pod sets none.
+    pub seccomp_default: bool,
 }
 
 impl Default for RuntimeOptions {
@@ -56,6 +58,7 @@ impl Default for RuntimeOptions {
             node_ip: String::new(),
             memory_capacity: 1 << 30,
             runtime_handler: String::new(),
+            seccomp_default: false,
         }
     }
 }

@@ -124,6 +124,105 @@ pub fn dns_config(opts: &RuntimeOptions, pod: &Pod) -> v1::DnsConfig {
     d
 }
 
+/// Upstream GeneratePodHostNameAndDomain: (hostname, domain). The hostname
+/// is spec.hostname or the pod name, cut to 63 characters; the domain is set
+/// when a subdomain is given and the cluster has a domain.
+pub fn hostname_and_domain(opts: &RuntimeOptions, pod: &Pod) -> (String, Option<String>) {
+    let spec = pod.spec.as_ref();
+    let mut h = spec
+        .and_then(|s| s.hostname.clone())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| pod.metadata.name.clone().unwrap_or_default());
+    h.truncate(63);
+    let h = h.trim_end_matches(['-', '.']).to_string();
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let domain = spec
+        .and_then(|s| s.subdomain.as_deref())
+        .filter(|d| !d.is_empty() && !opts.cluster_domain.is_empty())
+        .map(|sub| format!("{sub}.{ns}.svc.{}", opts.cluster_domain));
+    (h, domain)
+}
+
+/// The kubelet-managed /etc/hosts (upstream managedHostsFileContent): the
+/// host's file for host-network pods, else localhost entries and the pod's
+/// own name; hostAliases appended either way.
+pub fn hosts_file(opts: &RuntimeOptions, pod: &Pod, pod_ips: &[String]) -> String {
+    let spec = pod.spec.as_ref();
+    let mut out = String::new();
+    if spec.and_then(|s| s.host_network).unwrap_or(false) {
+        out = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+    } else {
+        out.push_str("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n");
+        let (host, domain) = hostname_and_domain(opts, pod);
+        for ip in pod_ips {
+            match &domain {
+                Some(d) => out.push_str(&format!("{ip}\t{host}.{d}\t{host}\n")),
+                None => out.push_str(&format!("{ip}\t{host}\n")),
+            }
+        }
+    }
+    let aliases = spec
+        .and_then(|s| s.host_aliases.as_ref())
+        .filter(|a| !a.is_empty());
+    if let Some(aliases) = aliases {
+        out.push_str("\n# Entries added by HostAliases.\n");
+        for a in aliases {
+            let names = a.hostnames.clone().unwrap_or_default().join("\t");
+            out.push_str(&format!("{}\t{names}\n", a.ip));
+        }
+    }
+    out
+}
+
+/// The seccomp profile for a container (or the sandbox when `c` is None):
+/// the container's own, else the pod's, else RuntimeDefault with
+/// seccompDefault or Unconfined (upstream getSeccompProfile).
+pub fn seccomp_profile(
+    opts: &RuntimeOptions,
+    pod: &Pod,
+    c: Option<&k8s_openapi::api::core::v1::Container>,
+) -> v1::SecurityProfile {
+    use v1::security_profile::ProfileType;
+    let own = c
+        .and_then(|c| c.security_context.as_ref())
+        .and_then(|sc| sc.seccomp_profile.as_ref());
+    let pod_level = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|sc| sc.seccomp_profile.as_ref());
+    match own.or(pod_level) {
+        Some(p) if p.type_ == "RuntimeDefault" => v1::SecurityProfile {
+            profile_type: ProfileType::RuntimeDefault as i32,
+            localhost_ref: String::new(),
+        },
+        Some(p) if p.type_ == "Localhost" => v1::SecurityProfile {
+            profile_type: ProfileType::Localhost as i32,
+            localhost_ref: opts
+                .root_dir
+                .join("seccomp")
+                .join(p.localhost_profile.clone().unwrap_or_default())
+                .to_string_lossy()
+                .into_owned(),
+        },
+        Some(_) => v1::SecurityProfile {
+            profile_type: ProfileType::Unconfined as i32,
+            localhost_ref: String::new(),
+        },
+        None if opts.seccomp_default => v1::SecurityProfile {
+            profile_type: ProfileType::RuntimeDefault as i32,
+            localhost_ref: String::new(),
+        },
+        None => v1::SecurityProfile {
+            profile_type: ProfileType::Unconfined as i32,
+            localhost_ref: String::new(),
+        },
+    }
+}
+
 pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::PodSandboxConfig {
     let m = &pod.metadata;
     let spec = pod.spec.as_ref();
@@ -201,6 +300,7 @@ pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::Pod
             security_context: Some(v1::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespace_options(pod)),
                 privileged,
+                seccomp: Some(seccomp_profile(opts, pod, None)),
                 ..Default::default()
             }),
             sysctls,
@@ -238,5 +338,77 @@ mod tests {
         assert_eq!(d.servers, vec!["10.96.0.10"]);
         assert_eq!(d.searches[0], "kube-system.svc.cluster.local");
         assert_eq!(d.options, vec!["ndots:5"]);
+    }
+
+    #[test]
+    fn hosts_file_has_the_pod_name_fqdn_and_aliases() {
+        let opts = RuntimeOptions {
+            cluster_domain: "cluster.local".into(),
+            ..RuntimeOptions::default()
+        };
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("web-0".into());
+        pod.metadata.namespace = Some("ns".into());
+        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            subdomain: Some("web".into()),
+            host_aliases: Some(vec![k8s_openapi::api::core::v1::HostAlias {
+                ip: "10.1.2.3".into(),
+                hostnames: Some(vec!["foo".into(), "bar".into()]),
+            }]),
+            ..Default::default()
+        });
+        let h = hosts_file(&opts, &pod, &["10.88.0.4".into()]);
+        assert!(h.starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"));
+        assert!(h.contains("10.88.0.4\tweb-0.web.ns.svc.cluster.local\tweb-0\n"));
+        assert!(h.ends_with("# Entries added by HostAliases.\n10.1.2.3\tfoo\tbar\n"));
+    }
+
+    #[test]
+    fn seccomp_falls_back_from_container_to_pod_to_default() {
+        use k8s_openapi::api::core::v1::{PodSecurityContext, SeccompProfile, SecurityContext};
+        use v1::security_profile::ProfileType;
+        let mut opts = RuntimeOptions::default();
+        let mut pod = Pod {
+            spec: Some(Default::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            seccomp_profile(&opts, &pod, None).profile_type,
+            ProfileType::Unconfined as i32
+        );
+        opts.seccomp_default = true;
+        assert_eq!(
+            seccomp_profile(&opts, &pod, None).profile_type,
+            ProfileType::RuntimeDefault as i32
+        );
+        pod.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "Localhost".into(),
+                localhost_profile: Some("p.json".into()),
+            }),
+            ..Default::default()
+        });
+        let p = seccomp_profile(&opts, &pod, None);
+        assert_eq!(
+            (p.profile_type, p.localhost_ref.as_str()),
+            (
+                ProfileType::Localhost as i32,
+                "/var/lib/kubelet/seccomp/p.json"
+            )
+        );
+        let c = k8s_openapi::api::core::v1::Container {
+            security_context: Some(SecurityContext {
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "Unconfined".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            seccomp_profile(&opts, &pod, Some(&c)).profile_type,
+            ProfileType::Unconfined as i32
+        );
     }
 }

@@ -4,6 +4,8 @@
 //! the CRI deadline; per-pod inspection happens in the pod workers, so one
 //! slow pod never stalls the relist or the node's health.
 
+pub mod evented;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -151,11 +151,13 @@ impl PodWorkers {
     }
 
     async fn run(self, uid: String, mut rx: watch::Receiver<Work>) {
+        // Why containers waited at the last sync, carried to the next one.
+        let mut waiting = HashMap::new();
         loop {
             let work = rx.borrow_and_update().clone();
             match work {
                 Work::Sync(pod) => {
-                    let delay = self.sync(&uid, &pod).await;
+                    let delay = self.sync(&uid, &pod, &mut waiting).await;
                     self.deps.queue.enqueue(&uid, delay);
                 }
                 Work::Terminate { pod, grace } => {
@@ -173,7 +175,12 @@ impl PodWorkers {
 
     /// One sync: read the runtime, act, publish the status. Returns when
     /// the pod should be synced again.
-    async fn sync(&self, uid: &str, pod: &Pod) -> Duration {
+    async fn sync(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        waiting: &mut HashMap<String, crate::kuberuntime::Waiting>,
+    ) -> Duration {
         let rm = &self.deps.runtime;
         let rt = match rm.pod_status(uid).await {
             Ok(rt) => rt,
@@ -182,8 +189,21 @@ impl PodWorkers {
                 return Duration::from_secs(2);
             }
         };
+        if let Some(left) = self.deadline_left(uid, pod) {
+            if left.is_zero() {
+                return self.fail_past_deadline(uid, pod, &rt).await;
+            }
+        }
         let probes = self.probe_state(uid, pod, &rt);
-        let result = rm.sync_pod(pod, &rt, &probes).await;
+        // Publish what the runtime shows now (a container that just died),
+        // before this sync spends time restarting it. The last sync's waiting
+        // reasons apply only to containers that are still not running.
+        self.publish_status(uid, pod, &rt, waiting, &probes);
+        let mut result = rm.sync_pod(pod, &rt, &probes).await;
+        if let Some(left) = self.deadline_left(uid, pod) {
+            // Come back when the deadline passes (upstream activeDeadlineHandler).
+            result.requeue_after = Some(result.requeue_after.map_or(left, |d| d.min(left)));
+        }
         for e in &result.errors {
             warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), error = %e, "error syncing pod");
         }
@@ -197,10 +217,53 @@ impl PodWorkers {
         self.deps.probes.sync_pod(pod, &rt, &pod_ip);
         let probes = self.probe_state(uid, pod, &rt);
         self.publish_status(uid, pod, &rt, &result.waiting, &probes);
+        *waiting = result.waiting;
         result
             .requeue_after
             .unwrap_or(self.deps.resync)
             .min(self.deps.resync)
+    }
+
+    /// Time left before activeDeadlineSeconds, counted from the pod's
+    /// startTime; `None` when the pod sets no deadline or has not started.
+    fn deadline_left(&self, uid: &str, pod: &Pod) -> Option<Duration> {
+        let secs = pod.spec.as_ref()?.active_deadline_seconds?;
+        let start = self.deps.status.get(uid)?.start_time.clone()?;
+        let start_ns = start.0.as_nanosecond();
+        let now_ns = crate::kuberuntime::wall_now().as_nanos() as i128;
+        let end_ns = start_ns + i128::from(secs.max(0)) * 1_000_000_000;
+        Some(Duration::from_nanos((end_ns - now_ns).max(0) as u64))
+    }
+
+    /// Upstream: a pod past its activeDeadlineSeconds is killed and Failed
+    /// with reason DeadlineExceeded; it is not restarted.
+    async fn fail_past_deadline(&self, uid: &str, pod: &Pod, rt: &RuntimePod) -> Duration {
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        info!(
+            pod = name,
+            "pod was active on the node longer than the specified deadline; killing it"
+        );
+        if let Err(e) = self.deps.runtime.kill_pod(Some(pod), rt, None).await {
+            warn!(pod = name, error = %e, "failed to kill pod past its deadline");
+            return Duration::from_secs(2);
+        }
+        let rt = self
+            .deps
+            .runtime
+            .pod_status(uid)
+            .await
+            .unwrap_or_else(|_| rt.clone());
+        let probes = self.probe_state(uid, pod, &rt);
+        self.publish_status(uid, pod, &rt, &HashMap::new(), &probes);
+        if let Some(st) = self.deps.status.get(uid) {
+            let mut st = (*st).clone();
+            st.phase = Some("Failed".into());
+            st.reason = Some("DeadlineExceeded".into());
+            st.message =
+                Some("Pod was active on the node longer than the specified deadline".into());
+            self.deps.status.set(uid, st);
+        }
+        self.deps.resync
     }
 
     /// What the probes say about the pod's current container instances.

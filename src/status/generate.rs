@@ -80,7 +80,7 @@ fn container_status(
     let previous = instances.next();
     let mut s = ContainerStatus {
         name: c.name.clone(),
-        image: c.image.clone().unwrap_or_default(),
+        image: crate::images::normalize_image(c.image.as_deref().unwrap_or_default()),
         image_id: String::new(),
         ready: false,
         restart_count: 0,
