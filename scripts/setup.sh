@@ -99,6 +99,34 @@ stop_pid() { # PID TIMEOUT
     ! pid_alive "$pid" || die "could not stop pid $pid"
 }
 
+# containerd 1.7 (from Debian trixie) serves CRI GetContainerEvents, which
+# rkubelet's evented PLEG uses to show a container's death at once; bookworm
+# ships 1.6, where the 1 s relist is the only source. Only containerd itself
+# comes from trixie (its dependencies are bookworm's), and trixie is pinned
+# low so nothing else is ever taken from it. RKUBELET_CONTAINERD_UPGRADE=0
+# keeps the installed containerd.
+TRIXIE_SOURCES=/etc/apt/sources.list.d/rkubelet-trixie.sources
+TRIXIE_PIN=/etc/apt/preferences.d/rkubelet-trixie
+ensure_containerd_17() {
+    local v
+    v="$(dpkg-query -W -f='${Version}' containerd 2>/dev/null || true)"
+    if dpkg --compare-versions "$v" ge 1.7; then
+        log "containerd package: $v"
+        return 0
+    fi
+    if [[ ${RKUBELET_CONTAINERD_UPGRADE:-1} != 1 ]]; then
+        log "containerd package: $v (upgrade disabled; evented PLEG unavailable)"
+        return 0
+    fi
+    if [[ ! -f $TRIXIE_SOURCES ]]; then
+        printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' >"$TRIXIE_SOURCES"
+    fi
+    printf 'Package: *\nPin: release n=trixie\nPin-Priority: 100\n' >"$TRIXIE_PIN"
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y containerd/trixie
+    changed "containerd upgraded from $v to $(dpkg-query -W -f='${Version}' containerd) (trixie)"
+}
+
 # ------------------------------------------------------------ a. packages ----
 step_packages() {
     local missing=() p st
@@ -114,6 +142,8 @@ step_packages() {
     else
         log "packages: all ${#PACKAGES[@]} present"
     fi
+
+    ensure_containerd_17
 
     if ! command -v cargo >/dev/null 2>&1 && [[ -f ${HOME:-/root}/.cargo/env ]]; then
         # shellcheck disable=SC1091
