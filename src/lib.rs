@@ -15,4 +15,6 @@ pub mod server;
 pub mod source;
 pub mod status;
 pub mod syncloop;
+#[cfg(test)]
+mod testutil;
 pub mod volume;

@@ -130,6 +130,21 @@ fn proc_usage(pid: u32) -> (u64, f64) {
     (rss, ticks / 100.0)
 }
 
+/// /proc/<pid>: (user, system) CPU seconds, to tell our code from the
+/// kernel work (TCP connects for probes) done on our behalf.
+fn cpu_split(pid: u32) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<f64> = after
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    (
+        f.get(11).copied().unwrap_or(0.0) / 100.0,
+        f.get(12).copied().unwrap_or(0.0) / 100.0,
+    )
+}
+
 struct Kubelet {
     child: Child,
     dir: PathBuf,
@@ -369,9 +384,11 @@ fn probe_bench(args: &Args) -> Result<()> {
     })?;
     let pid = k.child.id();
     let (_, cpu0) = proc_usage(pid);
+    let (u0, s0) = cpu_split(pid);
     let rt0 = runtime_cpu();
     std::thread::sleep(args.idle);
     let (rss, cpu1) = proc_usage(pid);
+    let (u1, s1) = cpu_split(pid);
     let rt1 = runtime_cpu();
     let secs = args.idle.as_secs_f64();
     println!(
@@ -382,6 +399,11 @@ fn probe_bench(args: &Args) -> Result<()> {
         100.0 * (cpu1 - cpu0) / secs,
         rt1 - rt0,
         100.0 * (rt1 - rt0) / secs
+    );
+    println!(
+        "  rkubelet CPU split: user {:.2}s, system {:.2}s",
+        u1 - u0,
+        s1 - s0
     );
     let mut delays = Vec::new();
     for f in 0..args.flips {

@@ -164,6 +164,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     );
 
     let (pleg_tx, pleg_rx) = mpsc::channel(pleg::CHANNEL_CAPACITY);
+    pleg::evented::spawn(runtime.clone(), pleg_tx.clone(), token.child_token());
     let pleg = pleg::spawn(
         runtime.clone(),
         pleg::RELIST_PERIOD,

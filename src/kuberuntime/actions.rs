@@ -301,24 +301,8 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> P
 mod tests {
     use super::*;
     use crate::kuberuntime::pod_status::SandboxInfo;
-    use k8s_openapi::api::core::v1::PodSpec;
 
-    fn pod(policy: &str, inits: &[&str], apps: &[&str]) -> Pod {
-        let c = |n: &&str| Container {
-            name: n.to_string(),
-            image: Some("busybox".into()),
-            ..Default::default()
-        };
-        Pod {
-            spec: Some(PodSpec {
-                restart_policy: Some(policy.into()),
-                init_containers: Some(inits.iter().map(c).collect()),
-                containers: apps.iter().map(c).collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
+    use crate::testutil::pod;
 
     fn sandbox(ready: bool) -> SandboxInfo {
         SandboxInfo {

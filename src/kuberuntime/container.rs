@@ -18,6 +18,8 @@ pub enum ConfigError {
     Volume(#[from] volume::VolumeError),
     #[error("container has runAsNonRoot and image will run as root")]
     RunAsRoot,
+    #[error("couldn't resolve env {name}: {reason}")]
+    Env { name: String, reason: String },
     #[error("kubelet-managed file {path}: {source}")]
     ManagedFile {
         path: PathBuf,
@@ -65,45 +67,132 @@ pub fn expand(input: &str, env: &HashMap<String, String>) -> String {
     out
 }
 
+/// A downward-API fieldRef value (upstream podFieldSelectorRuntimeValue).
+fn field_ref(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<String> {
+    let m = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    // metadata.labels['key'] / metadata.annotations['key']
+    let subscript = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix("['"))
+            .and_then(|r| r.strip_suffix("']"))
+    };
+    if let Some(k) = subscript("metadata.labels") {
+        return Some(
+            m.labels
+                .as_ref()
+                .and_then(|l| l.get(k))
+                .cloned()
+                .unwrap_or_default(),
+        );
+    }
+    if let Some(k) = subscript("metadata.annotations") {
+        return Some(
+            m.annotations
+                .as_ref()
+                .and_then(|a| a.get(k))
+                .cloned()
+                .unwrap_or_default(),
+        );
+    }
+    Some(match path {
+        "metadata.name" => m.name.clone().unwrap_or_default(),
+        "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => m.uid.clone().unwrap_or_default(),
+        "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        "spec.serviceAccountName" => spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_default(),
+        "status.podIP" | "status.podIPs" => pod_ip.to_string(),
+        "status.hostIP" | "status.hostIPs" => host_ip.to_string(),
+        _ => return None,
+    })
+}
+
+/// A resourceFieldRef value: the container's limit or request divided by the
+/// divisor and rounded up; an unset limit reads as the node's capacity
+/// (upstream ExtractContainerResourceValue with allocatable defaults).
+fn resource_ref(
+    opts: &RuntimeOptions,
+    c: &Container,
+    resource: &str,
+    divisor: Option<&str>,
+) -> Option<String> {
+    let r = cm::container_resources(c);
+    let cpu_cap = std::thread::available_parallelism()
+        .map(|n| n.get() as i64 * 1000)
+        .unwrap_or(1000);
+    let (value, unit_is_cpu) = match resource {
+        "limits.cpu" => (r.cpu_limit.unwrap_or(cpu_cap), true),
+        "requests.cpu" => (r.cpu_request.unwrap_or(0), true),
+        "limits.memory" => (r.mem_limit.unwrap_or(opts.memory_capacity), false),
+        "requests.memory" => (r.mem_request.unwrap_or(0), false),
+        _ => return None,
+    };
+    let div = divisor.filter(|d| !d.is_empty() && *d != "0");
+    let out = if unit_is_cpu {
+        // Millicores over the divisor in millicores (default 1 core).
+        let d = div
+            .and_then(|d| cm::quantity::parse_cpu_millis(d).ok())
+            .filter(|d| *d > 0)
+            .unwrap_or(1000);
+        (value + d - 1) / d
+    } else {
+        let d = div
+            .and_then(|d| cm::quantity::parse_bytes(d).ok())
+            .filter(|d| *d > 0)
+            .unwrap_or(1);
+        (value + d - 1) / d
+    };
+    Some(out.to_string())
+}
+
 /// The container's env as name/value pairs, in order, with `$(VAR)`
-/// references to earlier entries expanded. Downward-API and configMap
-/// references are the next issue's work; they are skipped with a log line.
-fn env_pairs(pod: &Pod, c: &Container, pod_ip: &str, host_ip: &str) -> Vec<(String, String)> {
+/// references to earlier entries expanded and downward-API references
+/// resolved. configMap/secret references cannot occur: static pods may not
+/// use API objects (the file source rejects them).
+fn env_pairs(
+    opts: &RuntimeOptions,
+    pod: &Pod,
+    c: &Container,
+    pod_ip: &str,
+) -> Result<Vec<(String, String)>, ConfigError> {
     let mut map: HashMap<String, String> = HashMap::new();
     let mut out = Vec::new();
     for e in c.env.iter().flatten() {
+        let from = e.value_from.as_ref();
         let value = if let Some(v) = &e.value {
             expand(v, &map)
-        } else if let Some(fr) = e.value_from.as_ref().and_then(|vf| vf.field_ref.as_ref()) {
-            let m = &pod.metadata;
-            match fr.field_path.as_str() {
-                "metadata.name" => m.name.clone().unwrap_or_default(),
-                "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
-                "metadata.uid" => m.uid.clone().unwrap_or_default(),
-                "spec.nodeName" => pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.clone())
-                    .unwrap_or_default(),
-                "spec.serviceAccountName" => pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.service_account_name.clone())
-                    .unwrap_or_default(),
-                "status.podIP" | "status.podIPs" => pod_ip.to_string(),
-                "status.hostIP" | "status.hostIPs" => host_ip.to_string(),
-                other => {
-                    tracing::warn!(pod = m.name.as_deref().unwrap_or_default(), container = %c.name, field = other, "unsupported fieldRef; leaving env empty");
-                    String::new()
+        } else if let Some(fr) = from.and_then(|vf| vf.field_ref.as_ref()) {
+            field_ref(pod, &fr.field_path, pod_ip, &opts.node_ip).ok_or_else(|| {
+                ConfigError::Env {
+                    name: e.name.clone(),
+                    reason: format!("unsupported fieldPath {:?}", fr.field_path),
                 }
-            }
+            })?
+        } else if let Some(rr) = from.and_then(|vf| vf.resource_field_ref.as_ref()) {
+            resource_ref(
+                opts,
+                c,
+                &rr.resource,
+                rr.divisor.as_ref().map(|q| q.0.as_str()),
+            )
+            .ok_or_else(|| ConfigError::Env {
+                name: e.name.clone(),
+                reason: format!("unsupported resource {:?}", rr.resource),
+            })?
+        } else if from.is_some() {
+            return Err(ConfigError::Env {
+                name: e.name.clone(),
+                reason: "configMap and secret references need an API server".into(),
+            });
         } else {
             String::new()
         };
         map.insert(e.name.clone(), value.clone());
         out.push((e.name.clone(), value));
     }
-    out
+    Ok(out)
 }
 
 /// The file behind terminationMessagePath: one per container instance under
@@ -194,7 +283,7 @@ pub fn container_config(
     ctx: &ContainerContext<'_>,
 ) -> Result<v1::ContainerConfig, ConfigError> {
     let (pod, c) = (ctx.pod, ctx.container);
-    let envs = env_pairs(pod, c, ctx.pod_ip, &opts.node_ip);
+    let envs = env_pairs(opts, pod, c, ctx.pod_ip)?;
     let env_map: HashMap<String, String> = envs.iter().cloned().collect();
     let ex = |v: &Option<Vec<String>>| {
         v.iter()
@@ -307,5 +396,85 @@ mod tests {
         assert_eq!(expand("$$(A)", &env), "$(A)");
         assert_eq!(expand("a$b", &env), "a$b");
         assert_eq!(expand("$(A", &env), "$(A");
+    }
+
+    #[test]
+    fn downward_api_fields_and_resources_resolve() {
+        use k8s_openapi::api::core::v1::{
+            EnvVar, EnvVarSource, ObjectFieldSelector, ResourceFieldSelector, ResourceRequirements,
+        };
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("p".into());
+        pod.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        let field = |n: &str, path: &str| EnvVar {
+            name: n.into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: path.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let res = |n: &str, r: &str, d: Option<&str>| EnvVar {
+            name: n.into(),
+            value_from: Some(EnvVarSource {
+                resource_field_ref: Some(ResourceFieldSelector {
+                    resource: r.into(),
+                    divisor: d.map(|d| Quantity(d.into())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let c = Container {
+            name: "c".into(),
+            env: Some(vec![
+                field("APP", "metadata.labels['app']"),
+                field("NAME", "metadata.name"),
+                res("CPU", "limits.cpu", Some("1m")),
+                res("MEM", "limits.memory", Some("1Mi")),
+                EnvVar {
+                    name: "X".into(),
+                    value: Some("$(NAME)-$(APP)".into()),
+                    ..Default::default()
+                },
+            ]),
+            resources: Some(ResourceRequirements {
+                limits: Some(
+                    [
+                        ("cpu".to_string(), Quantity("250m".into())),
+                        ("memory".to_string(), Quantity("64Mi".into())),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let env = env_pairs(&RuntimeOptions::default(), &pod, &c, "10.0.0.1").unwrap();
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).unwrap().1.clone();
+        assert_eq!(
+            (get("APP"), get("NAME"), get("CPU"), get("MEM"), get("X")),
+            (
+                "web".into(),
+                "p".into(),
+                "250".into(),
+                "64".into(),
+                "p-web".into()
+            )
+        );
+        let bad = Container {
+            name: "c".into(),
+            env: Some(vec![field("Y", "spec.nope")]),
+            ..Default::default()
+        };
+        assert!(matches!(
+            env_pairs(&RuntimeOptions::default(), &pod, &bad, ""),
+            Err(ConfigError::Env { .. })
+        ));
     }
 }

@@ -66,7 +66,7 @@ pub fn spawn(
                         Some(ev) => {
                             got_any = true;
                             if let Some(pe) = translate(&ev) {
-                                debug!(pod_uid = %pe.uid, kind = ?pe.kind, id = %pe.id, "runtime event");
+                                debug!(pod_uid = %pe.uid, kind = ?pe.kind, id = %pe.id, "evented pleg: container event");
                                 let _ = events.try_send(pe);
                             }
                         }

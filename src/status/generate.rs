@@ -371,24 +371,8 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
 mod tests {
     use super::*;
     use crate::kuberuntime::SandboxInfo;
-    use k8s_openapi::api::core::v1::PodSpec;
 
-    fn pod(policy: &str, inits: &[&str], apps: &[&str]) -> Pod {
-        let c = |n: &&str| Container {
-            name: n.to_string(),
-            image: Some("busybox:1.36".into()),
-            ..Default::default()
-        };
-        Pod {
-            spec: Some(PodSpec {
-                restart_policy: Some(policy.into()),
-                init_containers: Some(inits.iter().map(c).collect()),
-                containers: apps.iter().map(c).collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
+    use crate::testutil::pod;
 
     fn info(name: &str, state: CState, exit: i32, at: i64, restarts: i32) -> ContainerInfo {
         ContainerInfo {
