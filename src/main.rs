@@ -106,10 +106,14 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
         root_dir: flags.root_dir.clone(),
         config: cfg,
     };
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        .min(4);
+    // Probes and CRI calls are many small wake-ups: one worker thread saves
+    // the cross-thread hand-offs (futex calls) that dominate the kubelet's
+    // own CPU time. RKUBELET_WORKER_THREADS raises it, like GOMAXPROCS.
+    let threads = std::env::var("RKUBELET_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()

@@ -63,7 +63,9 @@ fn parse_args() -> Result<Args> {
             "--pods" => {
                 a.pods = val()?
                     .split(',')
-                    .map(|s| s.trim().parse())
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty() && *s != "none")
+                    .map(|s| s.parse())
                     .collect::<Result<_, _>>()?
             }
             "--idle-secs" => a.idle = Duration::from_secs(val()?.parse()?),
@@ -365,7 +367,7 @@ fn ready_condition(p: &Value) -> bool {
 }
 
 /// Probed pods in steady state, then readiness flips timed on /pods.
-fn probe_bench(args: &Args) -> Result<()> {
+fn probe_bench(args: &Args, cri: &RemoteRuntime) -> Result<()> {
     let n = args.probe_pods;
     println!("\n== {n} probed pod(s): readiness httpGet + liveness tcpSocket, periodSeconds 1 ==");
     let k = Kubelet::start(&args.rkubelet)?;
@@ -412,6 +414,9 @@ fn probe_bench(args: &Args) -> Result<()> {
         let name = format!("q{i}-bench");
         let ready_file = www.join(format!("q{i}")).join("ready");
         let want_ready = f % 2 == 1;
+        // Spread the changes over the probe period: a change made right
+        // after the previous flip was seen would always wait a full period.
+        std::thread::sleep(Duration::from_millis((f as u64 * 370) % 1000));
         let t0 = Instant::now();
         if want_ready {
             std::fs::write(&ready_file, "ok")?;
@@ -439,7 +444,7 @@ fn probe_bench(args: &Args) -> Result<()> {
     wait(Duration::from_secs(300), || {
         k.pods().is_empty().then_some(())
     })?;
-    Ok(())
+    wait_runtime_clean(cri)
 }
 
 fn main() -> Result<()> {
@@ -477,7 +482,7 @@ fn main() -> Result<()> {
     }
 
     if args.probe_pods > 0 {
-        probe_bench(&args)?;
+        probe_bench(&args, &cri)?;
     }
 
     for &n in &args.pods {
@@ -577,4 +582,25 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Waits until the runtime has no bench pods left, so the next phase does
+/// not pay for this one's cleanup.
+fn wait_runtime_clean(cri: &RemoteRuntime) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    wait(Duration::from_secs(300), || {
+        let left = rt
+            .block_on(cri.list_pod_sandbox(None))
+            .ok()?
+            .iter()
+            .filter(|s| {
+                s.labels
+                    .get("io.kubernetes.pod.name")
+                    .is_some_and(|n| n.ends_with("-bench"))
+            })
+            .count();
+        (left == 0).then_some(())
+    })
 }
