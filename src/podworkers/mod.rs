@@ -368,3 +368,115 @@ impl PodWorkers {
 pub fn uid(pod: &Pod) -> String {
     pod_uid(pod)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::fake::FakeRuntime;
+    use crate::images::ImageManager;
+    use crate::kuberuntime::RuntimeOptions;
+
+    fn workers(fake: &Arc<FakeRuntime>, token: &CancellationToken) -> PodWorkers {
+        let root = std::env::temp_dir().join(format!("rkubelet-pw-{}", std::process::id()));
+        let opts = RuntimeOptions {
+            root_dir: root.clone(),
+            pod_logs_dir: root.join("logs"),
+            resolv_conf: std::path::PathBuf::new(),
+            ..RuntimeOptions::default()
+        };
+        let rm = Arc::new(RuntimeManager::new(
+            fake.clone(),
+            ImageManager::new(fake.clone(), true, None),
+            opts,
+        ));
+        let (tx, _rx) = tokio::sync::mpsc::channel(10);
+        let deps = Deps {
+            runtime: rm,
+            status: StatusManager::new(),
+            probes: ProbeManager::new(fake.clone(), tx, token.child_token()),
+            queue: Arc::new(WorkQueue::default()),
+            host_ip: String::new(),
+            resync: Duration::from_secs(60),
+        };
+        PodWorkers::new(deps, token.child_token())
+    }
+
+    async fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pod_coming_back_waits_for_its_termination_to_finish() {
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let mut pod = crate::testutil::pod("Always", &[], &["app"]);
+        pod.metadata.name = Some("p".into());
+        pod.metadata.uid = Some("u1".into());
+        let pod = Arc::new(pod);
+
+        w.update("u1", Work::Sync(pod.clone()));
+        until("the app to start", || {
+            fake.calls().contains(&"StartContainer app".to_string())
+        })
+        .await;
+        w.update(
+            "u1",
+            Work::Terminate {
+                pod: Some(pod.clone()),
+                grace: Some(2),
+            },
+        );
+        // Arrives while terminating: must not start until removal is done.
+        w.update("u1", Work::Sync(pod.clone()));
+        until("the pod to start again", || {
+            fake.calls()
+                .iter()
+                .filter(|c| c.starts_with("RunPodSandbox"))
+                .count()
+                == 2
+        })
+        .await;
+        let calls = fake.calls();
+        let removed = calls
+            .iter()
+            .position(|c| c.starts_with("RemovePodSandbox"))
+            .expect("sandbox removed");
+        let second = calls
+            .iter()
+            .rposition(|c| c.starts_with("RunPodSandbox"))
+            .unwrap();
+        assert!(
+            removed < second,
+            "started again before termination finished: {calls:?}"
+        );
+        until("the new instance to run", || {
+            w.deps
+                .status
+                .get("u1")
+                .is_some_and(|s| s.phase.as_deref() == Some("Running"))
+        })
+        .await;
+        token.cancel();
+    }
+
+    #[test]
+    fn work_queue_hands_out_only_due_pods_once() {
+        let q = WorkQueue::default();
+        q.enqueue("a", Duration::ZERO);
+        q.enqueue("b", Duration::from_secs(60));
+        q.enqueue("b", Duration::from_secs(30));
+        let now = Instant::now();
+        assert_eq!(q.take_due(now), vec!["a".to_string()]);
+        assert!(q.take_due(now).is_empty());
+        assert_eq!(
+            q.take_due(now + Duration::from_secs(31)),
+            vec!["b".to_string()]
+        );
+    }
+}
