@@ -34,9 +34,6 @@ pub(crate) enum Outcome {
     /// A success worth a warning (an HTTP redirect not followed).
     Warning(String),
     Failure(String),
-    /// No verdict: the probe could not be run as specified (HTTPS, which
-    /// rkubelet has no TLS client for).
-    Unknown(String),
 }
 
 /// `Err` is a prober error (bad port name, runtime error): upstream retries
@@ -488,12 +485,7 @@ async fn http_follow(target: &HttpTarget) -> ProbeResult {
     loop {
         hop += 1;
         match url.scheme.as_str() {
-            "http" => {}
-            "https" => {
-                return Ok(Outcome::Unknown(format!(
-                    "Get \"{url}\": HTTPS probes are not supported by rkubelet (no TLS client)"
-                )))
-            }
+            "http" | "https" => {}
             other => {
                 return Ok(Outcome::Failure(format!(
                     "Get \"{url}\": unsupported protocol scheme {other:?}"
@@ -582,7 +574,26 @@ async fn send(
         .await
         .map_err(|e| format!("dial tcp {addr}: connect: {e}"))?;
     let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    if url.scheme == "https" {
+        let name = super::tls::server_name(&url.host)?;
+        let tls = super::tls::connector()
+            .connect(name, stream)
+            .await
+            .map_err(|e| format!("tls handshake: {e}"))?;
+        return exchange(TokioIo::new(tls), req).await;
+    }
+    exchange(TokioIo::new(stream), req).await
+}
+
+/// One request/response over an established connection (plain or TLS).
+async fn exchange<IO>(
+    io: IO,
+    req: hyper::Request<String>,
+) -> Result<(hyper::Response<hyper::body::Incoming>, ConnGuard), String>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
         .map_err(|e| e.to_string())?;
     let guard = ConnGuard(tokio::spawn(async move {

@@ -11,6 +11,7 @@
 //! [`ProbeUpdate`] so the syncLoop can sync the pod at once.
 
 mod handlers;
+mod tls;
 mod worker;
 
 #[cfg(test)]
@@ -92,12 +93,13 @@ pub struct ProbeUpdate {
     pub success: bool,
 }
 
-/// The `result` label values of `prober_probe_total`.
+/// The `result` label values of `prober_probe_total`. Upstream's third
+/// value, "unknown", never occurs: a probe that cannot run is a prober
+/// error, retried and then discarded uncounted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum ResultLabel {
     Successful,
     Failed,
-    Unknown,
 }
 
 impl ResultLabel {
@@ -105,7 +107,6 @@ impl ResultLabel {
         match self {
             ResultLabel::Successful => "successful",
             ResultLabel::Failed => "failed",
-            ResultLabel::Unknown => "unknown",
         }
     }
 }

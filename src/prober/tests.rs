@@ -810,13 +810,54 @@ async fn http_probe_headers_named_port_and_errors() {
         other => panic!("{other:?}"),
     }
 
-    // HTTPS needs a TLS client rkubelet does not have: no verdict.
+    // Plain HTTP against a TLS-only port would not get an HTTP answer.
     let mut https = http_target(IntOrString::Int(port as i32), "/", &[]);
     https.url.scheme = "https".into();
     assert!(matches!(
         handlers::http_probe(&https, Duration::from_secs(1)).await,
-        Ok(Outcome::Unknown(_))
+        Ok(Outcome::Failure(_))
     ));
+}
+
+/// A one-shot HTTPS server with a self-signed certificate, answering `status`.
+async fn tls_server(status: &'static str) -> u16 {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
+    let cfg = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.cert.der().clone()], key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(cfg));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut tls = acceptor.accept(s).await.unwrap();
+        let mut buf = [0u8; 1024];
+        let _ = tokio::io::AsyncReadExt::read(&mut tls, &mut buf).await;
+        let resp = format!("HTTP/1.1 {status}\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        let _ = tokio::io::AsyncWriteExt::write_all(&mut tls, resp.as_bytes()).await;
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut tls).await;
+    });
+    port
+}
+
+#[tokio::test]
+async fn https_probe_skips_certificate_verification_like_upstream() {
+    for (status, ok) in [("200 OK", true), ("503 Service Unavailable", false)] {
+        let port = tls_server(status).await;
+        let mut t = http_target(IntOrString::Int(port as i32), "/livez", &[]);
+        t.url.scheme = "https".into();
+        let out = handlers::http_probe(&t, Duration::from_secs(5)).await;
+        match (out, ok) {
+            (Ok(Outcome::Success(_)), true) | (Ok(Outcome::Failure(_)), false) => {}
+            (other, _) => panic!("{status}: {other:?}"),
+        }
+    }
 }
 
 async fn closed_port() -> u16 {

@@ -132,13 +132,6 @@ pub(crate) async fn run(
                     "Unhealthy: {kind} probe failed");
                 false
             }
-            Ok(Outcome::Unknown(output)) => {
-                // No verdict: counted, but the result is left unchanged.
-                info!(pod = %ctx.pod_ref, container = name, probe = kind, %output,
-                    "Unhealthy: {kind} probe result unknown");
-                inner.count(&ctx, ResultLabel::Unknown);
-                continue;
-            }
             Err(error) => {
                 // Upstream throws prober errors away (after retries),
                 // without counting them.
