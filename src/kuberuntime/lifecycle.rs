@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::prober::{http_probe, HttpTarget, Outcome};
 
 use crate::cri::RuntimeService;
 
@@ -29,20 +29,6 @@ pub enum HookError {
     Timeout(Duration),
     #[error("invalid hook: {0}")]
     Invalid(String),
-}
-
-/// Resolves a named or numbered port against the container's ports.
-pub fn resolve_port(port: &IntOrString, c: &Container) -> Option<u16> {
-    match port {
-        IntOrString::Int(p) => u16::try_from(*p).ok(),
-        IntOrString::String(name) => name.parse().ok().or_else(|| {
-            c.ports
-                .iter()
-                .flatten()
-                .find(|p| p.name.as_deref() == Some(name))
-                .and_then(|p| u16::try_from(p.container_port).ok())
-        }),
-    }
 }
 
 /// Runs one handler against a running container, bounded by `timeout`.
@@ -72,52 +58,22 @@ pub async fn run_handler(
             return Ok(());
         }
         if let Some(http) = &h.http_get {
-            let host = http
-                .host
-                .clone()
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(|| pod_ip.to_string());
-            let port = resolve_port(&http.port, c)
-                .ok_or_else(|| HookError::Invalid(format!("port {:?}", http.port)))?;
-            let path = http
-                .path
-                .clone()
-                .filter(|p| !p.is_empty())
-                .unwrap_or_else(|| "/".into());
-            let url = format!("http://{host}:{port}{path}");
+            // The prober's client: same ports, headers, redirects and TLS.
+            let mut target =
+                HttpTarget::from_action(http, c, pod_ip).map_err(HookError::Invalid)?;
+            for (k, v) in target.headers.iter_mut() {
+                if k == "User-Agent" && v.starts_with("kube-probe/") {
+                    *v = "kube-lifecycle/1.34".into();
+                }
+            }
             let fail = |reason: String| HookError::Http {
-                url: url.clone(),
+                url: target.url.to_string(),
                 container: c.name.clone(),
                 reason,
             };
-            let mut s = tokio::net::TcpStream::connect((host.as_str(), port))
-                .await
-                .map_err(|e| fail(e.to_string()))?;
-            let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-lifecycle/1.34\r\nConnection: close\r\n");
-            for hdr in http.http_headers.iter().flatten() {
-                req.push_str(&format!("{}: {}\r\n", hdr.name, hdr.value));
-            }
-            req.push_str("\r\n");
-            s.write_all(req.as_bytes())
-                .await
-                .map_err(|e| fail(e.to_string()))?;
-            let mut head = vec![0u8; 512];
-            let n = s.read(&mut head).await.map_err(|e| fail(e.to_string()))?;
-            let line = String::from_utf8_lossy(&head[..n])
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            let code: u16 = line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(0);
-            // Upstream treats any 2xx/3xx answer as success.
-            return if (200..400).contains(&code) {
-                Ok(())
-            } else {
-                Err(fail(format!("HTTP status {code}")))
+            return match http_probe(&target, timeout).await {
+                Ok(Outcome::Success(_) | Outcome::Warning(_)) => Ok(()),
+                Ok(Outcome::Failure(reason)) | Err(reason) => Err(fail(reason)),
             };
         }
         if let Some(sleep) = &h.sleep {
@@ -136,6 +92,8 @@ mod tests {
     use super::*;
     use crate::cri::fake::FakeRuntime;
     use k8s_openapi::api::core::v1::{ExecAction, SleepAction};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
     async fn exec_hook_succeeds_or_reports_exit_code() {
@@ -220,23 +178,5 @@ mod tests {
         )
         .await
         .is_err());
-    }
-
-    #[test]
-    fn named_ports_resolve_against_the_container() {
-        let c = Container {
-            ports: Some(vec![k8s_openapi::api::core::v1::ContainerPort {
-                name: Some("web".into()),
-                container_port: 8080,
-                ..Default::default()
-            }]),
-            ..Default::default()
-        };
-        assert_eq!(
-            resolve_port(&IntOrString::String("web".into()), &c),
-            Some(8080)
-        );
-        assert_eq!(resolve_port(&IntOrString::Int(81), &c), Some(81));
-        assert_eq!(resolve_port(&IntOrString::String("nope".into()), &c), None);
     }
 }

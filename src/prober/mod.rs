@@ -12,6 +12,9 @@
 
 mod handlers;
 mod tls;
+
+// The HTTP client is shared with lifecycle httpGet hooks.
+pub(crate) use handlers::{http_probe, HttpTarget, Outcome};
 mod worker;
 
 #[cfg(test)]
