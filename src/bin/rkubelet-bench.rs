@@ -438,8 +438,14 @@ fn probe_bench(args: &Args, cri: &RemoteRuntime) -> Result<()> {
         pct(&mut delays, 99.0),
         delays.len()
     );
+    remove_all(&k, "q", n, cri)
+}
+
+/// Removes the phase's manifests and waits until rkubelet and the runtime
+/// have let go of every pod, so the next phase does not pay for this one.
+fn remove_all(k: &Kubelet, prefix: &str, n: usize, cri: &RemoteRuntime) -> Result<()> {
     for i in 0..n {
-        let _ = std::fs::remove_file(k.manifests.join(format!("q{i}.yaml")));
+        let _ = std::fs::remove_file(k.manifests.join(format!("{prefix}{i}.yaml")));
     }
     wait(Duration::from_secs(300), || {
         k.pods().is_empty().then_some(())
@@ -558,28 +564,7 @@ fn main() -> Result<()> {
                 kills.len()
             );
         }
-        for i in 0..n {
-            let _ = std::fs::remove_file(k.manifests.join(format!("p{i}.yaml")));
-        }
-        wait(Duration::from_secs(300), || {
-            k.pods().is_empty().then_some(())
-        })?;
-        let cleaned = wait(Duration::from_secs(120), || {
-            let left = rt
-                .block_on(cri.list_pod_sandbox(None))
-                .ok()?
-                .iter()
-                .filter(|s| {
-                    s.labels
-                        .get("io.kubernetes.pod.name")
-                        .is_some_and(|n| n.ends_with("-bench"))
-                })
-                .count();
-            (left == 0).then_some(())
-        });
-        if cleaned.is_err() {
-            eprintln!("warning: some bench sandboxes were not removed in time");
-        }
+        remove_all(&k, "p", n, &cri)?;
     }
     Ok(())
 }
