@@ -258,3 +258,24 @@ fn kubelet_managed_hosts_file_and_fqdn_hostname() {
         "docker.io/library/busybox:1.36"
     );
 }
+
+#[test]
+fn run_as_non_root_with_a_root_image_is_a_config_error() {
+    let k = Kubelet::start("it-nonroot");
+    k.write_manifest(
+        "nonroot.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: nonroot\nspec:\n  securityContext:\n    runAsNonRoot: true\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n  - name: allowed\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n    securityContext:\n      runAsUser: 65534\n"
+        ),
+    );
+    let p = k.wait_pod("nonroot", "CreateContainerConfigError", T, |p| {
+        container_status(p, "main")
+            .is_some_and(|c| c["state"]["waiting"]["reason"] == "CreateContainerConfigError")
+            && running(p, "allowed")
+    });
+    let msg = container_status(&p, "main").unwrap()["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("image will run as root"), "{msg}");
+}

@@ -21,6 +21,33 @@ pub struct ImageError {
     pub retry_after: Option<Duration>,
 }
 
+/// The user an image runs as, from its config (upstream getImageUser).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageUser {
+    Uid(i64),
+    /// A non-numeric user name that cannot be checked before running.
+    Name(String),
+}
+
+impl ImageUser {
+    fn of(img: &crate::cri::Image) -> Self {
+        match (&img.uid, img.username.as_str()) {
+            (Some(uid), _) => ImageUser::Uid(uid.value),
+            (None, name) if !name.is_empty() => ImageUser::Name(name.to_string()),
+            // No user in the image config means root.
+            (None, _) => ImageUser::Uid(0),
+        }
+    }
+}
+
+/// An image ready to create containers from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyImage {
+    /// The reference to create the container with (the image ID).
+    pub id: String,
+    pub user: ImageUser,
+}
+
 pub struct ImageManager {
     svc: Arc<dyn ImageService>,
     backoff: Mutex<Backoff>,
@@ -125,7 +152,7 @@ impl ImageManager {
         c: &Container,
         sandbox: &PodSandboxConfig,
         now: Duration,
-    ) -> Result<String, ImageError> {
+    ) -> Result<ReadyImage, ImageError> {
         let image = c.image.as_deref().unwrap_or_default();
         if !valid_image_name(image) {
             return Err(ImageError {
@@ -149,7 +176,10 @@ impl ImageManager {
         };
         if let Some(img) = &present {
             if policy != "Always" {
-                return Ok(img.id.clone());
+                return Ok(ReadyImage {
+                    id: img.id.clone(),
+                    user: ImageUser::of(img),
+                });
             }
         } else if policy == "Never" {
             return Err(ImageError {
@@ -178,7 +208,15 @@ impl ImageManager {
         match self.svc.pull_image(image, Some(sandbox.clone())).await {
             Ok(image_ref) => {
                 self.backoff.lock().reset(&key);
-                Ok(image_ref)
+                // The pulled image's config says which user it runs as.
+                let user = match self.svc.image_status(&image_ref).await {
+                    Ok(Some(img)) => ImageUser::of(&img),
+                    _ => ImageUser::Uid(0),
+                };
+                Ok(ReadyImage {
+                    id: image_ref,
+                    user,
+                })
             }
             Err(e) => {
                 let mut b = self.backoff.lock();

@@ -16,8 +16,16 @@ use super::{hash, labels, sandbox, RuntimeOptions};
 pub enum ConfigError {
     #[error(transparent)]
     Volume(#[from] volume::VolumeError),
-    #[error("container has runAsNonRoot and image will run as root")]
-    RunAsRoot,
+    #[error("container's runAsUser breaks non-root policy (pod: {pod:?}, container: {container})")]
+    RunAsUserRoot { pod: String, container: String },
+    #[error("container has runAsNonRoot and image will run as root (pod: {pod:?}, container: {container})")]
+    RunAsRoot { pod: String, container: String },
+    #[error("container has runAsNonRoot and image has non-numeric user ({user}), cannot verify user is non-root (pod: {pod:?}, container: {container})")]
+    NonNumericUser {
+        user: String,
+        pod: String,
+        container: String,
+    },
     #[error("couldn't resolve env {name}: {reason}")]
     Env { name: String, reason: String },
     #[error("kubelet-managed file {path}: {source}")]
@@ -235,6 +243,35 @@ fn termination_message_mount(
     }))
 }
 
+/// Upstream verifyRunAsNonRoot: an explicit runAsUser decides; otherwise
+/// the image's user must be a known non-zero uid.
+fn verify_non_root(
+    pod: &Pod,
+    c: &Container,
+    run_as_user: Option<i64>,
+    image_user: &crate::images::ImageUser,
+) -> Result<(), ConfigError> {
+    use crate::images::ImageUser;
+    let pod_ref = format!(
+        "{}_{}({})",
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.uid.as_deref().unwrap_or_default()
+    );
+    let (pod, container) = (pod_ref, c.name.clone());
+    match (run_as_user, image_user) {
+        (Some(0), _) => Err(ConfigError::RunAsUserRoot { pod, container }),
+        (Some(_), _) => Ok(()),
+        (None, ImageUser::Uid(0)) => Err(ConfigError::RunAsRoot { pod, container }),
+        (None, ImageUser::Uid(_)) => Ok(()),
+        (None, ImageUser::Name(user)) => Err(ConfigError::NonNumericUser {
+            user: user.clone(),
+            pod,
+            container,
+        }),
+    }
+}
+
 /// The kubelet-managed /etc/hosts, written into the pod's directory and
 /// bind-mounted, unless a volume already mounts /etc/hosts (upstream).
 fn hosts_mount(
@@ -273,7 +310,7 @@ pub struct ContainerContext<'a> {
     pub container: &'a Container,
     pub init: bool,
     pub restart_count: i32,
-    pub image_ref: &'a str,
+    pub image: &'a crate::images::ReadyImage,
     pub pod_ip: &'a str,
     pub volumes: &'a HashMap<String, PathBuf>,
 }
@@ -304,8 +341,8 @@ pub fn container_config(
         .and_then(|s| s.run_as_non_root)
         .or(psc.and_then(|s| s.run_as_non_root))
         .unwrap_or(false);
-    if non_root && run_as_user == Some(0) {
-        return Err(ConfigError::RunAsRoot);
+    if non_root {
+        verify_non_root(pod, c, run_as_user, &ctx.image.user)?;
     }
     let caps = sc.and_then(|s| s.capabilities.as_ref());
     let mut mounts = volume::container_mounts(c, ctx.volumes)?;
@@ -322,7 +359,7 @@ pub fn container_config(
             attempt: ctx.restart_count as u32,
         }),
         image: Some(v1::ImageSpec {
-            image: ctx.image_ref.to_string(),
+            image: ctx.image.id.clone(),
             user_specified_image: c.image.clone().unwrap_or_default(),
             ..Default::default()
         }),
@@ -475,6 +512,30 @@ mod tests {
         assert!(matches!(
             env_pairs(&RuntimeOptions::default(), &pod, &bad, ""),
             Err(ConfigError::Env { .. })
+        ));
+    }
+
+    #[test]
+    fn run_as_non_root_checks_the_explicit_user_then_the_image_user() {
+        use crate::images::ImageUser;
+        let pod = Pod::default();
+        let c = Container {
+            name: "c".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            verify_non_root(&pod, &c, Some(0), &ImageUser::Uid(1000)),
+            Err(ConfigError::RunAsUserRoot { .. })
+        ));
+        assert!(verify_non_root(&pod, &c, Some(1000), &ImageUser::Uid(0)).is_ok());
+        assert!(matches!(
+            verify_non_root(&pod, &c, None, &ImageUser::Uid(0)),
+            Err(ConfigError::RunAsRoot { .. })
+        ));
+        assert!(verify_non_root(&pod, &c, None, &ImageUser::Uid(65534)).is_ok());
+        assert!(matches!(
+            verify_non_root(&pod, &c, None, &ImageUser::Name("app".into())),
+            Err(ConfigError::NonNumericUser { .. })
         ));
     }
 }

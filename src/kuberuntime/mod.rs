@@ -361,7 +361,7 @@ impl RuntimeManager {
             container: c,
             init,
             restart_count,
-            image_ref: &image_ref,
+            image: &image_ref,
             pod_ip: ctx.pod_ip,
             volumes: ctx.volumes,
         };
