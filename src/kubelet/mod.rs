@@ -132,6 +132,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     let rt_opts = RuntimeOptions {
         root_dir: opts.root_dir.clone(),
         pod_logs_dir: logs_dir,
+        container_logs_dir: PathBuf::from("/var/log/containers"),
         cgroup_root: cfg.cgroup_root.clone(),
         systemd_cgroups: cfg.cgroup_driver == "systemd",
         cluster_dns: cfg.cluster_dns.clone(),

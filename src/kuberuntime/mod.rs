@@ -33,6 +33,9 @@ use backoff::Backoff;
 pub struct RuntimeOptions {
     pub root_dir: PathBuf,
     pub pod_logs_dir: PathBuf,
+    /// Where the `<pod>_<ns>_<container>-<id>.log` symlinks that log
+    /// collectors read live (upstream ContainerLogsDir).
+    pub container_logs_dir: PathBuf,
     pub cgroup_root: String,
     pub systemd_cgroups: bool,
     pub cluster_dns: Vec<String>,
@@ -50,6 +53,7 @@ impl Default for RuntimeOptions {
         RuntimeOptions {
             root_dir: PathBuf::from("/var/lib/kubelet"),
             pod_logs_dir: PathBuf::from("/var/log/pods"),
+            container_logs_dir: PathBuf::from("/var/log/containers"),
             cgroup_root: String::new(),
             systemd_cgroups: false,
             cluster_dns: Vec::new(),
@@ -399,6 +403,7 @@ impl RuntimeManager {
             ));
         }
         info!(pod = pod_name(pod), container = %c.name, id = %id, restart_count, "started container");
+        self.link_container_log(pod, ctx.sandbox_cfg, c, restart_count, &id);
         if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             // Upstream runs postStart right after start and kills the
             // container when it fails; the restart policy and backoff apply.
@@ -534,13 +539,55 @@ impl RuntimeManager {
         Ok(())
     }
 
+    /// Removes a container and its /var/log/containers symlink.
+    async fn remove_container(&self, id: &str) -> Result<(), CriError> {
+        self.runtime
+            .remove_container(id)
+            .await
+            .or_else(ignore_not_found)?;
+        let suffix = format!("-{id}.log");
+        if let Ok(dir) = std::fs::read_dir(&self.opts.container_logs_dir) {
+            for e in dir.flatten() {
+                if e.file_name().to_string_lossy().ends_with(&suffix) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Links the container's log into /var/log/containers, where log
+    /// collectors look (upstream `<pod>_<ns>_<container>-<id>.log`).
+    fn link_container_log(
+        &self,
+        pod: &Pod,
+        sandbox_cfg: &cri::PodSandboxConfig,
+        c: &Container,
+        restart_count: i32,
+        id: &str,
+    ) {
+        let target = PathBuf::from(&sandbox_cfg.log_directory)
+            .join(&c.name)
+            .join(format!("{restart_count}.log"));
+        let link = self.opts.container_logs_dir.join(format!(
+            "{}_{}_{}-{id}.log",
+            pod_name(pod),
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+            c.name
+        ));
+        let r = std::fs::create_dir_all(&self.opts.container_logs_dir)
+            .and_then(|_| std::os::unix::fs::symlink(&target, &link));
+        if let Err(e) = r {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                warn!(pod = pod_name(pod), container = %c.name, link = %link.display(), error = %e, "failed to link container log");
+            }
+        }
+    }
+
     /// Removes all containers and sandboxes of a pod that has been killed.
     pub async fn remove_pod(&self, rt: &RuntimePod) -> Result<(), RuntimeError> {
         for c in &rt.containers {
-            self.runtime
-                .remove_container(&c.id)
-                .await
-                .or_else(ignore_not_found)?;
+            self.remove_container(&c.id).await?;
         }
         for sb in &rt.sandboxes {
             // StopPodSandbox is idempotent and required before removal.
@@ -566,7 +613,7 @@ impl RuntimeManager {
             let n = seen.entry(c.name.as_str()).or_default();
             *n += 1;
             if *n > 2 && c.state == CState::Exited {
-                if let Err(e) = self.runtime.remove_container(&c.id).await {
+                if let Err(e) = self.remove_container(&c.id).await {
                     debug!(container = %c.name, error = %e, "failed to remove dead container");
                 }
             } else {
@@ -629,6 +676,7 @@ mod tests {
         let opts = RuntimeOptions {
             root_dir: root.clone(),
             pod_logs_dir: root.join("logs"),
+            container_logs_dir: root.join("containers"),
             resolv_conf: PathBuf::new(),
             ..RuntimeOptions::default()
         };
