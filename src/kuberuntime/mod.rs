@@ -94,6 +94,9 @@ pub struct SyncResult {
     /// Sync again after this long (backoff expiry, or a retry after an error).
     pub requeue_after: Option<Duration>,
     pub errors: Vec<String>,
+    /// Whether this sync asked the runtime to change anything; if not, the
+    /// runtime view read before it is still current.
+    pub changed: bool,
 }
 
 impl SyncResult {
@@ -191,6 +194,11 @@ impl RuntimeManager {
     ) -> SyncResult {
         let mut result = SyncResult::default();
         let a = actions::compute_pod_actions(pod, rt, probes);
+        result.changed = a.kill_pod
+            || a.create_sandbox
+            || !a.containers_to_kill.is_empty()
+            || !a.init_to_start.is_empty()
+            || !a.containers_to_start.is_empty();
         debug!(pod = pod_name(pod), actions = ?a, "computed pod actions");
 
         if a.kill_pod {

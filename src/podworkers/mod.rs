@@ -208,7 +208,11 @@ impl PodWorkers {
             warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), error = %e, "error syncing pod");
         }
         // Re-read so the status shows what this sync just started.
-        let rt = rm.pod_status(uid).await.unwrap_or(rt);
+        let rt = if result.changed {
+            rm.pod_status(uid).await.unwrap_or(rt)
+        } else {
+            rt
+        };
         let pod_ip = rt
             .ips()
             .into_iter()
