@@ -56,21 +56,13 @@ pub struct ImageManager {
     pulls: Semaphore,
 }
 
-/// Upstream's pull policy default: Always for `:latest` or no tag, else
-/// IfNotPresent (applied by API defaulting; repeated here for pods that
-/// arrive without it).
+/// The container's pull policy, or upstream's default for pods that arrive
+/// without one (the same rule the file source applies when defaulting).
 pub fn pull_policy(c: &Container) -> &str {
     if let Some(p) = c.image_pull_policy.as_deref().filter(|p| !p.is_empty()) {
         return p;
     }
-    let image = c.image.as_deref().unwrap_or_default();
-    if image.contains('@') {
-        return "IfNotPresent";
-    }
-    match image.rsplit_once(':') {
-        Some((_, tag)) if !tag.contains('/') && tag != "latest" => "IfNotPresent",
-        _ => "Always",
-    }
+    crate::source::static_pod::default_pull_policy(c.image.as_deref().unwrap_or_default())
 }
 
 /// The fully qualified form a runtime reports: `busybox` becomes

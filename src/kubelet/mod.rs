@@ -158,7 +158,6 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             status: status.clone(),
             probes: probes.clone(),
             queue: queue.clone(),
-            host_ip: node_ip,
             resync: cfg.sync_frequency.0,
         },
         token.child_token(),

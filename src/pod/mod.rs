@@ -13,10 +13,6 @@ pub struct PodManager {
     pods: Arc<RwLock<HashMap<String, Arc<Pod>>>>,
 }
 
-pub fn uid_of(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
-}
-
 impl PodManager {
     pub fn new() -> Self {
         Self::default()
@@ -26,7 +22,7 @@ impl PodManager {
         let pod = Arc::new(pod);
         self.pods
             .write()
-            .insert(uid_of(&pod).to_string(), pod.clone());
+            .insert(crate::source::pod_uid(&pod).to_string(), pod.clone());
         pod
     }
 

@@ -73,7 +73,6 @@ pub struct Deps {
     pub status: StatusManager,
     pub probes: ProbeManager,
     pub queue: Arc<WorkQueue>,
-    pub host_ip: String,
     /// How often a healthy pod is synced anyway (syncFrequency).
     pub resync: Duration,
 }
@@ -90,10 +89,6 @@ pub struct PodWorkers {
     deps: Arc<Deps>,
     workers: Arc<Mutex<HashMap<String, Entry>>>,
     token: CancellationToken,
-}
-
-fn pod_uid(pod: &Pod) -> String {
-    pod.metadata.uid.clone().unwrap_or_default()
 }
 
 impl PodWorkers {
@@ -217,7 +212,7 @@ impl PodWorkers {
             .ips()
             .into_iter()
             .next()
-            .unwrap_or_else(|| self.deps.host_ip.clone());
+            .unwrap_or_else(|| self.deps.runtime.opts.node_ip.clone());
         self.deps.probes.sync_pod(pod, &rt, &pod_ip);
         let probes = self.probe_state(uid, pod, &rt);
         self.publish_status(uid, pod, &rt, &result.waiting, &probes);
@@ -311,7 +306,7 @@ impl PodWorkers {
             waiting,
             readiness: &self.deps.probes.readiness(uid),
             not_started: &probes.not_started,
-            host_ip: &self.deps.host_ip,
+            host_ip: &self.deps.runtime.opts.node_ip,
             previous: previous.as_deref(),
             now: Timestamp::from_nanosecond(crate::kuberuntime::wall_now().as_nanos() as i128)
                 .unwrap_or(Timestamp::UNIX_EPOCH),
@@ -369,10 +364,6 @@ impl PodWorkers {
     }
 }
 
-pub fn uid(pod: &Pod) -> String {
-    pod_uid(pod)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,7 +390,6 @@ mod tests {
             status: StatusManager::new(),
             probes: ProbeManager::new(fake.clone(), tx, token.child_token()),
             queue: Arc::new(WorkQueue::default()),
-            host_ip: String::new(),
             resync: Duration::from_secs(60),
         };
         PodWorkers::new(deps, token.child_token())

@@ -113,7 +113,7 @@ impl SyncLoop {
     fn handle_update(&self, u: PodUpdate) {
         debug!(op = ?u.op, source = %u.source, pods = u.pods.len(), "pod config update");
         for pod in u.pods {
-            let uid = crate::podworkers::uid(&pod);
+            let uid = crate::source::pod_uid(&pod).to_string();
             match u.op {
                 PodOperation::Add | PodOperation::Update | PodOperation::Set => {
                     info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, op = ?u.op, "syncing pod");
