@@ -19,6 +19,8 @@ struct State {
     /// Scripted ExecSync outcomes by container ID: an exit code, or `None`
     /// for a runtime deadline (exec timeout). Unscripted containers exit 0.
     exec_results: BTreeMap<String, Option<i32>>,
+    /// (container name, timeout) of every StopContainer call.
+    stop_timeouts: Vec<(String, i64)>,
 }
 
 struct FakeContainer {
@@ -51,6 +53,11 @@ impl FakeRuntime {
             ..Default::default()
         };
         self.state.lock().images.insert(name.to_string(), img);
+    }
+
+    /// (container name, timeout seconds) of every StopContainer call.
+    pub fn stop_timeouts(&self) -> Vec<(String, i64)> {
+        self.state.lock().stop_timeouts.clone()
     }
 
     /// Calls made so far, as "Op id-or-name" strings.
@@ -157,6 +164,18 @@ impl RuntimeService for FakeRuntime {
                     .unwrap_or("")
             ),
         );
+        // Scripted by name: a pod called "broken..." cannot get a sandbox.
+        if config
+            .metadata
+            .as_ref()
+            .is_some_and(|m| m.name.starts_with("broken"))
+        {
+            return Err(CriError::Status {
+                op: "RunPodSandbox",
+                code: tonic::Code::Unknown,
+                message: "scripted sandbox failure".into(),
+            });
+        }
         s.sandboxes
             .insert(id.clone(), (config, PodSandboxState::SandboxReady as i32));
         Ok(id)
@@ -289,16 +308,26 @@ impl RuntimeService for FakeRuntime {
         Ok(())
     }
 
-    async fn stop_container(&self, id: &str, _timeout: i64) -> CriResult<()> {
+    async fn stop_container(&self, id: &str, timeout: i64) -> CriResult<()> {
+        let name = {
+            let mut s = self.state.lock();
+            let name = s
+                .containers
+                .get(id)
+                .and_then(|c| c.config.metadata.as_ref())
+                .map(|m| m.name.clone())
+                .unwrap_or_default();
+            self.record(&mut s, format!("StopContainer {name}"));
+            s.stop_timeouts.push((name.clone(), timeout));
+            name
+        };
+        // Scripted by name: a "stubborn..." container ignores SIGTERM and
+        // dies only when the timeout runs out.
+        if name.starts_with("stubborn") {
+            tokio::time::sleep(std::time::Duration::from_secs(timeout.max(0) as u64)).await;
+        }
         let now = self.now_ns();
         let mut s = self.state.lock();
-        let name = s
-            .containers
-            .get(id)
-            .and_then(|c| c.config.metadata.as_ref())
-            .map(|m| m.name.clone())
-            .unwrap_or_default();
-        self.record(&mut s, format!("StopContainer {name}"));
         if let Some(c) = s.containers.get_mut(id) {
             if c.state == ContainerState::ContainerRunning as i32 {
                 c.state = ContainerState::ContainerExited as i32;
@@ -420,6 +449,14 @@ impl ImageService for FakeRuntime {
                     message: format!("{image}: not found"),
                 });
             }
+        }
+        // Scripted by name: "hang" never finishes (a registry that stops
+        // answering), "panic" panics (a bug deep in a sync).
+        if image.contains("hang") {
+            std::future::pending::<()>().await;
+        }
+        if image.contains("panic") {
+            panic!("scripted panic pulling {image}");
         }
         if !self.state.lock().images.contains_key(image) {
             self.add_image(image);

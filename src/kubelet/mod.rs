@@ -227,7 +227,9 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         queue,
         pleg,
         health,
+        expected_sources: expected.iter().map(|s| s.to_string()).collect(),
         sources_ready: Box::new(move || pod_config.seen_all_sources(&expected)),
+        gc: None,
     };
     sync_loop
         .run(updates_rx, pleg_rx, probe_rx, token.clone())

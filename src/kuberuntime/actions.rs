@@ -340,6 +340,8 @@ mod tests {
             message: String::new(),
             image: String::new(),
             image_ref: String::new(),
+            pod_grace: None,
+            pre_stop: None,
         }
     }
 

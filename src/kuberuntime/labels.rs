@@ -19,6 +19,9 @@ pub const CONTAINER_TERMINATION_MESSAGE_PATH: &str =
 pub const CONTAINER_TERMINATION_MESSAGE_POLICY: &str =
     "io.kubernetes.container.terminationMessagePolicy";
 pub const CONTAINER_PORTS: &str = "io.kubernetes.container.ports";
+/// The preStop handler as JSON, so an orphan found after a restart (no spec
+/// any more) still gets its hook run before it is stopped, as upstream.
+pub const CONTAINER_PRE_STOP_HANDLER: &str = "io.kubernetes.container.preStopHandler";
 /// rkubelet's own: the version of the field set behind `CONTAINER_HASH`, so a
 /// later rkubelet that hashes more fields never restarts older containers.
 pub const CONTAINER_SPEC_VERSION: &str = "io.rkubelet.container.specVersion";
@@ -105,6 +108,11 @@ pub fn container_annotations(
         .and_then(|s| s.termination_grace_period_seconds)
         .unwrap_or(30);
     a.insert(POD_TERMINATION_GRACE.into(), grace.to_string());
+    if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
+        if let Ok(json) = serde_json::to_string(h) {
+            a.insert(CONTAINER_PRE_STOP_HANDLER.into(), json);
+        }
+    }
     if let Some(ports) = c.ports.as_ref().filter(|p| !p.is_empty()) {
         if let Ok(json) = serde_json::to_string(ports) {
             a.insert(CONTAINER_PORTS.into(), json);

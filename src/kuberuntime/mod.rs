@@ -213,7 +213,7 @@ impl RuntimeManager {
                 info!(pod = pod_name(pod), container = %k.name, reason = %k.reason, "killing container");
                 let grace = grace_period(Some(pod), None);
                 if let Err(e) = self
-                    .kill_container(Some(pod), &k.id, &k.name, &pod_ip, grace)
+                    .kill_container(container_spec(pod, &k.name), &k.id, &k.name, &pod_ip, grace)
                     .await
                 {
                     result.errors.push(format!("KillContainer {}: {e}", k.name));
@@ -438,21 +438,16 @@ impl RuntimeManager {
 
     /// Stops one container: its preStop hook first, within the grace period,
     /// then StopContainer with what is left (upstream killContainer, with its
-    /// 2 s floor).
+    /// 2 s floor). `spec` is the container's spec, or for an orphan one
+    /// restored from its annotations.
     async fn kill_container(
         &self,
-        pod: Option<&Pod>,
+        spec: Option<&Container>,
         id: &str,
         name: &str,
         pod_ip: &str,
         grace: i64,
     ) -> Result<(), CriError> {
-        let spec = pod.and_then(|p| p.spec.as_ref()).and_then(|s| {
-            s.containers
-                .iter()
-                .chain(s.init_containers.iter().flatten())
-                .find(|c| c.name == name)
-        });
         let mut left = grace;
         if let Some((c, h)) = spec.and_then(|c| {
             c.lifecycle
@@ -513,20 +508,33 @@ impl RuntimeManager {
                     .collect(),
             );
         }
-        let pod_arc = pod.map(|p| Arc::new(p.clone()));
         for wave in waves {
             let mut set = JoinSet::new();
             for c in wave {
                 let this = self.clone();
-                let (id, name, ip, p) = (
-                    c.id.clone(),
-                    c.name.clone(),
-                    pod_ip.clone(),
-                    pod_arc.clone(),
-                );
+                // Without a spec (an orphan), upstream restores the preStop
+                // hook and the grace period from the container's annotations.
+                let (spec, grace) = match pod {
+                    Some(p) => (container_spec(p, &c.name).cloned(), grace),
+                    None => (
+                        c.pre_stop.clone().map(|h| Container {
+                            name: c.name.clone(),
+                            lifecycle: Some(k8s_openapi::api::core::v1::Lifecycle {
+                                pre_stop: Some(h),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }),
+                        grace_override
+                            .or(c.pod_grace)
+                            .unwrap_or(DEFAULT_GRACE_SECONDS)
+                            .max(MIN_GRACE_SECONDS),
+                    ),
+                };
+                let (id, name, ip) = (c.id.clone(), c.name.clone(), pod_ip.clone());
                 set.spawn(async move {
                     debug!(container = %name, grace, "stopping container");
-                    this.kill_container(p.as_deref(), &id, &name, &ip, grace)
+                    this.kill_container(spec.as_ref(), &id, &name, &ip, grace)
                         .await
                 });
             }
@@ -655,9 +663,13 @@ fn ignore_not_found(e: CriError) -> Result<(), CriError> {
     }
 }
 
+/// Upstream's default terminationGracePeriodSeconds.
+pub const DEFAULT_GRACE_SECONDS: i64 = 30;
+/// Upstream never stops a container with less (minimumGracePeriodInSeconds).
+pub const MIN_GRACE_SECONDS: i64 = 2;
+
 /// The grace period for stopping: an explicit override (deletion), the
 /// pod's terminationGracePeriodSeconds, else upstream's default of 30 s.
-/// Upstream never passes less than 2 s (minimumGracePeriodInSeconds).
 pub fn grace_period(pod: Option<&Pod>, over: Option<i64>) -> i64 {
     let g = over
         .or_else(|| pod.and_then(|p| p.metadata.deletion_grace_period_seconds))
@@ -665,8 +677,18 @@ pub fn grace_period(pod: Option<&Pod>, over: Option<i64>) -> i64 {
             pod.and_then(|p| p.spec.as_ref())
                 .and_then(|s| s.termination_grace_period_seconds)
         })
-        .unwrap_or(30);
-    g.max(2)
+        .unwrap_or(DEFAULT_GRACE_SECONDS);
+    g.max(MIN_GRACE_SECONDS)
+}
+
+/// The spec of a container (app or init) by name.
+fn container_spec<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
+    pod.spec.as_ref().and_then(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .find(|c| c.name == name)
+    })
 }
 
 #[cfg(test)]
@@ -791,6 +813,42 @@ mod tests {
         let rt = rm.pod_status("uid-1").await.unwrap();
         rm.remove_pod(&rt).await.unwrap();
         assert!(rm.pod_status("uid-1").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_orphan_is_stopped_with_its_recorded_grace_and_prestop_hook() {
+        // Old code: orphans got 30 s and no preStop hook.
+        use k8s_openapi::api::core::v1::{ExecAction, Lifecycle, LifecycleHandler};
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let rm = manager(&fake);
+        let mut p = pod("Always");
+        let spec = p.spec.as_mut().unwrap();
+        spec.init_containers = None;
+        spec.termination_grace_period_seconds = Some(7);
+        spec.containers[0].lifecycle = Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec!["/bin/drain".into()]),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        rm.sync_pod(&p, &rt, &Default::default()).await;
+        fake.clear_calls();
+        // rkubelet restarted and the manifest is gone: only the runtime knows.
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        rm.kill_pod(None, &rt, None).await.unwrap();
+        let calls = fake.calls();
+        let hook = calls.iter().position(|c| c.ends_with("/bin/drain"));
+        let stop = calls.iter().position(|c| c == "StopContainer app");
+        assert!(
+            matches!((hook, stop), (Some(h), Some(s)) if h < s),
+            "preStop before stop: {calls:?}"
+        );
+        assert_eq!(fake.stop_timeouts(), vec![("app".to_string(), 7)]);
     }
 
     #[test]

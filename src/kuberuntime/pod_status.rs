@@ -45,6 +45,10 @@ pub struct ContainerInfo {
     pub message: String,
     pub image: String,
     pub image_ref: String,
+    /// The pod's terminationGracePeriodSeconds recorded at creation.
+    pub pod_grace: Option<i64>,
+    /// The preStop handler recorded at creation, for orphans.
+    pub pre_stop: Option<k8s_openapi::api::core::v1::LifecycleHandler>,
 }
 
 impl ContainerInfo {
@@ -91,6 +95,12 @@ impl ContainerInfo {
                 .map(|i| i.image.clone())
                 .unwrap_or_default(),
             image_ref: s.image_ref.clone(),
+            pod_grace: a
+                .get(labels::POD_TERMINATION_GRACE)
+                .and_then(|v| v.parse().ok()),
+            pre_stop: a
+                .get(labels::CONTAINER_PRE_STOP_HANDLER)
+                .and_then(|v| serde_json::from_str(v).ok()),
         }
     }
 

@@ -10,10 +10,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, error, info, warn, Instrument};
 
 use crate::kuberuntime::actions::ProbeState;
 use crate::kuberuntime::{CState, RuntimeManager, RuntimePod};
@@ -66,6 +66,20 @@ impl WorkQueue {
     pub fn forget(&self, uid: &str) {
         self.due.lock().remove(uid);
     }
+
+    /// How long until the pod is due, if it is queued.
+    pub fn due_in(&self, uid: &str) -> Option<Duration> {
+        let at = *self.due.lock().get(uid)?;
+        Some(at.saturating_duration_since(Instant::now()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.due.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 pub struct Deps {
@@ -77,17 +91,193 @@ pub struct Deps {
     pub resync: Duration,
 }
 
+/// Upstream's backOffPeriod: a sync that failed is retried after 10 s
+/// (jittered by up to half), not at the next 1 s tick.
+pub const SYNC_ERROR_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Where a pod worker is in upstream's lifecycle (`pod_workers.go`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerPhase {
+    /// Syncing the spec into the runtime.
+    Syncing,
+    /// Stopping every container within the grace period; nothing new starts.
+    Terminating,
+    /// All containers stopped. A pod still in config (a finished pod) stays
+    /// here; one removed from config is cleaned up and forgotten.
+    Terminated,
+}
+
 struct Entry {
-    tx: watch::Sender<Work>,
-    terminating: bool,
-    /// A new pod with this UID that arrived while the old one terminated.
+    phase: WorkerPhase,
+    /// The newest undelivered work; a burst of updates costs one sync.
+    pending: Option<Work>,
+    wake: Arc<Notify>,
+    /// Cancels what the worker does now: a sync when the pod is killed, a
+    /// termination when a shorter grace period arrives.
+    inflight: CancellationToken,
+    /// The effective grace period once terminating; it only ever shrinks.
+    grace: Option<i64>,
+    /// Killed from outside (removed from config, orphan, later API
+    /// deletion): after terminating, remove everything and forget the pod.
+    removed: bool,
+    /// Whether the pod was allowed to start (static pods wait their turn).
+    started: bool,
+    /// `<name>_<namespace>` of a static pod, for upstream's start gating.
+    full_name: Option<String>,
+    pod: Option<Arc<Pod>>,
+    /// A pod with this UID that came back while the old one terminated.
     after_termination: Option<Work>,
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    /// Full name → the UID of the static pod that holds it (upstream
+    /// startedStaticPodsByFullname): a new UID with the same full name never
+    /// starts before the old one has finished terminating.
+    started_static: HashMap<String, String>,
+    /// Full name → UIDs waiting to start, in arrival order.
+    waiting_static: HashMap<String, Vec<String>>,
+}
+
+impl State {
+    /// Lets go of a static pod's full name and wakes whoever waits for it.
+    fn release_static(&mut self, uid: &str) {
+        let Some(full) = self.entries.get(uid).and_then(|e| e.full_name.clone()) else {
+            return;
+        };
+        if self.started_static.get(&full).is_some_and(|u| u == uid) {
+            self.started_static.remove(&full);
+        }
+        if let Some(w) = self.waiting_static.get_mut(&full) {
+            w.retain(|u| u != uid);
+            if w.is_empty() {
+                self.waiting_static.remove(&full);
+            }
+        }
+        for u in self.waiting_static.get(&full).into_iter().flatten() {
+            if let Some(e) = self.entries.get(u) {
+                e.wake.notify_one();
+            }
+        }
+    }
+
+    /// Upstream allowStaticPodStart: the pod may start when no other UID
+    /// holds its full name and it is the first live one waiting for it.
+    fn allow_start(&mut self, uid: &str) -> bool {
+        let Some(e) = self.entries.get(uid) else {
+            return false;
+        };
+        if e.started {
+            return true;
+        }
+        let Some(full) = e.full_name.clone() else {
+            if let Some(e) = self.entries.get_mut(uid) {
+                e.started = true;
+            }
+            return true;
+        };
+        if let Some(holder) = self.started_static.get(&full) {
+            return holder == uid;
+        }
+        let entries = &self.entries;
+        let live = |u: &String| {
+            entries
+                .get(u)
+                .is_some_and(|e| e.phase == WorkerPhase::Syncing && !e.removed)
+        };
+        let waiting = self.waiting_static.entry(full.clone()).or_default();
+        waiting.retain(live);
+        if waiting.first().is_some_and(|u| u != uid) {
+            return false;
+        }
+        waiting.retain(|u| u != uid);
+        if waiting.is_empty() {
+            self.waiting_static.remove(&full);
+        }
+        self.started_static.insert(full, uid.to_string());
+        if let Some(e) = self.entries.get_mut(uid) {
+            e.started = true;
+        }
+        true
+    }
+}
+
+/// Upstream calculateEffectiveGracePeriod: the API server's
+/// deletionGracePeriodSeconds and a kill's override can only shorten the
+/// grace period already in force; with neither, the pod's own
+/// terminationGracePeriodSeconds; never below 1 s. `None` for an orphan
+/// with no override (its containers' annotations decide).
+pub fn effective_grace(current: Option<i64>, pod: Option<&Pod>, over: Option<i64>) -> Option<i64> {
+    let mut g = current;
+    let mut overridden = false;
+    let deletion = pod.and_then(|p| p.metadata.deletion_grace_period_seconds);
+    for o in [deletion, over].into_iter().flatten() {
+        if g.is_none_or(|g| o < g) {
+            g = Some(o);
+            overridden = true;
+        }
+    }
+    if !overridden && g.is_none() {
+        g = pod.map(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(crate::kuberuntime::DEFAULT_GRACE_SECONDS)
+        });
+    }
+    g.map(|g| g.max(1))
+}
+
+/// A static pod (from a file or URL, not the API server), as upstream's
+/// IsStaticPod decides it: by the config source annotation.
+pub fn is_static(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::source::CONFIG_SOURCE_ANNOTATION))
+        .is_some_and(|s| s != crate::source::API_SOURCE)
+}
+
+fn full_name(pod: &Pod) -> String {
+    format!(
+        "{}_{}",
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod.metadata.namespace.as_deref().unwrap_or("default")
+    )
+}
+
+/// `d` plus up to half of it again (upstream wait.Jitter(d, 0.5)), so pods
+/// that failed together do not retry in lockstep.
+fn jitter(d: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    d + d.mul_f64(f64::from(nanos % 1000) / 2000.0)
+}
+
+/// What one sync decided.
+struct SyncOutcome {
+    requeue: Duration,
+    /// The pod reached a terminal phase: move on to terminating.
+    terminal: bool,
+}
+
+/// How a cancellable step of the worker ended.
+enum Step<T> {
+    Done(T),
+    /// Cancelled by a kill or a shortened grace period; new work is pending.
+    Cancelled,
+    Panicked(String),
+    /// rkubelet is shutting down: leave the pod as it is.
+    Shutdown,
 }
 
 #[derive(Clone)]
 pub struct PodWorkers {
     deps: Arc<Deps>,
-    workers: Arc<Mutex<HashMap<String, Entry>>>,
+    state: Arc<Mutex<State>>,
     token: CancellationToken,
 }
 
@@ -95,112 +285,416 @@ impl PodWorkers {
     pub fn new(deps: Deps, token: CancellationToken) -> Self {
         PodWorkers {
             deps: Arc::new(deps),
-            workers: Default::default(),
+            state: Default::default(),
             token,
         }
     }
 
-    /// Hands work to the pod's worker, starting one if needed.
+    /// Hands work to the pod's worker, starting one if needed (upstream
+    /// UpdatePod). A kill cancels the sync in flight; a kill with a shorter
+    /// grace period restarts the termination in flight with it.
     pub fn update(&self, uid: &str, work: Work) {
-        let mut workers = self.workers.lock();
-        if let Some(e) = workers.get_mut(uid) {
-            match (&work, e.terminating) {
-                (Work::Sync(_), true) => e.after_termination = Some(work),
-                (Work::Terminate { .. }, true) => {}
-                (Work::Terminate { .. }, false) => {
-                    e.terminating = true;
-                    e.tx.send_replace(work);
+        let mut st = self.state.lock();
+        let Some(e) = st.entries.get_mut(uid) else {
+            self.spawn_worker(&mut st, uid, work);
+            return;
+        };
+        match work {
+            Work::Sync(pod) => {
+                if e.removed {
+                    // Same UID back after a kill: waits for the old run to end.
+                    e.after_termination = Some(Work::Sync(pod));
+                } else if e.phase == WorkerPhase::Syncing {
+                    e.pod = Some(pod.clone());
+                    e.pending = Some(Work::Sync(pod));
+                    e.wake.notify_one();
                 }
-                (Work::Sync(_), false) => {
-                    e.tx.send_replace(work);
+                // A finished pod is not synced again.
+            }
+            Work::Terminate { pod, grace } => {
+                let pod = pod.or_else(|| e.pod.clone());
+                let was_removed = std::mem::replace(&mut e.removed, true);
+                e.after_termination = None;
+                let new = effective_grace(e.grace, pod.as_deref(), grace);
+                let shortened = matches!((e.grace, new), (Some(old), Some(new)) if new < old);
+                let restart = match e.phase {
+                    WorkerPhase::Syncing => true,
+                    WorkerPhase::Terminating => shortened,
+                    WorkerPhase::Terminated => !was_removed,
+                };
+                if e.phase == WorkerPhase::Syncing {
+                    e.phase = WorkerPhase::Terminating;
+                }
+                e.grace = new;
+                if restart {
+                    debug!(pod_uid = uid, grace = ?new, phase = ?e.phase, "pod worker told to terminate");
+                    e.pending = Some(Work::Terminate { pod, grace: new });
+                    e.inflight.cancel();
+                    e.wake.notify_one();
                 }
             }
-            return;
         }
-        self.spawn_worker(&mut workers, uid, work);
     }
 
-    fn spawn_worker(&self, workers: &mut HashMap<String, Entry>, uid: &str, work: Work) {
-        let terminating = matches!(work, Work::Terminate { .. });
-        let (tx, rx) = watch::channel(work);
-        workers.insert(
+    fn spawn_worker(&self, st: &mut State, uid: &str, work: Work) {
+        let (phase, removed, pod, grace) = match &work {
+            Work::Sync(p) => (WorkerPhase::Syncing, false, Some(p.clone()), None),
+            Work::Terminate { pod, grace } => (
+                WorkerPhase::Terminating,
+                true,
+                pod.clone(),
+                effective_grace(None, pod.as_deref(), *grace),
+            ),
+        };
+        let work = match work {
+            Work::Terminate { pod, .. } => Work::Terminate { pod, grace },
+            w => w,
+        };
+        let full = pod.as_deref().filter(|p| is_static(p)).map(full_name);
+        if let (Some(f), WorkerPhase::Syncing) = (&full, phase) {
+            st.waiting_static
+                .entry(f.clone())
+                .or_default()
+                .push(uid.to_string());
+        }
+        let wake = Arc::new(Notify::new());
+        wake.notify_one();
+        st.entries.insert(
             uid.to_string(),
             Entry {
-                tx,
-                terminating,
+                phase,
+                pending: Some(work),
+                wake: wake.clone(),
+                inflight: CancellationToken::new(),
+                grace,
+                removed,
+                started: false,
+                full_name: full,
+                pod,
                 after_termination: None,
             },
         );
         let this = self.clone();
         let uid = uid.to_string();
         let span = tracing::info_span!("pod_worker", pod_uid = %uid);
-        tokio::spawn(async move { this.run(uid, rx).await }.instrument(span));
+        tokio::spawn(async move { this.run(uid, wake).await }.instrument(span));
     }
 
     pub fn is_known(&self, uid: &str) -> bool {
-        self.workers.lock().contains_key(uid)
+        self.state.lock().entries.contains_key(uid)
     }
 
     pub fn is_terminating(&self, uid: &str) -> bool {
-        self.workers.lock().get(uid).is_some_and(|e| e.terminating)
+        self.phase(uid).is_some_and(|p| p != WorkerPhase::Syncing)
     }
 
-    async fn run(self, uid: String, mut rx: watch::Receiver<Work>) {
-        // Why containers waited at the last sync, carried to the next one.
-        let mut waiting = HashMap::new();
-        loop {
-            let work = rx.borrow_and_update().clone();
-            match work {
-                Work::Sync(pod) => {
-                    let delay = self.sync(&uid, &pod, &mut waiting).await;
-                    self.deps.queue.enqueue(&uid, delay);
-                }
-                Work::Terminate { pod, grace } => {
-                    self.terminate(&uid, pod.as_deref(), grace).await;
-                    self.finish(&uid);
-                    return;
-                }
+    pub fn phase(&self, uid: &str) -> Option<WorkerPhase> {
+        self.state.lock().entries.get(uid).map(|e| e.phase)
+    }
+
+    /// UIDs with a worker (for housekeeping and cache GC).
+    pub fn known_uids(&self) -> Vec<String> {
+        self.state.lock().entries.keys().cloned().collect()
+    }
+
+    /// Runs `fut` as its own task, so a panic in it is caught and a kill can
+    /// abort it at any await point (an image pull, a hook, a volume wait).
+    async fn step<T: Send + 'static>(
+        &self,
+        cancel: &CancellationToken,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Step<T> {
+        let mut task = tokio::spawn(fut.in_current_span());
+        let r = tokio::select! {
+            r = &mut task => r,
+            _ = cancel.cancelled() => {
+                task.abort();
+                let _ = task.await;
+                return Step::Cancelled;
             }
-            tokio::select! {
-                _ = self.token.cancelled() => return,
-                r = rx.changed() => if r.is_err() { return },
+            _ = self.token.cancelled() => {
+                task.abort();
+                let _ = task.await;
+                return Step::Shutdown;
+            }
+        };
+        match r {
+            Ok(v) => Step::Done(v),
+            Err(e) if e.is_panic() => {
+                let p = e.into_panic();
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Step::Panicked(msg)
+            }
+            Err(_) => Step::Cancelled,
+        }
+    }
+
+    /// Takes the pending work, arming a fresh cancellation token for it.
+    fn take_work(&self, uid: &str) -> Option<Option<(Work, CancellationToken)>> {
+        let mut st = self.state.lock();
+        let e = st.entries.get_mut(uid)?;
+        Some(e.pending.take().map(|w| {
+            e.inflight = CancellationToken::new();
+            (w, e.inflight.clone())
+        }))
+    }
+
+    /// Puts work back unless something newer arrived meanwhile.
+    fn put_back(&self, uid: &str, work: Work) {
+        if let Some(e) = self.state.lock().entries.get_mut(uid) {
+            if e.pending.is_none() {
+                e.pending = Some(work);
             }
         }
     }
 
-    /// One sync: read the runtime, act, publish the status. Returns when
-    /// the pod should be synced again.
+    async fn run(self, uid: String, wake: Arc<Notify>) {
+        // Why containers waited at the last sync, carried to the next one.
+        let mut waiting = HashMap::new();
+        let mut terminate_retry = Duration::from_millis(500);
+        loop {
+            tokio::select! {
+                _ = self.token.cancelled() => return,
+                _ = wake.notified() => {}
+            }
+            // Drain everything pending before waiting again.
+            while let Some(next) = self.take_work(&uid) {
+                let Some((work, cancel)) = next else { break };
+                match work {
+                    Work::Sync(pod) => {
+                        if !self.state.lock().allow_start(&uid) {
+                            debug!(pod = pod.metadata.name.as_deref().unwrap_or_default(), "static pod waits for the previous pod with its full name to terminate");
+                            self.put_back(&uid, Work::Sync(pod));
+                            break;
+                        }
+                        let this = self.clone();
+                        let (u, p, mut w) =
+                            (uid.clone(), pod.clone(), std::mem::take(&mut waiting));
+                        let fut = async move {
+                            let o = this.sync(&u, &p, &mut w).await;
+                            (o, w)
+                        };
+                        match self.step(&cancel, fut).await {
+                            Step::Done((o, w)) => {
+                                waiting = w;
+                                self.deps.queue.enqueue(&uid, o.requeue);
+                                if o.terminal {
+                                    self.begin_natural_termination(&uid, pod);
+                                }
+                            }
+                            Step::Cancelled => {}
+                            Step::Panicked(msg) => {
+                                error!(panic = %msg, "pod sync panicked; retrying after backoff");
+                                self.deps.queue.enqueue(&uid, jitter(SYNC_ERROR_BACKOFF));
+                            }
+                            Step::Shutdown => return,
+                        }
+                    }
+                    Work::Terminate { pod, grace } => {
+                        let this = self.clone();
+                        let (u, p) = (uid.clone(), pod.clone());
+                        let fut = async move { this.kill(&u, p.as_deref(), grace).await };
+                        let failed = match self.step(&cancel, fut).await {
+                            Step::Done(Ok(())) => None,
+                            Step::Done(Err(e)) => Some(e.to_string()),
+                            Step::Panicked(msg) => Some(format!("panic: {msg}")),
+                            // A shorter grace period: the new termination is pending.
+                            Step::Cancelled => continue,
+                            Step::Shutdown => return,
+                        };
+                        if let Some(err) = failed {
+                            warn!(error = %err, retry_in = ?terminate_retry, "failed to terminate pod");
+                            self.put_back(&uid, Work::Terminate { pod, grace });
+                            tokio::select! {
+                                _ = self.token.cancelled() => return,
+                                _ = tokio::time::sleep(terminate_retry) => {}
+                            }
+                            terminate_retry = (terminate_retry * 2).min(Duration::from_secs(30));
+                            continue;
+                        }
+                        terminate_retry = Duration::from_millis(500);
+                        if self.terminated(&uid, pod.as_deref()).await {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The pod reached Succeeded or Failed on its own (upstream completeSync):
+    /// stop what is left (sidecars, the sandbox) but keep the pod.
+    fn begin_natural_termination(&self, uid: &str, pod: Arc<Pod>) {
+        let mut st = self.state.lock();
+        let Some(e) = st.entries.get_mut(uid) else {
+            return;
+        };
+        if e.phase != WorkerPhase::Syncing {
+            return;
+        }
+        info!(
+            pod = pod.metadata.name.as_deref().unwrap_or_default(),
+            "pod is terminal; terminating it"
+        );
+        e.phase = WorkerPhase::Terminating;
+        e.grace = effective_grace(None, Some(&pod), None);
+        if !matches!(e.pending, Some(Work::Terminate { .. })) {
+            e.pending = Some(Work::Terminate {
+                pod: Some(pod),
+                grace: e.grace,
+            });
+        }
+    }
+
+    /// Terminating: stops every container within the grace period (preStop
+    /// hooks first), then the sandbox.
+    async fn kill(
+        &self,
+        uid: &str,
+        pod: Option<&Pod>,
+        grace: Option<i64>,
+    ) -> Result<(), crate::kuberuntime::RuntimeError> {
+        // Nothing may restart a container of a terminating pod.
+        self.deps.probes.remove_pod(uid);
+        let rm = &self.deps.runtime;
+        let rt = rm.pod_status(uid).await?;
+        rm.kill_pod(pod, &rt, grace).await?;
+        if let Some(pod) = pod {
+            // Upstream: the status after the kill is generated as terminal.
+            let rt = rm.pod_status(uid).await?;
+            let probes = self.probe_state(uid, pod, &rt);
+            self.publish_status(uid, pod, &rt, &HashMap::new(), &probes, true);
+        }
+        Ok(())
+    }
+
+    /// Terminated: a pod still in config keeps its status and containers
+    /// (for logs) and gives up its static full name; a removed pod has its
+    /// containers, sandboxes, directories and caches removed and is
+    /// forgotten. Returns true when the worker is done.
+    async fn terminated(&self, uid: &str, pod: Option<&Pod>) -> bool {
+        let removed = {
+            let mut st = self.state.lock();
+            let Some(e) = st.entries.get_mut(uid) else {
+                return true;
+            };
+            e.phase = WorkerPhase::Terminated;
+            let removed = e.removed;
+            st.release_static(uid);
+            removed
+        };
+        if !removed {
+            info!(
+                pod = pod
+                    .and_then(|p| p.metadata.name.as_deref())
+                    .unwrap_or_default(),
+                "pod terminated; kept until it is removed from config"
+            );
+            return false;
+        }
+        let rm = &self.deps.runtime;
+        let mut delay = Duration::from_millis(500);
+        loop {
+            let r = async {
+                let rt = rm.pod_status(uid).await?;
+                rm.remove_pod(&rt).await
+            }
+            .await;
+            match r {
+                Ok(()) => break,
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?delay, "failed to remove pod's containers");
+                    tokio::select! {
+                        _ = self.token.cancelled() => return true,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+        if let Err(e) = volume::cleanup_pod_dir(&rm.opts.root_dir, uid) {
+            warn!(error = %e, "failed to remove pod directory");
+        }
+        self.deps.status.remove(uid);
+        self.deps.probes.remove_pod(uid);
+        self.deps.queue.forget(uid);
+        info!(
+            pod = pod
+                .and_then(|p| p.metadata.name.as_deref())
+                .unwrap_or("<orphan>"),
+            "pod terminated and removed"
+        );
+        self.finish(uid);
+        true
+    }
+
+    /// One sync: read the runtime, act, publish the status. Says when the
+    /// pod should be synced again and whether it reached a terminal phase.
     async fn sync(
         &self,
         uid: &str,
         pod: &Pod,
         waiting: &mut HashMap<String, crate::kuberuntime::Waiting>,
-    ) -> Duration {
+    ) -> SyncOutcome {
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
         let rm = &self.deps.runtime;
         let rt = match rm.pod_status(uid).await {
             Ok(rt) => rt,
             Err(e) => {
-                warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), error = %e, "unable to read pod status from the runtime");
-                return Duration::from_secs(2);
+                warn!(pod = name, error = %e, "unable to read pod status from the runtime");
+                return SyncOutcome {
+                    requeue: jitter(SYNC_ERROR_BACKOFF),
+                    terminal: false,
+                };
             }
         };
-        if let Some(left) = self.deadline_left(uid, pod) {
-            if left.is_zero() {
-                return self.fail_past_deadline(uid, pod, &rt).await;
-            }
-        }
         let probes = self.probe_state(uid, pod, &rt);
+        if self.deadline_left(uid, pod).is_some_and(|l| l.is_zero()) {
+            // Upstream: Failed with DeadlineExceeded; terminating kills it.
+            info!(
+                pod = name,
+                "pod was active on the node longer than the specified deadline"
+            );
+            self.publish_status(uid, pod, &rt, waiting, &probes, false);
+            if let Some(st) = self.deps.status.get(uid) {
+                let mut st = (*st).clone();
+                st.phase = Some("Failed".into());
+                st.reason = Some("DeadlineExceeded".into());
+                st.message =
+                    Some("Pod was active on the node longer than the specified deadline".into());
+                self.deps.status.set(uid, st);
+            }
+            return SyncOutcome {
+                requeue: self.deps.resync,
+                terminal: true,
+            };
+        }
         // Publish what the runtime shows now (a container that just died),
         // before this sync spends time restarting it. The last sync's waiting
         // reasons apply only to containers that are still not running.
-        self.publish_status(uid, pod, &rt, waiting, &probes);
+        self.publish_status(uid, pod, &rt, waiting, &probes, false);
+        if self.is_terminal(uid) {
+            return SyncOutcome {
+                requeue: self.deps.resync,
+                terminal: true,
+            };
+        }
         let mut result = rm.sync_pod(pod, &rt, &probes).await;
         if let Some(left) = self.deadline_left(uid, pod) {
             // Come back when the deadline passes (upstream activeDeadlineHandler).
             result.requeue_after = Some(result.requeue_after.map_or(left, |d| d.min(left)));
         }
         for e in &result.errors {
-            warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), error = %e, "error syncing pod");
+            warn!(pod = name, error = %e, "error syncing pod");
+        }
+        if !result.errors.is_empty() {
+            // A failed sync is retried after upstream's backOffPeriod.
+            let backoff = jitter(SYNC_ERROR_BACKOFF);
+            result.requeue_after = Some(result.requeue_after.map_or(backoff, |d| d.max(backoff)));
         }
         // Re-read so the status shows what this sync just started.
         let rt = if result.changed {
@@ -215,12 +709,22 @@ impl PodWorkers {
             .unwrap_or_else(|| self.deps.runtime.opts.node_ip.clone());
         self.deps.probes.sync_pod(pod, &rt, &pod_ip);
         let probes = self.probe_state(uid, pod, &rt);
-        self.publish_status(uid, pod, &rt, &result.waiting, &probes);
+        self.publish_status(uid, pod, &rt, &result.waiting, &probes, false);
         *waiting = result.waiting;
-        result
-            .requeue_after
-            .unwrap_or(self.deps.resync)
-            .min(self.deps.resync)
+        SyncOutcome {
+            requeue: result
+                .requeue_after
+                .unwrap_or(self.deps.resync)
+                .min(self.deps.resync),
+            terminal: self.is_terminal(uid),
+        }
+    }
+
+    fn is_terminal(&self, uid: &str) -> bool {
+        self.deps
+            .status
+            .get(uid)
+            .is_some_and(|s| crate::status::generate::is_terminal(s.phase.as_deref()))
     }
 
     /// Time left before activeDeadlineSeconds, counted from the pod's
@@ -232,37 +736,6 @@ impl PodWorkers {
         let now_ns = crate::kuberuntime::wall_now().as_nanos() as i128;
         let end_ns = start_ns + i128::from(secs.max(0)) * 1_000_000_000;
         Some(Duration::from_nanos((end_ns - now_ns).max(0) as u64))
-    }
-
-    /// Upstream: a pod past its activeDeadlineSeconds is killed and Failed
-    /// with reason DeadlineExceeded; it is not restarted.
-    async fn fail_past_deadline(&self, uid: &str, pod: &Pod, rt: &RuntimePod) -> Duration {
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        info!(
-            pod = name,
-            "pod was active on the node longer than the specified deadline; killing it"
-        );
-        if let Err(e) = self.deps.runtime.kill_pod(Some(pod), rt, None).await {
-            warn!(pod = name, error = %e, "failed to kill pod past its deadline");
-            return Duration::from_secs(2);
-        }
-        let rt = self
-            .deps
-            .runtime
-            .pod_status(uid)
-            .await
-            .unwrap_or_else(|_| rt.clone());
-        let probes = self.probe_state(uid, pod, &rt);
-        self.publish_status(uid, pod, &rt, &HashMap::new(), &probes);
-        if let Some(st) = self.deps.status.get(uid) {
-            let mut st = (*st).clone();
-            st.phase = Some("Failed".into());
-            st.reason = Some("DeadlineExceeded".into());
-            st.message =
-                Some("Pod was active on the node longer than the specified deadline".into());
-            self.deps.status.set(uid, st);
-        }
-        self.deps.resync
     }
 
     /// What the probes say about the pod's current container instances.
@@ -298,7 +771,9 @@ impl PodWorkers {
         rt: &RuntimePod,
         waiting: &HashMap<String, crate::kuberuntime::Waiting>,
         probes: &ProbeState,
+        pod_is_terminal: bool,
     ) {
+        let _ = pod_is_terminal;
         let previous = self.deps.status.get(uid);
         let status = generate_pod_status(&StatusInput {
             pod,
@@ -311,71 +786,50 @@ impl PodWorkers {
             now: Timestamp::from_nanosecond(crate::kuberuntime::wall_now().as_nanos() as i128)
                 .unwrap_or(Timestamp::UNIX_EPOCH),
         });
+        // Upstream's terminal-phase guard: once Failed or Succeeded, a pod
+        // keeps its phase, reason and message.
+        let mut status = status;
+        if let Some(prev) =
+            previous.filter(|p| crate::status::generate::is_terminal(p.phase.as_deref()))
+        {
+            status.phase = prev.phase.clone();
+            status.reason = prev.reason.clone();
+            status.message = prev.message.clone();
+        }
         self.deps.status.set(uid, status);
     }
 
-    /// Kills and removes everything of the pod, retrying with backoff until
-    /// it is done or rkubelet shuts down (a shutdown leaves pods running).
-    async fn terminate(&self, uid: &str, pod: Option<&Pod>, grace: Option<i64>) {
-        let rm = &self.deps.runtime;
-        let mut delay = Duration::from_millis(500);
-        loop {
-            let r = async {
-                let rt = rm.pod_status(uid).await?;
-                rm.kill_pod(pod, &rt, grace).await?;
-                let rt = rm.pod_status(uid).await?;
-                rm.remove_pod(&rt).await
-            }
-            .await;
-            match r {
-                Ok(()) => break,
-                Err(e) => {
-                    warn!(error = %e, retry_in = ?delay, "failed to terminate pod");
-                    tokio::select! {
-                        _ = self.token.cancelled() => return,
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                    delay = (delay * 2).min(Duration::from_secs(30));
-                }
-            }
-        }
-        if let Err(e) = volume::cleanup_pod_dir(&rm.opts.root_dir, uid) {
-            warn!(error = %e, "failed to remove pod directory");
-        }
-        self.deps.status.remove(uid);
-        self.deps.probes.remove_pod(uid);
-        self.deps.queue.forget(uid);
-        info!(
-            pod = pod
-                .and_then(|p| p.metadata.name.as_deref())
-                .unwrap_or("<orphan>"),
-            "pod terminated and removed"
-        );
-    }
-
     fn finish(&self, uid: &str) {
-        let mut workers = self.workers.lock();
-        if let Some(e) = workers.remove(uid) {
+        let mut st = self.state.lock();
+        st.release_static(uid);
+        if let Some(e) = st.entries.remove(uid) {
             if let Some(next) = e.after_termination {
                 debug!(pod_uid = uid, "starting pod again after termination");
-                self.spawn_worker(&mut workers, uid, next);
+                self.spawn_worker(&mut st, uid, next);
             }
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
     use crate::cri::fake::FakeRuntime;
     use crate::images::ImageManager;
     use crate::kuberuntime::RuntimeOptions;
 
-    fn workers(fake: &Arc<FakeRuntime>, token: &CancellationToken) -> PodWorkers {
-        let root = std::env::temp_dir().join(format!("rkubelet-pw-{}", std::process::id()));
+    /// Pod workers over the fake runtime, in a temporary root.
+    pub fn workers(fake: &Arc<FakeRuntime>, token: &CancellationToken) -> PodWorkers {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "rkubelet-pw-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
         let opts = RuntimeOptions {
             root_dir: root.clone(),
             pod_logs_dir: root.join("logs"),
+            container_logs_dir: root.join("containers"),
             resolv_conf: std::path::PathBuf::new(),
             ..RuntimeOptions::default()
         };
@@ -393,6 +847,22 @@ mod tests {
             resync: Duration::from_secs(60),
         };
         PodWorkers::new(deps, token.child_token())
+    }
+
+    impl PodWorkers {
+        pub fn runtime(&self) -> &Arc<RuntimeManager> {
+            &self.deps.runtime
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::fake::FakeRuntime;
+
+    fn workers(fake: &Arc<FakeRuntime>, token: &CancellationToken) -> PodWorkers {
+        testing::workers(fake, token)
     }
 
     async fn until(what: &str, mut f: impl FnMut() -> bool) {
@@ -456,6 +926,241 @@ mod tests {
                 .is_some_and(|s| s.phase.as_deref() == Some("Running"))
         })
         .await;
+        token.cancel();
+    }
+
+    fn named(name: &str, uid: &str, image: &str, apps: &[&str]) -> Arc<Pod> {
+        let mut pod = crate::testutil::pod("Always", &[], apps);
+        pod.metadata.name = Some(name.into());
+        pod.metadata.namespace = Some("default".into());
+        pod.metadata.uid = Some(uid.into());
+        for c in &mut pod.spec.as_mut().unwrap().containers {
+            c.image = Some(image.into());
+        }
+        Arc::new(pod)
+    }
+
+    fn static_pod(name: &str, uid: &str, apps: &[&str]) -> Arc<Pod> {
+        let mut pod = (*named(name, uid, "busybox:1.36", apps)).clone();
+        pod.metadata.annotations = Some(
+            [(
+                crate::source::CONFIG_SOURCE_ANNOTATION.to_string(),
+                "file".to_string(),
+            )]
+            .into(),
+        );
+        Arc::new(pod)
+    }
+
+    fn kill(pod: &Arc<Pod>, grace: Option<i64>) -> Work {
+        Work::Terminate {
+            pod: Some(pod.clone()),
+            grace,
+        }
+    }
+
+    fn has(fake: &FakeRuntime, call: &str) -> bool {
+        fake.calls().iter().any(|c| c.starts_with(call))
+    }
+
+    #[tokio::test]
+    async fn a_kill_cancels_an_image_pull_in_flight() {
+        // Old code: the termination waited behind the pull, forever here.
+        let fake = Arc::new(FakeRuntime::new());
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let pod = named("slow", "u-hang", "registry.example/hang:1", &["app"]);
+        w.update("u-hang", Work::Sync(pod.clone()));
+        until("the pull to start", || {
+            has(&fake, "PullImage registry.example/hang:1")
+        })
+        .await;
+        w.update("u-hang", kill(&pod, Some(2)));
+        until("the pod to be removed", || {
+            has(&fake, "RemovePodSandbox") && !w.is_known("u-hang")
+        })
+        .await;
+        token.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shorter_grace_period_shortens_the_termination_in_flight() {
+        // Old code: a second kill was ignored and the 30 s stop ran out.
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let pod = named("p", "u-grace", "busybox:1.36", &["stubborn"]);
+        w.update("u-grace", Work::Sync(pod.clone()));
+        until("the container to start", || {
+            has(&fake, "StartContainer stubborn")
+        })
+        .await;
+        let t0 = Instant::now();
+        w.update("u-grace", kill(&pod, Some(30)));
+        until("the first stop", || !fake.stop_timeouts().is_empty()).await;
+        // A longer one never lengthens it...
+        w.update("u-grace", kill(&pod, Some(60)));
+        // ...a shorter one restarts the stop with it.
+        w.update("u-grace", kill(&pod, Some(5)));
+        until("the pod to be removed", || !w.is_known("u-grace")).await;
+        let stops: Vec<i64> = fake.stop_timeouts().iter().map(|(_, t)| *t).collect();
+        assert_eq!(stops, vec![30, 5], "stop timeouts");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "took {:?}",
+            t0.elapsed()
+        );
+        token.cancel();
+    }
+
+    #[test]
+    fn effective_grace_only_ever_shrinks_and_is_at_least_one() {
+        let mut pod = (*named("p", "u", "busybox:1.36", &["a"])).clone();
+        pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(20);
+        assert_eq!(effective_grace(None, Some(&pod), None), Some(20));
+        assert_eq!(effective_grace(None, Some(&pod), Some(50)), Some(50));
+        assert_eq!(effective_grace(Some(20), Some(&pod), Some(50)), Some(20));
+        assert_eq!(effective_grace(Some(20), Some(&pod), Some(3)), Some(3));
+        assert_eq!(effective_grace(Some(20), Some(&pod), Some(0)), Some(1));
+        pod.metadata.deletion_grace_period_seconds = Some(7);
+        assert_eq!(effective_grace(Some(20), Some(&pod), None), Some(7));
+        assert_eq!(effective_grace(None, None, None), None);
+        assert_eq!(effective_grace(None, None, Some(4)), Some(4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_static_pod_waits_for_its_predecessor_with_the_same_full_name() {
+        // Old code: the edited pod (new UID) started while the old one was
+        // still stopping, two copies of e.g. etcd at once.
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let old = static_pod("etcd", "u-old", &["stubborn"]);
+        let new = static_pod("etcd", "u-new", &["stubborn"]);
+        w.update("u-old", Work::Sync(old.clone()));
+        until("the old pod to run", || {
+            has(&fake, "StartContainer stubborn")
+        })
+        .await;
+        fake.clear_calls();
+        // The file source sends the new pod first, then removes the old.
+        w.update("u-new", Work::Sync(new.clone()));
+        w.update("u-old", kill(&old, Some(5)));
+        until("the new pod to run", || {
+            has(&fake, "StartContainer stubborn")
+        })
+        .await;
+        let calls = fake.calls();
+        let removed = calls.iter().position(|c| c.starts_with("RemovePodSandbox"));
+        let started = calls.iter().position(|c| c.starts_with("RunPodSandbox"));
+        assert!(
+            matches!((removed, started), (Some(r), Some(s)) if r < s),
+            "new pod started before the old one was gone: {calls:?}"
+        );
+        // Other names are not held up.
+        let other = static_pod("other", "u-other", &["app"]);
+        w.update("u-other", Work::Sync(other));
+        until("an unrelated pod to run", || {
+            has(&fake, "StartContainer app")
+        })
+        .await;
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_static_pod_removed_before_it_started_never_starts() {
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let a = static_pod("kube-apiserver", "u-a", &["stubborn"]);
+        let b = static_pod("kube-apiserver", "u-b", &["app"]);
+        let c = static_pod("kube-apiserver", "u-c", &["app2"]);
+        w.update("u-a", Work::Sync(a.clone()));
+        until("a to run", || has(&fake, "StartContainer stubborn")).await;
+        w.update("u-b", Work::Sync(b.clone()));
+        w.update("u-c", Work::Sync(c.clone()));
+        // b is edited away while it waits; c is next in line.
+        w.update("u-b", kill(&b, None));
+        w.update("u-a", kill(&a, Some(2)));
+        until("c to run", || has(&fake, "StartContainer app2")).await;
+        assert!(!fake.calls().contains(&"StartContainer app".to_string()));
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_failed_sync_is_retried_after_upstreams_backoff() {
+        // Old code: retried after 2 s.
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let pod = named("broken", "u-broken", "busybox:1.36", &["app"]);
+        w.update("u-broken", Work::Sync(pod));
+        until("the sync to fail", || has(&fake, "RunPodSandbox broken")).await;
+        until("the retry to be queued", || {
+            w.deps.queue.due_in("u-broken").is_some()
+        })
+        .await;
+        let due = w.deps.queue.due_in("u-broken").unwrap();
+        assert!(due > Duration::from_secs(9), "retry due in {due:?}");
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_panicking_sync_backs_off_and_the_worker_survives() {
+        // Old code: the worker task died with the panic; the pod was stuck.
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let bad = named("bad", "u-bad", "registry.example/panic:1", &["app"]);
+        w.update("u-bad", Work::Sync(bad.clone()));
+        until("the retry to be queued", || {
+            w.deps.queue.due_in("u-bad").is_some()
+        })
+        .await;
+        assert!(w.deps.queue.due_in("u-bad").unwrap() > Duration::from_secs(9));
+        // Other pods are unaffected, and the bad one still answers a kill.
+        let good = named("good", "u-good", "busybox:1.36", &["app"]);
+        w.update("u-good", Work::Sync(good));
+        until("the good pod to run", || has(&fake, "StartContainer app")).await;
+        w.update("u-bad", kill(&bad, Some(2)));
+        until("the bad pod to be removed", || !w.is_known("u-bad")).await;
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_finished_pod_is_terminated_but_kept_until_removed() {
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let mut pod = (*named("job", "u-job", "busybox:1.36", &["app"])).clone();
+        pod.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+        let pod = Arc::new(pod);
+        w.update("u-job", Work::Sync(pod.clone()));
+        until("the app to start", || has(&fake, "StartContainer app")).await;
+        let rt = w.deps.runtime.pod_status("u-job").await.unwrap();
+        fake.exit_container(&rt.latest("app").unwrap().id, 0);
+        w.update("u-job", Work::Sync(pod.clone()));
+        until("the pod to be terminated", || {
+            w.phase("u-job") == Some(WorkerPhase::Terminated)
+        })
+        .await;
+        assert!(has(&fake, "StopPodSandbox"));
+        assert!(!has(&fake, "RemovePodSandbox"), "kept for its logs");
+        let st = w.deps.status.get("u-job").unwrap();
+        assert_eq!(st.phase.as_deref(), Some("Succeeded"));
+        // Syncs of a finished pod do nothing.
+        fake.clear_calls();
+        w.update("u-job", Work::Sync(pod.clone()));
+        w.update("u-job", kill(&pod, None));
+        until("the pod to be removed", || !w.is_known("u-job")).await;
+        assert!(has(&fake, "RemovePodSandbox"));
+        assert!(!has(&fake, "StartContainer"));
         token.cancel();
     }
 

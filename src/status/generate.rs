@@ -392,6 +392,8 @@ mod tests {
             message: String::new(),
             image: String::new(),
             image_ref: "sha256:x".into(),
+            pod_grace: None,
+            pre_stop: None,
         }
     }
 

@@ -66,6 +66,13 @@ pub struct SyncLoop {
     /// True once every config source has reported its pods once; orphans are
     /// not cleaned up before, or a restart would kill pods still to be listed.
     pub sources_ready: Box<dyn Fn() -> bool + Send + Sync>,
+    /// The sources whose first update this loop must have *handled* before
+    /// housekeeping may run: a source having reported is not enough, its
+    /// pods may still sit in the channel, and an adopted pod would be killed
+    /// as an orphan and recreated.
+    pub expected_sources: Vec<String>,
+    /// Drops per-pod caches (restart and pull backoff) of pods long gone.
+    pub gc: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl SyncLoop {
@@ -81,6 +88,7 @@ impl SyncLoop {
         for t in [&mut sync_tick, &mut housekeeping] {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
+        let mut handled = std::collections::HashSet::new();
         loop {
             self.health.mark();
             tokio::select! {
@@ -88,7 +96,10 @@ impl SyncLoop {
                     info!("syncLoop stopping; running pods are left running");
                     return;
                 }
-                Some(u) = updates.recv() => self.handle_update(u),
+                Some(u) = updates.recv() => {
+                    handled.insert(u.source.clone());
+                    self.handle_update(u);
+                }
                 Some(ev) = pleg_events.recv() => self.handle_pleg(ev),
                 // A liveness/startup failure or a readiness change: sync the
                 // pod so it is restarted or its status republished.
@@ -105,7 +116,13 @@ impl SyncLoop {
                         }
                     }
                 }
-                _ = housekeeping.tick() => self.housekeeping(),
+                _ = housekeeping.tick() => {
+                    let ready = self.expected_sources.iter().all(|s| handled.contains(s))
+                        && (self.sources_ready)();
+                    if ready {
+                        self.housekeeping();
+                    }
+                }
             }
         }
     }
@@ -145,11 +162,10 @@ impl SyncLoop {
     }
 
     /// Kills pods the runtime runs that no source wants (upstream
-    /// HandlePodCleanups), once every source has been heard from.
+    /// HandlePodCleanups), once every source has been heard from. Orphans
+    /// are stopped with the grace period and preStop hooks recorded in their
+    /// containers' annotations.
     fn housekeeping(&self) {
-        if !(self.sources_ready)() {
-            return;
-        }
         let snap = self.pleg.snapshot();
         for uid in snap.keys() {
             if !self.pods.contains(uid) && !self.workers.is_known(uid) {
@@ -168,5 +184,95 @@ impl SyncLoop {
                 self.status.remove(&uid);
             }
         }
+        if let Some(gc) = &self.gc {
+            gc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::fake::FakeRuntime;
+    use crate::podworkers::testing;
+
+    #[tokio::test(start_paused = true)]
+    async fn housekeeping_waits_until_each_sources_first_update_is_handled() {
+        // Old code: housekeeping ran as soon as the source had *reported*,
+        // while its pods could still sit in the channel, and killed the
+        // adopted pod as an orphan.
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let mut pod = crate::testutil::pod("Always", &[], &["app"]);
+        pod.metadata.name = Some("adopted".into());
+        pod.metadata.namespace = Some("default".into());
+        pod.metadata.uid = Some("u-adopt".into());
+        // A previous rkubelet left the pod running.
+        let before = testing::workers(&fake, &token);
+        let rt = before.runtime().pod_status("u-adopt").await.unwrap();
+        before
+            .runtime()
+            .sync_pod(&pod, &rt, &Default::default())
+            .await;
+        fake.clear_calls();
+
+        let workers = testing::workers(&fake, &token);
+        let (pleg_tx, pleg_rx) = mpsc::channel(100);
+        let pleg = crate::pleg::spawn(
+            fake.clone(),
+            Duration::from_secs(1),
+            pleg_tx,
+            token.child_token(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !pleg.snapshot().contains_key("u-adopt") {
+            assert!(Instant::now() < deadline, "relist never saw the pod");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (updates_tx, updates_rx) = mpsc::channel(10);
+        let (_probe_tx, probe_rx) = mpsc::channel(10);
+        let sl = SyncLoop {
+            pods: PodManager::new(),
+            status: StatusManager::new(),
+            workers: workers.clone(),
+            queue: Arc::new(WorkQueue::default()),
+            pleg,
+            health: SyncLoopHealth::new(Duration::from_secs(60)),
+            // The source has reported; its update is not handled yet.
+            sources_ready: Box::new(|| true),
+            expected_sources: vec![crate::source::FILE_SOURCE.to_string()],
+            gc: None,
+        };
+        let t = token.child_token();
+        let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, t));
+        // Several housekeeping periods pass (paused time: a timer, not a wait).
+        tokio::time::sleep(HOUSEKEEPING_PERIOD * 4).await;
+        assert!(
+            !workers.is_known("u-adopt"),
+            "adopted pod treated as an orphan"
+        );
+        updates_tx
+            .send(PodUpdate {
+                pods: vec![pod],
+                op: PodOperation::Add,
+                source: crate::source::FILE_SOURCE.to_string(),
+            })
+            .await
+            .unwrap();
+        tokio::time::sleep(HOUSEKEEPING_PERIOD * 4).await;
+        assert_eq!(
+            workers.phase("u-adopt"),
+            Some(crate::podworkers::WorkerPhase::Syncing)
+        );
+        let calls = fake.calls();
+        assert!(
+            !calls
+                .iter()
+                .any(|c| c.starts_with("Stop") || c.starts_with("RunPodSandbox")),
+            "adopted pod was killed or recreated: {calls:?}"
+        );
+        token.cancel();
+        task.await.unwrap();
     }
 }
