@@ -466,6 +466,15 @@ impl PodWorkers {
                 let Some((work, cancel)) = next else { break };
                 match work {
                     Work::Sync(pod) => {
+                        if self.must_wait_for_leftover(&uid, &pod).await {
+                            debug!(
+                                pod = pod.metadata.name.as_deref().unwrap_or_default(),
+                                "static pod waits for a previous instance still in the runtime"
+                            );
+                            self.put_back(&uid, Work::Sync(pod));
+                            self.deps.queue.enqueue(&uid, Duration::from_secs(1));
+                            break;
+                        }
                         if !self.state.lock().allow_start(&uid) {
                             debug!(pod = pod.metadata.name.as_deref().unwrap_or_default(), "static pod waits for the previous pod with its full name to terminate");
                             self.put_back(&uid, Work::Sync(pod));
@@ -523,6 +532,61 @@ impl PodWorkers {
                     }
                 }
             }
+        }
+    }
+
+    /// Before a static pod first starts: is an instance with the same full
+    /// name but another UID still live in the runtime? After a restart of
+    /// rkubelet that instance is an orphan no worker knows yet (housekeeping
+    /// will stop it); starting beside it would run two copies at once.
+    async fn must_wait_for_leftover(&self, uid: &str, pod: &Pod) -> bool {
+        {
+            let st = self.state.lock();
+            match st.entries.get(uid) {
+                Some(e) if !e.started && e.full_name.is_some() => {}
+                _ => return false,
+            }
+        }
+        use crate::kuberuntime::labels;
+        let selector = HashMap::from([
+            (
+                labels::POD_NAME.to_string(),
+                pod.metadata.name.clone().unwrap_or_default(),
+            ),
+            (
+                labels::POD_NAMESPACE.to_string(),
+                pod.metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into()),
+            ),
+        ]);
+        let other = |l: &HashMap<String, String>| l.get(labels::POD_UID).is_some_and(|u| u != uid);
+        let rt = &self.deps.runtime.runtime;
+        let sandboxes = rt
+            .list_pod_sandbox(Some(crate::cri::PodSandboxFilter {
+                label_selector: selector.clone(),
+                ..Default::default()
+            }))
+            .await;
+        let containers = rt
+            .list_containers(Some(crate::cri::ContainerFilter {
+                label_selector: selector,
+                ..Default::default()
+            }))
+            .await;
+        match (sandboxes, containers) {
+            (Ok(s), Ok(c)) => {
+                s.iter().any(|s| {
+                    other(&s.labels)
+                        && s.state == crate::cri::v1::PodSandboxState::SandboxReady as i32
+                }) || c.iter().any(|c| {
+                    other(&c.labels)
+                        && c.state == crate::cri::v1::ContainerState::ContainerRunning as i32
+                })
+            }
+            // The sync itself will meet and report the runtime error.
+            _ => false,
         }
     }
 
@@ -1087,6 +1151,43 @@ mod tests {
         w.update("u-a", kill(&a, Some(2)));
         until("c to run", || has(&fake, "StartContainer app2")).await;
         assert!(!fake.calls().contains(&"StartContainer app".to_string()));
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_static_pod_waits_for_a_leftover_instance_from_before_a_restart() {
+        // Old code: the edited pod started beside the orphaned old instance.
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let old = static_pod("etcd", "u-old", &["main"]);
+        let before = workers(&fake, &token);
+        let rt = before.runtime().pod_status("u-old").await.unwrap();
+        before
+            .runtime()
+            .sync_pod(&old, &rt, &Default::default())
+            .await;
+        fake.clear_calls();
+        // rkubelet restarted; the manifest changed meanwhile.
+        let w = workers(&fake, &token);
+        let new = static_pod("etcd", "u-new", &["main"]);
+        w.update("u-new", Work::Sync(new.clone()));
+        until("the start to be deferred", || {
+            w.deps.queue.due_in("u-new").is_some()
+        })
+        .await;
+        assert!(!has(&fake, "RunPodSandbox"), "{:?}", fake.calls());
+        // Housekeeping finds the orphan and stops it; the new pod may start.
+        w.update(
+            "u-old",
+            Work::Terminate {
+                pod: None,
+                grace: None,
+            },
+        );
+        until("the orphan to be removed", || !w.is_known("u-old")).await;
+        w.update("u-new", Work::Sync(new));
+        until("the new pod to run", || has(&fake, "StartContainer main")).await;
         token.cancel();
     }
 
