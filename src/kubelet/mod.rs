@@ -159,6 +159,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             probes: probes.clone(),
             queue: queue.clone(),
             resync: cfg.sync_frequency.0,
+            network_error: None,
         },
         token.child_token(),
     );

@@ -89,7 +89,18 @@ pub struct Deps {
     pub queue: Arc<WorkQueue>,
     /// How often a healthy pod is synced anyway (syncFrequency).
     pub resync: Duration,
+    /// Why the pod network is not ready (CRI Status NetworkReady), if it
+    /// is not; pods that need it are not started meanwhile.
+    pub network_error: Option<NetworkCheck>,
 }
+
+pub type NetworkCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Upstream's NetworkNotReadyErrorMsg.
+pub const NETWORK_NOT_READY: &str = "network is not ready";
+/// Upstream retries a pod that waits for the network after 1 s
+/// (backOffOnTransientErrorPeriod), not after the 10 s error backoff.
+pub const NETWORK_RETRY: Duration = Duration::from_secs(1);
 
 /// Upstream's backOffPeriod: a sync that failed is retried after 10 s
 /// (jittered by up to half), not at the next 1 s tick.
@@ -747,6 +758,39 @@ impl PodWorkers {
                 terminal: true,
             };
         }
+        if let Some(err) = self.network_not_ready(pod) {
+            // Upstream SyncPod: only hostNetwork pods start without the pod
+            // network; the others wait, and their status says why.
+            let msg = format!("{NETWORK_NOT_READY}: {err}");
+            warn!(pod = name, "{msg}");
+            let not_running: HashMap<_, _> = pod
+                .spec
+                .iter()
+                .flat_map(|s| {
+                    s.init_containers
+                        .iter()
+                        .flatten()
+                        .chain(s.containers.iter())
+                })
+                .filter(|c| {
+                    rt.latest(&c.name)
+                        .is_none_or(|l| l.state != CState::Running)
+                })
+                .map(|c| {
+                    let w = crate::kuberuntime::Waiting {
+                        reason: "ContainerCreating".into(),
+                        message: msg.clone(),
+                    };
+                    (c.name.clone(), w)
+                })
+                .collect();
+            self.publish_status(uid, pod, &rt, &not_running, &probes, false);
+            *waiting = not_running;
+            return SyncOutcome {
+                requeue: jitter(NETWORK_RETRY),
+                terminal: false,
+            };
+        }
         let mut result = rm.sync_pod(pod, &rt, &probes).await;
         if let Some(left) = self.deadline_left(uid, pod) {
             // Come back when the deadline passes (upstream activeDeadlineHandler).
@@ -782,6 +826,18 @@ impl PodWorkers {
                 .min(self.deps.resync),
             terminal: self.is_terminal(uid),
         }
+    }
+
+    fn network_not_ready(&self, pod: &Pod) -> Option<String> {
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        if host_network {
+            return None;
+        }
+        self.deps.network_error.as_ref().and_then(|f| f())
     }
 
     fn is_terminal(&self, uid: &str) -> bool {
@@ -909,8 +965,20 @@ pub(crate) mod testing {
             probes: ProbeManager::new(fake.clone(), tx, token.child_token()),
             queue: Arc::new(WorkQueue::default()),
             resync: Duration::from_secs(60),
+            network_error: None,
         };
         PodWorkers::new(deps, token.child_token())
+    }
+
+    /// Like `workers`, with the pod network's readiness in the test's hands.
+    pub fn workers_with_network(
+        fake: &Arc<FakeRuntime>,
+        token: &CancellationToken,
+        network: NetworkCheck,
+    ) -> PodWorkers {
+        let mut w = workers(fake, token);
+        Arc::get_mut(&mut w.deps).unwrap().network_error = Some(network);
+        w
     }
 
     impl PodWorkers {
@@ -1188,6 +1256,55 @@ mod tests {
         until("the orphan to be removed", || !w.is_known("u-old")).await;
         w.update("u-new", Work::Sync(new));
         until("the new pod to run", || has(&fake, "StartContainer main")).await;
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn pods_wait_for_the_pod_network_but_host_network_pods_start() {
+        // Old code: started every pod whatever the runtime said of its network.
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r = ready.clone();
+        let w = testing::workers_with_network(
+            &fake,
+            &token,
+            Arc::new(move || {
+                (!r.load(std::sync::atomic::Ordering::SeqCst))
+                    .then(|| "NetworkReady=false reason:NetworkPluginNotReady".to_string())
+            }),
+        );
+        let pod = named("web", "u-web", "busybox:1.36", &["app"]);
+        let mut host = (*named("agent", "u-host", "busybox:1.36", &["hostapp"])).clone();
+        host.spec.as_mut().unwrap().host_network = Some(true);
+        w.update("u-web", Work::Sync(pod.clone()));
+        w.update("u-host", Work::Sync(Arc::new(host)));
+        until("the hostNetwork pod to run", || {
+            has(&fake, "StartContainer hostapp")
+        })
+        .await;
+        until("the waiting status", || {
+            w.deps.status.get("u-web").is_some_and(|s| {
+                let c = &s.container_statuses.as_ref().unwrap()[0];
+                let wt = c.state.as_ref().unwrap().waiting.as_ref().unwrap();
+                wt.reason.as_deref() == Some("ContainerCreating")
+                    && wt
+                        .message
+                        .as_deref()
+                        .unwrap_or_default()
+                        .starts_with("network is not ready: ")
+            })
+        })
+        .await;
+        assert!(!has(&fake, "RunPodSandbox web"), "{:?}", fake.calls());
+        assert!(w.deps.queue.due_in("u-web").unwrap() <= Duration::from_millis(1500));
+        ready.store(true, std::sync::atomic::Ordering::SeqCst);
+        w.update("u-web", Work::Sync(pod));
+        until("the pod to run once the network is ready", || {
+            has(&fake, "StartContainer app")
+        })
+        .await;
         token.cancel();
     }
 
