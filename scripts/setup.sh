@@ -258,8 +258,16 @@ start_containerd_nosystemd() {
     # setsid: own session, so it outlives this script and its terminal/job.
     # Explicit PATH: containerd and the CNI plugins it runs need runc,
     # containerd-shim-runc-v2 and iptables (in /usr/sbin) whatever the caller's PATH.
-    PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-        setsid nohup containerd --config "$CTRD_CONF" >>"$CTRD_LOG" 2>&1 </dev/null &
+    # Close inherited descriptors beyond stdio first: a lock file held by a
+    # caller (flock around a test run) would stay locked as long as the daemon.
+    (
+        for fd in /proc/$BASHPID/fd/*; do
+            n=${fd##*/}
+            if [[ $n =~ ^[0-9]+$ ]] && ((n > 2)); then eval "exec $n>&-" 2>/dev/null || true; fi
+        done
+        PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+            exec setsid nohup containerd --config "$CTRD_CONF" >>"$CTRD_LOG" 2>&1 </dev/null
+    ) &
     pid=$!
     wait_containerd_ready "$pid"
     # setsid forks when already a group leader; resolve the real daemon pid.

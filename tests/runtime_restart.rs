@@ -64,7 +64,15 @@ impl ContainerdGuard {
             .append(true)
             .open("/var/log/rkubelet-containerd.log")
             .unwrap();
-        Command::new("setsid")
+        // The daemon must not inherit this process's descriptors beyond
+        // stdio: an inherited lock file (a `flock` around the test run)
+        // would otherwise stay locked for as long as containerd runs.
+        Command::new("bash")
+            .arg("-c")
+            .arg(
+                r#"for fd in /proc/$$/fd/*; do n=${fd##*/}; [ "$n" -gt 2 ] 2>/dev/null && eval "exec $n>&-" 2>/dev/null; done; exec setsid "$@""#,
+            )
+            .arg("bash")
             .args(&self.cmdline)
             .env(
                 "PATH",
