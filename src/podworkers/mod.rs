@@ -310,6 +310,7 @@ impl PodWorkers {
             previous: previous.as_deref(),
             now: Timestamp::from_nanosecond(crate::kuberuntime::wall_now().as_nanos() as i128)
                 .unwrap_or(Timestamp::UNIX_EPOCH),
+            pod_is_terminal: false,
         });
         self.deps.status.set(uid, status);
     }
