@@ -236,7 +236,7 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> P
             }
             continue;
         };
-        if hash::spec_changed(c, s.hash.as_deref(), s.spec_version.as_deref()) {
+        if hash::spec_changed(c, s.recorded()) {
             // A changed spec restarts the container whatever the policy.
             a.containers_to_start.push(idx);
             a.containers_to_kill.push(KillContainer {
@@ -332,6 +332,7 @@ mod tests {
             restart_count: 0,
             hash: Some(hash::container_hash(c)),
             spec_version: Some("1".into()),
+            upstream_hash: Some(hash::upstream_hash(c)),
             created_at: at,
             started_at: at,
             finished_at: at,
@@ -442,6 +443,31 @@ mod tests {
         let p = pod("Never", &[], &["a"]);
         let mut running = ctr(&p, "a", CState::Running, 0, 2);
         running.hash = Some("0".into());
+        let a = compute_pod_actions(
+            &p,
+            &rt(vec![sandbox(true)], vec![running]),
+            &ProbeState::default(),
+        );
+        assert_eq!(a.containers_to_start, vec![0]);
+        assert_eq!(a.containers_to_kill.len(), 1);
+    }
+
+    /// A container the upstream kubelet created carries only upstream's hash.
+    /// Old behaviour: rkubelet never compared it, so an image change in the
+    /// manifest left the old container running.
+    #[test]
+    fn a_container_from_upstream_is_adopted_or_replaced_by_upstreams_hash() {
+        let p = pod("Always", &[], &["a"]);
+        let mut running = ctr(&p, "a", CState::Running, 0, 2);
+        running.hash = None;
+        running.spec_version = None;
+        let a = compute_pod_actions(
+            &p,
+            &rt(vec![sandbox(true)], vec![running.clone()]),
+            &ProbeState::default(),
+        );
+        assert!(a.containers_to_start.is_empty() && a.containers_to_kill.is_empty());
+        running.upstream_hash = Some("1".into());
         let a = compute_pod_actions(
             &p,
             &rt(vec![sandbox(true)], vec![running]),

@@ -12,6 +12,7 @@ pub const POD_UID: &str = "io.kubernetes.pod.uid";
 pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
 
 pub const POD_TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
+/// Upstream's hash (`hash::upstream_hash`), written as upstream writes it.
 pub const CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 pub const CONTAINER_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
 pub const CONTAINER_TERMINATION_MESSAGE_PATH: &str =
@@ -22,8 +23,13 @@ pub const CONTAINER_PORTS: &str = "io.kubernetes.container.ports";
 /// The preStop handler as JSON, so an orphan found after a restart (no spec
 /// any more) still gets its hook run before it is stopped, as upstream.
 pub const CONTAINER_PRE_STOP_HANDLER: &str = "io.kubernetes.container.preStopHandler";
-/// rkubelet's own: the version of the field set behind `CONTAINER_HASH`, so a
-/// later rkubelet that hashes more fields never restarts older containers.
+/// rkubelet's own field-set hash (`hash::container_hash`). Containers written
+/// before this key existed carry it under `CONTAINER_HASH` instead, beside
+/// `CONTAINER_SPEC_VERSION`.
+pub const RKUBELET_CONTAINER_HASH: &str = "io.rkubelet.container.hash";
+/// rkubelet's own: the version of the field set behind
+/// `RKUBELET_CONTAINER_HASH`, so a later rkubelet that hashes more fields
+/// never restarts older containers.
 pub const CONTAINER_SPEC_VERSION: &str = "io.rkubelet.container.specVersion";
 /// rkubelet's own: "init" for init containers, so adoption after a restart
 /// knows which list a container came from.
@@ -77,6 +83,7 @@ pub fn container_labels(pod: &Pod, c: &Container, init: bool) -> HashMap<String,
     l
 }
 
+/// Container annotations; `hash` is rkubelet's field-set hash.
 pub fn container_annotations(
     pod: &Pod,
     c: &Container,
@@ -84,7 +91,10 @@ pub fn container_annotations(
     hash: &str,
 ) -> HashMap<String, String> {
     let mut a = HashMap::new();
-    a.insert(CONTAINER_HASH.into(), hash.into());
+    // Upstream's value under upstream's key, so the upstream kubelet can take
+    // the node back without restarting anything; rkubelet's beside it.
+    a.insert(CONTAINER_HASH.into(), super::hash::upstream_hash(c));
+    a.insert(RKUBELET_CONTAINER_HASH.into(), hash.into());
     a.insert(
         CONTAINER_SPEC_VERSION.into(),
         super::hash::SPEC_VERSION.to_string(),
@@ -119,4 +129,26 @@ pub fn container_annotations(
         }
     }
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Old behaviour: rkubelet's field-set hash sat under upstream's key, so
+    /// an upstream kubelet taking the node back restarted every container.
+    #[test]
+    fn upstreams_key_carries_upstreams_hash_and_ours_has_its_own_key() {
+        let pod = Pod::default();
+        let c = Container {
+            name: "app".into(),
+            image: Some("busybox:1.36".into()),
+            ..Default::default()
+        };
+        let own = super::super::hash::container_hash(&c);
+        let a = container_annotations(&pod, &c, 0, &own);
+        assert_eq!(a[CONTAINER_HASH], "395745");
+        assert_eq!(a[RKUBELET_CONTAINER_HASH], own);
+        assert_eq!(a[CONTAINER_SPEC_VERSION], "1");
+    }
 }

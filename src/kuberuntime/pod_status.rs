@@ -34,8 +34,11 @@ pub struct ContainerInfo {
     pub state: CState,
     pub init: bool,
     pub restart_count: i32,
+    /// rkubelet's field-set hash and its version, if rkubelet created it.
     pub hash: Option<String>,
     pub spec_version: Option<String>,
+    /// Upstream's hash (`io.kubernetes.container.hash`).
+    pub upstream_hash: Option<String>,
     /// Nanoseconds since the epoch, as CRI reports them.
     pub created_at: i64,
     pub started_at: i64,
@@ -72,8 +75,9 @@ impl ContainerInfo {
                 .get(labels::CONTAINER_RESTART_COUNT)
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
-            hash: a.get(labels::CONTAINER_HASH).cloned(),
+            hash: own_hash(a).cloned(),
             spec_version: a.get(labels::CONTAINER_SPEC_VERSION).cloned(),
+            upstream_hash: a.get(labels::CONTAINER_HASH).cloned(),
             created_at: s.created_at,
             started_at: s.started_at,
             finished_at: s.finished_at,
@@ -125,9 +129,27 @@ impl ContainerInfo {
         msg
     }
 
+    /// The hashes recorded on the container, for `hash::spec_changed`.
+    pub fn recorded(&self) -> super::hash::Recorded<'_> {
+        super::hash::Recorded {
+            own: self.hash.as_deref(),
+            version: self.spec_version.as_deref(),
+            upstream: self.upstream_hash.as_deref(),
+        }
+    }
+
     pub fn failed(&self) -> bool {
         self.state == CState::Unknown || (self.state == CState::Exited && self.exit_code != 0)
     }
+}
+
+/// rkubelet's own hash: under its own key, or, on containers an earlier
+/// rkubelet created, under upstream's key beside the field-set version.
+fn own_hash(a: &HashMap<String, String>) -> Option<&String> {
+    a.get(labels::RKUBELET_CONTAINER_HASH).or_else(|| {
+        a.get(labels::CONTAINER_SPEC_VERSION)
+            .and(a.get(labels::CONTAINER_HASH))
+    })
 }
 
 /// The last `max` bytes of a file, lossily decoded.

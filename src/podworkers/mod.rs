@@ -893,7 +893,6 @@ impl PodWorkers {
         probes: &ProbeState,
         pod_is_terminal: bool,
     ) {
-        let _ = pod_is_terminal;
         let previous = self.deps.status.get(uid);
         let status = generate_pod_status(&StatusInput {
             pod,
@@ -905,17 +904,8 @@ impl PodWorkers {
             previous: previous.as_deref(),
             now: Timestamp::from_nanosecond(crate::kuberuntime::wall_now().as_nanos() as i128)
                 .unwrap_or(Timestamp::UNIX_EPOCH),
+            pod_is_terminal,
         });
-        // Upstream's terminal-phase guard: once Failed or Succeeded, a pod
-        // keeps its phase, reason and message.
-        let mut status = status;
-        if let Some(prev) =
-            previous.filter(|p| crate::status::generate::is_terminal(p.phase.as_deref()))
-        {
-            status.phase = prev.phase.clone();
-            status.reason = prev.reason.clone();
-            status.message = prev.message.clone();
-        }
         self.deps.status.set(uid, status);
     }
 

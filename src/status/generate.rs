@@ -1,5 +1,6 @@
-//! Pod status as upstream computes it: container statuses with their states
-//! and reasons, the phase (getPhase) and the pod conditions.
+//! Pod status as upstream computes it (`kubelet_pods.go`
+//! generateAPIPodStatus, convertToAPIContainerStatuses, getPhase; the probe
+//! manager's UpdatePodStatus; `status/generate.go` for the conditions).
 
 use std::collections::HashMap;
 
@@ -11,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::cm;
+use crate::kuberuntime::actions::is_sidecar;
 use crate::kuberuntime::{CState, ContainerInfo, RuntimePod, Waiting};
 
 pub struct StatusInput<'a> {
@@ -25,10 +27,34 @@ pub struct StatusInput<'a> {
     pub host_ip: &'a str,
     pub previous: Option<&'a PodStatus>,
     pub now: Timestamp,
+    /// True only once the pod worker has finished terminating the pod
+    /// (upstream's podIsTerminal). Until then a pod whose containers all
+    /// stopped keeps the phase its restart policy gives (an Always pod stays
+    /// Running); afterwards a non-static pod is Succeeded or Failed.
+    pub pod_is_terminal: bool,
 }
 
 pub fn is_terminal(phase: Option<&str>) -> bool {
     matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// Upstream's message for a container that vanished from the runtime while
+/// its last status was running and the runtime still lists it (state
+/// unknown).
+pub const MSG_NOT_LOCATED_TERMINATED: &str =
+    "The container could not be located when the pod was terminated";
+/// The same, for a container the runtime no longer lists at all.
+pub const MSG_NOT_LOCATED_DELETED: &str =
+    "The container could not be located when the pod was deleted.  The container used to be Running";
+pub const REASON_STATUS_UNKNOWN: &str = "ContainerStatusUnknown";
+
+/// Upstream kubetypes.IsStaticPod: any config source but the API server.
+fn is_static(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::source::CONFIG_SOURCE_ANNOTATION))
+        .is_some_and(|s| s != "api")
 }
 
 fn time_ns(ns: i64) -> Option<Time> {
@@ -60,71 +86,147 @@ fn terminated(c: &ContainerInfo) -> ContainerState {
     }
 }
 
+fn lost(message: &str) -> ContainerState {
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: 137,
+            reason: Some(REASON_STATUS_UNKNOWN.into()),
+            message: Some(message.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 fn waiting(reason: &str, message: &str) -> ContainerState {
     ContainerState {
         waiting: Some(ContainerStateWaiting {
-            reason: Some(reason.to_string()),
+            reason: Some(reason.to_string()).filter(|r| !r.is_empty()),
             message: Some(message.to_string()).filter(|m| !m.is_empty()),
         }),
         ..Default::default()
     }
 }
 
-fn container_status(
-    input: &StatusInput<'_>,
-    c: &Container,
-    default_reason: &str,
-) -> ContainerStatus {
-    let mut instances = input.rt.instances(&c.name);
-    let latest = instances.next();
-    let previous = instances.next();
+fn is_running(s: Option<&ContainerState>) -> bool {
+    s.is_some_and(|s| s.running.is_some())
+}
+
+fn is_stopped(s: Option<&ContainerState>) -> bool {
+    s.is_some_and(|s| s.terminated.is_some())
+}
+
+/// One runtime instance as the API shows it (upstream convertContainerStatus).
+fn convert(c: &Container, l: &ContainerInfo, old: Option<&ContainerStatus>) -> ContainerStatus {
     let mut s = ContainerStatus {
         name: c.name.clone(),
         image: crate::images::normalize_image(c.image.as_deref().unwrap_or_default()),
-        image_id: String::new(),
-        ready: false,
-        restart_count: 0,
-        started: Some(false),
+        image_id: l.image_ref.clone(),
+        container_id: Some(format!("containerd://{}", l.id)),
+        restart_count: l.restart_count,
+        ..Default::default()
+    };
+    s.state = Some(match l.state {
+        CState::Running => ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: time_ns(l.started_at),
+            }),
+            ..Default::default()
+        },
+        CState::Exited => terminated(l),
+        // Ran before and now cannot be read: it ran and stopped, which must
+        // not look like "never ran" (a Never pod would run it twice).
+        CState::Unknown if is_running(old.and_then(|o| o.state.as_ref())) => {
+            s.restart_count = old.map_or(0, |o| o.restart_count) + 1;
+            lost(MSG_NOT_LOCATED_TERMINATED)
+        }
+        // Created but not started: waiting, with no reason of its own.
+        CState::Created | CState::Unknown => waiting("", ""),
+    });
+    s
+}
+
+fn container_status(
+    input: &StatusInput<'_>,
+    c: &Container,
+    init: bool,
+    default_reason: &str,
+    previous: &[ContainerStatus],
+) -> ContainerStatus {
+    let old = previous.iter().find(|s| s.name == c.name);
+    let mut s = ContainerStatus {
+        name: c.name.clone(),
+        image: crate::images::normalize_image(c.image.as_deref().unwrap_or_default()),
         state: Some(waiting(default_reason, "")),
         ..Default::default()
     };
-    if let Some(l) = latest {
-        s.container_id = Some(format!("containerd://{}", l.id));
-        s.image_id = l.image_ref.clone();
-        s.restart_count = l.restart_count;
-        match l.state {
-            CState::Running => {
-                s.state = Some(ContainerState {
-                    running: Some(ContainerStateRunning {
-                        started_at: time_ns(l.started_at),
-                    }),
-                    ..Default::default()
-                });
-                let started = !input.not_started.contains(&c.name);
-                s.started = Some(started);
-                s.ready = started
-                    && match c.readiness_probe {
-                        None => true,
-                        Some(_) => input.readiness.get(&c.name).copied().unwrap_or(false),
-                    };
-            }
-            CState::Exited => s.state = Some(terminated(l)),
-            CState::Created | CState::Unknown => s.state = Some(waiting("ContainerCreating", "")),
+    // The previous status is the default: a terminated one stays as it was,
+    // otherwise its restart count and last state carry over.
+    if let Some(o) = old {
+        if is_stopped(o.state.as_ref()) {
+            s = o.clone();
+        } else {
+            s.restart_count = o.restart_count;
+            s.last_state = o.last_state.clone();
         }
-        if let Some(p) = previous.filter(|p| p.state == CState::Exited) {
-            s.last_state = Some(terminated(p));
+    }
+    let mut instances = input.rt.instances(&c.name);
+    let latest = instances.next();
+    match latest {
+        Some(l) => {
+            s = convert(c, l, old);
+            if let Some(p) = instances.next() {
+                s.last_state = convert(c, p, None).state;
+            }
+        }
+        None => {
+            // Was running and vanished from the runtime: it stopped, even if
+            // how is unknown; without this the pod would fall back to Pending.
+            let defaulted = s
+                .state
+                .as_ref()
+                .and_then(|st| st.waiting.as_ref())
+                .is_some_and(|w| w.reason.as_deref() == Some(default_reason));
+            let no_last = s.last_state.as_ref().is_none_or(|l| l.terminated.is_none());
+            if is_running(old.and_then(|o| o.state.as_ref())) && defaulted && no_last {
+                s.last_state = Some(lost(MSG_NOT_LOCATED_DELETED));
+                if input.pod.metadata.deletion_timestamp.is_none() {
+                    s.restart_count += 1;
+                }
+            }
         }
     }
     // A container the last sync could not (re)start waits with that reason,
-    // and its last run becomes lastState.
-    if let Some(w) = input.waiting.get(&c.name) {
+    // and its last run becomes lastState. An init container that succeeded
+    // is never restarted, so it keeps its state.
+    let init_done = init
+        && !is_sidecar(c)
+        && latest.is_some_and(|l| l.state == CState::Exited && l.exit_code == 0);
+    if let Some(w) = input.waiting.get(&c.name).filter(|_| !init_done) {
         if latest.is_none_or(|l| l.state != CState::Running) {
-            if let Some(l) = latest.filter(|l| l.state == CState::Exited) {
-                s.last_state = Some(terminated(l));
+            if is_stopped(s.state.as_ref()) {
+                s.last_state = s.state.take();
             }
             s.state = Some(waiting(&w.reason, &w.message));
         }
     }
+    // Upstream's probe manager: started and ready.
+    let running = is_running(s.state.as_ref());
+    let started = running && !input.not_started.contains(&c.name);
+    s.started = Some(started);
+    s.ready = if init && !is_sidecar(c) {
+        // A regular init container is ready once it exited 0.
+        s.state
+            .as_ref()
+            .and_then(|st| st.terminated.as_ref())
+            .is_some_and(|t| t.exit_code == 0)
+    } else {
+        started
+            && match c.readiness_probe {
+                None => true,
+                Some(_) => input.readiness.get(&c.name).copied().unwrap_or(false),
+            }
+    };
     s
 }
 
@@ -143,46 +245,74 @@ fn last_exit(s: &ContainerStatus) -> Option<i32> {
         .map(|t| t.exit_code)
 }
 
-fn sidecar_names(pod: &Pod) -> Vec<&str> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.init_containers.iter().flatten())
-        .filter(|c| crate::kuberuntime::actions::is_sidecar(c))
-        .map(|c| c.name.as_str())
-        .collect()
+fn find<'a>(list: &'a [ContainerStatus], name: &str) -> Option<&'a ContainerStatus> {
+    list.iter().find(|s| s.name == name)
 }
 
-/// Upstream getPhase.
-pub fn phase(pod: &Pod, init: &[ContainerStatus], apps: &[ContainerStatus]) -> &'static str {
+/// Upstream getPhase (without the alpha ContainerRestartRules).
+/// `has_initialized` is upstream's HasAnyActiveRegularContainerStarted: a
+/// regular container exists in the current sandbox.
+pub fn phase(
+    pod: &Pod,
+    init: &[ContainerStatus],
+    apps: &[ContainerStatus],
+    pod_is_terminal: bool,
+    has_initialized: bool,
+) -> &'static str {
     let policy = crate::kuberuntime::actions::restart_policy(pod);
-    let (mut pending_init, mut failed_init) = (false, false);
-    let sidecars = sidecar_names(pod);
-    for s in init {
-        if sidecars.contains(&s.name.as_str()) {
-            // A sidecar only holds the pod Pending until it first started;
-            // its later exits and restarts do not change the phase.
-            pending_init |= s.started != Some(true) && s.container_id.is_none();
+    let spec = pod.spec.as_ref();
+    let (mut pending_regular_init, mut pending_sidecar, mut failed_init) = (0, 0, 0);
+    let (mut unknown, mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
+    for c in spec.iter().flat_map(|s| s.init_containers.iter().flatten()) {
+        let Some(s) = find(init, &c.name) else {
+            if is_sidecar(c) {
+                unknown += 1;
+            } else {
+                pending_regular_init += 1;
+            }
+            continue;
+        };
+        let (run, wait, exit) = state_of(s);
+        if is_sidecar(c) {
+            // A sidecar that ran counts while running; its exits and
+            // restarts never change the phase.
+            if run {
+                if s.started != Some(true) {
+                    pending_sidecar += 1;
+                }
+                running += 1;
+            } else if exit.is_some() {
+            } else if wait {
+                if last_exit(s).is_none() {
+                    pending_sidecar += 1;
+                    waiting += 1;
+                }
+            } else {
+                pending_sidecar += 1;
+                unknown += 1;
+            }
             continue;
         }
-        match state_of(s) {
-            (true, _, _) => pending_init = true,
-            (_, _, Some(code)) => failed_init |= code != 0,
+        match (run, wait, exit) {
+            (true, _, _) => pending_regular_init += 1,
+            (_, _, Some(code)) => failed_init += (code != 0) as i32,
             (_, true, _) => match last_exit(s) {
-                Some(code) => failed_init |= code != 0,
-                None => pending_init = true,
+                Some(code) => failed_init += (code != 0) as i32,
+                None => pending_regular_init += 1,
             },
-            _ => pending_init = true,
+            _ => pending_regular_init += 1,
         }
     }
-    let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
-    for s in apps {
+    for c in spec.map(|s| s.containers.as_slice()).unwrap_or(&[]) {
+        let Some(s) = find(apps, &c.name) else {
+            unknown += 1;
+            continue;
+        };
         match state_of(s) {
             (true, _, _) => running += 1,
             (_, _, Some(code)) => {
                 stopped += 1;
-                if code == 0 {
-                    succeeded += 1;
-                }
+                succeeded += (code == 0) as i32;
             }
             (_, true, _) => {
                 if last_exit(s).is_some() {
@@ -191,22 +321,28 @@ pub fn phase(pod: &Pod, init: &[ContainerStatus], apps: &[ContainerStatus]) -> &
                     waiting += 1;
                 }
             }
-            _ => waiting += 1,
+            _ => unknown += 1,
         }
     }
-    if failed_init && policy == "Never" {
+    if failed_init > 0 && policy == "Never" {
         return "Failed";
     }
-    if pending_init || failed_init {
+    if pending_regular_init > 0 || (pending_sidecar > 0 && !has_initialized) || waiting > 0 {
         return "Pending";
     }
-    if waiting > 0 {
-        return "Pending";
-    }
-    if running > 0 {
+    if running > 0 && unknown == 0 {
         return "Running";
     }
-    if stopped > 0 {
+    if running == 0 && stopped > 0 && unknown == 0 {
+        // Terminated by the worker: nothing restarts, whatever the policy.
+        // Static pods are left out upstream (TODO k/k #116484).
+        if pod_is_terminal && !is_static(pod) {
+            return if stopped == succeeded {
+                "Succeeded"
+            } else {
+                "Failed"
+            };
+        }
         if policy == "Always" {
             return "Running";
         }
@@ -221,13 +357,182 @@ pub fn phase(pod: &Pod, init: &[ContainerStatus], apps: &[ContainerStatus]) -> &
     "Pending"
 }
 
-fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String>) -> PodCondition {
+fn cond(type_: &str, ok: bool, reason: Option<&str>, message: Option<String>) -> PodCondition {
     PodCondition {
         type_: type_.into(),
         status: if ok { "True" } else { "False" }.into(),
-        reason: if ok { None } else { reason.map(String::from) },
-        message: if ok { None } else { message },
+        reason: reason.map(String::from),
+        message,
         ..Default::default()
+    }
+}
+
+/// Go's `fmt.Sprintf("%s", []string)`: `[a b]`.
+fn go_list(names: &[&str]) -> String {
+    format!("[{}]", names.join(" "))
+}
+
+/// Upstream GenerateContainersReadyCondition: sidecars and regular
+/// containers; a terminal pod is not ready, with the phase as the reason.
+fn containers_ready(
+    pod: &Pod,
+    inits: &[ContainerStatus],
+    apps: &[ContainerStatus],
+    phase: &str,
+) -> PodCondition {
+    let spec = pod.spec.as_ref();
+    let mut unknown = Vec::new();
+    let mut unready = Vec::new();
+    let sidecars = spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .filter(|c| is_sidecar(c))
+        .map(|c| (c, inits));
+    let regular = spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| (c, apps));
+    for (c, list) in sidecars.chain(regular) {
+        match list.iter().find(|s| s.name == c.name) {
+            Some(s) if !s.ready => unready.push(c.name.as_str()),
+            Some(_) => {}
+            None => unknown.push(c.name.as_str()),
+        }
+    }
+    const T: &str = "ContainersReady";
+    if phase == "Succeeded" && unknown.is_empty() {
+        return cond(T, false, Some("PodCompleted"), None);
+    }
+    if phase == "Failed" {
+        return cond(T, false, Some("PodFailed"), None);
+    }
+    let mut msgs = Vec::new();
+    if !unknown.is_empty() {
+        msgs.push(format!(
+            "containers with unknown status: {}",
+            go_list(&unknown)
+        ));
+    }
+    if !unready.is_empty() {
+        msgs.push(format!(
+            "containers with unready status: {}",
+            go_list(&unready)
+        ));
+    }
+    if msgs.is_empty() {
+        cond(T, true, None, None)
+    } else {
+        cond(T, false, Some("ContainersNotReady"), Some(msgs.join(", ")))
+    }
+}
+
+/// Upstream GeneratePodReadyCondition: ContainersReady, then readiness gates.
+fn pod_ready(pod: &Pod, containers_ready: &PodCondition) -> PodCondition {
+    if containers_ready.status != "True" {
+        return PodCondition {
+            type_: "Ready".into(),
+            ..containers_ready.clone()
+        };
+    }
+    let conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or(&[]);
+    let gates = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_deref())
+        .unwrap_or(&[]);
+    let msgs: Vec<String> = gates
+        .iter()
+        .filter_map(
+            |g| match conditions.iter().find(|c| c.type_ == g.condition_type) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate {:?} does not exist.",
+                    g.condition_type
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate {:?} is not \"True\", but {}",
+                    g.condition_type, c.status
+                )),
+                Some(_) => None,
+            },
+        )
+        .collect();
+    if msgs.is_empty() {
+        cond("Ready", true, None, None)
+    } else {
+        cond(
+            "Ready",
+            false,
+            Some("ReadinessGatesNotReady"),
+            Some(msgs.join(", ")),
+        )
+    }
+}
+
+/// Upstream GeneratePodInitializedCondition.
+fn initialized(
+    pod: &Pod,
+    inits: &[ContainerStatus],
+    apps: &[ContainerStatus],
+    phase: &str,
+) -> PodCondition {
+    let mut unknown = Vec::new();
+    let mut incomplete = Vec::new();
+    for c in pod
+        .spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+    {
+        let Some(s) = inits.iter().find(|s| s.name == c.name) else {
+            unknown.push(c.name.as_str());
+            continue;
+        };
+        let done = if is_sidecar(c) {
+            s.started == Some(true)
+        } else {
+            s.ready
+        };
+        if !done {
+            incomplete.push(c.name.as_str());
+        }
+    }
+    const T: &str = "Initialized";
+    if phase == "Succeeded" && unknown.is_empty() {
+        return cond(T, true, Some("PodCompleted"), None);
+    }
+    // A regular container that ran means the pod was initialized, even while
+    // a sidecar restarts (upstream HasAnyRegularContainerStarted).
+    if apps
+        .iter()
+        .any(|s| is_running(s.state.as_ref()) || is_stopped(s.state.as_ref()))
+    {
+        return cond(T, true, None, None);
+    }
+    let mut msgs = Vec::new();
+    if !unknown.is_empty() {
+        msgs.push(format!(
+            "containers with unknown status: {}",
+            go_list(&unknown)
+        ));
+    }
+    if !incomplete.is_empty() {
+        msgs.push(format!(
+            "containers with incomplete status: {}",
+            go_list(&incomplete)
+        ));
+    }
+    if msgs.is_empty() {
+        cond(T, true, None, None)
+    } else {
+        cond(
+            T,
+            false,
+            Some("ContainersNotInitialized"),
+            Some(msgs.join(", ")),
+        )
     }
 }
 
@@ -243,15 +548,67 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
     } else {
         "PodInitializing"
     };
+    let prev_init = input
+        .previous
+        .and_then(|p| p.init_container_statuses.as_deref())
+        .unwrap_or(&[]);
+    let prev_apps = input
+        .previous
+        .and_then(|p| p.container_statuses.as_deref())
+        .unwrap_or(&[]);
     let init_statuses: Vec<ContainerStatus> = inits
         .iter()
-        .map(|c| container_status(input, c, "PodInitializing"))
+        .map(|c| container_status(input, c, true, "PodInitializing", prev_init))
         .collect();
     let app_statuses: Vec<ContainerStatus> = apps
         .iter()
-        .map(|c| container_status(input, c, default_reason))
+        .map(|c| container_status(input, c, false, default_reason, prev_apps))
         .collect();
-    let phase = phase(pod, &init_statuses, &app_statuses);
+    // Upstream HasAnyActiveRegularContainerStarted: a regular container in
+    // the newest sandbox.
+    let current_sandbox = input.rt.sandboxes.first().map(|s| s.id.as_str());
+    let has_initialized = apps.iter().any(|c| {
+        input
+            .rt
+            .instances(&c.name)
+            .any(|i| Some(i.sandbox_id.as_str()) == current_sandbox)
+    });
+    let mut phase = phase(
+        pod,
+        &init_statuses,
+        &app_statuses,
+        input.pod_is_terminal,
+        has_initialized,
+    );
+
+    // Terminal-phase guard: a terminal phase, once reported (by rkubelet or
+    // in the API object), is kept, with its reason and message.
+    let old_phase = input.previous.and_then(|p| p.phase.as_deref());
+    let api_phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if !is_terminal(Some(phase)) {
+        for p in [old_phase, api_phase] {
+            if let Some(p @ ("Succeeded" | "Failed")) = p {
+                phase = if p == "Succeeded" {
+                    "Succeeded"
+                } else {
+                    "Failed"
+                };
+                break;
+            }
+        }
+    }
+    let (mut reason, mut message) = (None, None);
+    if Some(phase) == old_phase {
+        reason = input.previous.and_then(|p| p.reason.clone());
+        message = input.previous.and_then(|p| p.message.clone());
+        let api = pod.status.as_ref();
+        if reason.as_deref().is_none_or(str::is_empty) {
+            reason = api.and_then(|s| s.reason.clone());
+        }
+        if message.as_deref().is_none_or(str::is_empty) {
+            message = api.and_then(|s| s.message.clone());
+        }
+    }
 
     let host_net = spec.and_then(|s| s.host_network).unwrap_or(false);
     let mut ips = if host_net && !input.host_ip.is_empty() {
@@ -275,63 +632,14 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         .sandboxes
         .first()
         .is_some_and(|s| s.ready && (s.host_network || !s.ips.is_empty()));
-    let sidecars = sidecar_names(pod);
-    let not_init: Vec<&str> = init_statuses
-        .iter()
-        .filter(|s| {
-            if sidecars.contains(&s.name.as_str()) {
-                s.started != Some(true)
-            } else {
-                state_of(s).2 != Some(0)
-            }
-        })
-        .map(|s| s.name.as_str())
-        .collect();
-    let apps_started = app_statuses.iter().any(|s| s.container_id.is_some());
-    let initialized = not_init.is_empty() || apps_started;
-    let unready: Vec<&str> = app_statuses
-        .iter()
-        .filter(|s| !s.ready)
-        .map(|s| s.name.as_str())
-        .collect();
-    let completed = phase == "Succeeded";
-    let ready_reason = if completed {
-        "PodCompleted"
-    } else {
-        "ContainersNotReady"
-    };
-    let unready_msg =
-        (!completed).then(|| format!("containers with unready status: [{}]", unready.join(" ")));
+    let containers_ready = containers_ready(pod, &init_statuses, &app_statuses, phase);
     let mut conditions = vec![
-        condition("PodReadyToStartContainers", sandbox_ready, None, None),
-        condition(
-            "Initialized",
-            initialized,
-            Some("ContainersNotInitialized"),
-            Some(format!(
-                "containers with incomplete status: [{}]",
-                not_init.join(" ")
-            )),
-        ),
-        condition(
-            "Ready",
-            unready.is_empty() && !completed,
-            Some(ready_reason),
-            unready_msg.clone(),
-        ),
-        condition(
-            "ContainersReady",
-            unready.is_empty() && !completed,
-            Some(ready_reason),
-            unready_msg,
-        ),
-        condition("PodScheduled", true, None, None),
+        cond("PodReadyToStartContainers", sandbox_ready, None, None),
+        initialized(pod, &init_statuses, &app_statuses, phase),
+        pod_ready(pod, &containers_ready),
+        containers_ready,
+        cond("PodScheduled", true, None, None),
     ];
-    if completed && initialized {
-        for c in conditions.iter_mut().filter(|c| c.type_ == "Initialized") {
-            c.reason = Some("PodCompleted".into());
-        }
-    }
     let now = Time(input.now);
     for c in &mut conditions {
         let prev = input
@@ -347,6 +655,8 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
 
     PodStatus {
         phase: Some(phase.into()),
+        reason,
+        message,
         conditions: Some(conditions),
         host_ip: Some(input.host_ip.to_string()).filter(|h| !h.is_empty()),
         host_ips: Some(vec![HostIP {
@@ -384,6 +694,7 @@ mod tests {
             restart_count: restarts,
             hash: None,
             spec_version: None,
+            upstream_hash: None,
             created_at: at,
             started_at: at * 1_000_000_000,
             finished_at: (at + 1) * 1_000_000_000,
@@ -415,6 +726,16 @@ mod tests {
     }
 
     fn gen(p: &Pod, r: &RuntimePod, waiting: &HashMap<String, Waiting>) -> PodStatus {
+        gen_with(p, r, waiting, None, false)
+    }
+
+    fn gen_with(
+        p: &Pod,
+        r: &RuntimePod,
+        waiting: &HashMap<String, Waiting>,
+        previous: Option<&PodStatus>,
+        pod_is_terminal: bool,
+    ) -> PodStatus {
         let empty = HashMap::new();
         generate_pod_status(&StatusInput {
             pod: p,
@@ -423,9 +744,21 @@ mod tests {
             readiness: &empty,
             not_started: &Default::default(),
             host_ip: "192.0.2.1",
-            previous: None,
+            previous,
             now: Timestamp::UNIX_EPOCH,
+            pod_is_terminal,
         })
+    }
+
+    fn sidecar_pod(policy: &str) -> Pod {
+        let mut p = pod(policy, &["side"], &["a"]);
+        p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].restart_policy =
+            Some("Always".into());
+        p
+    }
+
+    fn app(s: &PodStatus) -> &ContainerStatus {
+        &s.container_statuses.as_ref().unwrap()[0]
     }
 
     fn cond<'a>(s: &'a PodStatus, t: &str) -> &'a PodCondition {
@@ -591,7 +924,7 @@ mod tests {
     }
 
     #[test]
-    fn a_running_sidecar_neither_blocks_nor_prolongs_the_phase() {
+    fn a_running_sidecar_does_not_block_the_phase_and_a_stopped_one_does_not_count() {
         let mut p = pod("Never", &["side"], &["a"]);
         p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].restart_policy =
             Some("Always".into());
@@ -615,5 +948,214 @@ mod tests {
             &HashMap::new(),
         );
         assert_eq!(s.phase.as_deref(), Some("Succeeded"));
+    }
+
+    /// Old behaviour: only regular containers counted, so a sidecar whose
+    /// readiness probe had no result yet left the pod Ready.
+    #[test]
+    fn an_unready_sidecar_makes_the_pod_unready() {
+        let mut p = sidecar_pod("Always");
+        p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].readiness_probe =
+            Some(Default::default());
+        let s = gen(
+            &p,
+            &rt(vec![
+                info("side", CState::Running, 0, 2, 0),
+                info("a", CState::Running, 0, 3, 0),
+            ]),
+            &HashMap::new(),
+        );
+        for t in ["ContainersReady", "Ready"] {
+            let c = cond(&s, t);
+            assert_eq!(c.status, "False");
+            assert_eq!(c.reason.as_deref(), Some("ContainersNotReady"));
+            assert_eq!(
+                c.message.as_deref(),
+                Some("containers with unready status: [side]")
+            );
+        }
+        let side = &s.init_container_statuses.as_ref().unwrap()[0];
+        assert!(!side.ready);
+    }
+
+    /// Old behaviour: the pod turned Succeeded as soon as the app exited,
+    /// while its sidecar was still running.
+    #[test]
+    fn a_running_sidecar_keeps_the_pod_running_until_it_is_stopped() {
+        let p = sidecar_pod("Never");
+        let s = gen(
+            &p,
+            &rt(vec![
+                info("side", CState::Running, 0, 2, 0),
+                info("a", CState::Exited, 0, 3, 0),
+            ]),
+            &HashMap::new(),
+        );
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+    }
+
+    /// Old behaviour: a Failed pod's Ready and ContainersReady said
+    /// ContainersNotReady with a list of containers.
+    #[test]
+    fn terminal_pods_are_unready_with_the_phase_as_reason_and_no_message() {
+        for (code, phase, reason) in [(2, "Failed", "PodFailed"), (0, "Succeeded", "PodCompleted")]
+        {
+            let s = gen(
+                &pod("Never", &[], &["a"]),
+                &rt(vec![info("a", CState::Exited, code, 7, 0)]),
+                &HashMap::new(),
+            );
+            assert_eq!(s.phase.as_deref(), Some(phase));
+            for t in ["ContainersReady", "Ready"] {
+                let c = cond(&s, t);
+                assert_eq!(c.status, "False");
+                assert_eq!(c.reason.as_deref(), Some(reason), "{t}");
+                assert_eq!(c.message, None, "{t}");
+            }
+        }
+    }
+
+    /// Old behaviour: ready was false for every init container.
+    #[test]
+    fn an_init_container_that_exited_0_is_ready() {
+        let p = pod("Always", &["i", "j"], &["a"]);
+        let s = gen(
+            &p,
+            &rt(vec![
+                info("i", CState::Exited, 0, 3, 0),
+                info("j", CState::Exited, 1, 4, 0),
+            ]),
+            &HashMap::new(),
+        );
+        let inits = s.init_container_statuses.as_ref().unwrap();
+        assert!(inits[0].ready);
+        assert!(!inits[1].ready);
+        assert_eq!(
+            cond(&s, "Initialized").message.as_deref(),
+            Some("containers with incomplete status: [j]")
+        );
+    }
+
+    /// Old behaviour: a created, not yet started container said
+    /// ContainerCreating; upstream shows it waiting without a reason.
+    #[test]
+    fn a_created_container_waits_without_a_reason() {
+        let s = gen(
+            &pod("Always", &[], &["a"]),
+            &rt(vec![info("a", CState::Created, 0, 3, 0)]),
+            &HashMap::new(),
+        );
+        let st = app(&s).state.clone().unwrap();
+        let w = st.waiting.expect("waiting");
+        assert_eq!(w.reason, None);
+        assert_eq!(app(&s).container_id.as_deref(), Some("containerd://a3"));
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
+    }
+
+    fn was_running(restarts: i32) -> PodStatus {
+        let p = pod("Always", &[], &["a"]);
+        gen(
+            &p,
+            &rt(vec![info("a", CState::Running, 0, 3, restarts)]),
+            &HashMap::new(),
+        )
+    }
+
+    /// Old behaviour: a container in unknown state went back to waiting
+    /// (ContainerCreating), and the pod to Pending.
+    #[test]
+    fn a_running_container_now_unknown_is_terminated_status_unknown() {
+        let p = pod("Always", &[], &["a"]);
+        let prev = was_running(2);
+        let s = gen_with(
+            &p,
+            &rt(vec![info("a", CState::Unknown, 0, 3, 2)]),
+            &HashMap::new(),
+            Some(&prev),
+            false,
+        );
+        let t = app(&s)
+            .state
+            .clone()
+            .unwrap()
+            .terminated
+            .expect("terminated");
+        assert_eq!(t.reason.as_deref(), Some("ContainerStatusUnknown"));
+        assert_eq!(t.exit_code, 137);
+        assert_eq!(t.message.as_deref(), Some(MSG_NOT_LOCATED_TERMINATED));
+        assert_eq!(app(&s).restart_count, 3);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+    }
+
+    /// Old behaviour: a running container that vanished from the runtime
+    /// turned into a fresh ContainerCreating, and the pod went Pending.
+    #[test]
+    fn a_running_container_that_vanished_keeps_a_status_unknown_last_state() {
+        let p = pod("Always", &[], &["a"]);
+        let prev = was_running(2);
+        let s = gen_with(&p, &rt(vec![]), &HashMap::new(), Some(&prev), false);
+        let c = app(&s);
+        let last = c.last_state.clone().unwrap().terminated.expect("lastState");
+        assert_eq!(last.reason.as_deref(), Some("ContainerStatusUnknown"));
+        assert_eq!(last.exit_code, 137);
+        assert_eq!(
+            last.message.as_deref(),
+            Some("The container could not be located when the pod was deleted.  The container used to be Running")
+        );
+        assert_eq!(c.restart_count, 3);
+        assert!(c.state.as_ref().unwrap().waiting.is_some());
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+    }
+
+    /// Old behaviour: the phase went back to Running and the reason and
+    /// message of the terminal status were dropped.
+    #[test]
+    fn a_terminal_status_keeps_its_phase_reason_and_message() {
+        let p = pod("Always", &[], &["a"]);
+        let mut prev = was_running(0);
+        prev.phase = Some("Failed".into());
+        prev.reason = Some("Evicted".into());
+        prev.message = Some("The node was low on resource: memory.".into());
+        let s = gen_with(
+            &p,
+            &rt(vec![info("a", CState::Running, 0, 3, 0)]),
+            &HashMap::new(),
+            Some(&prev),
+            false,
+        );
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        assert_eq!(s.reason.as_deref(), Some("Evicted"));
+        assert_eq!(
+            s.message.as_deref(),
+            Some("The node was low on resource: memory.")
+        );
+    }
+
+    /// Old behaviour: no notion of a terminated pod; an Always pod whose
+    /// containers the worker stopped stayed Running for ever.
+    #[test]
+    fn the_terminal_phase_follows_the_worker_for_non_static_pods() {
+        let done = rt(vec![info("a", CState::Exited, 0, 7, 0)]);
+        let failed = rt(vec![info("a", CState::Exited, 137, 7, 0)]);
+        let mut p = pod("Always", &[], &["a"]);
+        let phase = |p: &Pod, r: &RuntimePod, term| {
+            gen_with(p, r, &HashMap::new(), None, term).phase.unwrap()
+        };
+        // Until the worker has finished terminating, the restart policy rules.
+        assert_eq!(phase(&p, &done, false), "Running");
+        assert_eq!(phase(&p, &done, true), "Succeeded");
+        assert_eq!(phase(&p, &failed, true), "Failed");
+        let on_failure = pod("OnFailure", &[], &["a"]);
+        assert_eq!(phase(&on_failure, &failed, false), "Running");
+        assert_eq!(phase(&on_failure, &failed, true), "Failed");
+        // Static pods are left out, as upstream (k/k #116484).
+        p.metadata.annotations = Some(
+            [(
+                crate::source::CONFIG_SOURCE_ANNOTATION.to_string(),
+                "file".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(phase(&p, &done, true), "Running");
     }
 }

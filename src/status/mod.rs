@@ -28,7 +28,8 @@ impl StatusManager {
     }
 
     /// Stores a status. A pod that reached Succeeded or Failed never goes
-    /// back to a running phase (upstream's terminal-phase guard).
+    /// back to a running phase, and keeps the reason and message that came
+    /// with it (upstream's terminal-phase guard).
     pub fn set(&self, uid: &str, mut status: PodStatus) {
         let mut map = self.statuses.write();
         if let Some(old) = map.get(uid) {
@@ -36,6 +37,8 @@ impl StatusManager {
                 && !generate::is_terminal(status.phase.as_deref())
             {
                 status.phase = old.phase.clone();
+                status.reason = old.reason.clone();
+                status.message = old.message.clone();
             }
         }
         map.insert(uid.to_string(), Arc::new(status));
@@ -47,5 +50,36 @@ impl StatusManager {
 
     pub fn uids(&self) -> Vec<String> {
         self.statuses.read().keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Old behaviour: only the phase was kept; reason and message were lost.
+    #[test]
+    fn a_terminal_status_is_kept_with_its_reason_and_message() {
+        let m = StatusManager::new();
+        m.set(
+            "u",
+            PodStatus {
+                phase: Some("Failed".into()),
+                reason: Some("Evicted".into()),
+                message: Some("low on memory".into()),
+                ..Default::default()
+            },
+        );
+        m.set(
+            "u",
+            PodStatus {
+                phase: Some("Running".into()),
+                ..Default::default()
+            },
+        );
+        let s = m.get("u").unwrap();
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        assert_eq!(s.reason.as_deref(), Some("Evicted"));
+        assert_eq!(s.message.as_deref(), Some("low on memory"));
     }
 }
