@@ -843,9 +843,12 @@ impl RawKubeletConfiguration {
             .unwrap_or(GoDuration::from_mins(5));
 
         let max_parallel = self.max_parallel_image_pulls;
+        // Upstream defaults to serial pulls; rkubelet pulls in parallel
+        // (bounded by images::DEFAULT_PARALLEL_PULLS) unless serial pulls
+        // are asked for, so one slow image never holds up other pods.
         let serialize_image_pulls = self
             .serialize_image_pulls
-            .unwrap_or(max_parallel.is_none_or(|n| n < 2));
+            .unwrap_or(max_parallel.is_some_and(|n| n < 2));
 
         let logging = self.logging.unwrap_or_default();
         let flush_frequency = match logging.flush_frequency {
@@ -1680,7 +1683,8 @@ mod tests {
         assert_eq!(c.max_open_files, 1_000_000);
         assert_eq!(c.content_type, "application/vnd.kubernetes.protobuf");
         assert_eq!((c.kube_api_qps, c.kube_api_burst), (50, 100));
-        assert!(c.serialize_image_pulls);
+        // rkubelet's deliberate difference: parallel unless asked otherwise.
+        assert!(!c.serialize_image_pulls);
         assert_eq!(c.max_parallel_image_pulls, None);
         assert_eq!(c.eviction_hard, default_eviction_hard());
         assert_eq!(c.eviction_hard.len(), 5);
@@ -1838,6 +1842,8 @@ volumeStatsAggPeriod: 0s
         let (c, _) = load("maxParallelImagePulls: 5\n");
         assert!(!c.serialize_image_pulls);
         let (c, _) = load("maxParallelImagePulls: 1\n");
+        assert!(c.serialize_image_pulls);
+        let (c, _) = load("serializeImagePulls: true\n");
         assert!(c.serialize_image_pulls);
         let (c, _) = load("podPidsLimit: -5\n");
         assert_eq!(c.pod_pids_limit, -1);

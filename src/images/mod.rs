@@ -51,10 +51,24 @@ pub struct ReadyImage {
 pub struct ImageManager {
     svc: Arc<dyn ImageService>,
     backoff: Mutex<Backoff>,
-    /// One permit when pulls are serialized (upstream default), else
-    /// maxParallelImagePulls.
+    /// One permit when pulls are serialized, else maxParallelImagePulls or
+    /// DEFAULT_PARALLEL_PULLS.
     pulls: Semaphore,
+    /// The longest one pull may hold a slot.
+    pull_deadline: Duration,
 }
+
+/// Parallel pulls when neither serializeImagePulls nor maxParallelImagePulls
+/// is set: a small bound, so one slow image never blocks other pods and a
+/// burst of pods does not saturate the node's link and disk.
+pub const DEFAULT_PARALLEL_PULLS: usize = 3;
+
+/// How long one pull may take before it fails with ErrImagePull and backs
+/// off. CRI reports no pull progress, so this is a whole-pull deadline:
+/// generous (containerd cancels a pull that makes no progress for 5 min on
+/// its own), but it bounds a runtime that never answers, which would
+/// otherwise hold a pull slot forever.
+pub const DEFAULT_PULL_DEADLINE: Duration = Duration::from_secs(15 * 60);
 
 /// The container's pull policy, or upstream's default for pods that arrive
 /// without one (the same rule the file source applies when defaulting).
@@ -127,13 +141,29 @@ impl ImageManager {
         let permits = if serialize {
             1
         } else {
-            max_parallel.unwrap_or(Semaphore::MAX_PERMITS).max(1)
+            max_parallel.unwrap_or(DEFAULT_PARALLEL_PULLS).max(1)
         };
         ImageManager {
             svc,
             backoff: Mutex::new(Backoff::container()),
             pulls: Semaphore::new(permits),
+            pull_deadline: DEFAULT_PULL_DEADLINE,
         }
+    }
+
+    pub fn with_pull_deadline(mut self, d: Duration) -> Self {
+        self.pull_deadline = d;
+        self
+    }
+
+    /// Drops pull-backoff entries past their reset window (upstream
+    /// backOff.GC() in housekeeping), so churn does not grow the map.
+    pub fn gc_backoff(&self, now: Duration) {
+        self.backoff.lock().gc(now);
+    }
+
+    pub fn backoff_entries(&self) -> usize {
+        self.backoff.lock().len()
     }
 
     /// Makes sure the container's image is present; returns the image
@@ -184,20 +214,37 @@ impl ImageManager {
         }
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let key = format!("{uid}_{image}");
-        if let Some(left) = self.backoff.lock().remaining(&key, now, now) {
+        if let Some(left) = self.backoff.lock().remaining_since_update(&key, now) {
             return Err(ImageError {
                 reason: "ImagePullBackOff",
                 message: format!("Back-off pulling image {image:?}"),
                 retry_after: Some(left),
             });
         }
+        // Dropping this future (a kill cancels the pod's sync) releases the
+        // slot and cancels the CRI call: nothing here is spawned.
         let _permit = self.pulls.acquire().await.expect("semaphore never closed");
         tracing::info!(
             image,
             pod = pod.metadata.name.as_deref().unwrap_or_default(),
             "pulling image"
         );
-        match self.svc.pull_image(image, Some(sandbox.clone())).await {
+        let pulled = tokio::time::timeout(
+            self.pull_deadline,
+            self.svc.pull_image(image, Some(sandbox.clone())),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(crate::cri::CriError::Status {
+                op: "PullImage",
+                code: tonic::Code::DeadlineExceeded,
+                message: format!(
+                    "pull did not finish within {}",
+                    crate::config::duration::format_go_duration(self.pull_deadline)
+                ),
+            })
+        });
+        match pulled {
             Ok(image_ref) => {
                 self.backoff.lock().reset(&key);
                 // The pulled image's config says which user it runs as.
@@ -315,5 +362,87 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.reason, "ImagePullBackOff");
         assert!(!fake.calls().contains(&"PullImage busybox:1.36".to_string()));
+    }
+
+    fn pulls(fake: &FakeRuntime, image: &str) -> usize {
+        let call = format!("PullImage {image}");
+        fake.calls().iter().filter(|c| **c == call).count()
+    }
+
+    #[tokio::test]
+    async fn pull_backoff_expires_after_its_window() {
+        // Old code measured the window from `now`, so the image stayed in
+        // back-off for the whole 10-minute reset window.
+        let fake = Arc::new(FakeRuntime::new());
+        let m = ImageManager::new(fake.clone(), false, None);
+        let (pod, sb) = (Pod::default(), PodSandboxConfig::default());
+        let c = ctr("missing:1", None);
+        let t0 = Duration::from_secs(1000);
+        let e = m.ensure_image(&pod, &c, &sb, t0).await.unwrap_err();
+        assert_eq!(
+            (e.reason, e.retry_after),
+            ("ErrImagePull", Some(Duration::from_secs(10)))
+        );
+        let e = m
+            .ensure_image(&pod, &c, &sb, t0 + Duration::from_secs(9))
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason, "ImagePullBackOff");
+        assert_eq!(e.retry_after, Some(Duration::from_secs(1)));
+        assert_eq!(pulls(&fake, "missing:1"), 1);
+        // Past the first window: a second attempt, and the window doubles.
+        let t1 = t0 + Duration::from_secs(11);
+        let e = m.ensure_image(&pod, &c, &sb, t1).await.unwrap_err();
+        assert_eq!(e.reason, "ErrImagePull");
+        assert_eq!(pulls(&fake, "missing:1"), 2);
+        assert_eq!(e.retry_after, Some(Duration::from_secs(20)));
+        // GC forgets it once quiet for twice the max (10 min).
+        assert_eq!(m.backoff_entries(), 1);
+        m.gc_backoff(t1 + Duration::from_secs(601));
+        assert_eq!(m.backoff_entries(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_pull_frees_its_slot_and_a_hung_pull_times_out() {
+        let fake = Arc::new(FakeRuntime::new());
+        let m = Arc::new(
+            ImageManager::new(fake.clone(), true, None).with_pull_deadline(Duration::from_secs(60)),
+        );
+        let (pod, sb) = (Pod::default(), PodSandboxConfig::default());
+        let now = Duration::from_secs(1000);
+        // A pull that never finishes holds the only slot...
+        let m2 = m.clone();
+        let (p2, s2) = (pod.clone(), sb.clone());
+        let hung = tokio::spawn(async move {
+            let c = ctr("registry.example/hang:1", None);
+            m2.ensure_image(&p2, &c, &s2, now).await
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while pulls(&fake, "registry.example/hang:1") == 0 {
+            assert!(tokio::time::Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // ...until the sync that waits on it is cancelled.
+        hung.abort();
+        let _ = hung.await;
+        let ok = tokio::time::timeout(
+            Duration::from_secs(10),
+            m.ensure_image(&pod, &ctr("other:1", None), &sb, now),
+        )
+        .await
+        .expect("the slot was released");
+        assert!(ok.is_ok());
+        // A pull that hangs past the deadline fails and backs off.
+        tokio::time::pause();
+        let e = m
+            .ensure_image(&pod, &ctr("registry.example/hang:2", None), &sb, now)
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason, "ErrImagePull");
+        assert!(
+            e.message.contains("did not finish within 1m0s"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -146,6 +146,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     let max_parallel = cfg.max_parallel_image_pulls.map(|n| n.max(1) as usize);
     let image_manager = ImageManager::new(images, cfg.serialize_image_pulls, max_parallel);
     let manager = Arc::new(RuntimeManager::new(runtime.clone(), image_manager, rt_opts));
+    let gc_manager = manager.clone();
 
     let pods = PodManager::new();
     let status = StatusManager::new();
@@ -230,7 +231,9 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         health,
         expected_sources: expected.iter().map(|s| s.to_string()).collect(),
         sources_ready: Box::new(move || pod_config.seen_all_sources(&expected)),
-        gc: None,
+        gc: Some(Box::new(move || {
+            gc_manager.gc_backoff();
+        })),
     };
     sync_loop
         .run(updates_rx, pleg_rx, probe_rx, token.clone())

@@ -55,6 +55,25 @@ impl Backoff {
         (elapsed < e.backoff).then(|| e.backoff - elapsed)
     }
 
+    /// Upstream IsInBackOffSinceUpdate: how much longer `key` must wait,
+    /// counted from its last failure, or `None` once that window has passed.
+    pub fn remaining_since_update(&self, key: &str, now: Duration) -> Option<Duration> {
+        let e = self.entries.get(key)?;
+        if self.expired(now, e) {
+            return None;
+        }
+        let elapsed = now.saturating_sub(e.last_update);
+        (elapsed < e.backoff).then(|| e.backoff - elapsed)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Records a restart: the next wait doubles, capped at the max.
     pub fn next(&mut self, key: &str, event: Duration, now: Duration) {
         let backoff = match self.entries.get(key) {

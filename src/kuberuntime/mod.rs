@@ -144,6 +144,17 @@ impl RuntimeManager {
         }
     }
 
+    /// Drops restart and pull backoff entries past their reset window
+    /// (upstream backOff.GC() in housekeeping), so pod churn does not grow
+    /// them. Returns how many entries are left.
+    pub fn gc_backoff(&self) -> usize {
+        let now = wall_now();
+        let mut b = self.backoff.lock();
+        b.gc(now);
+        self.images.gc_backoff(now);
+        b.len() + self.images.backoff_entries()
+    }
+
     /// Reads the pod's sandboxes and containers from the runtime. Each call
     /// carries the CRI deadline, so a hung inspect delays only this pod.
     pub async fn pod_status(&self, uid: &str) -> Result<RuntimePod, RuntimeError> {
