@@ -345,7 +345,13 @@ pub fn container_config(
         verify_non_root(pod, c, run_as_user, &ctx.image.user)?;
     }
     let caps = sc.and_then(|s| s.capabilities.as_ref());
-    let mut mounts = volume::container_mounts(c, ctx.volumes)?;
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let mut mounts = volume::container_mounts(
+        c,
+        ctx.volumes,
+        &volume::subpaths_dir(&opts.root_dir, uid),
+        &|s| expand(s, &env_map),
+    )?;
     if let Some(m) = termination_message_mount(opts, pod, c, &mounts)? {
         mounts.push(m);
     }

@@ -96,6 +96,10 @@ pub struct Deps {
 
 pub type NetworkCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
+/// How long removing a pod's directories may take before the worker moves
+/// on (the blocking thread is left to finish or hang on its own).
+const CLEANUP_DEADLINE: Duration = Duration::from_secs(30);
+
 /// Upstream's NetworkNotReadyErrorMsg.
 pub const NETWORK_NOT_READY: &str = "network is not ready";
 /// Upstream retries a pod that waits for the network after 1 s
@@ -691,9 +695,7 @@ impl PodWorkers {
                 }
             }
         }
-        if let Err(e) = volume::cleanup_pod_dir(&rm.opts.root_dir, uid) {
-            warn!(error = %e, "failed to remove pod directory");
-        }
+        self.cleanup_dirs(uid, pod).await;
         self.deps.status.remove(uid);
         self.deps.probes.remove_pod(uid);
         self.deps.queue.forget(uid);
@@ -907,6 +909,32 @@ impl PodWorkers {
             pod_is_terminal,
         });
         self.deps.status.set(uid, status);
+    }
+
+    /// Removes the pod's directory (subPath binds unmounted first) and its
+    /// log directory, on a blocking thread with a deadline: a hung file
+    /// system stalls this pod's cleanup, never the async threads.
+    async fn cleanup_dirs(&self, uid: &str, pod: Option<&Pod>) {
+        let root = self.deps.runtime.opts.root_dir.clone();
+        let logs = self.deps.runtime.opts.pod_logs_dir.clone();
+        let (u, meta) = (uid.to_string(), pod.map(|p| p.metadata.clone()));
+        let work = tokio::task::spawn_blocking(move || {
+            if let Err(e) = volume::cleanup_pod_dir(&root, &u) {
+                warn!(error = %e, "failed to remove pod directory");
+            }
+            if let Some(m) = meta {
+                let (ns, name) = (
+                    m.namespace.as_deref().unwrap_or("default"),
+                    m.name.as_deref().unwrap_or_default(),
+                );
+                if let Err(e) = volume::cleanup_pod_logs(&logs, ns, name, &u) {
+                    warn!(error = %e, "failed to remove pod log directory");
+                }
+            }
+        });
+        if tokio::time::timeout(CLEANUP_DEADLINE, work).await.is_err() {
+            warn!(deadline = ?CLEANUP_DEADLINE, "pod directory cleanup did not finish; leaving it");
+        }
     }
 
     fn finish(&self, uid: &str) {

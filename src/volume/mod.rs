@@ -10,6 +10,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::cri::v1::{Mount, MountPropagation};
 
+pub mod subpath;
+
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
     #[error("volume {volume}: {path}: {source}")]
@@ -29,8 +31,12 @@ pub enum VolumeError {
     Unsupported { volume: String },
     #[error("container {container}: volumeMount {volume:?} names no volume of the pod")]
     UnknownVolume { container: String, volume: String },
-    #[error("container {container}: invalid subPath {sub_path:?}")]
-    BadSubPath { container: String, sub_path: String },
+    #[error("container {container}: {source}")]
+    SubPath {
+        container: String,
+        #[source]
+        source: subpath::SubPathError,
+    },
 }
 
 /// `<root>/pods/<uid>`: where everything rkubelet keeps for a pod lives.
@@ -148,37 +154,46 @@ fn check_host_path(volume: &str, p: &Path, kind: &str) -> Result<(), VolumeError
     }
 }
 
-/// CRI mounts for a container's volumeMounts, honouring readOnly and subPath.
+/// `<pod dir>/volume-subpaths`: where subPath binds are mounted.
+pub fn subpaths_dir(root: &Path, uid: &str) -> PathBuf {
+    pod_dir(root, uid).join("volume-subpaths")
+}
+
+/// CRI mounts for a container's volumeMounts, honouring readOnly, subPath
+/// and subPathExpr (expanded by `expand` from the container's env). A
+/// subPath is resolved inside its volume and bind-mounted under
+/// `subpaths` (see `subpath`); one that leaves the volume is an error.
 pub fn container_mounts(
     c: &Container,
     volumes: &HashMap<String, PathBuf>,
+    subpaths: &Path,
+    expand: &dyn Fn(&str) -> String,
 ) -> Result<Vec<Mount>, VolumeError> {
     let mut mounts = Vec::new();
-    for vm in c.volume_mounts.iter().flatten() {
+    for (i, vm) in c.volume_mounts.iter().flatten().enumerate() {
         let base = volumes
             .get(&vm.name)
             .ok_or_else(|| VolumeError::UnknownVolume {
                 container: c.name.clone(),
                 volume: vm.name.clone(),
             })?;
-        let mut host = base.clone();
-        if let Some(sub) = vm.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            let rel = Path::new(sub);
-            if rel.is_absolute()
-                || rel
-                    .components()
-                    .any(|c| matches!(c, std::path::Component::ParentDir))
-            {
-                return Err(VolumeError::BadSubPath {
-                    container: c.name.clone(),
-                    sub_path: sub.into(),
-                });
+        let sub = match (vm.sub_path.as_deref(), vm.sub_path_expr.as_deref()) {
+            (Some(s), _) if !s.is_empty() => Some(s.to_string()),
+            (_, Some(e)) if !e.is_empty() => Some(expand(e)),
+            _ => None,
+        };
+        let host = match sub {
+            Some(sub) => {
+                let target = subpaths.join(&vm.name).join(&c.name).join(i.to_string());
+                subpath::bind_subpath(base, &sub, &target).map_err(|source| {
+                    VolumeError::SubPath {
+                        container: c.name.clone(),
+                        source,
+                    }
+                })?
             }
-            host = base.join(rel);
-            if !host.exists() {
-                std::fs::create_dir_all(&host).map_err(io_err(&vm.name, &host))?;
-            }
-        }
+            None => base.clone(),
+        };
         let propagation = match vm.mount_propagation.as_deref() {
             Some("HostToContainer") => MountPropagation::PropagationHostToContainer,
             Some("Bidirectional") => MountPropagation::PropagationBidirectional,
@@ -195,12 +210,23 @@ pub fn container_mounts(
     Ok(mounts)
 }
 
-/// Removes the pod's directory once its containers are gone.
-pub fn cleanup_pod_dir(root: &Path, uid: &str) -> std::io::Result<()> {
-    match std::fs::remove_dir_all(pod_dir(root, uid)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+/// Removes the pod's directory once its containers are gone: subPath binds
+/// are unmounted first, symlinks are never followed, mounts never entered.
+pub fn cleanup_pod_dir(root: &Path, uid: &str) -> Result<(), subpath::SubPathError> {
+    subpath::remove_tree(&pod_dir(root, uid))
+}
+
+/// Removes `<pod logs dir>/<ns>_<name>_<uid>/` the same careful way.
+pub fn cleanup_pod_logs(
+    pod_logs_dir: &Path,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<(), subpath::SubPathError> {
+    if uid.is_empty() || name.contains('/') || namespace.contains('/') {
+        return Ok(());
     }
+    subpath::remove_tree(&pod_logs_dir.join(format!("{namespace}_{name}_{uid}")))
 }
 
 #[cfg(test)]
@@ -259,12 +285,10 @@ mod tests {
             ]),
             ..Default::default()
         };
-        let m = container_mounts(&c, &vols).unwrap();
-        assert!(
-            m[0].host_path
-                .ends_with("kubernetes.io~empty-dir/scratch/x")
-                && !m[0].readonly
-        );
+        let sp = subpaths_dir(&root, "u1");
+        let m = container_mounts(&c, &vols, &sp, &|s| s.to_string()).unwrap();
+        assert!(m[0].host_path.ends_with("volume-subpaths/scratch/a/0") && !m[0].readonly);
+        assert!(vols["scratch"].join("x").is_dir());
         assert!(m[1].readonly);
         let bad = Container {
             name: "b".into(),
@@ -276,7 +300,7 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            container_mounts(&bad, &vols),
+            container_mounts(&bad, &vols, &sp, &|s| s.to_string()),
             Err(VolumeError::UnknownVolume { .. })
         ));
         cleanup_pod_dir(&root, "u1").unwrap();
