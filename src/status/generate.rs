@@ -282,6 +282,7 @@ pub fn phase(
                 }
                 running += 1;
             } else if exit.is_some() {
+                // A stopped sidecar does not count towards the phase.
             } else if wait {
                 if last_exit(s).is_none() {
                     pending_sidecar += 1;
@@ -586,15 +587,15 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
     let old_phase = input.previous.and_then(|p| p.phase.as_deref());
     let api_phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if !is_terminal(Some(phase)) {
-        for p in [old_phase, api_phase] {
-            if let Some(p @ ("Succeeded" | "Failed")) = p {
-                phase = if p == "Succeeded" {
-                    "Succeeded"
-                } else {
-                    "Failed"
-                };
-                break;
-            }
+        // Upstream looks at the status manager's copy first, then the API's.
+        match [old_phase, api_phase]
+            .into_iter()
+            .flatten()
+            .find(|p| is_terminal(Some(p)))
+        {
+            Some("Succeeded") => phase = "Succeeded",
+            Some(_) => phase = "Failed",
+            None => {}
         }
     }
     let (mut reason, mut message) = (None, None);

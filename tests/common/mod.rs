@@ -165,6 +165,8 @@ pub struct Kubelet {
     pub manifests: PathBuf,
     pub read_only: String,
     pub healthz: String,
+    /// Appended to the KubeletConfiguration on the next `spawn`.
+    pub extra_config: String,
     child: Option<Child>,
     pub cri: Cri,
     _lock: MutexGuard<'static, ()>,
@@ -186,6 +188,7 @@ impl Kubelet {
             healthz: format!("127.0.0.1:{}", free_port()),
             dir,
             manifests,
+            extra_config: String::new(),
             child: None,
             cri,
             _lock: lock,
@@ -201,8 +204,9 @@ impl Kubelet {
         std::fs::write(
             &config,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 5s\nreadOnlyPort: {ro_port}\naddress: 127.0.0.1\nhealthzPort: {hz_port}\nfailSwapOn: false\ncontainerRuntimeEndpoint: {ENDPOINT}\n",
-                self.manifests.display()
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 5s\nreadOnlyPort: {ro_port}\naddress: 127.0.0.1\nhealthzPort: {hz_port}\nfailSwapOn: false\ncontainerRuntimeEndpoint: {ENDPOINT}\n{}",
+                self.manifests.display(),
+                self.extra_config
             ),
         )
         .unwrap();
