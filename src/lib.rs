@@ -11,6 +11,7 @@ pub mod pleg;
 pub mod pod;
 pub mod podworkers;
 pub mod prober;
+pub mod runtimestate;
 pub mod server;
 pub mod source;
 pub mod status;

@@ -147,7 +147,17 @@ impl RuntimeService for FakeRuntime {
     }
 
     async fn status(&self) -> CriResult<v1::StatusResponse> {
-        Ok(v1::StatusResponse::default())
+        let cond = |t: &str| v1::RuntimeCondition {
+            r#type: t.into(),
+            status: true,
+            ..Default::default()
+        };
+        Ok(v1::StatusResponse {
+            status: Some(v1::RuntimeStatus {
+                conditions: vec![cond("RuntimeReady"), cond("NetworkReady")],
+            }),
+            ..Default::default()
+        })
     }
 
     async fn run_pod_sandbox(&self, config: PodSandboxConfig, _h: String) -> CriResult<String> {

@@ -148,6 +148,11 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     let manager = Arc::new(RuntimeManager::new(runtime.clone(), image_manager, rt_opts));
     let gc_manager = manager.clone();
 
+    let (runtime_state, runtime_state_task) = crate::runtimestate::spawn(
+        runtime.clone(),
+        crate::runtimestate::POLL_PERIOD,
+        token.child_token(),
+    );
     let pods = PodManager::new();
     let status = StatusManager::new();
     let queue = Arc::new(WorkQueue::default());
@@ -160,7 +165,10 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             probes: probes.clone(),
             queue: queue.clone(),
             resync: cfg.sync_frequency.0,
-            network_error: None,
+            network_error: Some({
+                let rs = runtime_state.clone();
+                Arc::new(move || rs.network_error())
+            }),
         },
         token.child_token(),
     );
@@ -183,6 +191,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         runtime,
         machine,
         probes,
+        runtime_state,
     };
     let mut servers = Vec::new();
     if cfg.healthz_port > 0 {
@@ -238,6 +247,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     sync_loop
         .run(updates_rx, pleg_rx, probe_rx, token.clone())
         .await;
+    let _ = runtime_state_task.await;
     for s in servers {
         let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
     }

@@ -6,9 +6,8 @@ pub mod machine;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -30,28 +29,96 @@ pub struct ServerState {
     pub runtime: Arc<dyn RuntimeService>,
     pub machine: Arc<machine::MachineInfo>,
     pub probes: crate::prober::ProbeManager,
+    pub runtime_state: crate::runtimestate::RuntimeState,
 }
 
-/// `/healthz`: ok only when the syncLoop and PLEG are healthy and the
-/// runtime answers; otherwise 500 with the failing checks, like upstream.
-async fn healthz(State(s): State<ServerState>) -> Response {
-    let mut failures = Vec::new();
-    if let Err(e) = s.syncloop.healthy() {
-        failures.push(format!("[-]syncloop failed: {e}"));
+/// The named checks behind `/healthz`, in upstream's order (ping, log,
+/// syncloop), then rkubelet's own: PLEG and the container runtime. A
+/// runtime that is unreachable or not ready fails /healthz (rkubelet's
+/// documented choice; upstream reports it on the Node's Ready condition).
+fn health_checks(s: &ServerState) -> Vec<(&'static str, Result<(), String>)> {
+    vec![
+        ("ping", Ok(())),
+        ("log", Ok(())),
+        ("syncloop", s.syncloop.healthy()),
+        ("pleg", s.pleg.healthy()),
+        (
+            "runtime",
+            s.runtime_state.runtime_error().map_or(Ok(()), Err),
+        ),
+    ]
+}
+
+/// Upstream's healthz handler (`k8s.io/apiserver/pkg/server/healthz`):
+/// `ok` when every check passes; with `?verbose`, one `[+]name ok` line per
+/// check; on failure a 500 listing every check, the failing ones as
+/// `[-]name failed: reason withheld` (with `?verbose`, the reason itself).
+/// `?exclude=name` leaves a check out.
+pub fn healthz_body(
+    checks: &[(&'static str, Result<(), String>)],
+    query: &str,
+) -> (StatusCode, String) {
+    let params: Vec<(&str, &str)> = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+        .collect();
+    let verbose = params.iter().any(|(k, _)| *k == "verbose");
+    let excluded = |name: &str| params.iter().any(|(k, v)| *k == "exclude" && *v == name);
+    let mut out = String::new();
+    let mut failed = false;
+    for (name, r) in checks {
+        if excluded(name) {
+            out.push_str(&format!("[+]{name} excluded: ok\n"));
+            continue;
+        }
+        match r {
+            Ok(()) => out.push_str(&format!("[+]{name} ok\n")),
+            Err(e) => {
+                failed = true;
+                let why = if verbose {
+                    e.as_str()
+                } else {
+                    "reason withheld"
+                };
+                out.push_str(&format!("[-]{name} failed: {why}\n"));
+            }
+        }
     }
-    if let Err(e) = s.pleg.healthy() {
-        failures.push(format!("[-]pleg failed: {e}"));
-    }
-    match tokio::time::timeout(Duration::from_secs(2), s.runtime.version()).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => failures.push(format!("[-]runtime failed: {e}")),
-        Err(_) => failures.push("[-]runtime failed: no answer within 2s".into()),
-    }
-    if failures.is_empty() {
-        (StatusCode::OK, "ok").into_response()
+    if failed {
+        out.push_str("healthz check failed\n");
+        (StatusCode::INTERNAL_SERVER_ERROR, out)
+    } else if verbose {
+        out.push_str("healthz check passed\n");
+        (StatusCode::OK, out)
     } else {
-        let body = format!("{}\nhealthz check failed\n", failures.join("\n"));
-        (StatusCode::INTERNAL_SERVER_ERROR, body).into_response()
+        (StatusCode::OK, "ok".into())
+    }
+}
+
+async fn healthz(State(s): State<ServerState>, RawQuery(q): RawQuery) -> Response {
+    let checks = health_checks(&s);
+    let (code, body) = healthz_body(&checks, q.as_deref().unwrap_or_default());
+    if code != StatusCode::OK {
+        let failing: Vec<String> = checks
+            .iter()
+            .filter_map(|(n, r)| r.as_ref().err().map(|e| format!("{n}: {e}")))
+            .collect();
+        tracing::debug!(checks = ?failing, "healthz check failed");
+    }
+    (code, body).into_response()
+}
+
+/// `/healthz/<name>`: one check on its own, as upstream installs them.
+async fn healthz_one(State(s): State<ServerState>, Path(name): Path<String>) -> Response {
+    match health_checks(&s).into_iter().find(|(n, _)| *n == name) {
+        Some((_, Ok(()))) => (StatusCode::OK, "ok").into_response(),
+        Some((_, Err(e))) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("internal server error: {e}\n"),
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
@@ -113,6 +180,7 @@ async fn spec(State(s): State<ServerState>) -> Response {
 pub fn read_only_router(state: ServerState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/healthz/{name}", get(healthz_one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
         .route("/metrics/probes", get(metrics_probes))
@@ -125,6 +193,7 @@ pub fn read_only_router(state: ServerState) -> Router {
 pub fn healthz_router(state: ServerState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/healthz/{name}", get(healthz_one))
         .with_state(state)
 }
 
@@ -155,4 +224,48 @@ pub async fn serve(
             tracing::error!(%addr, error = %e, "server failed");
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checks(runtime: Result<(), String>) -> Vec<(&'static str, Result<(), String>)> {
+        vec![
+            ("ping", Ok(())),
+            ("log", Ok(())),
+            ("syncloop", Ok(())),
+            ("pleg", Ok(())),
+            ("runtime", runtime),
+        ]
+    }
+
+    #[test]
+    fn healthz_speaks_upstreams_format() {
+        assert_eq!(
+            healthz_body(&checks(Ok(())), ""),
+            (StatusCode::OK, "ok".into())
+        );
+        let (code, body) = healthz_body(&checks(Ok(())), "verbose");
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(
+            body,
+            "[+]ping ok\n[+]log ok\n[+]syncloop ok\n[+]pleg ok\n[+]runtime ok\nhealthz check passed\n"
+        );
+        let down = || checks(Err("container runtime is down".into()));
+        let (code, body) = healthz_body(&down(), "");
+        assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            body.contains("[-]runtime failed: reason withheld\n"),
+            "{body}"
+        );
+        assert!(body.ends_with("healthz check failed\n"));
+        let (_, body) = healthz_body(&down(), "verbose");
+        assert!(
+            body.contains("[-]runtime failed: container runtime is down\n"),
+            "{body}"
+        );
+        let (code, body) = healthz_body(&down(), "exclude=runtime");
+        assert_eq!(code, StatusCode::OK, "{body}");
+    }
 }

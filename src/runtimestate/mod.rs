@@ -1,0 +1,231 @@
+//! The container runtime's health as the kubelet sees it (upstream
+//! `pkg/kubelet/runtime.go` runtimeState, fed by `updateRuntimeUp` every
+//! 5 s): whether CRI `Status` answers, and its RuntimeReady and
+//! NetworkReady conditions. Readers get the last answer without a CRI call,
+//! so `/healthz` and the pod workers never wait on a slow runtime.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn, Instrument};
+
+use crate::cri::{v1, RuntimeService};
+
+/// Upstream polls the runtime's status every 5 s.
+pub const POLL_PERIOD: Duration = Duration::from_secs(5);
+/// Upstream maxWaitForContainerRuntime: no good answer for this long and
+/// the runtime counts as down.
+pub const RUNTIME_SYNC_THRESHOLD: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// When RuntimeReady was last seen true.
+    last_ok: Option<Instant>,
+    runtime_error: Option<String>,
+    network_error: Option<String>,
+    /// Why the last Status call failed, if it did.
+    unreachable: Option<String>,
+}
+
+/// A cheap, clonable view of the runtime's last reported state.
+#[derive(Clone, Default)]
+pub struct RuntimeState {
+    inner: Arc<RwLock<Inner>>,
+}
+
+/// Upstream formats a condition as `Type=bool reason:R message:M`.
+fn condition_text(c: Option<&v1::RuntimeCondition>, ty: &str) -> String {
+    match c {
+        Some(c) => format!(
+            "{}={} reason:{} message:{}",
+            c.r#type, c.status, c.reason, c.message
+        ),
+        None => format!("{ty} condition missing"),
+    }
+}
+
+impl RuntimeState {
+    /// Records one CRI Status answer (or failure), as updateRuntimeUp does.
+    pub fn record(&self, r: Result<v1::StatusResponse, String>) {
+        let mut s = self.inner.write();
+        let status = match r {
+            Ok(st) => st,
+            Err(e) => {
+                // Upstream keeps the old state and lets the threshold turn
+                // it into "runtime is down"; rkubelet also says so at once,
+                // its documented /healthz choice.
+                s.unreachable = Some(e);
+                return;
+            }
+        };
+        s.unreachable = None;
+        let conds = status.status.map(|st| st.conditions).unwrap_or_default();
+        let find = |ty: &str| conds.iter().find(|c| c.r#type == ty);
+        let net = find("NetworkReady");
+        s.network_error = (!net.is_some_and(|c| c.status)).then(|| {
+            format!(
+                "container runtime network not ready: {}",
+                condition_text(net, "NetworkReady")
+            )
+        });
+        let rt = find("RuntimeReady");
+        if rt.is_some_and(|c| c.status) {
+            s.runtime_error = None;
+            s.last_ok = Some(Instant::now());
+        } else {
+            s.runtime_error = Some(format!(
+                "container runtime not ready: {}",
+                condition_text(rt, "RuntimeReady")
+            ));
+        }
+    }
+
+    /// Why the runtime is not usable, if it is not (upstream
+    /// runtimeErrors, without the PLEG check, which /healthz lists apart).
+    pub fn runtime_error(&self) -> Option<String> {
+        let s = self.inner.read();
+        if let Some(e) = &s.unreachable {
+            return Some(format!("container runtime is unreachable: {e}"));
+        }
+        if let Some(e) = &s.runtime_error {
+            return Some(e.clone());
+        }
+        match s.last_ok {
+            None => Some("container runtime status check may not have completed yet".into()),
+            Some(t) if t.elapsed() > RUNTIME_SYNC_THRESHOLD => {
+                Some("container runtime is down".into())
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Why the pod network is not ready, if it is not (upstream
+    /// networkErrors). Unknown until the first answer: pods then wait
+    /// the one poll period rather than start without a network.
+    pub fn network_error(&self) -> Option<String> {
+        let s = self.inner.read();
+        if s.last_ok.is_none() && s.network_error.is_none() {
+            return Some("network state unknown".into());
+        }
+        s.network_error.clone()
+    }
+}
+
+/// Polls CRI Status every `period` until the token is cancelled; the task
+/// is returned so shutdown can await it.
+pub fn spawn(
+    runtime: Arc<dyn RuntimeService>,
+    period: Duration,
+    token: CancellationToken,
+) -> (RuntimeState, tokio::task::JoinHandle<()>) {
+    let state = RuntimeState::default();
+    let st = state.clone();
+    let task = tokio::spawn(
+        async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let (mut was_net, mut was_rt) = (None::<String>, None::<String>);
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let r = runtime.status().await.map_err(|e| e.to_string());
+                st.record(r);
+                // Log transitions only, not every poll.
+                let (net, rt) = (st.network_error(), st.runtime_error());
+                if net != was_net {
+                    match &net {
+                        Some(e) => warn!(error = %e, "container runtime network not ready"),
+                        None => info!("container runtime network ready"),
+                    }
+                }
+                if rt != was_rt {
+                    match &rt {
+                        Some(e) => warn!(error = %e, "container runtime not ready"),
+                        None => info!("container runtime ready"),
+                    }
+                }
+                (was_net, was_rt) = (net, rt);
+            }
+        }
+        .instrument(tracing::info_span!("runtime_state")),
+    );
+    (state, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cond(ty: &str, ok: bool, reason: &str) -> v1::RuntimeCondition {
+        v1::RuntimeCondition {
+            r#type: ty.into(),
+            status: ok,
+            reason: reason.into(),
+            message: String::new(),
+        }
+    }
+
+    fn status(conds: Vec<v1::RuntimeCondition>) -> v1::StatusResponse {
+        v1::StatusResponse {
+            status: Some(v1::RuntimeStatus { conditions: conds }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn conditions_become_upstreams_errors() {
+        let s = RuntimeState::default();
+        assert!(s
+            .runtime_error()
+            .unwrap()
+            .contains("may not have completed"));
+        s.record(Ok(status(vec![
+            cond("RuntimeReady", true, ""),
+            cond("NetworkReady", false, "NetworkPluginNotReady"),
+        ])));
+        assert_eq!(s.runtime_error(), None);
+        assert_eq!(
+            s.network_error().as_deref(),
+            Some("container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:")
+        );
+        s.record(Ok(status(vec![
+            cond("RuntimeReady", true, ""),
+            cond("NetworkReady", true, ""),
+        ])));
+        assert_eq!(s.network_error(), None);
+        s.record(Err("connection refused".into()));
+        assert!(s
+            .runtime_error()
+            .unwrap()
+            .contains("unreachable: connection refused"));
+        s.record(Ok(status(vec![cond("RuntimeReady", false, "Broken")])));
+        assert!(s
+            .runtime_error()
+            .unwrap()
+            .starts_with("container runtime not ready: RuntimeReady=false reason:Broken"));
+        assert!(s
+            .network_error()
+            .unwrap()
+            .contains("NetworkReady condition missing"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_good_answer_for_the_threshold_means_down() {
+        let s = RuntimeState::default();
+        s.record(Ok(status(vec![
+            cond("RuntimeReady", true, ""),
+            cond("NetworkReady", true, ""),
+        ])));
+        assert_eq!(s.runtime_error(), None);
+        tokio::time::advance(RUNTIME_SYNC_THRESHOLD + Duration::from_secs(1)).await;
+        assert_eq!(
+            s.runtime_error().as_deref(),
+            Some("container runtime is down")
+        );
+    }
+}
