@@ -7,6 +7,7 @@ pub mod cri;
 pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
+pub mod memtrim;
 pub mod pleg;
 pub mod pod;
 pub mod podworkers;

@@ -27,6 +27,8 @@ const DEBOUNCE_QUIET: Duration = Duration::from_millis(50);
 /// ...but a burst is never held back longer than this.
 const DEBOUNCE_MAX: Duration = Duration::from_millis(250);
 const EVENT_BUFFER: usize = 16 * 1024;
+/// A manifest this big is unusual enough to trim the heap after reading it.
+const HEAVY_FILE_BYTES: usize = 64 * 1024;
 
 /// Starts the file source: a `Set` with every pod of `path` right away and again whenever
 /// that set changes, until `token` is cancelled or `out` is closed. Changes are seen through
@@ -61,6 +63,9 @@ struct Scanner {
     path: PathBuf,
     node_name: String,
     entries: BTreeMap<PathBuf, Entry>,
+    /// Set when a scan read a large file or rejected one: the heap is
+    /// trimmed afterwards so a storm of bad manifests leaves no RSS behind.
+    heavy: std::cell::Cell<bool>,
 }
 
 impl Scanner {
@@ -69,6 +74,7 @@ impl Scanner {
             path,
             node_name,
             entries: BTreeMap::new(),
+            heavy: std::cell::Cell::new(false),
         }
     }
 
@@ -182,6 +188,9 @@ impl Scanner {
                 return if keep_last_good { previous } else { None };
             }
         };
+        if bytes.len() > HEAVY_FILE_BYTES {
+            self.heavy.set(true);
+        }
         let digest: [u8; 16] = Md5::digest(&bytes).into();
         if let Some(previous) = previous.as_ref().filter(|p| p.digest == digest) {
             let mut same = previous.clone();
@@ -206,6 +215,7 @@ impl Scanner {
                 })
             }
             Err(e) => {
+                self.heavy.set(true);
                 tracing::warn!(path = %file.display(), error = %e, "could not process manifest file");
                 let pod = if keep_last_good {
                     previous.and_then(|p| p.pod)
@@ -436,6 +446,9 @@ async fn run(
                     for file in &files {
                         s.refresh(file);
                     }
+                }
+                if s.heavy.replace(false) {
+                    crate::memtrim::trim();
                 }
             })
             .await

@@ -82,8 +82,8 @@ pub fn decode_static_pod_at(
     if !references.is_empty() {
         return Err(SourceError::ApiReferences {
             path: path.to_path_buf(),
-            name: pod.metadata.name.clone().unwrap_or_default(),
-            references: references.into_iter().collect::<Vec<_>>().join(", "),
+            name: clip(pod.metadata.name.clone().unwrap_or_default()),
+            references: clip(references.into_iter().collect::<Vec<_>>().join(", ")),
         });
     }
     tracing::debug!(
@@ -99,20 +99,36 @@ pub fn decode_static_pod_at(
 fn invalid(path: &Path, errors: Vec<String>) -> SourceError {
     SourceError::Invalid {
         path: path.to_path_buf(),
-        reason: errors.join("; "),
+        reason: clip(errors.join("; ")),
     }
+}
+
+/// Longest decode error kept: serde quotes the offending value whole, and a
+/// multi-megabyte string must not become a multi-megabyte log line.
+const MAX_ERROR_CHARS: usize = 512;
+
+fn clip(mut reason: String) -> String {
+    if reason.len() > MAX_ERROR_CHARS {
+        let mut cut = MAX_ERROR_CHARS;
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        reason.truncate(cut);
+        reason.push_str("... (truncated)");
+    }
+    reason
 }
 
 /// YAML or JSON (JSON is YAML) holding exactly one `v1` `Pod`.
 fn parse_pod(bytes: &[u8], path: &Path) -> Result<Pod, SourceError> {
     let decode_err = |reason: String| SourceError::Decode {
         path: path.to_path_buf(),
-        reason,
+        reason: clip(reason),
     };
     // k8s-openapi rejects a wrong kind/apiVersion but accepts missing ones; upstream's
     // decoder needs both, so check them on a generic tree first.
     let tree: serde_json::Value =
-        serde_yaml::from_slice(bytes).map_err(|e| decode_err(e.to_string()))?;
+        serde_yaml_ng::from_slice(bytes).map_err(|e| decode_err(e.to_string()))?;
     let obj = tree
         .as_object()
         .ok_or_else(|| decode_err("expected an object with kind Pod".to_string()))?;
@@ -124,7 +140,7 @@ fn parse_pod(bytes: &[u8], path: &Path) -> Result<Pod, SourceError> {
         }
     }
     // Decode the typed pod from the source text so errors carry line and column.
-    serde_yaml::from_slice::<Pod>(bytes).map_err(|e| decode_err(e.to_string()))
+    serde_yaml_ng::from_slice::<Pod>(bytes).map_err(|e| decode_err(e.to_string()))
 }
 
 /// The UID a static pod gets when its manifest has none: md5 hex over the pod's content,
@@ -832,6 +848,56 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
     use std::time::{Duration, UNIX_EPOCH};
+
+    /// Manifests a hostile or careless user drops in: each is rejected with
+    /// a short error, quickly, without blowing up memory.
+    #[test]
+    fn hostile_manifests_are_rejected_cheaply_with_short_errors() {
+        let p = Path::new("/m/x.yaml");
+        let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..12 {
+            bomb.push_str(&format!(
+                "{}: &{} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n",
+                (b'a' + i) as char,
+                (b'a' + i) as char,
+                p = (b'a' + i - 1) as char
+            ));
+        }
+        let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+        let deep_map = "a:\n".to_string()
+            + &(1..3000)
+                .map(|i| format!("{}a:\n", " ".repeat(i)))
+                .collect::<String>();
+        let huge = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {}\nspec:\n  containers: []\n",
+            "x".repeat(5 << 20)
+        );
+        let huge_type = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers: \"{}\"\n",
+            "y".repeat(5 << 20)
+        );
+        let dup =
+            "apiVersion: v1\nkind: Pod\nkind: Pod\nmetadata: {name: d}\nspec: {containers: []}\n";
+        let big_num = format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: n}}\nspec:\n  activeDeadlineSeconds: 1{}\n  containers: []\n", "0".repeat(400));
+        let garbage: Vec<u8> = (0..100_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("alias bomb", bomb.into_bytes()),
+            ("deep flow nesting", deep.into_bytes()),
+            ("deep block nesting", deep_map.into_bytes()),
+            ("5 MiB name", huge.into_bytes()),
+            ("5 MiB string of the wrong type", huge_type.into_bytes()),
+            ("duplicate key", dup.as_bytes().to_vec()),
+            ("huge number", big_num.into_bytes()),
+            ("binary garbage", garbage),
+        ];
+        for (what, bytes) in cases {
+            let e = decode_static_pod(&bytes, p, "node").expect_err(what);
+            let msg = e.to_string();
+            assert!(msg.len() < 1024, "{what}: error of {} bytes", msg.len());
+        }
+    }
 
     const YAML: &str = r#"
 apiVersion: v1
