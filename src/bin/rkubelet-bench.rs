@@ -35,6 +35,8 @@ struct Args {
     idle: Duration,
     kills: usize,
     rkubelet: PathBuf,
+    storm: usize,
+    settle: Duration,
 }
 
 fn parse_args() -> Result<Args> {
@@ -46,6 +48,8 @@ fn parse_args() -> Result<Args> {
         idle: Duration::from_secs(60),
         kills: 20,
         rkubelet: exe.with_file_name("rkubelet"),
+        storm: 0,
+        settle: Duration::from_secs(60),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -73,8 +77,10 @@ fn parse_args() -> Result<Args> {
             "--probe-pods" => a.probe_pods = val()?.parse()?,
             "--flips" => a.flips = val()?.parse()?,
             "--rkubelet" => a.rkubelet = PathBuf::from(val()?),
+            "--storm" => a.storm = val()?.parse()?,
+            "--settle-secs" => a.settle = Duration::from_secs(val()?.parse()?),
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -490,6 +496,9 @@ fn main() -> Result<()> {
     if args.probe_pods > 0 {
         probe_bench(&args, &cri)?;
     }
+    if args.storm > 0 {
+        storm_bench(&args, &cri)?;
+    }
 
     for &n in &args.pods {
         println!("\n== {n} pod(s) ==");
@@ -566,6 +575,119 @@ fn main() -> Result<()> {
         }
         remove_all(&k, "p", n, &cri)?;
     }
+    Ok(())
+}
+
+/// Malformed manifest number `i`, rotating over what users drop by mistake
+/// or malice: alias bombs, deep nesting, a few multi-megabyte strings,
+/// repeated keys, binary garbage, absurd numbers, broken UTF-8.
+fn hostile_manifest(i: usize) -> Vec<u8> {
+    match i % 6 {
+        0 => {
+            let mut s = String::from("a: &a [x, x, x, x, x, x, x, x, x]\n");
+            for j in 1..10u8 {
+                let (n, p) = ((b'a' + j) as char, (b'a' + j - 1) as char);
+                s.push_str(&format!("{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"));
+            }
+            s.into_bytes()
+        }
+        1 => format!("{}{}", "{a: ".repeat(4000), "}".repeat(4000)).into_bytes(),
+        2 if i % 200 == 2 => format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers: \"{}\"\n",
+            "z".repeat(4 << 20)
+        )
+        .into_bytes(),
+        2 => "k: 1\n".repeat(500).into_bytes(),
+        3 => (0..8192u32)
+            .map(|k| (k.wrapping_mul(2246822519).wrapping_add(i as u32) >> 9) as u8)
+            .collect(),
+        4 => format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: n}}\nspec:\n  priority: 9{}\n",
+            "9".repeat(1000)
+        )
+        .into_bytes(),
+        _ => b"apiVersion: v1\nkind: Pod\nmetadata: {name: \xc3\x28}\n".to_vec(),
+    }
+}
+
+/// RSS in MiB, sampled `n` times 200 ms apart; the median.
+fn rss_median(pid: u32, n: usize) -> f64 {
+    let mut v: Vec<f64> = (0..n)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(200));
+            proc_usage(pid).0 as f64 / 1048576.0
+        })
+        .collect();
+    pct(&mut v, 50.0)
+}
+
+fn storm_bench(args: &Args, cri: &RemoteRuntime) -> Result<()> {
+    let n = args.storm;
+    println!("\n== storm: {n} malformed manifests written and removed, beside a canary ==");
+    let k = Kubelet::start(&args.rkubelet)?;
+    let pid = k.child.id();
+    std::fs::write(k.manifests.join("canary.yaml"), manifest("canary"))?;
+    let canary = wait(Duration::from_secs(60), || {
+        k.pods().iter().find_map(running_main)
+    })?;
+    std::thread::sleep(Duration::from_secs(5));
+    let idle = rss_median(pid, 10);
+    let mut peak = idle;
+    let mut sample = || {
+        let r = proc_usage(pid).0 as f64 / 1048576.0;
+        if r > peak {
+            peak = r;
+        }
+    };
+    let t0 = Instant::now();
+    for i in 0..n {
+        let tmp = k.dir.join(format!(".s{i}.tmp"));
+        std::fs::write(&tmp, hostile_manifest(i))?;
+        std::fs::rename(&tmp, k.manifests.join(format!("storm-{i}.yaml")))?;
+        if i % 50 == 0 {
+            sample();
+        }
+    }
+    // Let the source read them all (a full rescan at the latest, 20 s).
+    let log = k.dir.join("rkubelet.log");
+    let last = format!("storm-{}.yaml", n - 1);
+    let until = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < until {
+        sample();
+        let seen = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(&last);
+        if seen && t0.elapsed() > Duration::from_secs(25) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for i in 0..n {
+        std::fs::remove_file(k.manifests.join(format!("storm-{i}.yaml")))?;
+    }
+    let end = Instant::now() + args.settle;
+    while Instant::now() < end {
+        sample();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let settled = rss_median(pid, 10);
+    let still = k.pods().iter().find_map(running_main);
+    println!(
+        "RSS idle {idle:.1} MiB, peak {peak:.1} MiB ({:.2}x idle), settled {:.0} s after {settled:.1} MiB ({:+.1} % of idle)",
+        peak / idle,
+        args.settle.as_secs_f64(),
+        (settled / idle - 1.0) * 100.0
+    );
+    println!(
+        "canary kept its container: {}",
+        if still.as_deref() == Some(canary.as_str()) {
+            "yes"
+        } else {
+            "NO"
+        }
+    );
+    std::fs::remove_file(k.manifests.join("canary.yaml"))?;
+    remove_all(&k, "canary", 0, cri)?;
     Ok(())
 }
 
