@@ -100,6 +100,10 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
     };
     flags.apply(&mut cfg);
     cfg.validate().context("invalid kubelet configuration")?;
+    let baseline = config::honesty::baseline(flags.config.is_some());
+    for w in config::honesty::unimplemented_settings(&cfg, &baseline, &flags) {
+        warn!("warning: {w}");
+    }
 
     let opts = KubeletOptions {
         node_name: kubelet::node_name(flags.hostname_override.as_deref()),

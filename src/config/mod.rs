@@ -5,6 +5,7 @@
 
 pub mod duration;
 pub mod flags;
+pub mod honesty;
 
 use std::collections::BTreeMap;
 use std::fmt;
