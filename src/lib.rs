@@ -1,6 +1,7 @@
 //! rkubelet: the Kubernetes node agent (kubelet) rebuilt in Rust. Modules
 //! mirror the upstream kubelet's parts; see docs/architecture.md.
 
+pub mod blocking;
 pub mod cm;
 pub mod config;
 pub mod cri;

@@ -51,3 +51,97 @@ fn a_sub_path_symlink_planted_in_an_empty_dir_is_refused() {
     let uid = p["metadata"]["uid"].as_str().unwrap();
     assert_eq!(k.cri.count_for_uid(uid).1, 2, "init + ok only");
 }
+
+/// A FUSE mount whose server never answers: every access below it blocks
+/// until the connection is aborted (when this is dropped).
+struct HungMount {
+    dir: std::path::PathBuf,
+    fd: std::os::fd::OwnedFd,
+}
+
+impl HungMount {
+    fn new(dir: &std::path::Path) -> Self {
+        use std::ffi::CString;
+        use std::os::fd::{AsRawFd, FromRawFd};
+        std::fs::create_dir_all(dir).unwrap();
+        // SAFETY: plain syscalls on paths we own; the fd is owned below.
+        let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        assert!(
+            fd >= 0,
+            "open /dev/fuse: {}",
+            std::io::Error::last_os_error()
+        );
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let target = CString::new(dir.to_str().unwrap()).unwrap();
+        let opts = CString::new(format!(
+            "fd={},rootmode=40000,user_id=0,group_id=0",
+            fd.as_raw_fd()
+        ))
+        .unwrap();
+        let r = unsafe {
+            libc::mount(
+                c"rkubelet-hung".as_ptr(),
+                target.as_ptr(),
+                c"fuse".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                opts.as_ptr().cast(),
+            )
+        };
+        assert_eq!(r, 0, "mount fuse: {}", std::io::Error::last_os_error());
+        HungMount {
+            dir: dir.to_path_buf(),
+            fd,
+        }
+    }
+}
+
+impl Drop for HungMount {
+    fn drop(&mut self) {
+        let target = std::ffi::CString::new(self.dir.to_str().unwrap()).unwrap();
+        // Detach first, then closing the device aborts the connection and
+        // every thread stuck on it wakes with an error.
+        unsafe {
+            libc::umount2(target.as_ptr(), libc::MNT_DETACH);
+        }
+        let _ = &self.fd;
+    }
+}
+
+#[test]
+fn a_host_path_on_a_file_system_that_never_answers_stalls_only_its_pod() {
+    let k = Kubelet::start("it-hungfs");
+    let hung = HungMount::new(&k.dir.join("hung"));
+    // Old code stat'ed the hostPath on rkubelet's only async thread: the
+    // whole kubelet, /healthz included, stopped with it.
+    k.write_manifest(
+        "stuck.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: stuck\nspec:\n  terminationGracePeriodSeconds: 2\n  volumes:\n  - name: nfs\n    hostPath: {{path: {}/data, type: Directory}}\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n    volumeMounts:\n    - {{name: nfs, mountPath: /data}}\n",
+            hung.dir.display()
+        ),
+    );
+    k.wait_pod("stuck", "listed", T, |_| true);
+    k.write_manifest(
+        "other.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: other\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, \"3600\"]\n"
+        ),
+    );
+    k.wait_pod("other", "running beside the stuck pod", T, |p| {
+        container_status(p, "main").is_some_and(|s| s["state"]["running"].is_object())
+    });
+    for _ in 0..5 {
+        assert_eq!(
+            http_get(&k.healthz, "/healthz").map(|r| r.0),
+            Some(200),
+            "healthz while a hostPath hangs"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let p = k.pod("stuck").unwrap();
+    assert!(
+        container_status(&p, "main").is_none_or(|s| !s["state"]["running"].is_object()),
+        "the stuck pod cannot have started"
+    );
+    drop(hung);
+}

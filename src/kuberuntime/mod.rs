@@ -105,6 +105,9 @@ impl SyncResult {
     }
 }
 
+/// How long one blocking file-system step of a sync may take.
+const FS_DEADLINE: Duration = Duration::from_secs(30);
+
 pub fn wall_now() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -232,7 +235,21 @@ impl RuntimeManager {
             }
         }
 
-        let volumes = match volume::setup_pod_volumes(&self.opts.root_dir, pod) {
+        // Off the async threads: a hostPath on a hung mount stalls only
+        // this pod (the deadline turns it into a retried FailedMount).
+        let (root, owned) = (self.opts.root_dir.clone(), pod.clone());
+        let set_up = crate::blocking::run(
+            format!(
+                "volume setup for pod {}",
+                pod.metadata.uid.as_deref().unwrap_or_default()
+            ),
+            FS_DEADLINE,
+            move || volume::setup_pod_volumes(&root, &owned).map_err(|e| e.to_string()),
+        )
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        let volumes = match set_up {
             Ok(v) => v,
             Err(e) => {
                 warn!(pod = pod_name(pod), error = %e, "unable to set up volumes");
@@ -255,7 +272,15 @@ impl RuntimeManager {
         let mut pod_ip = rt.ips().into_iter().next().unwrap_or_default();
         let sandbox_id = if a.create_sandbox {
             let dir = PathBuf::from(&sandbox_cfg.log_directory);
-            if let Err(source) = std::fs::create_dir_all(&dir) {
+            let d = dir.clone();
+            let made = crate::blocking::run(
+                format!("log directory {}", dir.display()),
+                FS_DEADLINE,
+                move || std::fs::create_dir_all(&d),
+            )
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+            if let Err(source) = made {
                 result
                     .errors
                     .push(RuntimeError::LogDir { path: dir, source }.to_string());
@@ -379,21 +404,43 @@ impl RuntimeManager {
                 )
             })?;
         let restart_count = latest.map(|l| l.restart_count + 1).unwrap_or(0);
-        let cctx = container::ContainerContext {
-            pod,
-            container: c,
-            init,
-            restart_count,
-            image: &image_ref,
-            pod_ip: ctx.pod_ip,
-            volumes: ctx.volumes,
-        };
         let retry = Some(Duration::from_secs(2));
-        let config = container::container_config(&self.opts, &cctx).map_err(|e| {
+        // Building the config writes files (hosts, termination log) and
+        // binds subPaths: on a blocking thread, with a deadline.
+        let (opts, owned_pod, owned_c) = (self.opts.clone(), pod.clone(), c.clone());
+        let (image, pod_ip, volumes) = (
+            image_ref.clone(),
+            ctx.pod_ip.to_string(),
+            ctx.volumes.clone(),
+        );
+        let built = crate::blocking::run(
+            format!(
+                "container config for {}/{}",
+                pod.metadata.uid.as_deref().unwrap_or_default(),
+                c.name
+            ),
+            FS_DEADLINE,
+            move || {
+                let cctx = container::ContainerContext {
+                    pod: &owned_pod,
+                    container: &owned_c,
+                    init,
+                    restart_count,
+                    image: &image,
+                    pod_ip: &pod_ip,
+                    volumes: &volumes,
+                };
+                container::container_config(&opts, &cctx).map_err(|e| e.to_string())
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        let config = built.map_err(|message| {
             (
                 Waiting {
                     reason: "CreateContainerConfigError".into(),
-                    message: e.to_string(),
+                    message,
                 },
                 retry,
             )
