@@ -158,7 +158,10 @@ impl Scanner {
     fn refresh(&mut self, file: &Path) {
         match std::fs::metadata(file) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.entries.remove(file);
+                // Dropping what a file contributed frees memory too.
+                if self.entries.remove(file).is_some() {
+                    self.heavy.set(true);
+                }
             }
             Err(e) => {
                 tracing::warn!(path = %file.display(), error = %e, "could not get metadata of manifest");
@@ -440,6 +443,7 @@ async fn run(
             let files = std::mem::take(&mut changed);
             let full = std::mem::take(&mut relist);
             scanner = match blocking(scanner, move |s| {
+                let before = s.entries.len();
                 if full {
                     s.relist();
                 } else {
@@ -447,7 +451,7 @@ async fn run(
                         s.refresh(file);
                     }
                 }
-                if s.heavy.replace(false) {
+                if s.heavy.replace(false) || s.entries.len() < before {
                     crate::memtrim::trim();
                 }
             })

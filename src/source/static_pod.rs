@@ -126,14 +126,21 @@ fn parse_pod(bytes: &[u8], path: &Path) -> Result<Pod, SourceError> {
         reason: clip(reason),
     };
     // k8s-openapi rejects a wrong kind/apiVersion but accepts missing ones; upstream's
-    // decoder needs both, so check them on a generic tree first.
-    let tree: serde_json::Value =
-        serde_yaml_ng::from_slice(bytes).map_err(|e| decode_err(e.to_string()))?;
-    let obj = tree
-        .as_object()
-        .ok_or_else(|| decode_err("expected an object with kind Pod".to_string()))?;
-    for (field, want) in [("kind", "Pod"), ("apiVersion", "v1")] {
-        match obj.get(field) {
+    // decoder needs both. Check them first with a struct that skips every other field,
+    // so a hostile manifest is not held as a whole value tree besides its text.
+    #[derive(serde::Deserialize)]
+    struct TypeMeta {
+        kind: Option<serde_json::Value>,
+        #[serde(rename = "apiVersion")]
+        api_version: Option<serde_json::Value>,
+    }
+    let meta: TypeMeta = serde_yaml_ng::from_slice(bytes)
+        .map_err(|e| decode_err(format!("expected an object with kind Pod: {e}")))?;
+    for (field, got, want) in [
+        ("kind", meta.kind, "Pod"),
+        ("apiVersion", meta.api_version, "v1"),
+    ] {
+        match got {
             Some(serde_json::Value::String(got)) if got == want => {}
             Some(got) => return Err(decode_err(format!("{field} is {got}, expected {want:?}"))),
             None => return Err(decode_err(format!("{field} is missing"))),
