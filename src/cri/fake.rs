@@ -128,6 +128,14 @@ impl FakeRuntime {
     }
 }
 
+fn container_name(s: &State, id: &str) -> String {
+    s.containers
+        .get(id)
+        .and_then(|c| c.config.metadata.as_ref())
+        .map(|m| m.name.clone())
+        .unwrap_or_default()
+}
+
 fn labels_match(
     want: &std::collections::HashMap<String, String>,
     have: &std::collections::HashMap<String, String>,
@@ -302,12 +310,7 @@ impl RuntimeService for FakeRuntime {
     async fn start_container(&self, id: &str) -> CriResult<()> {
         let now = self.now_ns();
         let mut s = self.state.lock();
-        let name = s
-            .containers
-            .get(id)
-            .and_then(|c| c.config.metadata.as_ref())
-            .map(|m| m.name.clone())
-            .unwrap_or_default();
+        let name = container_name(&s, id);
         self.record(&mut s, format!("StartContainer {name}"));
         let c = s.containers.get_mut(id).ok_or(CriError::NotFound {
             op: "StartContainer",
@@ -321,12 +324,7 @@ impl RuntimeService for FakeRuntime {
     async fn stop_container(&self, id: &str, timeout: i64) -> CriResult<()> {
         let name = {
             let mut s = self.state.lock();
-            let name = s
-                .containers
-                .get(id)
-                .and_then(|c| c.config.metadata.as_ref())
-                .map(|m| m.name.clone())
-                .unwrap_or_default();
+            let name = container_name(&s, id);
             self.record(&mut s, format!("StopContainer {name}"));
             s.stop_timeouts.push((name.clone(), timeout));
             name

@@ -407,24 +407,31 @@ fn containers_ready(
     if phase == "Failed" {
         return cond(T, false, Some("PodFailed"), None);
     }
-    let mut msgs = Vec::new();
-    if !unknown.is_empty() {
-        msgs.push(format!(
-            "containers with unknown status: {}",
-            go_list(&unknown)
-        ));
-    }
-    if !unready.is_empty() {
-        msgs.push(format!(
-            "containers with unready status: {}",
-            go_list(&unready)
-        ));
-    }
+    let msgs = not_ready_messages(&unknown, "unready", &unready);
     if msgs.is_empty() {
         cond(T, true, None, None)
     } else {
         cond(T, false, Some("ContainersNotReady"), Some(msgs.join(", ")))
     }
+}
+
+/// Upstream's "containers with unknown status: [a]" and "containers with
+/// <other> status: [b]" parts of a not-ready condition's message.
+fn not_ready_messages(unknown: &[&str], other: &str, names: &[&str]) -> Vec<String> {
+    let mut msgs = Vec::new();
+    if !unknown.is_empty() {
+        msgs.push(format!(
+            "containers with unknown status: {}",
+            go_list(unknown)
+        ));
+    }
+    if !names.is_empty() {
+        msgs.push(format!(
+            "containers with {other} status: {}",
+            go_list(names)
+        ));
+    }
+    msgs
 }
 
 /// Upstream GeneratePodReadyCondition: ContainersReady, then readiness gates.
@@ -512,19 +519,7 @@ fn initialized(
     {
         return cond(T, true, None, None);
     }
-    let mut msgs = Vec::new();
-    if !unknown.is_empty() {
-        msgs.push(format!(
-            "containers with unknown status: {}",
-            go_list(&unknown)
-        ));
-    }
-    if !incomplete.is_empty() {
-        msgs.push(format!(
-            "containers with incomplete status: {}",
-            go_list(&incomplete)
-        ));
-    }
+    let msgs = not_ready_messages(&unknown, "incomplete", &incomplete);
     if msgs.is_empty() {
         cond(T, true, None, None)
     } else {
