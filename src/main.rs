@@ -123,7 +123,7 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
         .worker_threads(threads)
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let token = CancellationToken::new();
         let mut task = tokio::spawn(kubelet::run(opts, token.clone()));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -140,5 +140,9 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
                 Ok(())
             }
         }
-    })
+    });
+    // Dropping the runtime would wait for every blocking task, and one
+    // stuck on a dead NFS or FUSE mount never ends: give them a moment.
+    rt.shutdown_timeout(Duration::from_secs(2));
+    result
 }

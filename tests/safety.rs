@@ -109,7 +109,7 @@ impl Drop for HungMount {
 
 #[test]
 fn a_host_path_on_a_file_system_that_never_answers_stalls_only_its_pod() {
-    let k = Kubelet::start("it-hungfs");
+    let mut k = Kubelet::start("it-hungfs");
     let hung = HungMount::new(&k.dir.join("hung"));
     // Old code stat'ed the hostPath on rkubelet's only async thread: the
     // whole kubelet, /healthz included, stopped with it.
@@ -142,6 +142,16 @@ fn a_host_path_on_a_file_system_that_never_answers_stalls_only_its_pod() {
     assert!(
         container_status(&p, "main").is_none_or(|s| !s["state"]["running"].is_object()),
         "the stuck pod cannot have started"
+    );
+    // SIGTERM still ends rkubelet although a thread is stuck on the mount
+    // (the runtime's drop would wait for it forever); the fallback SIGKILL
+    // in stop() comes only after 15 s.
+    let t0 = std::time::Instant::now();
+    k.stop();
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(12),
+        "rkubelet took {:?} to exit",
+        t0.elapsed()
     );
     drop(hung);
 }
