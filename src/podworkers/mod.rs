@@ -577,31 +577,27 @@ impl PodWorkers {
             ),
         ]);
         let other = |l: &HashMap<String, String>| l.get(labels::POD_UID).is_some_and(|u| u != uid);
-        let rt = &self.deps.runtime.runtime;
-        let sandboxes = rt
+        // A live instance has a ready sandbox (killing stops it last): one
+        // filtered list call, answered by the runtime.
+        let ready = crate::cri::v1::PodSandboxStateValue {
+            state: crate::cri::v1::PodSandboxState::SandboxReady as i32,
+        };
+        match self
+            .deps
+            .runtime
+            .runtime
             .list_pod_sandbox(Some(crate::cri::PodSandboxFilter {
-                label_selector: selector.clone(),
-                ..Default::default()
-            }))
-            .await;
-        let containers = rt
-            .list_containers(Some(crate::cri::ContainerFilter {
                 label_selector: selector,
+                state: Some(ready),
                 ..Default::default()
             }))
-            .await;
-        match (sandboxes, containers) {
-            (Ok(s), Ok(c)) => {
-                s.iter().any(|s| {
-                    other(&s.labels)
-                        && s.state == crate::cri::v1::PodSandboxState::SandboxReady as i32
-                }) || c.iter().any(|c| {
-                    other(&c.labels)
-                        && c.state == crate::cri::v1::ContainerState::ContainerRunning as i32
-                })
-            }
+            .await
+        {
+            Ok(s) => s.iter().any(|s| {
+                other(&s.labels) && s.state == crate::cri::v1::PodSandboxState::SandboxReady as i32
+            }),
             // The sync itself will meet and report the runtime error.
-            _ => false,
+            Err(_) => false,
         }
     }
 
