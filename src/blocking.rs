@@ -68,6 +68,16 @@ pub async fn run<T: Send + 'static>(
     }
 }
 
+/// `run` for work that itself can fail: both failures as one message.
+pub async fn try_run<T: Send + 'static, E: std::fmt::Display>(
+    key: String,
+    deadline: Duration,
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, String> {
+    let r = run(key, deadline, move || f().map_err(|e| e.to_string())).await;
+    r.map_err(|e| e.to_string()).and_then(|r| r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,38 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rkubelet::cri::RuntimeService;
 
 const T: Duration = Duration::from_secs(60);
 
 fn running(p: &serde_json::Value, c: &str) -> bool {
     container_status(p, c).is_some_and(|s| s["state"]["running"].is_object())
-}
-
-/// (ready sandboxes, running containers) whose pod name is `full`.
-fn live_instances(cri: &Cri, full: &str) -> (usize, usize) {
-    cri.rt.block_on(async {
-        let named = |l: &std::collections::HashMap<String, String>| {
-            l.get("io.kubernetes.pod.name").is_some_and(|n| n == full)
-        };
-        let sandboxes = cri
-            .client
-            .list_pod_sandbox(None)
-            .await
-            .unwrap()
-            .iter()
-            .filter(|s| named(&s.labels) && s.state == 0)
-            .count();
-        let containers = cri
-            .client
-            .list_containers(None)
-            .await
-            .unwrap()
-            .iter()
-            .filter(|c| named(&c.labels) && c.state == 1)
-            .count();
-        (sandboxes, containers)
-    })
 }
 
 #[test]
@@ -62,7 +35,7 @@ fn an_edited_static_pod_never_runs_beside_its_previous_instance() {
     k.write_manifest("etcd.yaml", &manifest("2"));
     let deadline = Instant::now() + T;
     loop {
-        let (sandboxes, containers) = live_instances(&k.cri, &full);
+        let (sandboxes, containers) = k.cri.count_labelled("io.kubernetes.pod.name", &full, true);
         assert!(
             sandboxes <= 1 && containers <= 1,
             "two instances of {full} at once: {sandboxes} sandboxes, {containers} containers"

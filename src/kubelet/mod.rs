@@ -188,7 +188,6 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         status: status.clone(),
         pleg: pleg.clone(),
         syncloop: health.clone(),
-        runtime,
         machine,
         probes,
         runtime_state,

@@ -149,13 +149,11 @@ impl RuntimeManager {
 
     /// Drops restart and pull backoff entries past their reset window
     /// (upstream backOff.GC() in housekeeping), so pod churn does not grow
-    /// them. Returns how many entries are left.
-    pub fn gc_backoff(&self) -> usize {
+    /// them.
+    pub fn gc_backoff(&self) {
         let now = wall_now();
-        let mut b = self.backoff.lock();
-        b.gc(now);
+        self.backoff.lock().gc(now);
         self.images.gc_backoff(now);
-        b.len() + self.images.backoff_entries()
     }
 
     /// Reads the pod's sandboxes and containers from the runtime. Each call
@@ -238,17 +236,15 @@ impl RuntimeManager {
         // Off the async threads: a hostPath on a hung mount stalls only
         // this pod (the deadline turns it into a retried FailedMount).
         let (root, owned) = (self.opts.root_dir.clone(), pod.clone());
-        let set_up = crate::blocking::run(
+        let set_up = crate::blocking::try_run(
             format!(
                 "volume setup for pod {}",
                 pod.metadata.uid.as_deref().unwrap_or_default()
             ),
             FS_DEADLINE,
-            move || volume::setup_pod_volumes(&root, &owned).map_err(|e| e.to_string()),
+            move || volume::setup_pod_volumes(&root, &owned),
         )
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r);
+        .await;
         let volumes = match set_up {
             Ok(v) => v,
             Err(e) => {
@@ -273,14 +269,14 @@ impl RuntimeManager {
         let sandbox_id = if a.create_sandbox {
             let dir = PathBuf::from(&sandbox_cfg.log_directory);
             let d = dir.clone();
-            let made = crate::blocking::run(
+            let made = crate::blocking::try_run(
                 format!("log directory {}", dir.display()),
                 FS_DEADLINE,
                 move || std::fs::create_dir_all(&d),
             )
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-            if let Err(source) = made {
+            .await;
+            if let Err(e) = made {
+                let source = std::io::Error::other(e);
                 result
                     .errors
                     .push(RuntimeError::LogDir { path: dir, source }.to_string());
@@ -413,7 +409,7 @@ impl RuntimeManager {
             ctx.pod_ip.to_string(),
             ctx.volumes.clone(),
         );
-        let built = crate::blocking::run(
+        let built = crate::blocking::try_run(
             format!(
                 "container config for {}/{}",
                 pod.metadata.uid.as_deref().unwrap_or_default(),
@@ -430,12 +426,10 @@ impl RuntimeManager {
                     pod_ip: &pod_ip,
                     volumes: &volumes,
                 };
-                container::container_config(&opts, &cctx).map_err(|e| e.to_string())
+                container::container_config(&opts, &cctx)
             },
         )
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r);
+        .await;
         let config = built.map_err(|message| {
             (
                 Waiting {

@@ -72,14 +72,6 @@ impl WorkQueue {
         let at = *self.due.lock().get(uid)?;
         Some(at.saturating_duration_since(Instant::now()))
     }
-
-    pub fn len(&self) -> usize {
-        self.due.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 pub struct Deps {
@@ -407,11 +399,6 @@ impl PodWorkers {
         self.state.lock().entries.get(uid).map(|e| e.phase)
     }
 
-    /// UIDs with a worker (for housekeeping and cache GC).
-    pub fn known_uids(&self) -> Vec<String> {
-        self.state.lock().entries.keys().cloned().collect()
-    }
-
     /// Runs `fut` as its own task, so a panic in it is caught and a kill can
     /// abort it at any await point (an image pull, a hook, a volume wait).
     async fn step<T: Send + 'static>(
@@ -638,7 +625,15 @@ impl PodWorkers {
         let rm = &self.deps.runtime;
         let rt = rm.pod_status(uid).await?;
         rm.kill_pod(pod, &rt, grace).await?;
-        if let Some(pod) = pod {
+        // A removed pod's status is dropped once it is gone: only a pod that
+        // stays in config (finished) needs the post-kill status.
+        let stays = self
+            .state
+            .lock()
+            .entries
+            .get(uid)
+            .is_some_and(|e| !e.removed);
+        if let Some(pod) = pod.filter(|_| stays) {
             // Upstream: the status after the kill is generated as terminal.
             let rt = rm.pod_status(uid).await?;
             let probes = self.probe_state(uid, pod, &rt);
@@ -692,8 +687,8 @@ impl PodWorkers {
             }
         }
         self.cleanup_dirs(uid, pod).await;
+        // Probes went when terminating began (kill).
         self.deps.status.remove(uid);
-        self.deps.probes.remove_pod(uid);
         self.deps.queue.forget(uid);
         info!(
             pod = pod
@@ -911,25 +906,24 @@ impl PodWorkers {
     /// log directory, on a blocking thread with a deadline: a hung file
     /// system stalls this pod's cleanup, never the async threads.
     async fn cleanup_dirs(&self, uid: &str, pod: Option<&Pod>) {
-        let root = self.deps.runtime.opts.root_dir.clone();
-        let logs = self.deps.runtime.opts.pod_logs_dir.clone();
-        let (u, meta) = (uid.to_string(), pod.map(|p| p.metadata.clone()));
-        let work = tokio::task::spawn_blocking(move || {
-            if let Err(e) = volume::cleanup_pod_dir(&root, &u) {
-                warn!(error = %e, "failed to remove pod directory");
-            }
-            if let Some(m) = meta {
-                let (ns, name) = (
-                    m.namespace.as_deref().unwrap_or("default"),
-                    m.name.as_deref().unwrap_or_default(),
-                );
-                if let Err(e) = volume::cleanup_pod_logs(&logs, ns, name, &u) {
-                    warn!(error = %e, "failed to remove pod log directory");
+        let opts = &self.deps.runtime.opts;
+        let root = opts.root_dir.clone();
+        let logs = pod.map(|p| crate::kuberuntime::sandbox::pod_log_dir(opts, p));
+        let u = uid.to_string();
+        let r = crate::blocking::try_run(
+            format!("cleanup of pod {uid}"),
+            CLEANUP_DEADLINE,
+            move || {
+                volume::cleanup_pod_dir(&root, &u)?;
+                match logs {
+                    Some(dir) => volume::subpath::remove_tree(std::path::Path::new(&dir)),
+                    None => Ok(()),
                 }
-            }
-        });
-        if tokio::time::timeout(CLEANUP_DEADLINE, work).await.is_err() {
-            warn!(deadline = ?CLEANUP_DEADLINE, "pod directory cleanup did not finish; leaving it");
+            },
+        )
+        .await;
+        if let Err(e) = r {
+            warn!(error = %e, "failed to remove pod directories; leaving them");
         }
     }
 

@@ -14,7 +14,6 @@ use axum::routing::get;
 use axum::Router;
 use tokio_util::sync::CancellationToken;
 
-use crate::cri::RuntimeService;
 use crate::pleg::PlegHandle;
 use crate::pod::PodManager;
 use crate::status::StatusManager;
@@ -26,7 +25,6 @@ pub struct ServerState {
     pub status: StatusManager,
     pub pleg: PlegHandle,
     pub syncloop: SyncLoopHealth,
-    pub runtime: Arc<dyn RuntimeService>,
     pub machine: Arc<machine::MachineInfo>,
     pub probes: crate::prober::ProbeManager,
     pub runtime_state: crate::runtimestate::RuntimeState,

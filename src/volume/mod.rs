@@ -216,19 +216,6 @@ pub fn cleanup_pod_dir(root: &Path, uid: &str) -> Result<(), subpath::SubPathErr
     subpath::remove_tree(&pod_dir(root, uid))
 }
 
-/// Removes `<pod logs dir>/<ns>_<name>_<uid>/` the same careful way.
-pub fn cleanup_pod_logs(
-    pod_logs_dir: &Path,
-    namespace: &str,
-    name: &str,
-    uid: &str,
-) -> Result<(), subpath::SubPathError> {
-    if uid.is_empty() || name.contains('/') || namespace.contains('/') {
-        return Ok(());
-    }
-    subpath::remove_tree(&pod_logs_dir.join(format!("{namespace}_{name}_{uid}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -133,9 +133,15 @@ impl Cri {
 
     /// (sandbox count, container count) the runtime has for a pod UID.
     pub fn count_for_uid(&self, uid: &str) -> (usize, usize) {
+        self.count_labelled("io.kubernetes.pod.uid", uid, false)
+    }
+
+    /// (sandboxes, containers) whose label `key` is `value`; with `live`,
+    /// only ready sandboxes and running containers.
+    pub fn count_labelled(&self, key: &str, value: &str, live: bool) -> (usize, usize) {
         self.rt.block_on(async {
             let has = |l: &std::collections::HashMap<String, String>| {
-                l.get("io.kubernetes.pod.uid").is_some_and(|u| u == uid)
+                l.get(key).is_some_and(|v| v == value)
             };
             let s = self
                 .client
@@ -143,7 +149,7 @@ impl Cri {
                 .await
                 .unwrap()
                 .iter()
-                .filter(|s| has(&s.labels))
+                .filter(|s| has(&s.labels) && (!live || s.state == 0))
                 .count();
             let c = self
                 .client
@@ -151,7 +157,7 @@ impl Cri {
                 .await
                 .unwrap()
                 .iter()
-                .filter(|c| has(&c.labels))
+                .filter(|c| has(&c.labels) && (!live || c.state == 1))
                 .count();
             (s, c)
         })
