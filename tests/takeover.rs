@@ -1,8 +1,8 @@
 //! Taking over a node from the upstream kubelet: a sandbox and a container
 //! created with the labels and annotations upstream v1.31+ writes (for the
-//! static pod whose manifest is in rkubelet's manifest dir) are adopted as
-//! they are: same container, still running, restart count unchanged, over
-//! several syncs.
+//! uid-less static pod whose manifest is in rkubelet's manifest dir, under
+//! upstream's UID) are adopted as they are: same UID, same container, still
+//! running, restart count unchanged, over several syncs.
 
 mod common;
 
@@ -37,15 +37,23 @@ fn containers_the_upstream_kubelet_created_are_adopted_without_restart() {
     // The node as upstream left it: rkubelet is not running yet.
     k.stop();
 
+    // kubeadm's manifests carry no metadata.uid: upstream names the pod by
+    // a hash rkubelet cannot reproduce (go-spew's dump of the Go struct), so
+    // the running pod's UID is not the one rkubelet would compute. The
+    // manifest was there before the pod started, as on a real node.
     let manifest = simple_pod("takeover", "exec sleep 3600", "Always");
+    k.write_manifest("takeover.yaml", &manifest);
     let path = k.manifests.join("takeover.yaml");
     let decoded =
         rkubelet::source::static_pod::decode_static_pod(manifest.as_bytes(), &path, &k.node)
             .unwrap();
-    let uid = decoded.metadata.uid.clone().unwrap();
+    let own_uid = decoded.metadata.uid.clone().unwrap();
+    let uid = "6f1e3a0c2b9d4e8f7a6b5c4d3e2f1a0b".to_string();
+    assert_ne!(uid, own_uid);
     let name = decoded.metadata.name.clone().unwrap();
     let ns = "default";
-    let pod_annotations = decoded.metadata.annotations.clone().unwrap_or_default();
+    let mut pod_annotations = decoded.metadata.annotations.clone().unwrap_or_default();
+    pod_annotations.insert("kubernetes.io/config.hash".into(), uid.clone());
     let logs = k.dir.join("pod-logs");
     std::fs::create_dir_all(&logs).unwrap();
 
@@ -126,7 +134,6 @@ fn containers_the_upstream_kubelet_created_are_adopted_without_restart() {
     assert_eq!(cri.count_for_uid(&uid), (1, 1));
 
     // rkubelet takes over, resyncing every second.
-    k.write_manifest("takeover.yaml", &manifest);
     k.extra_config = "syncFrequency: 1s\n".into();
     k.spawn();
 

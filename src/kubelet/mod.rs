@@ -19,6 +19,7 @@ use crate::kuberuntime::{RuntimeManager, RuntimeOptions};
 use crate::pod::PodManager;
 use crate::podworkers::{Deps, PodWorkers, WorkQueue};
 use crate::server::{self, machine::MachineInfo, ServerState};
+use crate::source::static_pod::Takeover;
 use crate::source::{self, PodConfig};
 use crate::status::StatusManager;
 use crate::syncloop::{SyncLoop, SyncLoopHealth};
@@ -227,6 +228,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             cfg.file_check_frequency.0,
             pod_config.channel(source::FILE_SOURCE),
             token.child_token(),
+            running_static_pods(runtime.as_ref()).await,
         );
     }
     info!(node = %opts.node_name, static_pod_path = %cfg.static_pod_path, "rkubelet started");
@@ -251,4 +253,41 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
     }
     Ok(())
+}
+
+/// The static pods the runtime runs now (ready sandboxes from a file
+/// source), for a uid-less manifest to take over (see `Takeover`). Empty
+/// when the runtime does not answer: the manifests then get their own UIDs.
+async fn running_static_pods(runtime: &dyn RuntimeService) -> Takeover {
+    // Bounded: a runtime that hangs must not hold back the static pods.
+    let listed =
+        tokio::time::timeout(Duration::from_secs(10), runtime.list_pod_sandbox(None)).await;
+    let sandboxes = match listed.map_err(|_| "timed out".to_string()) {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            warn!(error = %e, "unable to list running pods for the takeover of static pods");
+            return Takeover::default();
+        }
+        Err(e) => {
+            warn!(error = %e, "unable to list running pods for the takeover of static pods");
+            return Takeover::default();
+        }
+    };
+    let running = sandboxes.into_iter().filter_map(|sb| {
+        let ready = sb.state == crate::cri::v1::PodSandboxState::SandboxReady as i32;
+        let from_file = sb
+            .annotations
+            .get(source::CONFIG_SOURCE_ANNOTATION)
+            .is_some_and(|s| s == source::FILE_SOURCE);
+        let l = &sb.labels;
+        let (name, ns, uid) = (
+            l.get(crate::kuberuntime::labels::POD_NAME)?,
+            l.get(crate::kuberuntime::labels::POD_NAMESPACE)?,
+            l.get(crate::kuberuntime::labels::POD_UID)?,
+        );
+        let created =
+            std::time::UNIX_EPOCH + std::time::Duration::from_nanos(sb.created_at.max(0) as u64);
+        (ready && from_file).then(|| ((ns.clone(), name.clone()), (uid.clone(), created)))
+    });
+    Takeover::new(running)
 }

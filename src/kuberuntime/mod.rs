@@ -107,6 +107,9 @@ impl SyncResult {
 
 /// How long one blocking file-system step of a sync may take.
 const FS_DEADLINE: Duration = Duration::from_secs(30);
+/// Termination messages are small files: a status read waits this long
+/// for them, then goes on without.
+const TERMINATION_READ_DEADLINE: Duration = Duration::from_secs(5);
 
 pub fn wall_now() -> Duration {
     SystemTime::now()
@@ -184,13 +187,37 @@ impl RuntimeManager {
                 Err(e) => return Err(e.into()),
             }
         }
+        let mut reads = Vec::new();
         for c in &containers {
             match self.runtime.container_status(&c.id).await {
-                Ok(s) => rt
-                    .containers
-                    .push(ContainerInfo::from_cri(&s, &c.pod_sandbox_id)),
+                Ok(s) => {
+                    if let Some(src) = ContainerInfo::termination_source(&s) {
+                        reads.push((rt.containers.len(), src));
+                    }
+                    rt.containers
+                        .push(ContainerInfo::from_cri(&s, &c.pod_sandbox_id));
+                }
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e.into()),
+            }
+        }
+        if !reads.is_empty() {
+            // Termination messages live in files of the pod (a volume may
+            // sit on a hung mount): read them off the async threads.
+            let (idx, srcs): (Vec<_>, Vec<_>) = reads.into_iter().unzip();
+            let read = crate::blocking::run(
+                format!("termination messages of pod {uid}"),
+                TERMINATION_READ_DEADLINE,
+                move || srcs.iter().map(|s| s.read()).collect::<Vec<_>>(),
+            )
+            .await;
+            match read {
+                Ok(msgs) => {
+                    for (i, m) in idx.into_iter().zip(msgs) {
+                        rt.containers[i].with_termination_message(m);
+                    }
+                }
+                Err(e) => warn!(pod_uid = uid, error = %e, "unable to read termination messages"),
             }
         }
         rt.sort();
@@ -264,7 +291,24 @@ impl RuntimeManager {
             }
         };
 
-        let sandbox_cfg = sandbox::sandbox_config(&self.opts, pod, a.attempt);
+        // Reads the host's resolv.conf: on a blocking thread.
+        let (opts, owned, attempt) = (self.opts.clone(), pod.clone(), a.attempt);
+        let sandbox_cfg = match crate::blocking::run(
+            format!(
+                "sandbox config for {}",
+                pod.metadata.uid.as_deref().unwrap_or_default()
+            ),
+            FS_DEADLINE,
+            move || sandbox::sandbox_config(&opts, &owned, attempt),
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                result.errors.push(format!("CreatePodSandbox: {e}"));
+                return result;
+            }
+        };
         let mut pod_ip = rt.ips().into_iter().next().unwrap_or_default();
         let sandbox_id = if a.create_sandbox {
             let dir = PathBuf::from(&sandbox_cfg.log_directory);
@@ -335,6 +379,14 @@ impl RuntimeManager {
                 volumes: &volumes,
             };
             if let Err(w) = self.start_container(&ctx, c, init).await {
+                // Upstream SyncPod: every start failure but the two backoffs
+                // fails the sync, which the pod worker retries after its
+                // backOffPeriod (10 s), not at once.
+                if !matches!(w.0.reason.as_str(), "CrashLoopBackOff" | "ImagePullBackOff") {
+                    result
+                        .errors
+                        .push(format!("{}: {}: {}", c.name, w.0.reason, w.0.message));
+                }
                 result.waiting.insert(c.name.clone(), w.0);
                 if let Some(after) = w.1 {
                     result.requeue(after);
@@ -463,7 +515,8 @@ impl RuntimeManager {
             ));
         }
         info!(pod = pod_name(pod), container = %c.name, id = %id, restart_count, "started container");
-        self.link_container_log(pod, ctx.sandbox_cfg, c, restart_count, &id);
+        self.link_container_log(pod, ctx.sandbox_cfg, c, restart_count, &id)
+            .await;
         if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             // Upstream runs postStart right after start and kills the
             // container when it fails; the restart policy and backoff apply.
@@ -614,19 +667,26 @@ impl RuntimeManager {
             .await
             .or_else(ignore_not_found)?;
         let suffix = format!("-{id}.log");
-        if let Ok(dir) = std::fs::read_dir(&self.opts.container_logs_dir) {
-            for e in dir.flatten() {
-                if e.file_name().to_string_lossy().ends_with(&suffix) {
-                    let _ = std::fs::remove_file(e.path());
+        let dir = self.opts.container_logs_dir.clone();
+        let unlinked = crate::blocking::run(format!("log link of {id}"), FS_DEADLINE, move || {
+            if let Ok(dir) = std::fs::read_dir(&dir) {
+                for e in dir.flatten() {
+                    if e.file_name().to_string_lossy().ends_with(&suffix) {
+                        let _ = std::fs::remove_file(e.path());
+                    }
                 }
             }
+        })
+        .await;
+        if let Err(e) = unlinked {
+            warn!(container_id = id, error = %e, "unable to remove the container's log link");
         }
         Ok(())
     }
 
     /// Links the container's log into /var/log/containers, where log
     /// collectors look (upstream `<pod>_<ns>_<container>-<id>.log`).
-    fn link_container_log(
+    async fn link_container_log(
         &self,
         pod: &Pod,
         sandbox_cfg: &cri::PodSandboxConfig,
@@ -643,12 +703,22 @@ impl RuntimeManager {
             pod.metadata.namespace.as_deref().unwrap_or("default"),
             c.name
         ));
-        let r = std::fs::create_dir_all(&self.opts.container_logs_dir)
-            .and_then(|_| std::os::unix::fs::symlink(&target, &link));
-        if let Err(e) = r {
-            if e.kind() != std::io::ErrorKind::AlreadyExists {
-                warn!(pod = pod_name(pod), container = %c.name, link = %link.display(), error = %e, "failed to link container log");
+        let dir = self.opts.container_logs_dir.clone();
+        let l = link.clone();
+        let r = crate::blocking::run(format!("log link of {id}"), FS_DEADLINE, move || {
+            let r =
+                std::fs::create_dir_all(&dir).and_then(|_| std::os::unix::fs::symlink(&target, &l));
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+                r => r,
             }
+        })
+        .await;
+        let r = r
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        if let Err(e) = r {
+            warn!(pod = pod_name(pod), container = %c.name, link = %link.display(), error = %e, "failed to link container log");
         }
     }
 

@@ -83,16 +83,9 @@ impl ContainerInfo {
             finished_at: s.finished_at,
             exit_code: s.exit_code,
             reason: s.reason.clone(),
-            message: if CState::from_cri(s.state) == CState::Exited {
-                let t = Self::termination_message(s);
-                match (s.message.is_empty(), t.is_empty()) {
-                    (_, true) => s.message.clone(),
-                    (true, false) => t,
-                    (false, false) => format!("{}: {t}", s.message),
-                }
-            } else {
-                s.message.clone()
-            },
+            // The termination message, read from files, is added by
+            // `with_termination_message` off the async threads.
+            message: s.message.clone(),
             image: s
                 .image
                 .as_ref()
@@ -108,25 +101,40 @@ impl ContainerInfo {
         }
     }
 
-    /// Upstream's termination message: the file behind
-    /// terminationMessagePath (at most 4 KiB), or with
-    /// FallbackToLogsOnError and a failure, the last 80 log lines (2 KiB).
-    fn termination_message(s: &cri::ContainerStatus) -> String {
+    /// Where upstream's termination message of an exited container is
+    /// read from: the file behind terminationMessagePath (at most 4 KiB),
+    /// or with FallbackToLogsOnError and a failure, the last 80 log lines
+    /// (2 KiB). None when there is nothing to read.
+    pub fn termination_source(s: &cri::ContainerStatus) -> Option<TerminationSource> {
+        if CState::from_cri(s.state) != CState::Exited {
+            return None;
+        }
         let path = s
             .annotations
             .get(labels::CONTAINER_TERMINATION_MESSAGE_PATH);
-        let host = path
+        let file = path
             .and_then(|p| s.mounts.iter().find(|m| &m.container_path == p))
-            .map(|m| m.host_path.as_str());
-        let mut msg = host.map(|h| read_tail(h, 4096)).unwrap_or_default();
+            .map(|m| m.host_path.clone());
         let fallback = s
             .annotations
             .get(labels::CONTAINER_TERMINATION_MESSAGE_POLICY)
             .is_some_and(|p| p == "FallbackToLogsOnError");
-        if msg.is_empty() && fallback && s.exit_code != 0 && !s.log_path.is_empty() {
-            msg = last_log_lines(&s.log_path, 80, 2048);
+        let log =
+            (fallback && s.exit_code != 0 && !s.log_path.is_empty()).then(|| s.log_path.clone());
+        (file.is_some() || log.is_some()).then_some(TerminationSource { file, log })
+    }
+
+    /// Joins the runtime's message and the termination message, as before
+    /// the reads moved off the async threads.
+    pub fn with_termination_message(&mut self, t: String) {
+        if t.is_empty() {
+            return;
         }
-        msg
+        self.message = if self.message.is_empty() {
+            t
+        } else {
+            format!("{}: {t}", self.message)
+        };
     }
 
     /// The hashes recorded on the container, for `hash::spec_changed`.
@@ -150,6 +158,28 @@ fn own_hash(a: &HashMap<String, String>) -> Option<&String> {
         a.get(labels::CONTAINER_SPEC_VERSION)
             .and(a.get(labels::CONTAINER_HASH))
     })
+}
+
+/// The files one exited container's termination message comes from.
+#[derive(Debug, Clone)]
+pub struct TerminationSource {
+    file: Option<String>,
+    log: Option<String>,
+}
+
+impl TerminationSource {
+    /// Reads the message. Blocking: call it on a blocking thread.
+    pub fn read(&self) -> String {
+        let msg = self
+            .file
+            .as_deref()
+            .map(|h| read_tail(h, 4096))
+            .unwrap_or_default();
+        match &self.log {
+            Some(log) if msg.is_empty() => last_log_lines(log, 80, 2048),
+            _ => msg,
+        }
+    }
 }
 
 /// The last `max` bytes of a file, lossily decoded.

@@ -1336,6 +1336,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_container_config_error_is_retried_after_upstreams_backoff() {
+        // Old code: CreateContainerConfigError was retried every 2 s.
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let mut pod = (*named("cfg", "u-cfg", "busybox:1.36", &["app"])).clone();
+        let spec = pod.spec.as_mut().unwrap();
+        spec.volumes = Some(vec![k8s_openapi::api::core::v1::Volume {
+            name: "data".into(),
+            empty_dir: Some(Default::default()),
+            ..Default::default()
+        }]);
+        spec.containers[0].volume_mounts = Some(vec![k8s_openapi::api::core::v1::VolumeMount {
+            name: "data".into(),
+            mount_path: "/data".into(),
+            sub_path: Some("../../escape".into()),
+            ..Default::default()
+        }]);
+        w.update("u-cfg", Work::Sync(Arc::new(pod)));
+        until("the config error", || {
+            w.deps
+                .status
+                .get("u-cfg")
+                .is_some_and(|s| format!("{s:?}").contains("CreateContainerConfigError"))
+        })
+        .await;
+        until("the retry to be queued", || {
+            w.deps.queue.due_in("u-cfg").is_some()
+        })
+        .await;
+        let due = w.deps.queue.due_in("u-cfg").unwrap();
+        assert!(due > Duration::from_secs(9), "retry due in {due:?}");
+        token.cancel();
+    }
+
+    #[tokio::test]
     async fn a_panicking_sync_backs_off_and_the_worker_survives() {
         // Old code: the worker task died with the panic; the pod was stuck.
         let fake = Arc::new(FakeRuntime::new());

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::static_pod::{decode_static_pod_at, read_manifest};
+use super::static_pod::{decode_static_pod_adopting, read_manifest, Takeover};
 use super::{pod_uid, Pod, PodOperation, PodUpdate, SourceError, FILE_SOURCE};
 
 /// Upstream's default fileCheckFrequency.
@@ -40,8 +40,9 @@ pub fn spawn_file_source(
     period: Duration,
     out: mpsc::Sender<PodUpdate>,
     token: CancellationToken,
+    takeover: Takeover,
 ) -> JoinHandle<()> {
-    tokio::spawn(run(path, node_name, period, out, token, true))
+    tokio::spawn(run(path, node_name, period, out, token, true, takeover))
 }
 
 /// What one manifest file last contributed.
@@ -63,6 +64,8 @@ struct Scanner {
     path: PathBuf,
     node_name: String,
     entries: BTreeMap<PathBuf, Entry>,
+    /// Pods a previous kubelet left running, for uid-less manifests.
+    takeover: Takeover,
     /// Set when a scan read a large file or rejected one: the heap is
     /// trimmed afterwards so a storm of bad manifests leaves no RSS behind.
     heavy: std::cell::Cell<bool>,
@@ -74,6 +77,7 @@ impl Scanner {
             path,
             node_name,
             entries: BTreeMap::new(),
+            takeover: Takeover::default(),
             heavy: std::cell::Cell::new(false),
         }
     }
@@ -202,7 +206,16 @@ impl Scanner {
             }
             return Some(same);
         }
-        match decode_static_pod_at(&bytes, file, &self.node_name, SystemTime::now()) {
+        let adopt = |ns: &str, name: &str| {
+            if self.takeover.is_empty() {
+                return None;
+            }
+            let mtime = std::fs::metadata(file).and_then(|m| m.modified()).ok()?;
+            let uid = self.takeover.claim(ns, name, mtime)?;
+            tracing::info!(pod = name, namespace = ns, pod_uid = %uid, path = %file.display(), "taking over the running static pod with its UID");
+            Some(uid)
+        };
+        match decode_static_pod_adopting(&bytes, file, &self.node_name, SystemTime::now(), adopt) {
             Ok(pod) => {
                 tracing::info!(
                     pod = pod.metadata.name.as_deref().unwrap_or(""),
@@ -413,9 +426,11 @@ async fn run(
     out: mpsc::Sender<PodUpdate>,
     token: CancellationToken,
     use_inotify: bool,
+    takeover: Takeover,
 ) {
     tracing::info!(path = %path.display(), "watching static pod path");
     let mut scanner = Scanner::new(path.clone(), node_name);
+    scanner.takeover = takeover;
     let mut watcher = match use_inotify.then(Watcher::new).transpose() {
         Ok(w) => w,
         Err(e) => {
@@ -660,7 +675,14 @@ mod tests {
         std::fs::write(dir.0.join("a.yaml"), manifest("a", "nginx")).unwrap();
         let (tx, mut rx) = mpsc::channel(16);
         let token = CancellationToken::new();
-        let task = spawn_file_source(dir.0.clone(), "node".into(), NO_RESCAN, tx, token.clone());
+        let task = spawn_file_source(
+            dir.0.clone(),
+            "node".into(),
+            NO_RESCAN,
+            tx,
+            token.clone(),
+            Takeover::default(),
+        );
 
         let first = recv(&mut rx).await;
         assert_eq!(
@@ -715,6 +737,7 @@ mod tests {
             NO_RESCAN,
             config.channel(FILE_SOURCE),
             token.clone(),
+            Takeover::default(),
         );
 
         // The empty directory still reports, so the source counts as seen.
@@ -761,7 +784,14 @@ mod tests {
         let dir = parent.0.join("manifests");
         let (tx, mut rx) = mpsc::channel(16);
         let token = CancellationToken::new();
-        let task = spawn_file_source(dir.clone(), "node".into(), NO_RESCAN, tx, token.clone());
+        let task = spawn_file_source(
+            dir.clone(),
+            "node".into(),
+            NO_RESCAN,
+            tx,
+            token.clone(),
+            Takeover::default(),
+        );
         assert!(recv(&mut rx).await.pods.is_empty());
 
         std::fs::create_dir(&dir).unwrap();
@@ -787,7 +817,14 @@ mod tests {
         std::fs::write(&file, manifest("p", "nginx:1")).unwrap();
         let (tx, mut rx) = mpsc::channel(16);
         let token = CancellationToken::new();
-        let task = spawn_file_source(file.clone(), "node".into(), NO_RESCAN, tx, token.clone());
+        let task = spawn_file_source(
+            file.clone(),
+            "node".into(),
+            NO_RESCAN,
+            tx,
+            token.clone(),
+            Takeover::default(),
+        );
         let first = recv(&mut rx).await;
         assert_eq!(names(&first.pods), vec!["p-node"]);
 
@@ -822,6 +859,7 @@ mod tests {
             tx,
             token.clone(),
             false,
+            Takeover::default(),
         ));
         assert!(recv(&mut rx).await.pods.is_empty());
         // A broken file that a relist sees is simply absent from the set.

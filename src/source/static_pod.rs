@@ -2,6 +2,7 @@
 //! pkg/kubelet/config/common.go (tryDecodeSinglePod, applyDefaults, getAPIReferences) and the
 //! v1 Pod defaulting of pkg/apis/core/v1/defaults.go + zz_generated.defaults.go.
 
+use std::collections::HashMap;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
@@ -61,6 +62,18 @@ pub fn decode_static_pod_at(
     node_name: &str,
     now: SystemTime,
 ) -> Result<Pod, SourceError> {
+    decode_static_pod_adopting(bytes, path, node_name, now, |_, _| None)
+}
+
+/// As `decode_static_pod_at`; a manifest without metadata.uid takes the UID
+/// `adopt(namespace, full name)` returns, if any, instead of computing one.
+pub fn decode_static_pod_adopting(
+    bytes: &[u8],
+    path: &Path,
+    node_name: &str,
+    now: SystemTime,
+    adopt: impl FnOnce(&str, &str) -> Option<String>,
+) -> Result<Pod, SourceError> {
     let mut pod = parse_pod(bytes, path)?;
     if pod.metadata.name.as_deref().unwrap_or("").is_empty() {
         return Err(invalid(
@@ -69,7 +82,13 @@ pub fn decode_static_pod_at(
         ));
     }
     if pod.metadata.uid.as_deref().unwrap_or("").is_empty() {
-        pod.metadata.uid = Some(static_pod_uid(&pod, node_name, path));
+        let ns = match pod.metadata.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => ns,
+            _ => "default",
+        };
+        let full = static_pod_name(pod.metadata.name.as_deref().unwrap_or(""), node_name);
+        let uid = adopt(ns, &full).unwrap_or_else(|| static_pod_uid(&pod, node_name, path));
+        pod.metadata.uid = Some(uid);
     }
     apply_pod_defaults(&mut pod);
     apply_static_defaults(&mut pod, node_name, now);
@@ -169,15 +188,63 @@ pub fn static_pod_uid(pod: &Pod, node_name: &str, path: &Path) -> String {
         .collect()
 }
 
+/// A static pod's name: the manifest's, suffixed with the node name.
+fn static_pod_name(name: &str, node_name: &str) -> String {
+    format!("{name}-{}", node_name.to_lowercase())
+}
+
+/// (namespace, full name) → (UID, sandbox creation time).
+type RunningStatic = HashMap<(String, String), (String, SystemTime)>;
+
+/// Static pods another kubelet (upstream, on a node being taken over) left
+/// running, keyed by (namespace, full name), with their UID and the time
+/// their sandbox was created.
+///
+/// Upstream names a manifest without metadata.uid by an MD5 over go-spew's
+/// dump of the decoded Go struct, which cannot be reproduced outside Go;
+/// rkubelet's own UID differs, so taking over a kubeadm control-plane node
+/// would restart etcd and the API server. Instead, a uid-less manifest not
+/// modified since the running sandbox of the same pod was created is that
+/// pod: it takes the sandbox's UID. Each is claimed at most once; a
+/// manifest edited since then gets its own UID and waits, by full name, for
+/// the old pod to terminate.
+#[derive(Debug, Default, Clone)]
+pub struct Takeover(std::sync::Arc<parking_lot::Mutex<RunningStatic>>);
+
+impl Takeover {
+    pub fn new(
+        running: impl IntoIterator<Item = ((String, String), (String, SystemTime))>,
+    ) -> Self {
+        Takeover(std::sync::Arc::new(parking_lot::Mutex::new(
+            running.into_iter().collect(),
+        )))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().is_empty()
+    }
+
+    /// The UID of the running pod `namespace/name`, if the manifest (last
+    /// modified at `mtime`) predates its sandbox.
+    pub fn claim(&self, namespace: &str, name: &str, mtime: SystemTime) -> Option<String> {
+        let mut running = self.0.lock();
+        let key = (namespace.to_string(), name.to_string());
+        let (_, created) = running.get(&key)?;
+        if mtime > *created {
+            return None;
+        }
+        running.remove(&key).map(|(uid, _)| uid)
+    }
+}
+
 /// Upstream applyDefaults for file sources (the UID is set before this).
 fn apply_static_defaults(pod: &mut Pod, node_name: &str, now: SystemTime) {
     let meta = &mut pod.metadata;
     let uid = meta.uid.clone().unwrap_or_default();
     // Unique among nodes once mirrored to the apiserver.
-    meta.name = Some(format!(
-        "{}-{}",
+    meta.name = Some(static_pod_name(
         meta.name.as_deref().unwrap_or(""),
-        node_name.to_lowercase()
+        node_name,
     ));
     if meta.namespace.as_deref().unwrap_or("").is_empty() {
         meta.namespace = Some("default".to_string());
@@ -1142,6 +1209,57 @@ spec:
         ))
         .unwrap();
         assert_eq!(a.metadata.uid, reformatted.metadata.uid);
+    }
+
+    #[test]
+    fn a_uidless_manifest_takes_over_the_running_pod_it_predates() {
+        // Old code: the computed UID always, so a node taken over from the
+        // upstream kubelet had its kubeadm static pods replaced.
+        let text = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\n  namespace: kube-system\nspec:\n  containers:\n  - name: etcd\n    image: etcd\n";
+        let created = at(1000);
+        let running = |uid: &str| {
+            Takeover::new([(
+                ("kube-system".to_string(), "etcd-node".to_string()),
+                (uid.to_string(), created),
+            )])
+        };
+        let decode_with = |t: &Takeover, mtime| {
+            decode_static_pod_adopting(text.as_bytes(), &path(), "node", at(2000), |ns, name| {
+                t.claim(ns, name, mtime)
+            })
+            .unwrap()
+        };
+        let t = running("upstream-uid");
+        let pod = decode_with(&t, at(900));
+        assert_eq!(pod.metadata.uid.as_deref(), Some("upstream-uid"));
+        assert_eq!(
+            pod.metadata.annotations.as_ref().unwrap()[CONFIG_HASH_ANNOTATION],
+            "upstream-uid"
+        );
+        // Claimed once: a second manifest of the same name computes its own.
+        let own = decode_static_pod_at(text.as_bytes(), &path(), "node", at(2000))
+            .unwrap()
+            .metadata
+            .uid;
+        assert_eq!(decode_with(&t, at(900)).metadata.uid, own);
+        // Edited after the sandbox started: a new pod, with its own UID.
+        let t = running("upstream-uid");
+        assert_eq!(decode_with(&t, at(1001)).metadata.uid, own);
+        // An explicit metadata.uid is never replaced.
+        let t = running("upstream-uid");
+        let explicit = text.replace(
+            "name: etcd\n  namespace",
+            "name: etcd\n  uid: mine\n  namespace",
+        );
+        let pod = decode_static_pod_adopting(
+            explicit.as_bytes(),
+            &path(),
+            "node",
+            at(2000),
+            |ns, name| t.claim(ns, name, at(900)),
+        )
+        .unwrap();
+        assert_eq!(pod.metadata.uid.as_deref(), Some("mine"));
     }
 
     #[test]
