@@ -24,47 +24,65 @@ pub enum BlockingError {
     Panicked { what: String, message: String },
 }
 
-static IN_FLIGHT: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Default::default);
+/// Keys whose call missed its deadline and has not returned yet.
+static STUCK: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Default::default);
 
-struct Release(String);
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        IN_FLIGHT.lock().remove(&self.0);
-    }
+/// One call's state, shared by the caller and the blocking thread, so that
+/// "timed out" and "returned" are decided under one lock (no key is left
+/// marked stuck by a call that returned just as its deadline passed).
+#[derive(Default)]
+struct Call {
+    done: bool,
+    timed_out: bool,
 }
 
 /// Runs `f` on the blocking pool and waits at most `deadline` for it.
-/// `key` names the work (e.g. `volumes/<pod uid>`): at most one call per
-/// key is in flight, stuck or not.
+/// `key` names the work (e.g. `volumes/<pod uid>`): once a call with that
+/// key has missed its deadline, further calls are refused until it really
+/// returns, so one hung pod holds at most one blocking thread however often
+/// it retries. Calls that are merely in flight do not block each other.
 pub async fn run<T: Send + 'static>(
     key: String,
     deadline: Duration,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, BlockingError> {
-    if !IN_FLIGHT.lock().insert(key.clone()) {
+    if STUCK.lock().contains(&key) {
         return Err(BlockingError::StillStuck { what: key });
     }
-    // Released when `f` returns, on the blocking thread: an abandoned call
-    // keeps its key until it really ends.
-    let release = Arc::new(Release(key.clone()));
-    let held = release.clone();
+    let call = Arc::new(Mutex::new(Call::default()));
+    let (held, k) = (call.clone(), key.clone());
     let task = tokio::task::spawn_blocking(move || {
-        let r = f();
-        drop(held);
-        r
+        // Marks the call done even if `f` panics.
+        struct Done(Arc<Mutex<Call>>, String);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                let mut c = self.0.lock();
+                c.done = true;
+                if c.timed_out {
+                    STUCK.lock().remove(&self.1);
+                }
+            }
+        }
+        let _done = Done(held, k);
+        f()
     });
-    drop(release);
     match tokio::time::timeout(deadline, task).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(BlockingError::Panicked {
             what: key,
             message: e.to_string(),
         }),
-        Err(_) => Err(BlockingError::Timeout {
-            what: key,
-            deadline,
-        }),
+        Err(_) => {
+            let mut c = call.lock();
+            if !c.done {
+                c.timed_out = true;
+                STUCK.lock().insert(key.clone());
+            }
+            Err(BlockingError::Timeout {
+                what: key,
+                deadline,
+            })
+        }
     }
 }
 
@@ -113,5 +131,27 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    #[tokio::test]
+    async fn calls_in_flight_with_one_key_do_not_refuse_each_other() {
+        // Old rule: a second call with a key in flight was refused as
+        // "still stuck" though nothing had missed a deadline.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+        let first = tokio::spawn(run("k/busy".into(), Duration::from_secs(5), move || {
+            let _ = started_tx.send(());
+            let _ = rx.recv();
+            1
+        }));
+        started.await.unwrap();
+        assert_eq!(
+            run("k/busy".into(), Duration::from_secs(5), || 2)
+                .await
+                .unwrap(),
+            2
+        );
+        tx.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), 1);
     }
 }

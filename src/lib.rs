@@ -1,6 +1,7 @@
 //! rkubelet: the Kubernetes node agent (kubelet) rebuilt in Rust. Modules
 //! mirror the upstream kubelet's parts; see docs/architecture.md.
 
+pub mod apiclient;
 pub mod blocking;
 pub mod cm;
 pub mod config;
@@ -9,6 +10,7 @@ pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod memtrim;
+pub mod nodestatus;
 pub mod pleg;
 pub mod pod;
 pub mod podworkers;

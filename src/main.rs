@@ -109,6 +109,8 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
         node_name: kubelet::node_name(flags.hostname_override.as_deref()),
         node_ip: flags.node_ip.clone(),
         root_dir: flags.root_dir.clone(),
+        kubeconfig: flags.kubeconfig.clone(),
+        node_labels: flags.node_labels.clone(),
         config: cfg,
     };
     // Probes and CRI calls are many small wake-ups: one worker thread saves

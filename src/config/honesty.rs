@@ -30,9 +30,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "enableDebuggingHandlers",
     "enableContentionProfiling",
     "streamingConnectionIdleTimeout",
-    "nodeStatusUpdateFrequency",
-    "nodeStatusReportFrequency",
-    "nodeLeaseDurationSeconds",
     "imageMinimumGCAge",
     "imageMaximumGCAge",
     "imageGCHighThresholdPercent",
@@ -57,11 +54,8 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "runOnce",
     "cpuCFSQuota",
     "cpuCFSQuotaPeriod",
-    "nodeStatusMaxImages",
     "maxOpenFiles",
     "contentType",
-    "kubeAPIQPS",
-    "kubeAPIBurst",
     "evictionHard",
     "evictionSoft",
     "evictionSoftGracePeriod",
@@ -70,7 +64,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "evictionMinimumReclaim",
     "mergeDefaultEvictionSettings",
     "podsPerCore",
-    "enableControllerAttachDetach",
     "protectKernelDefaults",
     "makeIPTablesUtilChains",
     "iptablesMasqueradeBit",
@@ -92,7 +85,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "enforceNodeAllocatable",
     "allowedUnsafeSysctls",
     "volumePluginDir",
-    "providerID",
     "kernelMemcgNotification",
     "logging",
     "enableSystemLogHandler",
@@ -105,7 +97,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "enableProfilingHandler",
     "enableDebugFlagsHandler",
     "memoryThrottlingFactor",
-    "registerWithTaints",
     "registerNode",
     "tracing",
     "localStorageCapacityIsolation",
@@ -156,19 +147,9 @@ pub fn unimplemented_settings(
         }
     };
     flag(
-        flags.kubeconfig.is_some(),
-        "kubeconfig",
-        "rkubelet runs standalone (static pods only)",
-    );
-    flag(
         flags.bootstrap_kubeconfig.is_some(),
         "bootstrap-kubeconfig",
         "no TLS bootstrap yet",
-    );
-    flag(
-        !flags.node_labels.is_empty(),
-        "node-labels",
-        "no Node is registered yet",
     );
     flag(flags.cloud_provider.is_some(), "cloud-provider", "ignored");
     flag(
@@ -196,9 +177,9 @@ mod tests {
             w,
             vec!["field maxPods is accepted but not implemented".to_string()]
         );
-        flags.kubeconfig = Some("/etc/kubernetes/kubelet.conf".into());
+        flags.bootstrap_kubeconfig = Some("/etc/kubernetes/bootstrap-kubelet.conf".into());
         let w = unimplemented_settings(&cfg, &base, &flags);
-        assert!(w[1].starts_with("flag --kubeconfig is accepted but not implemented"));
+        assert!(w[1].starts_with("flag --bootstrap-kubeconfig is accepted but not implemented"));
         let w = unimplemented_settings(&base, &base, &KubeletFlags::default());
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].starts_with("field port is accepted but not implemented"));

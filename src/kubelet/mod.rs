@@ -36,6 +36,10 @@ pub enum KubeletError {
     Listen(#[from] ListenError),
     #[error("invalid address {0:?}")]
     Address(String),
+    #[error(transparent)]
+    ApiClient(#[from] crate::apiclient::ApiClientError),
+    #[error("failed to validate nodeIP: {0}")]
+    NodeIp(String),
     #[error("cannot create directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -51,6 +55,10 @@ pub struct KubeletOptions {
     pub node_name: String,
     pub node_ip: Option<String>,
     pub root_dir: PathBuf,
+    /// Cluster mode when set: the API server's kubeconfig.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--node-labels`, applied when the Node is registered.
+    pub node_labels: std::collections::BTreeMap<String, String>,
 }
 
 /// The node name upstream uses: --hostname-override or the hostname, lowercased.
@@ -123,12 +131,14 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     }
     let runtime: Arc<dyn RuntimeService> = remote.clone();
     let images: Arc<dyn ImageService> = remote;
+    let images_for_node = images.clone();
     let node_ip = opts
         .node_ip
         .clone()
         .or_else(detect_node_ip)
         .unwrap_or_default();
     let machine = Arc::new(MachineInfo::read());
+    let machine_for_node = machine.clone();
 
     let rt_opts = RuntimeOptions {
         root_dir: opts.root_dir.clone(),
@@ -191,7 +201,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         syncloop: health.clone(),
         machine,
         probes,
-        runtime_state,
+        runtime_state: runtime_state.clone(),
     };
     let mut servers = Vec::new();
     if cfg.healthz_port > 0 {
@@ -231,7 +241,26 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             running_static_pods(runtime.as_ref()).await,
         );
     }
-    info!(node = %opts.node_name, static_pod_path = %cfg.static_pod_path, "rkubelet started");
+    let mut deleting = None;
+    if let Some(path) = opts.kubeconfig.as_deref() {
+        let c = ClusterParts {
+            opts: &opts,
+            path,
+            node_ip: &node_ip,
+            machine: &machine_for_node,
+            runtime: runtime.clone(),
+            images: images_for_node.clone(),
+            runtime_state: runtime_state.clone(),
+            pleg: pleg.clone(),
+            pods: pods.clone(),
+            status: status.clone(),
+            workers: workers.clone(),
+        };
+        let d = start_cluster_mode(c, pod_config.channel(source::API_SOURCE), &token).await?;
+        expected.push(source::API_SOURCE);
+        deleting = Some(d);
+    }
+    info!(node = %opts.node_name, static_pod_path = %cfg.static_pod_path, cluster = opts.kubeconfig.is_some(), "rkubelet started");
     let sync_loop = SyncLoop {
         pods,
         status,
@@ -244,6 +273,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         gc: Some(Box::new(move || {
             gc_manager.gc_backoff();
         })),
+        deleting,
     };
     sync_loop
         .run(updates_rx, pleg_rx, probe_rx, token.clone())
@@ -290,4 +320,163 @@ async fn running_static_pods(runtime: &dyn RuntimeService) -> Takeover {
         (ready && from_file).then(|| ((ns.clone(), name.clone()), (uid.clone(), created)))
     });
     Takeover::new(running)
+}
+
+/// What cluster mode is started from.
+struct ClusterParts<'a> {
+    opts: &'a KubeletOptions,
+    path: &'a std::path::Path,
+    node_ip: &'a str,
+    machine: &'a MachineInfo,
+    runtime: Arc<dyn RuntimeService>,
+    images: Arc<dyn ImageService>,
+    runtime_state: crate::runtimestate::RuntimeState,
+    pleg: pleg::PlegHandle,
+    pods: PodManager,
+    status: StatusManager,
+    workers: PodWorkers,
+}
+
+/// Starts what joins the node to a cluster: the Node with its status and
+/// Lease, the API pod source, and the API status sync. Nothing here waits
+/// for the API server: each loop retries on its own.
+async fn start_cluster_mode(
+    c: ClusterParts<'_>,
+    api_updates: mpsc::Sender<source::PodUpdate>,
+    token: &CancellationToken,
+) -> Result<crate::status::apisync::Deleting, KubeletError> {
+    use crate::nodestatus::{self, NodeConfig, Observed};
+    let cfg = &c.opts.config;
+    if let Ok(ip) = c.node_ip.parse::<IpAddr>() {
+        if ip.is_loopback() {
+            return Err(KubeletError::NodeIp(
+                "nodeIP can't be loopback address".into(),
+            ));
+        }
+    }
+    let api =
+        crate::apiclient::ApiClient::from_kubeconfig(c.path, cfg.kube_api_qps, cfg.kube_api_burst)
+            .await?;
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let node_cfg = NodeConfig {
+        node_name: c.opts.node_name.clone(),
+        hostname: c.opts.node_name.clone(),
+        node_ip: c.node_ip.to_string(),
+        node_labels: c.opts.node_labels.clone(),
+        taints: cfg
+            .register_with_taints
+            .iter()
+            .map(|t| k8s_openapi::api::core::v1::Taint {
+                key: t.key.clone(),
+                value: (!t.value.is_empty()).then(|| t.value.clone()),
+                effect: t.effect.clone(),
+                time_added: None,
+            })
+            .collect(),
+        provider_id: cfg.provider_id.clone(),
+        max_pods: cfg.max_pods,
+        kubelet_port: cfg.port,
+        controller_attach_detach: cfg.enable_controller_attach_detach,
+        kube_reserved: cfg.kube_reserved.clone().into_iter().collect(),
+        system_reserved: cfg.system_reserved.clone().into_iter().collect(),
+        eviction_hard: cfg.eviction_hard.clone().into_iter().collect(),
+        num_cores: c.machine.num_cores,
+        memory_bytes: c.machine.memory_capacity,
+        ephemeral_storage_bytes: nodestatus::fs_capacity(&c.opts.root_dir),
+        machine_id: c.machine.machine_id.clone(),
+        system_uuid: c.machine.system_uuid.clone(),
+        boot_id: c.machine.boot_id.clone(),
+        kernel_version: read("/proc/sys/kernel/osrelease"),
+        os_image: nodestatus::os_image(),
+        kubelet_version: KUBERNETES_VERSION.to_string(),
+        update_frequency: cfg.node_status_update_frequency.0,
+        report_frequency: cfg.node_status_report_frequency.0,
+        lease_duration_seconds: cfg.node_lease_duration_seconds,
+        max_images: cfg.node_status_max_images,
+    };
+    let max_images = node_cfg.max_images;
+    let observe: nodestatus::Observe = {
+        let (runtime, images, rs, pleg) = (
+            c.runtime.clone(),
+            c.images.clone(),
+            c.runtime_state.clone(),
+            c.pleg.clone(),
+        );
+        Arc::new(move || {
+            let (runtime, images, rs, pleg) =
+                (runtime.clone(), images.clone(), rs.clone(), pleg.clone());
+            Box::pin(async move {
+                // Upstream's Ready errors: runtime, network, then PLEG.
+                let errors: Vec<String> =
+                    [rs.runtime_error(), rs.network_error(), pleg.healthy().err()]
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                let runtime_version = match runtime.version().await {
+                    Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
+                    Err(_) => String::new(),
+                };
+                let list = images.list_images().await.unwrap_or_default();
+                let list = list
+                    .into_iter()
+                    .map(|i| k8s_openapi::api::core::v1::ContainerImage {
+                        names: Some(i.repo_digests.into_iter().chain(i.repo_tags).collect()),
+                        size_bytes: Some(i.size as i64),
+                    })
+                    .collect();
+                Observed {
+                    errors,
+                    runtime_version,
+                    images: nodestatus::node_images(list, max_images),
+                }
+            })
+        })
+    };
+    let (registered_tx, registered_rx) = tokio::sync::watch::channel(None);
+    let t = token.child_token();
+    let (a, n) = (api.clone(), node_cfg.clone());
+    tokio::spawn(tracing::Instrument::instrument(
+        nodestatus::run(a, n, observe, registered_tx, t),
+        tracing::info_span!("node-status"),
+    ));
+    tokio::spawn(tracing::Instrument::instrument(
+        nodestatus::lease::run(
+            api.clone(),
+            node_cfg.node_name.clone(),
+            node_cfg.lease_duration_seconds,
+            registered_rx.clone(),
+            token.child_token(),
+        ),
+        tracing::info_span!("node-lease"),
+    ));
+    let mirrors = source::api::MirrorPods::default();
+    source::api::spawn_api_source(
+        api.clone(),
+        node_cfg.node_name.clone(),
+        api_updates,
+        mirrors.clone(),
+        token.child_token(),
+    );
+    let deleting = crate::status::apisync::Deleting::default();
+    let workers = c.workers.clone();
+    let sync = crate::status::apisync::ApiStatusSync {
+        api,
+        node_name: node_cfg.node_name.clone(),
+        node_uid: registered_rx,
+        pods: c.pods.clone(),
+        status: c.status.clone(),
+        mirrors,
+        deleting: deleting.clone(),
+        worker_known: Arc::new(move |uid| workers.is_known(uid)),
+    };
+    tokio::spawn(tracing::Instrument::instrument(
+        sync.run(token.child_token()),
+        tracing::info_span!("status-sync"),
+    ));
+    info!(node = %node_cfg.node_name, kubeconfig = %c.path.display(), "cluster mode: registering with the API server");
+    Ok(deleting)
 }

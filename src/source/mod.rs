@@ -2,6 +2,7 @@
 //! upstream's pkg/kubelet/config/config.go (podStorage.merge in incremental mode) and
 //! pkg/kubelet/types/pod_update.go.
 
+pub mod api;
 pub mod file;
 pub mod static_pod;
 

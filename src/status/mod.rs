@@ -3,6 +3,7 @@
 //! in cluster mode, for patching `pods/status`). Upstream
 //! `pkg/kubelet/status` plus generateAPIPodStatus in `kubelet_pods.go`.
 
+pub mod apisync;
 pub mod generate;
 
 use std::collections::HashMap;
@@ -15,7 +16,17 @@ pub use generate::{generate_pod_status, StatusInput};
 
 #[derive(Default, Clone)]
 pub struct StatusManager {
-    statuses: Arc<RwLock<HashMap<String, Arc<PodStatus>>>>,
+    statuses: Arc<RwLock<HashMap<String, Versioned>>>,
+    /// Woken when a status changes, for the API sync.
+    changed: Arc<tokio::sync::Notify>,
+}
+
+/// A status and its version: bumped only when the status really changes,
+/// so the API sync sends each new status once (upstream versionedPodStatus).
+#[derive(Clone)]
+struct Versioned {
+    status: Arc<PodStatus>,
+    version: u64,
 }
 
 impl StatusManager {
@@ -24,7 +35,20 @@ impl StatusManager {
     }
 
     pub fn get(&self, uid: &str) -> Option<Arc<PodStatus>> {
-        self.statuses.read().get(uid).cloned()
+        self.statuses.read().get(uid).map(|v| v.status.clone())
+    }
+
+    /// The status with its version.
+    pub fn get_versioned(&self, uid: &str) -> Option<(Arc<PodStatus>, u64)> {
+        self.statuses
+            .read()
+            .get(uid)
+            .map(|v| (v.status.clone(), v.version))
+    }
+
+    /// Resolves when a status changed since the last call returned.
+    pub async fn changed(&self) {
+        self.changed.notified().await
     }
 
     /// Stores a status. A pod that reached Succeeded or Failed never goes
@@ -32,16 +56,30 @@ impl StatusManager {
     /// with it (upstream's terminal-phase guard).
     pub fn set(&self, uid: &str, mut status: PodStatus) {
         let mut map = self.statuses.write();
+        let mut version = 1;
         if let Some(old) = map.get(uid) {
-            if generate::is_terminal(old.phase.as_deref())
+            let o = &old.status;
+            if generate::is_terminal(o.phase.as_deref())
                 && !generate::is_terminal(status.phase.as_deref())
             {
-                status.phase = old.phase.clone();
-                status.reason = old.reason.clone();
-                status.message = old.message.clone();
+                status.phase = o.phase.clone();
+                status.reason = o.reason.clone();
+                status.message = o.message.clone();
             }
+            if **o == status {
+                return;
+            }
+            version = old.version + 1;
         }
-        map.insert(uid.to_string(), Arc::new(status));
+        map.insert(
+            uid.to_string(),
+            Versioned {
+                status: Arc::new(status),
+                version,
+            },
+        );
+        drop(map);
+        self.changed.notify_one();
     }
 
     pub fn remove(&self, uid: &str) {

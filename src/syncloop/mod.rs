@@ -73,6 +73,9 @@ pub struct SyncLoop {
     pub expected_sources: Vec<String>,
     /// Drops per-pod caches (restart and pull backoff) of pods long gone.
     pub gc: Option<Box<dyn Fn() + Send + Sync>>,
+    /// Cluster mode: API pods deleted gracefully, finished in the API once
+    /// their worker is done.
+    pub deleting: Option<crate::status::apisync::Deleting>,
 }
 
 impl SyncLoop {
@@ -132,27 +135,44 @@ impl SyncLoop {
         for pod in u.pods {
             let uid = crate::source::pod_uid(&pod).to_string();
             match u.op {
+                // A pod that arrives already deleted (an rkubelet restart
+                // during a graceful deletion) is terminated, not started.
+                PodOperation::Add | PodOperation::Update | PodOperation::Set
+                    if pod.metadata.deletion_timestamp.is_some() =>
+                {
+                    self.terminate(pod, &uid, u.op);
+                }
                 PodOperation::Add | PodOperation::Update | PodOperation::Set => {
                     info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, op = ?u.op, "syncing pod");
                     let pod = self.pods.upsert(pod);
                     self.workers.update(&uid, Work::Sync(pod));
                 }
-                PodOperation::Delete | PodOperation::Remove => {
-                    info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, op = ?u.op, "terminating pod");
-                    let grace = pod.metadata.deletion_grace_period_seconds;
-                    let pod = self.pods.remove(&uid).unwrap_or_else(|| Arc::new(pod));
-                    self.workers.update(
-                        &uid,
-                        Work::Terminate {
-                            pod: Some(pod),
-                            grace,
-                        },
-                    );
-                }
+                PodOperation::Delete | PodOperation::Remove => self.terminate(pod, &uid, u.op),
                 // Status-only changes from the API server need no runtime work.
                 PodOperation::Reconcile => {}
             }
         }
+    }
+
+    fn terminate(&self, pod: crate::source::Pod, uid: &str, op: PodOperation) {
+        info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, op = ?op, "terminating pod");
+        let grace = pod.metadata.deletion_grace_period_seconds;
+        if let Some(d) = &self.deleting {
+            if op != PodOperation::Remove
+                && pod.metadata.deletion_timestamp.is_some()
+                && crate::status::apisync::is_api_pod(&pod)
+            {
+                d.add(&pod);
+            }
+        }
+        let pod = self.pods.remove(uid).unwrap_or_else(|| Arc::new(pod));
+        self.workers.update(
+            uid,
+            Work::Terminate {
+                pod: Some(pod),
+                grace,
+            },
+        );
     }
 
     fn handle_pleg(&self, ev: PodLifecycleEvent) {
@@ -243,6 +263,7 @@ mod tests {
             sources_ready: Box::new(|| true),
             expected_sources: vec![crate::source::FILE_SOURCE.to_string()],
             gc: None,
+            deleting: None,
         };
         let t = token.child_token();
         let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, t));

@@ -173,6 +173,8 @@ pub struct Kubelet {
     pub healthz: String,
     /// Appended to the KubeletConfiguration on the next `spawn`.
     pub extra_config: String,
+    /// Added to the command line on the next `spawn`.
+    pub extra_args: Vec<String>,
     child: Option<Child>,
     pub cri: Cri,
     _lock: MutexGuard<'static, ()>,
@@ -181,6 +183,14 @@ pub struct Kubelet {
 impl Kubelet {
     /// Starts rkubelet as node `node` (pod names end in `-<node>`).
     pub fn start(node: &str) -> Self {
+        let mut k = Self::new(node);
+        k.spawn();
+        k
+    }
+
+    /// As `start`, without starting the process: set `extra_config` and
+    /// `extra_args`, then `spawn`.
+    pub fn new(node: &str) -> Self {
         let lock = CONTAINERD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let cri = Cri::new();
         cri.remove_pods_of_node(node);
@@ -188,19 +198,18 @@ impl Kubelet {
         let _ = std::fs::remove_dir_all(&dir);
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests).unwrap();
-        let mut k = Kubelet {
+        Kubelet {
             node: node.into(),
             read_only: format!("127.0.0.1:{}", free_port()),
             healthz: format!("127.0.0.1:{}", free_port()),
             dir,
             manifests,
             extra_config: String::new(),
+            extra_args: Vec::new(),
             child: None,
             cri,
             _lock: lock,
-        };
-        k.spawn();
-        k
+        }
     }
 
     pub fn spawn(&mut self) {
@@ -225,6 +234,7 @@ impl Kubelet {
             .arg("--hostname-override")
             .arg(&self.node)
             .arg("--v=2")
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -1,0 +1,162 @@
+//! The API server client of cluster mode: a kube-rs `Client` built from
+//! `--kubeconfig`, behind upstream's client-side rate limit (client-go's
+//! token bucket: `kubeAPIQPS` tokens a second, at most `kubeAPIBurst` saved).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiClientError {
+    #[error("cannot read kubeconfig {}: {source}", path.display())]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot build the API client from {}: {source}", path.display())]
+    Client {
+        path: PathBuf,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// A cloneable handle: the kube client and the shared rate limiter.
+#[derive(Clone)]
+pub struct ApiClient {
+    client: kube::Client,
+    limiter: Arc<RateLimiter>,
+}
+
+impl std::fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiClient").finish_non_exhaustive()
+    }
+}
+
+impl ApiClient {
+    /// Reads the kubeconfig (client certificate files or a bearer token)
+    /// and builds the client. Nothing is sent to the API server yet.
+    pub async fn from_kubeconfig(
+        path: &Path,
+        qps: i32,
+        burst: i32,
+    ) -> Result<Self, ApiClientError> {
+        let kubeconfig_err = |source| ApiClientError::Kubeconfig {
+            path: path.to_path_buf(),
+            source,
+        };
+        let kc = kube::config::Kubeconfig::read_from(path).map_err(kubeconfig_err)?;
+        let mut config =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(kubeconfig_err)?;
+        // A request that hangs (a partitioned API server) must fail and be
+        // retried, not block its loop; watches set their own server-side
+        // timeout below this.
+        config.read_timeout = Some(Duration::from_secs(330));
+        config.connect_timeout = Some(Duration::from_secs(10));
+        let client = kube::Client::try_from(config).map_err(|source| ApiClientError::Client {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Self::new(client, qps, burst))
+    }
+
+    pub fn new(client: kube::Client, qps: i32, burst: i32) -> Self {
+        ApiClient {
+            client,
+            limiter: Arc::new(RateLimiter::new(qps, burst)),
+        }
+    }
+
+    /// The client, after waiting for a token of the rate limit: call it
+    /// once per request.
+    pub async fn client(&self) -> kube::Client {
+        self.limiter.acquire().await;
+        self.client.clone()
+    }
+}
+
+/// client-go's flowcontrol token bucket. A QPS of zero or less falls back
+/// to client-go's defaults (5 QPS, burst 10), as a zero rest.Config does.
+#[derive(Debug)]
+pub struct RateLimiter {
+    qps: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl RateLimiter {
+    pub fn new(qps: i32, burst: i32) -> Self {
+        let qps = if qps > 0 { qps as f64 } else { 5.0 };
+        let burst = if burst > 0 { burst as f64 } else { 10.0 };
+        RateLimiter {
+            qps,
+            burst,
+            state: Mutex::new((burst, Instant::now())),
+        }
+    }
+
+    /// Takes one token, waiting until one is there. Tokens are reserved in
+    /// order, so waiters are served first come, first served.
+    pub async fn acquire(&self) {
+        let wait = {
+            let mut s = self.state.lock();
+            let now = Instant::now();
+            let refill = now.saturating_duration_since(s.1).as_secs_f64() * self.qps;
+            s.0 = (s.0 + refill).min(self.burst) - 1.0;
+            s.1 = now;
+            if s.0 >= 0.0 {
+                Duration::ZERO
+            } else {
+                Duration::from_secs_f64(-s.0 / self.qps)
+            }
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_burst_is_free_then_requests_are_spaced_by_qps() {
+        let l = RateLimiter::new(50, 100);
+        let t0 = Instant::now();
+        for _ in 0..100 {
+            l.acquire().await;
+        }
+        assert_eq!(t0.elapsed(), Duration::ZERO, "the burst waits for nothing");
+        for _ in 0..50 {
+            l.acquire().await;
+        }
+        let waited = t0.elapsed();
+        assert!(
+            waited >= Duration::from_millis(990) && waited <= Duration::from_millis(1010),
+            "50 more at 50 QPS take a second, took {waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_qps_falls_back_to_client_go_defaults() {
+        let l = RateLimiter::new(0, 0);
+        let t0 = Instant::now();
+        for _ in 0..15 {
+            l.acquire().await;
+        }
+        // 10 from the burst, 5 more at 5 QPS: one second.
+        let waited = t0.elapsed();
+        assert!(
+            waited >= Duration::from_millis(990) && waited <= Duration::from_millis(1010),
+            "{waited:?}"
+        );
+    }
+}

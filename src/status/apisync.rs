@@ -1,0 +1,335 @@
+//! The status manager's API half (upstream `status_manager.go` syncPod and
+//! `pod/mirror_client.go`): pushes each new pod status to `pods/<name>/
+//! status`, finishes graceful deletions once the pod worker is done, and
+//! keeps a mirror pod in the API for each static pod.
+//!
+//! - A status is sent when its version moved (`StatusManager` bumps it only
+//!   on a real change), as a strategic merge patch carrying the pod's UID
+//!   (the API server refuses it with 409 if the name now belongs to another
+//!   pod). A failure leaves the version unsent, so it is retried, and a
+//!   status computed while the API server was away is sent when it returns.
+//! - Static pods report through their mirror pod (same name, another UID).
+//! - A pod deleted in the API is deleted for good (grace 0, UID
+//!   precondition) once its worker has stopped its containers and cleaned
+//!   up (upstream canBeDeleted).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::StatusManager;
+use crate::apiclient::ApiClient;
+use crate::pod::PodManager;
+use crate::source::api::MirrorPods;
+use crate::source::{
+    pod_full_name, pod_uid, API_SOURCE, CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION,
+    CONFIG_SOURCE_ANNOTATION,
+};
+
+/// How often pending work is retried without a change to wake it (upstream
+/// syncPeriod of the status manager: 10 s).
+pub const SYNC_PERIOD: Duration = Duration::from_secs(10);
+
+/// Pods deleted in the API, waiting for their worker to finish.
+#[derive(Debug, Default, Clone)]
+pub struct Deleting(Arc<Mutex<HashMap<String, (String, String)>>>);
+
+impl Deleting {
+    /// Records an API pod that has a deletionTimestamp.
+    pub fn add(&self, pod: &Pod) {
+        let m = &pod.metadata;
+        self.0.lock().insert(
+            pod_uid(pod).to_string(),
+            (
+                m.namespace.clone().unwrap_or_default(),
+                m.name.clone().unwrap_or_default(),
+            ),
+        );
+    }
+}
+
+pub fn is_api_pod(pod: &Pod) -> bool {
+    annotation(pod, CONFIG_SOURCE_ANNOTATION) == Some(API_SOURCE)
+}
+
+pub fn is_static_pod(pod: &Pod) -> bool {
+    annotation(pod, CONFIG_SOURCE_ANNOTATION).is_some_and(|s| s != API_SOURCE)
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// The mirror pod of a static pod (upstream mirror_client CreateMirrorPod):
+/// its spec and labels, the config.mirror annotation set to the static
+/// pod's hash, and the Node as owner so it goes with the Node.
+pub fn mirror_of(pod: &Pod, node: &str, node_uid: &str) -> Pod {
+    let mut annotations: BTreeMap<String, String> =
+        pod.metadata.annotations.clone().unwrap_or_default();
+    let hash = annotations
+        .get(CONFIG_HASH_ANNOTATION)
+        .cloned()
+        .unwrap_or_else(|| pod_uid(pod).to_string());
+    annotations.insert(CONFIG_MIRROR_ANNOTATION.to_string(), hash);
+    Pod {
+        metadata: ObjectMeta {
+            name: pod.metadata.name.clone(),
+            namespace: pod.metadata.namespace.clone(),
+            labels: pod.metadata.labels.clone(),
+            annotations: Some(annotations),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node.into(),
+                uid: node_uid.into(),
+                controller: Some(true),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        spec: pod.spec.clone(),
+        status: None,
+    }
+}
+
+/// Whether `mirror` mirrors the current `pod` (upstream IsMirrorPodOf: the
+/// mirror annotation equals the static pod's hash).
+pub fn mirrors(mirror: &Pod, pod: &Pod) -> bool {
+    let hash = annotation(pod, CONFIG_HASH_ANNOTATION).unwrap_or(pod_uid(pod));
+    annotation(mirror, CONFIG_MIRROR_ANNOTATION) == Some(hash)
+        && mirror.metadata.deletion_timestamp.is_none()
+}
+
+pub struct ApiStatusSync {
+    pub api: ApiClient,
+    pub node_name: String,
+    pub node_uid: tokio::sync::watch::Receiver<Option<String>>,
+    pub pods: PodManager,
+    pub status: StatusManager,
+    pub mirrors: MirrorPods,
+    pub deleting: Deleting,
+    /// Whether the pod worker still knows a UID (terminating or not).
+    pub worker_known: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+impl ApiStatusSync {
+    /// Runs until `token` is cancelled.
+    pub async fn run(self, token: CancellationToken) {
+        let mut sent: HashMap<String, u64> = HashMap::new();
+        loop {
+            self.sync_mirrors().await;
+            self.sync_statuses(&mut sent).await;
+            self.finish_deletions().await;
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = self.status.changed() => {}
+                _ = tokio::time::sleep(SYNC_PERIOD) => {}
+            }
+        }
+    }
+
+    async fn sync_statuses(&self, sent: &mut HashMap<String, u64>) {
+        let uids = self.status.uids();
+        sent.retain(|uid, _| uids.contains(uid));
+        for uid in uids {
+            let Some((status, version)) = self.status.get_versioned(&uid) else {
+                continue;
+            };
+            if sent.get(&uid) == Some(&version) {
+                continue;
+            }
+            let Some(pod) = self.pods.get(&uid) else {
+                continue;
+            };
+            // The API object and its UID: the pod itself, or a static pod's
+            // mirror (none yet: nothing to report to).
+            let target_uid = if is_api_pod(&pod) {
+                uid.clone()
+            } else {
+                match self.mirrors.get(&pod_full_name(&pod)) {
+                    Some(m) if mirrors(&m, &pod) => pod_uid(&m).to_string(),
+                    _ => continue,
+                }
+            };
+            let ns = pod.metadata.namespace.clone().unwrap_or_default();
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let patch = serde_json::json!({
+                "metadata": { "uid": target_uid },
+                "status": *status,
+            });
+            let api: Api<Pod> = Api::namespaced(self.api.client().await, &ns);
+            match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+            {
+                Ok(_) => {
+                    debug!(pod = %name, namespace = %ns, version, "status sent");
+                    sent.insert(uid, version);
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                    // The object is gone or is another pod now: this status
+                    // has no home; a new mirror or pod starts over.
+                    debug!(pod = %name, namespace = %ns, reason = %s.reason, "status not sent: pod gone or replaced");
+                    sent.insert(uid, version);
+                }
+                Err(e) => {
+                    warn!(pod = %name, namespace = %ns, error = %e, "failed to update pod status, will retry");
+                }
+            }
+        }
+    }
+
+    async fn finish_deletions(&self) {
+        let due: Vec<(String, (String, String))> = self
+            .deleting
+            .0
+            .lock()
+            .iter()
+            .filter(|(uid, _)| !(self.worker_known)(uid))
+            .map(|(u, v)| (u.clone(), v.clone()))
+            .collect();
+        for (uid, (ns, name)) in due {
+            let api: Api<Pod> = Api::namespaced(self.api.client().await, &ns);
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&name, &dp).await {
+                Ok(_) => {
+                    info!(pod = %name, namespace = %ns, "pod deleted from the API after termination")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => {
+                    warn!(pod = %name, namespace = %ns, error = %e, "failed to delete pod, will retry");
+                    continue;
+                }
+            }
+            self.deleting.0.lock().remove(&uid);
+        }
+    }
+
+    /// Creates missing mirror pods, replaces outdated ones and deletes
+    /// those whose static pod is gone (upstream syncPod's mirror handling
+    /// and HandlePodCleanups' orphaned mirror pods).
+    async fn sync_mirrors(&self) {
+        let Some(node_uid) = self.node_uid.borrow().clone() else {
+            return;
+        };
+        let statics: HashMap<String, Arc<Pod>> = self
+            .pods
+            .pods()
+            .into_iter()
+            .filter(|p| is_static_pod(p))
+            .map(|p| (pod_full_name(&p), p))
+            .collect();
+        for (full, pod) in &statics {
+            match self.mirrors.get(full) {
+                Some(m) if mirrors(&m, pod) => {}
+                Some(m) => {
+                    if m.metadata.deletion_timestamp.is_none() {
+                        info!(pod = %full, "deleting outdated mirror pod");
+                        self.delete_mirror(&m).await;
+                    }
+                }
+                None => {
+                    let mirror = mirror_of(pod, &self.node_name, &node_uid);
+                    let ns = mirror.metadata.namespace.clone().unwrap_or_default();
+                    let api: Api<Pod> = Api::namespaced(self.api.client().await, &ns);
+                    match api.create(&PostParams::default(), &mirror).await {
+                        Ok(_) => info!(pod = %full, "created mirror pod"),
+                        Err(kube::Error::Api(s)) if s.code == 409 => {}
+                        Err(e) => warn!(pod = %full, error = %e, "failed creating a mirror pod"),
+                    }
+                }
+            }
+        }
+        for m in self.mirrors.all() {
+            if !statics.contains_key(&pod_full_name(&m)) && m.metadata.deletion_timestamp.is_none()
+            {
+                info!(pod = %pod_full_name(&m), "deleting orphaned mirror pod");
+                self.delete_mirror(&m).await;
+            }
+        }
+    }
+
+    async fn delete_mirror(&self, m: &Pod) {
+        let ns = m.metadata.namespace.clone().unwrap_or_default();
+        let name = m.metadata.name.clone().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(self.api.client().await, &ns);
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: m.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        if let Err(e) = api.delete(&name, &dp).await {
+            warn!(pod = %name, namespace = %ns, error = %e, "failed deleting a mirror pod");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn static_pod() -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("etcd-n1".into());
+        p.metadata.namespace = Some("kube-system".into());
+        p.metadata.uid = Some("static-uid".into());
+        p.metadata.annotations = Some(
+            [
+                (CONFIG_HASH_ANNOTATION.to_string(), "static-uid".to_string()),
+                (CONFIG_SOURCE_ANNOTATION.to_string(), "file".to_string()),
+            ]
+            .into(),
+        );
+        p
+    }
+
+    #[test]
+    fn a_mirror_pod_carries_the_hash_and_is_owned_by_the_node() {
+        let pod = static_pod();
+        let m = mirror_of(&pod, "n1", "node-uid");
+        assert_eq!(m.metadata.uid, None, "the API server names it");
+        assert_eq!(
+            m.metadata.annotations.as_ref().unwrap()[CONFIG_MIRROR_ANNOTATION],
+            "static-uid"
+        );
+        let owner = &m.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("Node", "node-uid")
+        );
+        assert!(mirrors(&m, &pod));
+        let mut edited = pod.clone();
+        edited
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(CONFIG_HASH_ANNOTATION.into(), "new".into());
+        assert!(
+            !mirrors(&m, &edited),
+            "an edited static pod needs a new mirror"
+        );
+        assert!(is_static_pod(&pod) && !is_api_pod(&pod));
+    }
+}
