@@ -3,6 +3,7 @@
 
 pub mod apiclient;
 pub mod blocking;
+pub mod certificate;
 pub mod cm;
 pub mod config;
 pub mod cri;

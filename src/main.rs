@@ -111,6 +111,8 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
         root_dir: flags.root_dir.clone(),
         kubeconfig: flags.kubeconfig.clone(),
         node_labels: flags.node_labels.clone(),
+        bootstrap_kubeconfig: flags.bootstrap_kubeconfig.clone(),
+        cert_dir: flags.cert_dir.clone(),
         config: cfg,
     };
     // Probes and CRI calls are many small wake-ups: one worker thread saves

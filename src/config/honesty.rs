@@ -138,7 +138,6 @@ pub fn unimplemented_settings(
             cfg.port
         ));
     }
-    let defaults = KubeletFlags::default();
     let mut flag = |set: bool, name: &str, what: &str| {
         if set {
             out.push(format!(
@@ -146,17 +145,7 @@ pub fn unimplemented_settings(
             ));
         }
     };
-    flag(
-        flags.bootstrap_kubeconfig.is_some(),
-        "bootstrap-kubeconfig",
-        "no TLS bootstrap yet",
-    );
     flag(flags.cloud_provider.is_some(), "cloud-provider", "ignored");
-    flag(
-        flags.cert_dir != defaults.cert_dir,
-        "cert-dir",
-        "no certificates are written yet",
-    );
     out
 }
 
@@ -177,9 +166,9 @@ mod tests {
             w,
             vec!["field maxPods is accepted but not implemented".to_string()]
         );
-        flags.bootstrap_kubeconfig = Some("/etc/kubernetes/bootstrap-kubelet.conf".into());
+        flags.cloud_provider = Some("external".into());
         let w = unimplemented_settings(&cfg, &base, &flags);
-        assert!(w[1].starts_with("flag --bootstrap-kubeconfig is accepted but not implemented"));
+        assert!(w[1].starts_with("flag --cloud-provider is accepted but not implemented"));
         let w = unimplemented_settings(&base, &base, &KubeletFlags::default());
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].starts_with("field port is accepted but not implemented"));

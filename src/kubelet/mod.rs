@@ -59,6 +59,11 @@ pub struct KubeletOptions {
     pub kubeconfig: Option<PathBuf>,
     /// `--node-labels`, applied when the Node is registered.
     pub node_labels: std::collections::BTreeMap<String, String>,
+    /// `--bootstrap-kubeconfig`: TLS bootstrap when `kubeconfig` is
+    /// missing or its client certificate expired.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// `--cert-dir`.
+    pub cert_dir: PathBuf,
 }
 
 /// The node name upstream uses: --hostname-override or the hostname, lowercased.
@@ -354,9 +359,6 @@ async fn start_cluster_mode(
             ));
         }
     }
-    let api =
-        crate::apiclient::ApiClient::from_kubeconfig(c.path, cfg.kube_api_qps, cfg.kube_api_burst)
-            .await?;
     let read = |p: &str| {
         std::fs::read_to_string(p)
             .map(|s| s.trim().to_string())
@@ -436,47 +438,134 @@ async fn start_cluster_mode(
             })
         })
     };
-    let (registered_tx, registered_rx) = tokio::sync::watch::channel(None);
-    let t = token.child_token();
-    let (a, n) = (api.clone(), node_cfg.clone());
-    tokio::spawn(tracing::Instrument::instrument(
-        nodestatus::run(a, n, observe, registered_tx, t),
-        tracing::info_span!("node-status"),
-    ));
-    tokio::spawn(tracing::Instrument::instrument(
-        nodestatus::lease::run(
-            api.clone(),
-            node_cfg.node_name.clone(),
-            node_cfg.lease_duration_seconds,
-            registered_rx.clone(),
-            token.child_token(),
-        ),
-        tracing::info_span!("node-lease"),
-    ));
-    let mirrors = source::api::MirrorPods::default();
-    source::api::spawn_api_source(
-        api.clone(),
-        node_cfg.node_name.clone(),
-        api_updates,
-        mirrors.clone(),
-        token.child_token(),
-    );
     let deleting = crate::status::apisync::Deleting::default();
-    let workers = c.workers.clone();
-    let sync = crate::status::apisync::ApiStatusSync {
-        api,
-        node_name: node_cfg.node_name.clone(),
-        node_uid: registered_rx,
+    let parts = ClusterTasks {
+        kubeconfig: c.path.to_path_buf(),
+        bootstrap: c.opts.bootstrap_kubeconfig.clone(),
+        cert_dir: c.opts.cert_dir.clone(),
+        qps: cfg.kube_api_qps,
+        burst: cfg.kube_api_burst,
+        node_cfg: node_cfg.clone(),
+        observe,
+        api_updates,
         pods: c.pods.clone(),
         status: c.status.clone(),
-        mirrors,
+        workers: c.workers.clone(),
         deleting: deleting.clone(),
-        worker_known: Arc::new(move |uid| workers.is_known(uid)),
     };
+    let t = token.clone();
     tokio::spawn(tracing::Instrument::instrument(
-        sync.run(token.child_token()),
-        tracing::info_span!("status-sync"),
+        async move {
+            tokio::select! {
+                _ = t.cancelled() => {}
+                _ = parts.run(&t) => {}
+            }
+        },
+        tracing::info_span!("cluster-start"),
     ));
     info!(node = %node_cfg.node_name, kubeconfig = %c.path.display(), "cluster mode: registering with the API server");
     Ok(deleting)
+}
+
+/// The cluster-mode tasks, started once the client credentials are there.
+struct ClusterTasks {
+    kubeconfig: PathBuf,
+    bootstrap: Option<PathBuf>,
+    cert_dir: PathBuf,
+    qps: i32,
+    burst: i32,
+    node_cfg: crate::nodestatus::NodeConfig,
+    observe: crate::nodestatus::Observe,
+    api_updates: mpsc::Sender<source::PodUpdate>,
+    pods: PodManager,
+    status: StatusManager,
+    workers: PodWorkers,
+    deleting: crate::status::apisync::Deleting,
+}
+
+impl ClusterTasks {
+    /// Bootstraps the client certificate if needed and builds the client,
+    /// retrying with backoff (the API server may not be up yet), then
+    /// spawns the node status, lease, API source and status sync.
+    async fn run(self, token: &CancellationToken) {
+        use crate::nodestatus;
+        let mut backoff = Duration::from_secs(1);
+        let api = loop {
+            let ready = match &self.bootstrap {
+                Some(b) => crate::certificate::load_client_cert(
+                    &self.kubeconfig,
+                    b,
+                    &self.cert_dir,
+                    &self.node_cfg.node_name,
+                )
+                .await
+                .map_err(|e| e.to_string()),
+                None => Ok(()),
+            };
+            let built = match ready {
+                Ok(()) => crate::apiclient::ApiClient::from_kubeconfig(
+                    &self.kubeconfig,
+                    self.qps,
+                    self.burst,
+                )
+                .await
+                .map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
+            match built {
+                Ok(api) => break api,
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?backoff, "unable to set up the API client; retrying")
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+        };
+        let node_cfg = self.node_cfg;
+        let (registered_tx, registered_rx) = tokio::sync::watch::channel(None);
+        tokio::spawn(tracing::Instrument::instrument(
+            nodestatus::run(
+                api.clone(),
+                node_cfg.clone(),
+                self.observe,
+                registered_tx,
+                token.child_token(),
+            ),
+            tracing::info_span!("node-status"),
+        ));
+        tokio::spawn(tracing::Instrument::instrument(
+            nodestatus::lease::run(
+                api.clone(),
+                node_cfg.node_name.clone(),
+                node_cfg.lease_duration_seconds,
+                registered_rx.clone(),
+                token.child_token(),
+            ),
+            tracing::info_span!("node-lease"),
+        ));
+        let mirrors = source::api::MirrorPods::default();
+        source::api::spawn_api_source(
+            api.clone(),
+            node_cfg.node_name.clone(),
+            self.api_updates,
+            mirrors.clone(),
+            token.child_token(),
+        );
+        let workers = self.workers;
+        let sync = crate::status::apisync::ApiStatusSync {
+            api,
+            node_name: node_cfg.node_name.clone(),
+            node_uid: registered_rx,
+            pods: self.pods,
+            status: self.status,
+            mirrors,
+            deleting: self.deleting,
+            worker_known: Arc::new(move |uid| workers.is_known(uid)),
+        };
+        tokio::spawn(tracing::Instrument::instrument(
+            sync.run(token.child_token()),
+            tracing::info_span!("status-sync"),
+        ));
+        info!(node = %node_cfg.node_name, "cluster mode: API client ready, registering the node");
+    }
 }

@@ -1,0 +1,444 @@
+//! TLS bootstrap of the kubelet's client certificate (upstream
+//! `pkg/kubelet/certificate/bootstrap`): when `--kubeconfig` is missing or
+//! its client certificate has expired, a key and a CSR for
+//! `system:node:<node>` (group `system:nodes`, signer
+//! `kubernetes.io/kube-apiserver-client-kubelet`) are sent with the
+//! bootstrap credentials; once the CSR is approved and issued, the
+//! certificate and key are written to `<cert-dir>/kubelet-client-<time>.pem`
+//! behind the `kubelet-client-current.pem` symlink, and `--kubeconfig` is
+//! written to use it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use kube::api::{Api, PostParams};
+use tracing::{info, warn};
+
+pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+pub const CURRENT_CLIENT_PEM: &str = "kubelet-client-current.pem";
+/// The pending key, kept across restarts so a CSR already sent stays usable.
+const PENDING_KEY: &str = "kubelet-client.key.tmp";
+/// Upstream waits this long for the CSR to be approved and issued.
+const ISSUE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bootstrap kubeconfig {}: {source}", path.display())]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("bootstrap kubeconfig {}: {message}", path.display())]
+    BadKubeconfig { path: PathBuf, message: String },
+    #[error("key or CSR: {0}")]
+    Key(#[from] rcgen::Error),
+    #[error("API: {0}")]
+    Api(#[from] kube::Error),
+    #[error("the certificate signing request {name} was {state}: {message}")]
+    Refused {
+        name: String,
+        state: String,
+        message: String,
+    },
+    #[error("timed out waiting for the certificate signing request {0} to be issued")]
+    Timeout(String),
+    #[error("the issued certificate cannot be parsed: {0}")]
+    BadCertificate(String),
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CertError {
+    let path = path.to_path_buf();
+    move |source| CertError::Io { what, path, source }
+}
+
+/// The notAfter of the first certificate in `pem`, as seconds since the epoch.
+pub fn not_after(pem: &[u8]) -> Result<i64, CertError> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem)
+        .map_err(|e| CertError::BadCertificate(e.to_string()))?;
+    let cert = p
+        .parse_x509()
+        .map_err(|e| CertError::BadCertificate(e.to_string()))?;
+    Ok(cert.validity().not_after.timestamp())
+}
+
+/// The notBefore and notAfter of the first certificate in `pem`.
+pub fn validity(pem: &[u8]) -> Result<(i64, i64), CertError> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem)
+        .map_err(|e| CertError::BadCertificate(e.to_string()))?;
+    let cert = p
+        .parse_x509()
+        .map_err(|e| CertError::BadCertificate(e.to_string()))?;
+    let v = cert.validity();
+    Ok((v.not_before.timestamp(), v.not_after.timestamp()))
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Whether the kubeconfig at `path` can be used as it is (upstream
+/// isClientConfigStillValid): it loads, and a client certificate it names
+/// has not expired. Credentials other than a certificate count as valid.
+pub fn kubeconfig_still_valid(path: &Path) -> bool {
+    let Ok(kc) = kube::config::Kubeconfig::read_from(path) else {
+        return false;
+    };
+    let ctx_name = kc.current_context.clone().unwrap_or_default();
+    let user = kc
+        .contexts
+        .iter()
+        .find(|c| c.name == ctx_name)
+        .and_then(|c| c.context.as_ref())
+        .and_then(|c| c.user.clone());
+    let Some(auth) = kc
+        .auth_infos
+        .iter()
+        .find(|a| Some(&a.name) == user.as_ref())
+        .and_then(|a| a.auth_info.as_ref())
+    else {
+        return false;
+    };
+    let pem = if let Some(data) = &auth.client_certificate_data {
+        use base64::Engine;
+        match base64::engine::general_purpose::STANDARD.decode(data) {
+            Ok(b) => b,
+            Err(_) => return false,
+        }
+    } else if let Some(file) = &auth.client_certificate {
+        let file = Path::new(file);
+        let file = if file.is_relative() {
+            path.parent().unwrap_or(Path::new("/")).join(file)
+        } else {
+            file.to_path_buf()
+        };
+        match std::fs::read(&file) {
+            Ok(b) => b,
+            Err(_) => return false,
+        }
+    } else {
+        return true;
+    };
+    match not_after(&pem) {
+        Ok(t) if t > now_secs() => true,
+        Ok(_) => {
+            warn!(kubeconfig = %path.display(), "the client certificate of the kubeconfig has expired");
+            false
+        }
+        Err(e) => {
+            warn!(kubeconfig = %path.display(), error = %e, "unable to read the client certificate of the kubeconfig");
+            false
+        }
+    }
+}
+
+/// Upstream's certificate file name time format (2006-01-02-15-04-05), UTC.
+fn stamp() -> String {
+    let ts = k8s_openapi::jiff::Timestamp::now();
+    ts.strftime("%Y-%m-%d-%H-%M-%S").to_string()
+}
+
+/// Writes `cert` and `key` as one PEM file in `dir` and points the
+/// `kubelet-client-current.pem` symlink at it (replaced atomically).
+pub async fn store_client_pair(dir: &Path, cert: &str, key: &str) -> Result<PathBuf, CertError> {
+    tokio::fs::create_dir_all(dir)
+        .await
+        .map_err(io("creating", dir))?;
+    let file = dir.join(format!("kubelet-client-{}.pem", stamp()));
+    let body = format!("{}\n{}", cert.trim_end(), key);
+    write_private(&file, body.into_bytes()).await?;
+    let current = dir.join(CURRENT_CLIENT_PEM);
+    let tmp = dir.join(format!(".{CURRENT_CLIENT_PEM}.tmp"));
+    let _ = tokio::fs::remove_file(&tmp).await;
+    tokio::fs::symlink(&file, &tmp)
+        .await
+        .map_err(io("linking", &tmp))?;
+    tokio::fs::rename(&tmp, &current)
+        .await
+        .map_err(io("renaming", &current))?;
+    Ok(current)
+}
+
+async fn write_private(path: &Path, body: Vec<u8>) -> Result<(), CertError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let p = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&p)?;
+        f.write_all(&body)
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))
+    .and_then(|r| r)
+    .map_err(io("writing", path))
+}
+
+/// The kubeconfig the kubelet writes after bootstrap: the bootstrap file's
+/// cluster, with the client certificate and key in `pem`.
+pub fn client_kubeconfig(
+    bootstrap: &kube::config::Kubeconfig,
+    pem: &Path,
+) -> Result<String, String> {
+    let ctx_name = bootstrap.current_context.clone().unwrap_or_default();
+    let cluster_name = bootstrap
+        .contexts
+        .iter()
+        .find(|c| c.name == ctx_name)
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone())
+        .ok_or("no current context")?;
+    let cluster = bootstrap
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster_name)
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or("the current context's cluster is missing")?;
+    let mut c = serde_json::Map::new();
+    c.insert(
+        "server".into(),
+        cluster.server.clone().unwrap_or_default().into(),
+    );
+    if let Some(d) = &cluster.certificate_authority_data {
+        c.insert("certificate-authority-data".into(), d.clone().into());
+    }
+    if let Some(f) = &cluster.certificate_authority {
+        c.insert("certificate-authority".into(), f.clone().into());
+    }
+    if cluster.insecure_skip_tls_verify == Some(true) {
+        c.insert("insecure-skip-tls-verify".into(), true.into());
+    }
+    let pem = pem.display().to_string();
+    let v = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "default-cluster", "cluster": c}],
+        "contexts": [{"name": "default-context", "context": {
+            "cluster": "default-cluster", "namespace": "default", "user": "default-auth"}}],
+        "current-context": "default-context",
+        "preferences": {},
+        "users": [{"name": "default-auth", "user": {
+            "client-certificate": pem, "client-key": pem}}],
+    });
+    serde_yaml_ng::to_string(&v).map_err(|e| e.to_string())
+}
+
+/// Makes sure `kubeconfig` holds valid client credentials, bootstrapping
+/// them through a CSR with the `bootstrap` kubeconfig if needed (upstream
+/// LoadClientCert).
+pub async fn load_client_cert(
+    kubeconfig: &Path,
+    bootstrap: &Path,
+    cert_dir: &Path,
+    node_name: &str,
+) -> Result<(), CertError> {
+    if kubeconfig_still_valid(kubeconfig) {
+        info!(kubeconfig = %kubeconfig.display(), "using the existing kubeconfig");
+        return Ok(());
+    }
+    info!(bootstrap = %bootstrap.display(), "using the bootstrap kubeconfig to request a client certificate");
+    let kc_err = |source| CertError::Kubeconfig {
+        path: bootstrap.to_path_buf(),
+        source,
+    };
+    let bkc = kube::config::Kubeconfig::read_from(bootstrap).map_err(kc_err)?;
+    let config = kube::Config::from_custom_kubeconfig(bkc.clone(), &Default::default())
+        .await
+        .map_err(kc_err)?;
+    let client = kube::Client::try_from(config)?;
+
+    tokio::fs::create_dir_all(cert_dir)
+        .await
+        .map_err(io("creating", cert_dir))?;
+    let key_path = cert_dir.join(PENDING_KEY);
+    let key = match tokio::fs::read_to_string(&key_path).await {
+        Ok(pem) => rcgen::KeyPair::from_pem(&pem)?,
+        Err(_) => {
+            let k = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+            write_private(&key_path, k.serialize_pem().into_bytes()).await?;
+            k
+        }
+    };
+    let cert = request_certificate(client, &key, node_name).await?;
+    let current = store_client_pair(cert_dir, &cert, &key.serialize_pem()).await?;
+    let text = client_kubeconfig(&bkc, &current).map_err(|message| CertError::BadKubeconfig {
+        path: bootstrap.to_path_buf(),
+        message,
+    })?;
+    if let Some(dir) = kubeconfig.parent() {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(io("creating", dir))?;
+    }
+    write_private(kubeconfig, text.into_bytes()).await?;
+    let _ = tokio::fs::remove_file(&key_path).await;
+    info!(kubeconfig = %kubeconfig.display(), cert = %current.display(), "client certificate issued and kubeconfig written");
+    Ok(())
+}
+
+/// Sends a CSR for `key` and waits until it is issued; returns the
+/// certificate PEM.
+pub async fn request_certificate(
+    client: kube::Client,
+    key: &rcgen::KeyPair,
+    node_name: &str,
+) -> Result<String, CertError> {
+    let mut params = rcgen::CertificateParams::default();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::OrganizationName, "system:nodes");
+    dn.push(
+        rcgen::DnType::CommonName,
+        format!("system:node:{node_name}"),
+    );
+    params.distinguished_name = dn;
+    let csr_pem = params.serialize_request(key)?.pem()?;
+    let csr = CertificateSigningRequest {
+        metadata: ObjectMeta {
+            generate_name: Some("csr-".into()),
+            ..Default::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            request: ByteString(csr_pem.into_bytes()),
+            signer_name: CLIENT_SIGNER.into(),
+            // Upstream: digital signature and client auth for ECDSA keys.
+            usages: Some(vec!["digital signature".into(), "client auth".into()]),
+            ..Default::default()
+        },
+        status: None,
+    };
+    let api: Api<CertificateSigningRequest> = Api::all(client);
+    let created = api.create(&PostParams::default(), &csr).await?;
+    let name = created.metadata.name.clone().unwrap_or_default();
+    info!(csr = %name, "waiting for the client certificate to be issued");
+    let issued = |c: Option<&CertificateSigningRequest>| {
+        c.and_then(|c| c.status.as_ref()).is_some_and(|s| {
+            s.certificate.as_ref().is_some_and(|b| !b.0.is_empty())
+                || s.conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True")
+        })
+    };
+    let done = tokio::time::timeout(
+        ISSUE_TIMEOUT,
+        kube::runtime::wait::await_condition(api, &name, issued),
+    )
+    .await
+    .map_err(|_| CertError::Timeout(name.clone()))?
+    .map_err(|e| CertError::Refused {
+        name: name.clone(),
+        state: "not watchable".into(),
+        message: e.to_string(),
+    })?;
+    let status = done.and_then(|c| c.status).unwrap_or_default();
+    if let Some(c) = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True")
+    {
+        return Err(CertError::Refused {
+            name,
+            state: c.type_.to_lowercase(),
+            message: c.message.clone().unwrap_or_default(),
+        });
+    }
+    let cert = status.certificate.map(|b| b.0).unwrap_or_default();
+    String::from_utf8(cert).map_err(|e| CertError::BadCertificate(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A self-signed certificate valid until the start of `until_year`.
+    fn self_signed(until_year: i32) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(vec!["n1".into()]).unwrap();
+        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        p.not_after = rcgen::date_time_ymd(until_year, 1, 1);
+        let cert = p.self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn kubeconfig_with(dir: &Path, cert: &Path) -> PathBuf {
+        let p = dir.join("kubelet.conf");
+        std::fs::write(
+            &p,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\nusers:\n- name: u\n  user:\n    client-certificate: {0}\n    client-key: {0}\n",
+                cert.display()
+            ),
+        )
+        .unwrap();
+        p
+    }
+
+    fn tempdir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rkubelet-cert-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_kubeconfig_with_an_expired_client_certificate_is_not_valid() {
+        let d = tempdir("expiry");
+        let (good, key) = self_signed(2099);
+        let pem = d.join("good.pem");
+        std::fs::write(&pem, format!("{good}{key}")).unwrap();
+        assert!(kubeconfig_still_valid(&kubeconfig_with(&d, &pem)));
+        let (old, key) = self_signed(2021);
+        std::fs::write(&pem, format!("{old}{key}")).unwrap();
+        assert!(!kubeconfig_still_valid(&kubeconfig_with(&d, &pem)));
+        assert!(!kubeconfig_still_valid(&d.join("missing.conf")));
+    }
+
+    #[tokio::test]
+    async fn the_client_pair_is_stored_behind_the_current_symlink() {
+        let d = tempdir("store");
+        let (cert, key) = self_signed(2099);
+        let current = store_client_pair(&d, &cert, &key).await.unwrap();
+        assert_eq!(current, d.join(CURRENT_CLIENT_PEM));
+        let target = std::fs::read_link(&current).unwrap();
+        let name = target.file_name().unwrap().to_string_lossy().to_string();
+        assert!(
+            name.starts_with("kubelet-client-2") && name.ends_with(".pem"),
+            "{name}"
+        );
+        let body = std::fs::read_to_string(&current).unwrap();
+        assert!(body.contains("BEGIN CERTIFICATE") && body.contains("PRIVATE KEY"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // The written kubeconfig uses it and is valid.
+        let bkc = kube::config::Kubeconfig::from_yaml(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: https://10.0.0.1:6443\n    certificate-authority-data: Q0E=\ncontexts:\n- name: b\n  context:\n    cluster: k\n    user: boot\ncurrent-context: b\nusers:\n- name: boot\n  user:\n    token: abc.def\n",
+        )
+        .unwrap();
+        let text = client_kubeconfig(&bkc, &current).unwrap();
+        let kc = d.join("kubelet.conf");
+        std::fs::write(&kc, &text).unwrap();
+        assert!(kubeconfig_still_valid(&kc), "{text}");
+        assert!(text.contains("https://10.0.0.1:6443") && text.contains("Q0E="));
+    }
+}
