@@ -10,6 +10,7 @@ pub mod cri;
 pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
+pub mod lifecycle;
 pub mod memtrim;
 pub mod nodestatus;
 pub mod pleg;

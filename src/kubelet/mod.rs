@@ -246,13 +246,15 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             running_static_pods(runtime.as_ref()).await,
         );
     }
+    let node_cfg = node_config(&opts, &node_ip, &machine_for_node);
+    let admission = crate::syncloop::Admission::new(node_cfg.facts.clone());
     let mut deleting = None;
     if let Some(path) = opts.kubeconfig.as_deref() {
         let c = ClusterParts {
             opts: &opts,
             path,
             node_ip: &node_ip,
-            machine: &machine_for_node,
+            node_cfg: node_cfg.clone(),
             runtime: runtime.clone(),
             images: images_for_node.clone(),
             runtime_state: runtime_state.clone(),
@@ -279,6 +281,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             gc_manager.gc_backoff();
         })),
         deleting,
+        admission: Some(admission),
     };
     sync_loop
         .run(updates_rx, pleg_rx, probe_rx, token.clone())
@@ -332,7 +335,7 @@ struct ClusterParts<'a> {
     opts: &'a KubeletOptions,
     path: &'a std::path::Path,
     node_ip: &'a str,
-    machine: &'a MachineInfo,
+    node_cfg: crate::nodestatus::NodeConfig,
     runtime: Arc<dyn RuntimeService>,
     images: Arc<dyn ImageService>,
     runtime_state: crate::runtimestate::RuntimeState,
@@ -350,8 +353,7 @@ async fn start_cluster_mode(
     api_updates: mpsc::Sender<source::PodUpdate>,
     token: &CancellationToken,
 ) -> Result<crate::status::apisync::Deleting, KubeletError> {
-    use crate::nodestatus::{self, NodeConfig, Observed};
-    let cfg = &c.opts.config;
+    use crate::nodestatus::{self, Observed};
     if let Ok(ip) = c.node_ip.parse::<IpAddr>() {
         if ip.is_loopback() {
             return Err(KubeletError::NodeIp(
@@ -359,47 +361,7 @@ async fn start_cluster_mode(
             ));
         }
     }
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default()
-    };
-    let node_cfg = NodeConfig {
-        node_name: c.opts.node_name.clone(),
-        hostname: c.opts.node_name.clone(),
-        node_ip: c.node_ip.to_string(),
-        node_labels: c.opts.node_labels.clone(),
-        taints: cfg
-            .register_with_taints
-            .iter()
-            .map(|t| k8s_openapi::api::core::v1::Taint {
-                key: t.key.clone(),
-                value: (!t.value.is_empty()).then(|| t.value.clone()),
-                effect: t.effect.clone(),
-                time_added: None,
-            })
-            .collect(),
-        provider_id: cfg.provider_id.clone(),
-        max_pods: cfg.max_pods,
-        kubelet_port: cfg.port,
-        controller_attach_detach: cfg.enable_controller_attach_detach,
-        kube_reserved: cfg.kube_reserved.clone().into_iter().collect(),
-        system_reserved: cfg.system_reserved.clone().into_iter().collect(),
-        eviction_hard: cfg.eviction_hard.clone().into_iter().collect(),
-        num_cores: c.machine.num_cores,
-        memory_bytes: c.machine.memory_capacity,
-        ephemeral_storage_bytes: nodestatus::fs_capacity(&c.opts.root_dir),
-        machine_id: c.machine.machine_id.clone(),
-        system_uuid: c.machine.system_uuid.clone(),
-        boot_id: c.machine.boot_id.clone(),
-        kernel_version: read("/proc/sys/kernel/osrelease"),
-        os_image: nodestatus::os_image(),
-        kubelet_version: KUBERNETES_VERSION.to_string(),
-        update_frequency: cfg.node_status_update_frequency.0,
-        report_frequency: cfg.node_status_report_frequency.0,
-        lease_duration_seconds: cfg.node_lease_duration_seconds,
-        max_images: cfg.node_status_max_images,
-    };
+    let node_cfg = c.node_cfg.clone();
     let max_images = node_cfg.max_images;
     let observe: nodestatus::Observe = {
         let (runtime, images, rs, pleg) = (
@@ -443,8 +405,8 @@ async fn start_cluster_mode(
         kubeconfig: c.path.to_path_buf(),
         bootstrap: c.opts.bootstrap_kubeconfig.clone(),
         cert_dir: c.opts.cert_dir.clone(),
-        qps: cfg.kube_api_qps,
-        burst: cfg.kube_api_burst,
+        qps: c.opts.config.kube_api_qps,
+        burst: c.opts.config.kube_api_burst,
         node_cfg: node_cfg.clone(),
         observe,
         api_updates,
@@ -568,4 +530,60 @@ impl ClusterTasks {
         ));
         info!(node = %node_cfg.node_name, "cluster mode: API client ready, registering the node");
     }
+}
+
+/// The Node as configured: used for registration in cluster mode and for
+/// admission in both modes.
+fn node_config(
+    opts: &KubeletOptions,
+    node_ip: &str,
+    machine: &MachineInfo,
+) -> crate::nodestatus::NodeConfig {
+    use crate::nodestatus::{self, NodeConfig};
+    let cfg = &opts.config;
+    let c_opts = opts;
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let node_cfg = NodeConfig {
+        node_name: c_opts.node_name.clone(),
+        hostname: c_opts.node_name.clone(),
+        node_ip: node_ip.to_string(),
+        node_labels: c_opts.node_labels.clone(),
+        taints: cfg
+            .register_with_taints
+            .iter()
+            .map(|t| k8s_openapi::api::core::v1::Taint {
+                key: t.key.clone(),
+                value: (!t.value.is_empty()).then(|| t.value.clone()),
+                effect: t.effect.clone(),
+                time_added: None,
+            })
+            .collect(),
+        provider_id: cfg.provider_id.clone(),
+        max_pods: cfg.max_pods,
+        kubelet_port: cfg.port,
+        controller_attach_detach: cfg.enable_controller_attach_detach,
+        kube_reserved: cfg.kube_reserved.clone().into_iter().collect(),
+        system_reserved: cfg.system_reserved.clone().into_iter().collect(),
+        eviction_hard: cfg.eviction_hard.clone().into_iter().collect(),
+        num_cores: machine.num_cores,
+        memory_bytes: machine.memory_capacity,
+        ephemeral_storage_bytes: nodestatus::fs_capacity(&c_opts.root_dir),
+        machine_id: machine.machine_id.clone(),
+        system_uuid: machine.system_uuid.clone(),
+        boot_id: machine.boot_id.clone(),
+        kernel_version: read("/proc/sys/kernel/osrelease"),
+        os_image: nodestatus::os_image(),
+        kubelet_version: KUBERNETES_VERSION.to_string(),
+        update_frequency: cfg.node_status_update_frequency.0,
+        report_frequency: cfg.node_status_report_frequency.0,
+        lease_duration_seconds: cfg.node_lease_duration_seconds,
+        max_images: cfg.node_status_max_images,
+        facts: Default::default(),
+    };
+    *node_cfg.facts.write() = nodestatus::node_facts(&node_cfg);
+    node_cfg
 }

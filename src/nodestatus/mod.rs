@@ -79,6 +79,9 @@ pub struct NodeConfig {
     pub report_frequency: Duration,
     pub lease_duration_seconds: i32,
     pub max_images: i32,
+    /// What admission reads: kept current with the Node in the API (labels
+    /// and taints others set count for node selectors and taints).
+    pub facts: Arc<parking_lot::RwLock<crate::lifecycle::NodeFacts>>,
 }
 
 /// What changes at run time: the health behind the Ready condition, the
@@ -191,6 +194,36 @@ fn resources(cfg: &NodeConfig) -> (BTreeMap<String, Quantity>, BTreeMap<String, 
         q(format_binary(eph_a / 1000)),
     );
     (cap, alloc)
+}
+
+/// What admission checks against, from the configured Node.
+pub fn node_facts(cfg: &NodeConfig) -> crate::lifecycle::NodeFacts {
+    use quantity::parse_milli;
+    let (_, alloc) = resources(cfg);
+    let get = |k: &str| alloc.get(k).and_then(|q| parse_milli(&q.0)).unwrap_or(0);
+    let node = initial_node(cfg, &Observed::default(), now());
+    crate::lifecycle::NodeFacts {
+        name: cfg.node_name.clone(),
+        labels: node.metadata.labels.unwrap_or_default(),
+        taints: cfg.taints.clone(),
+        cpu_milli: get("cpu"),
+        memory_milli: get("memory"),
+        ephemeral_milli: get("ephemeral-storage"),
+        pods: cfg.max_pods as i64,
+    }
+}
+
+/// Takes the labels and taints of the Node as the API server has it.
+fn observe_node(cfg: &NodeConfig, node: &Node) {
+    let mut f = cfg.facts.write();
+    if let Some(l) = &node.metadata.labels {
+        f.labels = l.clone();
+    }
+    f.taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
 }
 
 /// The Node to register (upstream initialNode).
@@ -450,6 +483,7 @@ pub async fn run(
         }
         step = (step * 2).min(Duration::from_secs(7));
     };
+    observe_node(&cfg, &node);
     let _ = registered.send(node.metadata.uid.clone());
     let mut last_sent = node.status.clone().unwrap_or_default();
     let mut last_report: Option<tokio::time::Instant> = None;
@@ -468,7 +502,8 @@ pub async fn run(
             continue;
         }
         match patch_status(&api, &cfg.node_name, &status).await {
-            Ok(()) => {
+            Ok(node) => {
+                observe_node(&cfg, &node);
                 last_sent = status;
                 last_report = Some(tokio::time::Instant::now());
             }
@@ -505,15 +540,18 @@ async fn register(api: &ApiClient, initial: &Node) -> Result<Node, kube::Error> 
     Ok(existing)
 }
 
-async fn patch_status(api: &ApiClient, name: &str, status: &NodeStatus) -> Result<(), kube::Error> {
+async fn patch_status(
+    api: &ApiClient,
+    name: &str,
+    status: &NodeStatus,
+) -> Result<Node, kube::Error> {
     // A strategic merge patch of the whole status: conditions and addresses
     // merge by type, so conditions other components own are kept.
     let patch = serde_json::json!({ "status": status });
     let nodes: Api<Node> = Api::all(api.client().await);
     nodes
         .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
-        .await?;
-    Ok(())
+        .await
 }
 
 #[cfg(test)]

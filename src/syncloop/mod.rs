@@ -76,6 +76,23 @@ pub struct SyncLoop {
     /// Cluster mode: API pods deleted gracefully, finished in the API once
     /// their worker is done.
     pub deleting: Option<crate::status::apisync::Deleting>,
+    /// Admission of new pods (upstream canAdmitPod).
+    pub admission: Option<Admission>,
+}
+
+/// The node facts admission checks against and the pods it refused.
+pub struct Admission {
+    node: std::sync::Arc<parking_lot::RwLock<crate::lifecycle::NodeFacts>>,
+    rejected: parking_lot::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Admission {
+    pub fn new(node: std::sync::Arc<parking_lot::RwLock<crate::lifecycle::NodeFacts>>) -> Self {
+        Admission {
+            node,
+            rejected: Default::default(),
+        }
+    }
 }
 
 impl SyncLoop {
@@ -130,8 +147,18 @@ impl SyncLoop {
         }
     }
 
-    fn handle_update(&self, u: PodUpdate) {
+    fn handle_update(&self, mut u: PodUpdate) {
         debug!(op = ?u.op, source = %u.source, pods = u.pods.len(), "pod config update");
+        if u.op == PodOperation::Add {
+            // Upstream admits new pods oldest first.
+            u.pods.sort_by(|a, b| {
+                a.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0)
+                    .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            });
+        }
         for pod in u.pods {
             let uid = crate::source::pod_uid(&pod).to_string();
             match u.op {
@@ -141,6 +168,12 @@ impl SyncLoop {
                     if pod.metadata.deletion_timestamp.is_some() =>
                 {
                     self.terminate(pod, &uid, u.op);
+                }
+                PodOperation::Add if !self.admit(&pod, &uid) => {
+                    self.pods.upsert(pod);
+                }
+                PodOperation::Update | PodOperation::Set if self.is_rejected(&uid) => {
+                    self.pods.upsert(pod);
                 }
                 PodOperation::Add | PodOperation::Update | PodOperation::Set => {
                     info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, op = ?u.op, "syncing pod");
@@ -154,7 +187,73 @@ impl SyncLoop {
         }
     }
 
+    fn is_rejected(&self, uid: &str) -> bool {
+        self.admission
+            .as_ref()
+            .is_some_and(|a| a.rejected.lock().contains(uid))
+    }
+
+    /// Admits a new pod, or records it as Failed with upstream's reason
+    /// and message ("Pod was rejected: ...") without ever starting it.
+    fn admit(&self, pod: &crate::source::Pod, uid: &str) -> bool {
+        let Some(a) = &self.admission else {
+            return true;
+        };
+        if self.workers.is_known(uid) {
+            return true;
+        }
+        let others: Vec<Arc<crate::source::Pod>> =
+            self.pods
+                .pods()
+                .into_iter()
+                .filter(|p| {
+                    let id = crate::source::pod_uid(p);
+                    id != uid
+                        && !a.rejected.lock().contains(id)
+                        && !self.status.get(id).is_some_and(|s| {
+                            crate::status::generate::is_terminal(s.phase.as_deref())
+                        })
+                })
+                .collect();
+        let refs: Vec<&crate::source::Pod> = others.iter().map(|p| p.as_ref()).collect();
+        let is_static = crate::status::apisync::is_static_pod(pod);
+        let verdict = crate::lifecycle::admit(pod, &refs, &a.node.read(), is_static);
+        match verdict {
+            Ok(()) => true,
+            Err(r) => {
+                tracing::warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, reason = %r.reason, message = %r.message, "pod rejected at admission");
+                a.rejected.lock().insert(uid.to_string());
+                self.status.set(
+                    uid,
+                    k8s_openapi::api::core::v1::PodStatus {
+                        phase: Some("Failed".into()),
+                        reason: Some(r.reason),
+                        message: Some(format!("Pod was rejected: {}", r.message)),
+                        qos_class: Some(crate::cm::pod_qos(pod).as_str().into()),
+                        ..Default::default()
+                    },
+                );
+                false
+            }
+        }
+    }
+
     fn terminate(&self, pod: crate::source::Pod, uid: &str, op: PodOperation) {
+        if let Some(a) = &self.admission {
+            if a.rejected.lock().remove(uid) {
+                // Never started: nothing to stop.
+                self.pods.remove(uid);
+                self.status.remove(uid);
+                if let Some(d) = &self.deleting {
+                    if pod.metadata.deletion_timestamp.is_some()
+                        && crate::status::apisync::is_api_pod(&pod)
+                    {
+                        d.add(&pod);
+                    }
+                }
+                return;
+            }
+        }
         info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, op = ?op, "terminating pod");
         let grace = pod.metadata.deletion_grace_period_seconds;
         if let Some(d) = &self.deleting {
@@ -264,6 +363,7 @@ mod tests {
             expected_sources: vec![crate::source::FILE_SOURCE.to_string()],
             gc: None,
             deleting: None,
+            admission: None,
         };
         let t = token.child_token();
         let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, t));
@@ -295,5 +395,82 @@ mod tests {
         );
         token.cancel();
         task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_pod_that_does_not_fit_is_rejected_and_never_started() {
+        // Old code: every pod was started, whatever maxPods said.
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let workers = testing::workers(&fake, &token);
+        let (_pleg_tx, pleg_rx) = mpsc::channel(10);
+        let pleg = crate::pleg::spawn(
+            fake.clone(),
+            Duration::from_secs(1),
+            mpsc::channel(10).0,
+            token.child_token(),
+        );
+        let facts = crate::lifecycle::NodeFacts {
+            name: "n1".into(),
+            cpu_milli: 2000,
+            memory_milli: 1 << 40,
+            ephemeral_milli: 1 << 40,
+            pods: 1,
+            ..Default::default()
+        };
+        let status = StatusManager::new();
+        let sl = SyncLoop {
+            pods: PodManager::new(),
+            status: status.clone(),
+            workers: workers.clone(),
+            queue: Arc::new(WorkQueue::default()),
+            pleg,
+            health: SyncLoopHealth::new(Duration::from_secs(60)),
+            sources_ready: Box::new(|| true),
+            expected_sources: vec![],
+            gc: None,
+            deleting: None,
+            admission: Some(Admission::new(Arc::new(parking_lot::RwLock::new(facts)))),
+        };
+        let pod = |name: &str| {
+            let mut p = crate::testutil::pod("Always", &[], &["app"]);
+            p.metadata.name = Some(name.into());
+            p.metadata.namespace = Some("default".into());
+            p.metadata.uid = Some(format!("u-{name}"));
+            p
+        };
+        let (updates_tx, updates_rx) = mpsc::channel(10);
+        let (_probe_tx, probe_rx) = mpsc::channel(10);
+        let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, token.child_token()));
+        updates_tx
+            .send(PodUpdate {
+                pods: vec![pod("first"), pod("second")],
+                op: PodOperation::Add,
+                source: crate::source::FILE_SOURCE.to_string(),
+            })
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let rejected = loop {
+            if let Some(s) = status.get("u-second") {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "no status for the second pod");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(rejected.phase.as_deref(), Some("Failed"));
+        assert_eq!(rejected.reason.as_deref(), Some("OutOfpods"));
+        assert_eq!(
+            rejected.message.as_deref(),
+            Some("Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: 1, capacity: 1")
+        );
+        assert!(workers.is_known("u-first"));
+        assert!(
+            !workers.is_known("u-second"),
+            "a rejected pod gets no worker"
+        );
+        token.cancel();
+        let _ = task.await;
     }
 }
