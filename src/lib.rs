@@ -7,6 +7,7 @@ pub mod certificate;
 pub mod cm;
 pub mod config;
 pub mod cri;
+pub mod events;
 pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;

@@ -196,14 +196,29 @@ impl ImageManager {
                 })
             }
         };
+        let ev = Some((c.name.as_str(), crate::kuberuntime::is_init(pod, &c.name)));
         if let Some(img) = &present {
             if policy != "Always" {
+                crate::events::pod(
+                    pod,
+                    ev,
+                    crate::events::NORMAL,
+                    "Pulled",
+                    format!("Container image {image:?} already present on machine"),
+                );
                 return Ok(ReadyImage {
                     id: img.id.clone(),
                     user: ImageUser::of(img),
                 });
             }
         } else if policy == "Never" {
+            crate::events::pod(
+                pod,
+                ev,
+                crate::events::WARNING,
+                "ErrImageNeverPull",
+                format!("Container image {image:?} is not present with pull policy of Never"),
+            );
             return Err(ImageError {
                 reason: "ErrImageNeverPull",
                 message: format!(
@@ -214,7 +229,15 @@ impl ImageManager {
         }
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let key = format!("{uid}_{image}");
-        if let Some(left) = self.backoff.lock().remaining_since_update(&key, now) {
+        let left = self.backoff.lock().remaining_since_update(&key, now);
+        if let Some(left) = left {
+            crate::events::pod(
+                pod,
+                ev,
+                crate::events::NORMAL,
+                "BackOff",
+                format!("Back-off pulling image {image:?}"),
+            );
             return Err(ImageError {
                 reason: "ImagePullBackOff",
                 message: format!("Back-off pulling image {image:?}"),
@@ -223,12 +246,21 @@ impl ImageManager {
         }
         // Dropping this future (a kill cancels the pod's sync) releases the
         // slot and cancels the CRI call: nothing here is spawned.
+        let queued = tokio::time::Instant::now();
         let _permit = self.pulls.acquire().await.expect("semaphore never closed");
         tracing::info!(
             image,
             pod = pod.metadata.name.as_deref().unwrap_or_default(),
             "pulling image"
         );
+        crate::events::pod(
+            pod,
+            ev,
+            crate::events::NORMAL,
+            "Pulling",
+            format!("Pulling image {image:?}"),
+        );
+        let started = tokio::time::Instant::now();
         let pulled = tokio::time::timeout(
             self.pull_deadline,
             self.svc.pull_image(image, Some(sandbox.clone())),
@@ -247,6 +279,17 @@ impl ImageManager {
         match pulled {
             Ok(image_ref) => {
                 self.backoff.lock().reset(&key);
+                let took = crate::config::duration::format_go_duration(started.elapsed());
+                let total = crate::config::duration::format_go_duration(queued.elapsed());
+                crate::events::pod(
+                    pod,
+                    ev,
+                    crate::events::NORMAL,
+                    "Pulled",
+                    format!(
+                        "Successfully pulled image {image:?} in {took} ({total} including waiting)"
+                    ),
+                );
                 // The pulled image's config says which user it runs as.
                 let user = match self.svc.image_status(&image_ref).await {
                     Ok(Some(img)) => ImageUser::of(&img),
@@ -258,6 +301,13 @@ impl ImageManager {
                 })
             }
             Err(e) => {
+                crate::events::pod(
+                    pod,
+                    ev,
+                    crate::events::WARNING,
+                    "Failed",
+                    format!("Failed to pull image {image:?}: {e}"),
+                );
                 let mut b = self.backoff.lock();
                 b.next(&key, now, now);
                 Err(ImageError {

@@ -407,6 +407,8 @@ async fn start_cluster_mode(
         cert_dir: c.opts.cert_dir.clone(),
         qps: c.opts.config.kube_api_qps,
         burst: c.opts.config.kube_api_burst,
+        event_qps: c.opts.config.event_record_qps,
+        event_burst: c.opts.config.event_burst,
         node_cfg: node_cfg.clone(),
         observe,
         api_updates,
@@ -436,6 +438,8 @@ struct ClusterTasks {
     cert_dir: PathBuf,
     qps: i32,
     burst: i32,
+    event_qps: i32,
+    event_burst: i32,
     node_cfg: crate::nodestatus::NodeConfig,
     observe: crate::nodestatus::Observe,
     api_updates: mpsc::Sender<source::PodUpdate>,
@@ -484,6 +488,19 @@ impl ClusterTasks {
             backoff = (backoff * 2).min(Duration::from_secs(30));
         };
         let node_cfg = self.node_cfg;
+        crate::events::install(
+            api.clone(),
+            node_cfg.node_name.clone(),
+            self.event_qps,
+            self.event_burst,
+            token.child_token(),
+        );
+        crate::events::record(
+            crate::events::node_ref(&node_cfg.node_name),
+            crate::events::NORMAL,
+            "Starting",
+            "Starting kubelet.".into(),
+        );
         let (registered_tx, registered_rx) = tokio::sync::watch::channel(None);
         tokio::spawn(tracing::Instrument::instrument(
             nodestatus::run(

@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::events;
 use parking_lot::Mutex;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
@@ -250,6 +252,14 @@ impl RuntimeManager {
             let pod_ip = rt.ips().into_iter().next().unwrap_or_default();
             for k in &a.containers_to_kill {
                 info!(pod = pod_name(pod), container = %k.name, reason = %k.reason, "killing container");
+                // Upstream: "Container X failed liveness probe, will be restarted" etc.
+                events::pod(
+                    pod,
+                    Some((&k.name, is_init(pod, &k.name))),
+                    events::NORMAL,
+                    "Killing",
+                    k.reason.clone(),
+                );
                 let grace = grace_period(Some(pod), None);
                 if let Err(e) = self
                     .kill_container(container_spec(pod, &k.name), &k.id, &k.name, &pod_ip, grace)
@@ -379,6 +389,38 @@ impl RuntimeManager {
                 volumes: &volumes,
             };
             if let Err(w) = self.start_container(&ctx, c, init).await {
+                let ev = Some((c.name.as_str(), init));
+                match w.0.reason.as_str() {
+                    "CrashLoopBackOff" => events::pod(
+                        pod,
+                        ev,
+                        events::WARNING,
+                        "BackOff",
+                        format!(
+                            "Back-off restarting failed container {} in pod {}_{}({})",
+                            c.name,
+                            pod_name(pod),
+                            pod.metadata.namespace.as_deref().unwrap_or_default(),
+                            pod.metadata.uid.as_deref().unwrap_or_default()
+                        ),
+                    ),
+                    "ErrImagePull" | "ImagePullBackOff" | "ErrImageNeverPull"
+                    | "InvalidImageName" => events::pod(
+                        pod,
+                        ev,
+                        events::WARNING,
+                        "Failed",
+                        format!("Error: {}", w.0.reason),
+                    ),
+                    "PostStartHookError" => {}
+                    _ => events::pod(
+                        pod,
+                        ev,
+                        events::WARNING,
+                        "Failed",
+                        format!("Error: {}", w.0.message),
+                    ),
+                }
                 // Upstream SyncPod: every start failure but the two backoffs
                 // fails the sync, which the pod worker retries after its
                 // backOffPeriod (10 s), not at once.
@@ -504,6 +546,14 @@ impl RuntimeManager {
                     retry,
                 )
             })?;
+        let ev = Some((c.name.as_str(), init));
+        events::pod(
+            pod,
+            ev,
+            events::NORMAL,
+            "Created",
+            format!("Created container: {}", c.name),
+        );
         if let Err(e) = self.runtime.start_container(&id).await {
             warn!(pod = pod_name(pod), container = %c.name, error = %e, "failed to start container");
             return Err((
@@ -515,6 +565,13 @@ impl RuntimeManager {
             ));
         }
         info!(pod = pod_name(pod), container = %c.name, id = %id, restart_count, "started container");
+        events::pod(
+            pod,
+            ev,
+            events::NORMAL,
+            "Started",
+            format!("Started container {}", c.name),
+        );
         self.link_container_log(pod, ctx.sandbox_cfg, c, restart_count, &id)
             .await;
         if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
@@ -525,6 +582,13 @@ impl RuntimeManager {
                 lifecycle::run_handler(self.runtime.as_ref(), h, &id, c, ctx.pod_ip, timeout).await
             {
                 warn!(pod = pod_name(pod), container = %c.name, error = %e, "FailedPostStartHook");
+                events::pod(
+                    pod,
+                    ev,
+                    events::WARNING,
+                    "FailedPostStartHook",
+                    e.to_string(),
+                );
                 let _ = self
                     .runtime
                     .stop_container(&id, grace_period(Some(pod), None))
@@ -636,6 +700,15 @@ impl RuntimeManager {
                             .max(MIN_GRACE_SECONDS),
                     ),
                 };
+                if let Some(p) = pod {
+                    events::pod(
+                        p,
+                        Some((&c.name, is_init(p, &c.name))),
+                        events::NORMAL,
+                        "Killing",
+                        format!("Stopping container {}", c.name),
+                    );
+                }
                 let (id, name, ip) = (c.id.clone(), c.name.clone(), pod_ip.clone());
                 set.spawn(async move {
                     debug!(container = %name, grace, "stopping container");
@@ -811,6 +884,14 @@ fn container_spec<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
             .chain(s.init_containers.iter().flatten())
             .find(|c| c.name == name)
     })
+}
+
+/// Whether `name` is one of the pod's init containers (for event field paths).
+pub fn is_init(pod: &Pod, name: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|i| i.iter().any(|c| c.name == name))
 }
 
 #[cfg(test)]

@@ -486,6 +486,8 @@ pub async fn run(
     observe_node(&cfg, &node);
     let _ = registered.send(node.metadata.uid.clone());
     let mut last_sent = node.status.clone().unwrap_or_default();
+    let mut last_events = BTreeMap::new();
+    record_transitions(&cfg.node_name, &mut last_events, &last_sent);
     let mut last_report: Option<tokio::time::Instant> = None;
     let mut tick = tokio::time::interval(cfg.update_frequency.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -496,6 +498,7 @@ pub async fn run(
         }
         let obs = observe().await;
         let status = node_status(&cfg, &obs, Some(&last_sent), now());
+        record_transitions(&cfg.node_name, &mut last_events, &status);
         let due = last_report.is_none_or(|t| t.elapsed() >= cfg.report_frequency);
         if !due && !status_changed(&last_sent, &status) {
             debug!("node status unchanged; not sent");
@@ -511,6 +514,34 @@ pub async fn run(
                 warn!(node = %cfg.node_name, error = %e, "error updating node status, will retry")
             }
         }
+    }
+}
+
+/// Upstream's node events on condition changes ("Node n1 status is now:
+/// NodeReady"), recorded when a condition first shows or changes.
+fn record_transitions(node: &str, last: &mut BTreeMap<String, String>, status: &NodeStatus) {
+    for c in status.conditions.iter().flatten() {
+        if last.get(&c.type_) == Some(&c.status) {
+            continue;
+        }
+        last.insert(c.type_.clone(), c.status.clone());
+        let event = match (c.type_.as_str(), c.status.as_str()) {
+            ("Ready", "True") => "NodeReady",
+            ("Ready", _) => "NodeNotReady",
+            ("MemoryPressure", "False") => "NodeHasSufficientMemory",
+            ("MemoryPressure", _) => "NodeHasInsufficientMemory",
+            ("DiskPressure", "False") => "NodeHasNoDiskPressure",
+            ("DiskPressure", _) => "NodeHasDiskPressure",
+            ("PIDPressure", "False") => "NodeHasSufficientPID",
+            ("PIDPressure", _) => "NodeHasInsufficientPID",
+            _ => continue,
+        };
+        crate::events::record(
+            crate::events::node_ref(node),
+            crate::events::NORMAL,
+            event,
+            format!("Node {node} status is now: {event}"),
+        );
     }
 }
 

@@ -189,6 +189,8 @@ pub(crate) struct WorkerCtx {
     /// Container start, nanoseconds since the epoch (CRI).
     pub started_at: i64,
     pub pod_ip: String,
+    /// The container's reference for Unhealthy / ProbeWarning events.
+    pub event_ref: k8s_openapi::api::core::v1::ObjectReference,
     gen: u64,
 }
 
@@ -312,6 +314,10 @@ impl ProbeManager {
                             spec: spec.clone(),
                             started_at: info.started_at,
                             pod_ip: pod_ip.to_string(),
+                            event_ref: crate::events::pod_ref(
+                                pod,
+                                Some((&c.name, crate::kuberuntime::is_init(pod, &c.name))),
+                            ),
                             gen,
                         },
                         handle.token.clone(),

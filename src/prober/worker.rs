@@ -125,11 +125,23 @@ pub(crate) async fn run(
             Ok(Outcome::Warning(output)) => {
                 info!(pod = %ctx.pod_ref, container = name, probe = kind, %output,
                     "ProbeWarning: {kind} probe warning");
+                crate::events::record(
+                    ctx.event_ref.clone(),
+                    crate::events::WARNING,
+                    "ProbeWarning",
+                    format!("{} probe warning: {output}", ctx.probe_type),
+                );
                 true
             }
             Ok(Outcome::Failure(output)) => {
                 info!(pod = %ctx.pod_ref, container = name, probe = kind, %output,
                     "Unhealthy: {kind} probe failed");
+                crate::events::record(
+                    ctx.event_ref.clone(),
+                    crate::events::WARNING,
+                    "Unhealthy",
+                    format!("{} probe failed: {output}", ctx.probe_type),
+                );
                 false
             }
             Err(error) => {

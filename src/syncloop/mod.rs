@@ -223,6 +223,13 @@ impl SyncLoop {
             Err(r) => {
                 tracing::warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, reason = %r.reason, message = %r.message, "pod rejected at admission");
                 a.rejected.lock().insert(uid.to_string());
+                crate::events::pod(
+                    pod,
+                    None,
+                    crate::events::WARNING,
+                    &r.reason,
+                    r.message.clone(),
+                );
                 self.status.set(
                     uid,
                     k8s_openapi::api::core::v1::PodStatus {
