@@ -19,6 +19,7 @@ pub mod pod;
 pub mod podworkers;
 pub mod prober;
 pub mod runtimestate;
+pub mod sdnotify;
 pub mod server;
 pub mod source;
 pub mod status;

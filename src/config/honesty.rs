@@ -25,8 +25,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "registryBurst",
     "imagePullCredentialsVerificationPolicy",
     "preloadedImagesVerificationAllowlist",
-    "eventRecordQPS",
-    "eventBurst",
     "enableDebuggingHandlers",
     "enableContentionProfiling",
     "streamingConnectionIdleTimeout",
@@ -48,7 +46,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "topologyManagerPolicyOptions",
     "qosReserved",
     "hairpinMode",
-    "maxPods",
     "podCIDR",
     "podPidsLimit",
     "runOnce",
@@ -157,14 +154,14 @@ mod tests {
     fn only_settings_the_user_made_are_reported() {
         let base = baseline(true);
         let (cfg, _) = KubeletConfiguration::load_str(&format!(
-            "{HEADER}maxPods: 50\nstaticPodPath: /etc/kubernetes/manifests\nenableServer: false\n"
+            "{HEADER}podPidsLimit: 50\nstaticPodPath: /etc/kubernetes/manifests\nenableServer: false\n"
         ))
         .unwrap();
         let mut flags = KubeletFlags::default();
         let w = unimplemented_settings(&cfg, &base, &flags);
         assert_eq!(
             w,
-            vec!["field maxPods is accepted but not implemented".to_string()]
+            vec!["field podPidsLimit is accepted but not implemented".to_string()]
         );
         flags.cloud_provider = Some("external".into());
         let w = unimplemented_settings(&cfg, &base, &flags);

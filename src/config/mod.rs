@@ -2033,3 +2033,32 @@ volumeStatsAggPeriod: 0s
         assert!(err.to_string().contains("missing.yaml"), "{err}");
     }
 }
+
+#[cfg(test)]
+mod kubeadm_tests {
+    use super::*;
+
+    #[test]
+    fn the_kubeadm_config_loads_with_its_zero_values_as_defaults() {
+        // kubeadm writes zero durations; upstream's v1beta1 defaulting turns
+        // them into the defaults, and so must rkubelet.
+        let (c, warnings) =
+            KubeletConfiguration::load_str(include_str!("../../config/kubeadm/config.yaml"))
+                .unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let secs = |d: GoDuration| d.0.as_secs();
+        assert_eq!(secs(c.sync_frequency), 60);
+        assert_eq!(secs(c.file_check_frequency), 20);
+        assert_eq!(secs(c.node_status_update_frequency), 10);
+        assert_eq!(secs(c.node_status_report_frequency), 300);
+        assert_eq!(secs(c.runtime_request_timeout), 120);
+        assert_eq!(c.node_lease_duration_seconds, 40);
+        assert_eq!(c.cgroup_driver, "systemd");
+        assert_eq!(c.cluster_dns, vec!["10.96.0.10".to_string()]);
+        assert_eq!(c.static_pod_path, "/etc/kubernetes/manifests");
+        assert_eq!(c.max_pods, 110);
+        assert_eq!(c.kube_api_qps, 50);
+        assert_eq!(c.kube_api_burst, 100);
+        assert!(c.rotate_certificates);
+    }
+}

@@ -232,6 +232,8 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         );
     }
 
+    // Serving (healthz, read-only): ready as far as systemd is concerned.
+    crate::sdnotify::ready();
     let (updates_tx, updates_rx) = mpsc::channel(100);
     let pod_config = PodConfig::new(updates_tx);
     let mut expected: Vec<&'static str> = Vec::new();
