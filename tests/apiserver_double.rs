@@ -1,0 +1,4 @@
+mod common;
+
+#[test]
+fn placeholder() {}
