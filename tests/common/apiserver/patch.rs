@@ -153,7 +153,7 @@ fn merge_map(target: &Value, patch: &Value, path: &str) -> Result<Value, String>
             };
             match list_strategy(&join(path, field)) {
                 Some(ListStrategy::MergeKey(mk)) => {
-                    sort_by_order(list, order, |x| x.get(mk).cloned())
+                    sort_by_order(list, &order_keys(order, mk), |x| x.get(mk).cloned())
                 }
                 _ => sort_by_order(list, order, |x| Some(x.clone())),
             }
@@ -205,9 +205,15 @@ fn merge_keyed_list(
         }
     }
     if let Some(order) = order {
-        sort_by_order(&mut out, order, |x| x.get(mk).cloned());
+        sort_by_order(&mut out, &order_keys(order, mk), |x| x.get(mk).cloned());
     }
     Ok(Value::Array(out))
+}
+
+/// The merge keys a `$setElementOrder` list names (its elements are maps
+/// holding only the merge key).
+fn order_keys(order: &[Value], mk: &str) -> Vec<Value> {
+    order.iter().filter_map(|o| o.get(mk).cloned()).collect()
 }
 
 /// Puts the elements named in `order` in that order; the others keep their
