@@ -747,6 +747,11 @@ fn csr_request(cn: &str, org: &str) -> (String, rcgen::KeyPair) {
     (csr.pem().unwrap(), key)
 }
 
+fn cert_der(pem: &[u8]) -> rustls::pki_types::CertificateDer<'static> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem).unwrap()
+}
+
 fn b64(s: &str) -> Value {
     serde_json::to_value(k8s_openapi::ByteString(s.as_bytes().to_vec())).unwrap()
 }
@@ -798,12 +803,7 @@ fn approved_csr_gets_a_certificate_signed_by_the_ca() {
     let last = s.requests().pop().unwrap();
     assert_eq!(last.user, "system:node:n1");
     // And its subject is the CSR's.
-    let der = rustls::pki_types::CertificateDer::from(
-        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
-            cert_pem.as_bytes(),
-        )
-        .unwrap(),
-    );
+    let der = cert_der(cert_pem.as_bytes());
     let (_, x) = x509_parser::parse_x509_certificate(&der).unwrap();
     assert_eq!(
         x.subject()
@@ -846,11 +846,7 @@ fn auto_approved_serving_csr_with_short_lifetime() {
         .unwrap();
     let cert: k8s_openapi::ByteString =
         serde_json::from_value(csr["status"]["certificate"].clone()).unwrap();
-    let der =
-        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
-            &cert.0,
-        )
-        .unwrap();
+    let der = cert_der(&cert.0);
     let (_, x) = x509_parser::parse_x509_certificate(&der).unwrap();
     let v = x.validity();
     let secs = v.not_after.timestamp() - v.not_before.timestamp();

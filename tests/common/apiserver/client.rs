@@ -113,7 +113,7 @@ impl Client {
         path: &str,
         content_type: Option<&str>,
         body: Option<&Value>,
-    ) -> io::Result<(u16, bool, Option<usize>, BufReader<Box<dyn Stream>>)> {
+    ) -> io::Result<Head> {
         let mut s = self.connect()?;
         let body = body.map(|b| serde_json::to_vec(b).expect("json"));
         let mut head = format!(
@@ -164,7 +164,12 @@ impl Client {
                 }
             }
         }
-        Ok((status, chunked, length, r))
+        Ok(Head {
+            status,
+            chunked,
+            length,
+            r,
+        })
     }
 
     /// A request with an optional JSON body (`content_type` defaults to
@@ -176,7 +181,12 @@ impl Client {
         content_type: Option<&str>,
         body: Option<&Value>,
     ) -> io::Result<Response> {
-        let (status, chunked, length, mut r) = self.send(method, path, content_type, body)?;
+        let Head {
+            status,
+            chunked,
+            length,
+            mut r,
+        } = self.send(method, path, content_type, body)?;
         let mut buf = Vec::new();
         if chunked {
             let mut c = Chunked {
@@ -220,7 +230,9 @@ impl Client {
 
     /// Starts a watch (`path` should carry `watch=true` and its query).
     pub fn watch(&self, path: &str) -> io::Result<WatchStream> {
-        let (status, chunked, _, r) = self.send("GET", path, None, None)?;
+        let Head {
+            status, chunked, r, ..
+        } = self.send("GET", path, None, None)?;
         if status != 200 || !chunked {
             return Err(io::Error::other(format!("watch got HTTP {status}")));
         }
@@ -232,6 +244,14 @@ impl Client {
             }),
         })
     }
+}
+
+/// A response's status line and headers; `r` is at the body.
+struct Head {
+    status: u16,
+    chunked: bool,
+    length: Option<usize>,
+    r: BufReader<Box<dyn Stream>>,
 }
 
 /// A chunked transfer-encoded body.
