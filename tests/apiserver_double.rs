@@ -201,7 +201,10 @@ fn list_limit_continue_and_expired_token() {
 }
 
 // Watch from a list's resourceVersion: every later change, in order, as
-// ADDED, MODIFIED, DELETED (k8s.io/apiserver watch semantics).
+// ADDED, MODIFIED, DELETED (k8s.io/apiserver watch semantics). Deleting a
+// pod is two writes upstream even when immediate (the pod strategy is
+// graceful, so the store first writes deletionTimestamp with grace 0, then
+// deletes): MODIFIED then DELETED.
 #[test]
 fn watch_from_list_rv_sees_changes_in_order() {
     let s = plain();
@@ -221,7 +224,7 @@ fn watch_from_list_rv_sees_changes_in_order() {
     s.update(p);
     s.delete("pods", Some("default"), "a", None);
     let mut rvs = Vec::new();
-    for want in ["ADDED", "MODIFIED", "DELETED"] {
+    for want in ["ADDED", "MODIFIED", "MODIFIED", "DELETED"] {
         let e = w.next_event().unwrap().unwrap();
         assert_eq!(e["type"], want, "{e}");
         assert_eq!(e["object"]["metadata"]["name"], "a");
@@ -502,9 +505,12 @@ fn patch_with_wrong_uid_conflicts() {
     assert_eq!(s.get("pods", Some("default"), "a").unwrap(), p);
 }
 
-// Pod strategy CheckGracefulDelete + rest.BeforeDelete: a bound pod deleted
-// with grace > 0 gets deletionTimestamp/deletionGracePeriodSeconds and stays
-// (MODIFIED); the grace period only shrinks; grace 0 removes it (DELETED);
+// Pod strategy CheckGracefulDelete + rest.BeforeDelete (k8s.io/apiserver
+// registry/rest/delete.go): a bound pod deleted with grace > 0 (default
+// spec.terminationGracePeriodSeconds, defaulted to 30) gets
+// deletionTimestamp/deletionGracePeriodSeconds and a generation bump and
+// stays (MODIFIED); a later delete may only shorten the period, counted from
+// the first; grace 0 writes the object (MODIFIED) then deletes it (DELETED);
 // an unbound pod goes at once.
 #[test]
 fn graceful_delete_of_bound_pod() {
@@ -520,15 +526,28 @@ fn graceful_delete_of_bound_pod() {
     let r = c.delete(&format!("{PODS}/a"), None).unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.body["metadata"]["deletionGracePeriodSeconds"], 30);
-    assert!(r.body["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(r.body["metadata"]["generation"], 2);
+    let first_ts = r.body["metadata"]["deletionTimestamp"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let first_ts: k8s_openapi::jiff::Timestamp = first_ts.parse().unwrap();
     assert!(s.get("pods", Some("default"), "a").is_some());
     assert_eq!(w.next_event().unwrap().unwrap()["type"], "MODIFIED");
-    // Shrink to 10.
+    // Shrink to 10: the deadline moves 20 s earlier.
     let r = c
         .delete(&format!("{PODS}/a?gracePeriodSeconds=10"), None)
         .unwrap();
     assert_eq!(r.body["metadata"]["deletionGracePeriodSeconds"], 10);
-    // Growing is ignored.
+    let ts: k8s_openapi::jiff::Timestamp = r.body["metadata"]["deletionTimestamp"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(first_ts.as_second() - ts.as_second(), 20);
+    assert_eq!(r.body["metadata"]["generation"], 2);
+    // Growing (or no grace period) is ignored: no write.
+    let before = s.resource_version();
     let r = c
         .delete(
             &format!("{PODS}/a"),
@@ -536,6 +555,8 @@ fn graceful_delete_of_bound_pod() {
         )
         .unwrap();
     assert_eq!(r.body["metadata"]["deletionGracePeriodSeconds"], 10);
+    c.delete(&format!("{PODS}/a"), None).unwrap();
+    assert_eq!(s.resource_version(), before);
     assert_eq!(w.next_event().unwrap().unwrap()["type"], "MODIFIED");
     let r = c
         .delete(
@@ -545,6 +566,9 @@ fn graceful_delete_of_bound_pod() {
         .unwrap();
     assert_eq!(r.status, 200);
     assert!(s.get("pods", Some("default"), "a").is_none());
+    let e = w.next_event().unwrap().unwrap();
+    assert_eq!(e["type"], "MODIFIED");
+    assert_eq!(e["object"]["metadata"]["deletionGracePeriodSeconds"], 0);
     assert_eq!(w.next_event().unwrap().unwrap()["type"], "DELETED");
     // Unbound: at once.
     s.create(pod("b", None));
@@ -642,8 +666,9 @@ fn stop_and_restart_keep_objects_and_port() {
     assert_eq!(r.status, 200);
 }
 
-// A network partition: requests are not answered (the client times out),
-// open watches go silent; after it heals new requests work.
+// A network partition: requests are not answered (the client times out)
+// and open watches end without an ERROR event or a clean end of stream;
+// after it heals new requests work.
 #[test]
 fn partition_hangs_requests_until_healed() {
     let s = plain();
@@ -666,7 +691,8 @@ fn partition_hangs_requests_until_healed() {
     );
     assert!(t0.elapsed() >= Duration::from_millis(400));
     s.create(pod("a", None));
-    assert!(w.next_event().is_err(), "the watch must be silent");
+    let ended = w.next_event();
+    assert!(ended.is_err(), "the watch must break, got {ended:?}");
     // The hung request was never read, let alone answered.
     assert!(!s
         .requests()

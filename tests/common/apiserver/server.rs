@@ -95,10 +95,10 @@ pub async fn serve(
 
 async fn connection(shared: Arc<Shared>, tcp: TcpStream) {
     if *shared.partition.borrow() {
-        // Partitioned: the connection is accepted but nothing is ever read
-        // or written (the caller's stop ends it).
+        // Partitioned: the connection is accepted but nothing is read or
+        // written; when the partition heals it is closed unanswered.
         let _held = tcp;
-        std::future::pending::<()>().await;
+        healed(&shared).await;
         return;
     }
     let _ = tcp.set_nodelay(true);
@@ -119,18 +119,29 @@ async fn connection(shared: Arc<Shared>, tcp: TcpStream) {
     }
 }
 
+/// Waits until the network partition (if any) is over.
+async fn healed(shared: &Shared) {
+    let mut p = shared.partition.subscribe();
+    let _ = p.wait_for(|on| !*on).await;
+}
+
 async fn http<S>(shared: Arc<Shared>, io: S, identity: Option<(String, Vec<String>)>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // Cancelled to drop the connection without an answer (partitions).
+    let kill = CancellationToken::new();
+    let k = kill.clone();
     let svc = hyper::service::service_fn(move |req| {
         let shared = shared.clone();
         let identity = identity.clone();
-        async move { Ok::<_, Infallible>(handle(shared, identity, req).await) }
+        let kill = k.clone();
+        async move { Ok::<_, Infallible>(handle(shared, identity, kill, req).await) }
     });
-    let _ = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(io), svc)
-        .await;
+    tokio::select! {
+        _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc) => {}
+        _ = kill.cancelled() => {}
+    }
 }
 
 async fn read_body(mut b: Incoming) -> Result<Vec<u8>, ApiError> {
@@ -232,6 +243,7 @@ fn authenticate(
 async fn handle(
     shared: Arc<Shared>,
     identity: Option<(String, Vec<String>)>,
+    kill: CancellationToken,
     req: Request<Incoming>,
 ) -> Response<RespBody> {
     let path_and_query = req
@@ -251,7 +263,9 @@ async fn handle(
         r.len() - 1
     };
     if *shared.partition.borrow() {
-        // Partitioned: never answer.
+        // Partitioned: no answer; when it heals the connection is closed.
+        healed(&shared).await;
+        kill.cancel();
         std::future::pending::<()>().await;
     }
     let auth = authenticate(&shared, identity, &req);
@@ -259,7 +273,7 @@ async fn handle(
         shared.requests.lock()[index].user = user.clone();
     }
     let resp = match auth {
-        Ok((user, groups, bootstrap)) => route(&shared, req, &user, &groups, bootstrap).await,
+        Ok((user, groups, bootstrap)) => route(&shared, req, &user, &groups, bootstrap, kill).await,
         Err(e) => error_response(&e),
     };
     shared.requests.lock()[index].status = resp.status().as_u16();
@@ -320,6 +334,7 @@ async fn route(
     user: &str,
     groups: &[String],
     bootstrap: bool,
+    kill: CancellationToken,
 ) -> Response<RespBody> {
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
@@ -362,7 +377,7 @@ async fn route(
         Err(e) => return error_response(&e),
     };
     let result = match (method.as_str(), &t.name) {
-        ("GET", None) if query.flag("watch") => return start_watch(shared, &t, &query),
+        ("GET", None) if query.flag("watch") => return start_watch(shared, &t, &query, kill),
         ("GET", None) => list(shared, &t, &query),
         ("GET", Some(name)) => {
             if let Some(s) = t.sub.as_deref().filter(|s| *s != "status") {
@@ -585,7 +600,12 @@ fn bookmark(res: &ResourceInfo, rv: u64, initial_end: bool) -> Value {
     json!({"type": "BOOKMARK", "object": {"kind": res.kind, "apiVersion": res.api_version(), "metadata": meta}})
 }
 
-fn start_watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Response<RespBody> {
+fn start_watch(
+    shared: &Arc<Shared>,
+    t: &Target,
+    q: &Query,
+    kill: CancellationToken,
+) -> Response<RespBody> {
     let sel = match Selector::parse(q.get("labelSelector"), q.get("fieldSelector")) {
         Ok(s) => s,
         Err(e) => return error_response(&e),
@@ -658,8 +678,11 @@ fn start_watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Response<RespBody
                 }
                 _ = async { tokio::time::sleep_until(deadline.expect("deadline")).await }, if deadline.is_some() => return,
                 _ = async { let _ = partition.wait_for(|p| *p).await; } => {
-                    // Partitioned: the stream goes silent for good.
-                    drop(events);
+                    // Partitioned: the connection is dropped, no ERROR event,
+                    // no end of the chunked body.
+                    // (tx is held until then, so the body does not end
+                    // cleanly first).
+                    kill.cancel();
                     tx.closed().await;
                     return;
                 }

@@ -184,6 +184,22 @@ impl ApiError {
         .with_details(res, name)
     }
 
+    /// A Conflict naming the kind, as rest.BeforeDelete's precondition
+    /// errors do.
+    pub fn conflict_kind(res: &ResourceInfo, name: &str, why: &str) -> ApiError {
+        let what = if res.group.is_empty() {
+            res.kind.to_string()
+        } else {
+            format!("{}.{}", res.kind, res.group)
+        };
+        ApiError::new(
+            409,
+            "Conflict",
+            format!("Operation cannot be fulfilled on {what} \"{name}\": {why}"),
+        )
+        .with_details(res, name)
+    }
+
     pub fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(400, "BadRequest", message)
     }
@@ -229,10 +245,22 @@ pub fn now_rfc3339() -> String {
 }
 
 pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    rfc3339_secs(
+        t.duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0),
+    )
+}
+
+/// Seconds since the epoch of an RFC 3339 time (0 if unparsable).
+pub fn parse_rfc3339(s: &str) -> i64 {
+    s.parse::<k8s_openapi::jiff::Timestamp>()
+        .map(|t| t.as_second())
+        .unwrap_or(0)
+}
+
+/// RFC 3339 (whole seconds) of seconds since the epoch.
+pub fn rfc3339_secs(secs: i64) -> String {
     k8s_openapi::jiff::Timestamp::from_second(secs)
         .map(|t| t.to_string())
         .unwrap_or_default()
@@ -619,6 +647,12 @@ impl Store {
         }
         match res.plural {
             "pods" => {
+                // Defaulting (SetDefaults_PodSpec): the grace period.
+                if obj["spec"].is_object()
+                    && obj["spec"].get("terminationGracePeriodSeconds").is_none()
+                {
+                    obj["spec"]["terminationGracePeriodSeconds"] = json!(30);
+                }
                 let status = obj
                     .as_object_mut()
                     .expect("object")
@@ -753,19 +787,18 @@ impl Store {
         if next == old {
             return Ok(old);
         }
-        let updated = self.commit(res, ns, name, EventType::Modified, next, Some(old));
-        // The last finalizer of an object being deleted is gone: delete it.
-        if updated.pointer("/metadata/deletionTimestamp").is_some()
-            && finalizers_empty(&updated)
-            && updated
+        // Removing the last finalizer of an object marked deleting (grace 0)
+        // deletes it, in place of the update (ShouldDeleteDuringUpdate).
+        if old.pointer("/metadata/deletionTimestamp").is_some()
+            && finalizers_empty(&next)
+            && old
                 .pointer("/metadata/deletionGracePeriodSeconds")
                 .and_then(Value::as_i64)
-                .unwrap_or(0)
-                == 0
+                == Some(0)
         {
-            let gone = self.commit(res, ns, name, EventType::Deleted, updated.clone(), None);
-            return Ok(gone);
+            return Ok(self.commit(res, ns, name, EventType::Deleted, next, None));
         }
+        let updated = self.commit(res, ns, name, EventType::Modified, next, Some(old));
         if res.plural == "certificatesigningrequests" {
             self.sign_if_approved(name);
         }
@@ -817,7 +850,12 @@ impl Store {
         self.update(res, ns, name, patched, sub)
     }
 
-    /// DELETE, with the pod strategy's graceful deletion and finalizers.
+    /// DELETE, as upstream's generic store with rest.BeforeDelete: pods
+    /// (the only kind here with a graceful-delete strategy) get
+    /// deletionTimestamp + deletionGracePeriodSeconds and stay while the
+    /// period is > 0 (a later delete may only shorten it; grace 0 writes the
+    /// object, then deletes it); objects with finalizers are marked deleting
+    /// and stay until the last finalizer goes; everything else goes at once.
     pub fn delete(
         &mut self,
         res: &'static ResourceInfo,
@@ -831,84 +869,111 @@ impl Store {
         let stored_uid = meta_str(&old, "uid").unwrap_or("").to_string();
         if let Some(uid) = &opts.uid {
             if *uid != stored_uid {
-                return Err(ApiError::conflict(
+                return Err(ApiError::conflict_kind(
                     res,
                     name,
-                    &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {stored_uid}"),
+                    &format!("the UID in the precondition ({uid}) does not match the UID in record ({stored_uid}). The object might have been deleted and then recreated"),
                 ));
             }
         }
         if let Some(rv) = &opts.resource_version {
             let stored = meta_str(&old, "resourceVersion").unwrap_or("");
             if rv != stored {
-                return Err(ApiError::conflict(
+                return Err(ApiError::conflict_kind(
                     res,
                     name,
-                    &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {stored}"),
+                    &format!("the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({stored}). The object might have been modified"),
                 ));
             }
         }
-        if let Some(g) = opts.grace {
-            if g < 0 {
-                return Err(ApiError::new(
-                    422,
-                    "Invalid",
-                    "DeleteOptions.gracePeriodSeconds: Invalid value: must be >= 0",
-                ));
-            }
-        }
-        let mut grace = 0;
-        if res.plural == "pods" {
-            // Pod strategy CheckGracefulDelete: the spec's grace period by
-            // default; unscheduled or terminal pods go at once.
-            grace = opts.grace.unwrap_or_else(|| {
-                old.pointer("/spec/terminationGracePeriodSeconds")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(30)
-            });
-            let node = old
-                .pointer("/spec/nodeName")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let phase = old
-                .pointer("/status/phase")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if node.is_empty() || phase == "Succeeded" || phase == "Failed" {
-                grace = 0;
-            }
-        }
+        // Negative grace periods count as 1 s.
+        let opt_grace = opts.grace.map(|g| if g < 0 { 1 } else { g });
+        let has_finalizers = !finalizers_empty(&old);
+        let deletion_ts = meta_str(&old, "deletionTimestamp").map(str::to_string);
         let pending_grace = old
             .pointer("/metadata/deletionGracePeriodSeconds")
             .and_then(Value::as_i64);
-        let being_deleted = old.pointer("/metadata/deletionTimestamp").is_some();
-        if being_deleted {
-            if let Some(cur) = pending_grace {
-                // The grace period can only shrink.
-                if grace >= cur {
+        let generation = old["metadata"]["generation"].as_i64().unwrap_or(0);
+        // (deletionTimestamp, grace, bump generation) of a graceful delete.
+        let graceful: Option<(String, i64, bool)> = match (&deletion_ts, pending_grace) {
+            // Graceful deletion already pending: it may only get shorter,
+            // counted from when it started.
+            (Some(ts), Some(cur)) if cur > 0 => match opt_grace {
+                Some(g) if g < cur => {
+                    let start = parse_rfc3339(ts) - cur;
+                    Some((rfc3339_secs(start + g), g, false))
+                }
+                _ => return Ok(Deleted::Pending(old)),
+            },
+            (Some(_), _) => None,
+            (None, _) if res.plural == "pods" => {
+                // Pod strategy CheckGracefulDelete.
+                let mut g = opt_grace.unwrap_or_else(|| {
+                    old.pointer("/spec/terminationGracePeriodSeconds")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0)
+                });
+                let node = old
+                    .pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let phase = old
+                    .pointer("/status/phase")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                if node.is_empty() || phase == "Succeeded" || phase == "Failed" {
+                    g = 0;
+                }
+                if g < 0 {
+                    g = 1;
+                }
+                let when = SystemTime::now() + Duration::from_secs(g as u64);
+                Some((rfc3339(when), g, true))
+            }
+            (None, _) => None,
+        };
+        match graceful {
+            Some((ts, grace, bump)) => {
+                let mut next = old.clone();
+                let meta = meta_mut(&mut next);
+                meta.insert("deletionTimestamp".into(), json!(ts));
+                meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
+                if bump && generation > 0 {
+                    meta.insert("generation".into(), json!(generation + 1));
+                }
+                let updated = self.commit(res, ns, name, EventType::Modified, next, Some(old));
+                if has_finalizers || grace > 0 {
+                    return Ok(Deleted::Pending(updated));
+                }
+                let gone = self.commit(res, ns, name, EventType::Deleted, updated, None);
+                Ok(Deleted::Gone(gone))
+            }
+            None if has_finalizers => {
+                // markAsDeleting.
+                let mut next = old.clone();
+                let now = rfc3339(SystemTime::now());
+                let meta = meta_mut(&mut next);
+                if deletion_ts.is_none() && generation > 0 {
+                    meta.insert("generation".into(), json!(generation + 1));
+                }
+                if deletion_ts
+                    .as_deref()
+                    .is_none_or(|ts| parse_rfc3339(ts) > parse_rfc3339(&now))
+                {
+                    meta.insert("deletionTimestamp".into(), json!(now));
+                }
+                meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+                if next == old {
                     return Ok(Deleted::Pending(old));
                 }
+                let updated = self.commit(res, ns, name, EventType::Modified, next, Some(old));
+                Ok(Deleted::Pending(updated))
+            }
+            None => {
+                let gone = self.commit(res, ns, name, EventType::Deleted, old, None);
+                Ok(Deleted::Gone(gone))
             }
         }
-        let has_finalizers = !finalizers_empty(&old);
-        if grace > 0 || has_finalizers {
-            if being_deleted && has_finalizers && grace == 0 && pending_grace == Some(0) {
-                return Ok(Deleted::Pending(old));
-            }
-            let mut next = old.clone();
-            let when = SystemTime::now() + Duration::from_secs(grace as u64);
-            let meta = meta_mut(&mut next);
-            meta.insert("deletionTimestamp".into(), json!(rfc3339(when)));
-            meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
-            if res.generation {
-                let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
-                meta.insert("generation".into(), json!(g));
-            }
-            let updated = self.commit(res, ns, name, EventType::Modified, next, Some(old));
-            return Ok(Deleted::Pending(updated));
-        }
-        let gone = self.commit(res, ns, name, EventType::Deleted, old, None);
-        Ok(Deleted::Gone(gone))
     }
 
     /// Starts a watch under the store lock, so that no write falls between
