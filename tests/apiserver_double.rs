@@ -902,3 +902,267 @@ fn discovery_and_version() {
         .any(|g| g["name"] == "coordination.k8s.io"));
     assert_eq!(c.get("/apis/nope/v1/things").unwrap().status, 404);
 }
+
+// ---- The client the kubelet uses (kube-rs 5) against the double ----
+
+mod kube_compat {
+    use super::*;
+    use common::apiserver::KubeconfigUser;
+    use futures::StreamExt;
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    use kube::runtime::{watcher, WatchStreamExt};
+    use kube::{Api, Client, Config};
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn tmpdir(name: &str) -> std::path::PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("apiserver-double-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    async fn client_from(s: &ApiServer, dir: &std::path::Path, user: KubeconfigUser) -> Client {
+        let path = dir.join("kubeconfig");
+        s.write_kubeconfig(&path, user);
+        let kc = Kubeconfig::read_from(&path).unwrap();
+        let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        Client::try_from(cfg).unwrap()
+    }
+
+    async fn node_client(s: &ApiServer, name: &str) -> Client {
+        let dir = tmpdir(name);
+        let (cert, key) = s.issue_client_cert(
+            &format!("system:node:{name}"),
+            &["system:nodes"],
+            Duration::from_secs(3600),
+        );
+        std::fs::write(dir.join("client.crt"), cert).unwrap();
+        std::fs::write(dir.join("client.key"), key).unwrap();
+        client_from(
+            s,
+            &dir,
+            KubeconfigUser::ClientCert {
+                cert: dir.join("client.crt"),
+                key: dir.join("client.key"),
+            },
+        )
+        .await
+    }
+
+    fn api_err(e: kube::Error) -> Box<kube::core::Status> {
+        match e {
+            kube::Error::Api(s) => s,
+            other => panic!("not an API error: {other:?}"),
+        }
+    }
+
+    // A kubeconfig with a client certificate (the kubelet's rotated
+    // credentials) over TLS; typed create/get/list with a field selector;
+    // 404/409 surface as kube::Error::Api with the Status reason.
+    #[test]
+    fn typed_crud_through_kubeconfig_with_client_cert() {
+        let s = ApiServer::start(ApiServerOptions {
+            require_client_cert: true,
+            ..Default::default()
+        });
+        rt().block_on(async {
+            let client = node_client(&s, "n1").await;
+            let nodes: Api<Node> = Api::all(client.clone());
+            let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
+            let created = nodes.create(&PostParams::default(), &node).await.unwrap();
+            assert!(created.metadata.uid.is_some());
+            let again = api_err(nodes.create(&PostParams::default(), &node).await.unwrap_err());
+            assert!(again.is_already_exists(), "{again:?}");
+            let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+            for (n, node) in [("a", "n1"), ("b", "n2")] {
+                let p: Pod = serde_json::from_value(pod(n, Some(node))).unwrap();
+                pods.create(&PostParams::default(), &p).await.unwrap();
+            }
+            let mine = Api::<Pod>::all(client.clone())
+                .list(&ListParams::default().fields("spec.nodeName=n1"))
+                .await
+                .unwrap();
+            assert_eq!(mine.items.len(), 1);
+            assert_eq!(mine.items[0].metadata.name.as_deref(), Some("a"));
+            assert!(mine.metadata.resource_version.is_some());
+            let missing = api_err(pods.get("nope").await.unwrap_err());
+            assert!(missing.is_not_found());
+            assert_eq!(pods.get_opt("nope").await.unwrap(), None);
+            // Leases: replace with a stale resourceVersion is a Conflict.
+            let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+            let l: Lease = serde_json::from_value(
+                json!({"metadata": {"name": "n1"}, "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 40}}),
+            )
+            .unwrap();
+            let l = leases.create(&PostParams::default(), &l).await.unwrap();
+            let mut l2 = l.clone();
+            l2.spec.as_mut().unwrap().lease_duration_seconds = Some(41);
+            leases.replace("n1", &PostParams::default(), &l2).await.unwrap();
+            let stale = api_err(leases.replace("n1", &PostParams::default(), &l).await.unwrap_err());
+            assert!(stale.is_conflict(), "{stale:?}");
+        });
+        assert!(s.requests().iter().all(|r| r.user == "system:node:n1"));
+    }
+
+    // The kubelet's status manager: a strategic merge patch of pods/status
+    // with a metadata.uid precondition; a stale uid is a Conflict; deletion
+    // with a uid precondition and grace 0 (how the kubelet finishes a
+    // graceful deletion) removes the pod.
+    #[test]
+    fn status_patch_and_delete_as_the_kubelet_does() {
+        let s = ApiServer::start(ApiServerOptions::default());
+        rt().block_on(async {
+            let client = node_client(&s, "n1").await;
+            let pods: Api<Pod> = Api::namespaced(client, "default");
+            let p: Pod = serde_json::from_value(pod("a", Some("n1"))).unwrap();
+            let p = pods.create(&PostParams::default(), &p).await.unwrap();
+            let uid = p.metadata.uid.clone().unwrap();
+            let patch = json!({
+                "metadata": {"uid": uid},
+                "status": {"phase": "Running",
+                    "$setElementOrder/conditions": [{"type": "Ready"}],
+                    "conditions": [{"type": "Ready", "status": "True"}]},
+            });
+            let after = pods
+                .patch_status("a", &PatchParams::default(), &Patch::Strategic(&patch))
+                .await
+                .unwrap();
+            assert_eq!(after.status.unwrap().phase.as_deref(), Some("Running"));
+            let wrong = json!({"metadata": {"uid": "other"}, "status": {"phase": "Failed"}});
+            let e = api_err(
+                pods.patch_status("a", &PatchParams::default(), &Patch::Strategic(&wrong))
+                    .await
+                    .unwrap_err(),
+            );
+            assert!(e.is_conflict(), "{e:?}");
+            // Graceful deletion by a user, then the kubelet's final delete.
+            let first = pods.delete("a", &DeleteParams::default()).await.unwrap();
+            let pending = first.left().expect("the pod, still there");
+            assert_eq!(pending.metadata.deletion_grace_period_seconds, Some(30));
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            pods.delete("a", &dp).await.unwrap();
+            assert!(pods.get_opt("a").await.unwrap().is_none());
+        });
+    }
+
+    // kube-runtime's watcher (list, then watch from the list's
+    // resourceVersion with bookmarks) sees changes; when the API server
+    // restarts after a compaction, its watch from the old resourceVersion
+    // gets 410 Expired and it relists (client-go's reflector does the same).
+    #[test]
+    fn watcher_relists_after_restart_and_compaction() {
+        let s = ApiServer::start(ApiServerOptions {
+            bookmark_interval: Duration::from_millis(300),
+            ..Default::default()
+        });
+        s.create(pod("a", Some("n1")));
+        rt().block_on(async {
+            let client = node_client(&s, "n1").await;
+            let pods: Api<Pod> = Api::all(client);
+            let cfg = watcher::Config::default().fields("spec.nodeName=n1");
+            let mut stream = watcher(pods, cfg).default_backoff().boxed();
+            let mut next_name = async |want: &str| loop {
+                let ev = tokio::time::timeout(Duration::from_secs(20), stream.next())
+                    .await
+                    .expect("watcher event in time")
+                    .expect("stream open");
+                match ev {
+                    Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p))
+                        if p.metadata.name.as_deref() == Some(want) =>
+                    {
+                        return p;
+                    }
+                    _ => continue,
+                }
+            };
+            next_name("a").await;
+            s.create(pod("b", Some("n1")));
+            next_name("b").await;
+            let is_list = |r: &common::apiserver::RequestRecord| {
+                r.path.starts_with("/api/v1/pods?") && !r.path.contains("watch=true")
+            };
+            let lists_before = s.requests().iter().filter(|r| is_list(r)).count();
+            let old_rv = s.resource_version();
+            s.stop();
+            s.create(pod("c", Some("n1")));
+            s.compact();
+            s.restart();
+            next_name("c").await;
+            let after: Vec<_> = s.requests();
+            // It watched again from the old resourceVersion (410), then
+            // listed again.
+            assert!(after.iter().any(|r| r.path.contains("watch=true")
+                && r.path.ends_with(&format!("resourceVersion={old_rv}"))));
+            assert!(after.iter().filter(|r| is_list(r)).count() > lists_before);
+        });
+    }
+
+    // TLS bootstrap: a bootstrap-token kubeconfig may not read nodes, creates
+    // a CSR, watches it by metadata.name and gets the certificate once
+    // approved.
+    #[test]
+    fn csr_flow_with_bootstrap_token() {
+        let token = "abcdef.0123456789abcdef";
+        let s = ApiServer::start(ApiServerOptions {
+            require_client_cert: true,
+            bootstrap_tokens: vec![token.to_string()],
+            ..Default::default()
+        });
+        s.set_csr_auto_approve(true);
+        let (csr_pem, _key) = csr_request("system:node:n1", "system:nodes");
+        rt().block_on(async {
+            let dir = tmpdir("bootstrap");
+            let client = client_from(&s, &dir, KubeconfigUser::Token(token.into())).await;
+            let nodes = Api::<Node>::all(client.clone())
+                .list(&ListParams::default())
+                .await;
+            assert!(api_err(nodes.unwrap_err()).is_forbidden());
+            let csrs: Api<CertificateSigningRequest> = Api::all(client);
+            let csr: CertificateSigningRequest = serde_json::from_value(json!({
+                "metadata": {"generateName": "csr-"},
+                "spec": {"request": b64(&csr_pem),
+                         "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                         "usages": ["digital signature", "client auth"]},
+            }))
+            .unwrap();
+            let created = csrs.create(&PostParams::default(), &csr).await.unwrap();
+            let name = created.metadata.name.unwrap();
+            let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            let mut stream = watcher(csrs, cfg).boxed();
+            let cert = loop {
+                let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap();
+                if let watcher::Event::Apply(c) | watcher::Event::InitApply(c) = ev {
+                    if let Some(cert) = c.status.and_then(|s| s.certificate) {
+                        break cert;
+                    }
+                }
+            };
+            assert!(String::from_utf8(cert.0)
+                .unwrap()
+                .starts_with("-----BEGIN CERTIFICATE-----"));
+        });
+    }
+}

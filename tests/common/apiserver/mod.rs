@@ -145,6 +145,15 @@ pub struct ApiServer {
     serving: Mutex<Option<(CancellationToken, TaskTracker)>>,
 }
 
+/// Binds 127.0.0.1:`port` for the runtime (without blocking on it, so
+/// this works from inside other runtimes too).
+fn bind(rt: &tokio::runtime::Runtime, port: u16) -> std::io::Result<TcpListener> {
+    let l = std::net::TcpListener::bind(("127.0.0.1", port))?;
+    l.set_nonblocking(true)?;
+    let _guard = rt.enter();
+    TcpListener::from_std(l)
+}
+
 fn resource(name: &str) -> &'static store::ResourceInfo {
     store::by_name(name)
 }
@@ -158,9 +167,7 @@ impl ApiServer {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let listener = rt
-            .block_on(TcpListener::bind(("127.0.0.1", opts.port.unwrap_or(0))))
-            .expect("bind the API server double");
+        let listener = bind(&rt, opts.port.unwrap_or(0)).expect("bind the API server double");
         let port = listener.local_addr().expect("local addr").port();
         let pki = Arc::new(pki::Pki::new());
         let tls = opts
@@ -191,6 +198,25 @@ impl ApiServer {
 
     fn rt(&self) -> &tokio::runtime::Runtime {
         self.rt.as_ref().expect("runtime")
+    }
+
+    /// Runs `f` on the double's runtime and waits for it, also when called
+    /// from inside another tokio runtime (then from a helper thread).
+    fn block_on<F>(&self, f: F) -> F::Output
+    where
+        F: std::future::Future + Send,
+        F::Output: Send,
+    {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return self.rt().block_on(f);
+        }
+        let handle = self.rt().handle().clone();
+        std::thread::scope(|scope| {
+            scope
+                .spawn(move || handle.block_on(f))
+                .join()
+                .expect("API server double helper thread")
+        })
     }
 
     fn serve(&self, listener: TcpListener) {
@@ -227,7 +253,7 @@ impl ApiServer {
         };
         stop.cancel();
         tracker.close();
-        self.rt().block_on(async {
+        self.block_on(async move {
             let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
             // Let the accept task drop the listener.
             tokio::task::yield_now().await;
@@ -240,10 +266,7 @@ impl ApiServer {
         self.stop();
         let deadline = Instant::now() + Duration::from_secs(10);
         let listener = loop {
-            match self
-                .rt()
-                .block_on(TcpListener::bind(("127.0.0.1", self.port)))
-            {
+            match bind(self.rt(), self.port) {
                 Ok(l) => break l,
                 Err(e) if Instant::now() > deadline => panic!("rebind port {}: {e}", self.port),
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
