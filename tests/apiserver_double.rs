@@ -1166,3 +1166,159 @@ mod kube_compat {
         });
     }
 }
+
+// Strategic merge patch of NodeStatus (how the kubelet reports node
+// status): conditions and addresses merge by "type", images (no patch
+// strategy) are replaced; `$patch: replace` replaces a map, `$retainKeys`
+// drops the keys it does not list.
+#[test]
+fn strategic_merge_of_node_status() {
+    let s = plain();
+    let c = s.client();
+    let n = s.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    assert!(n["metadata"].get("namespace").is_none());
+    let mut st = n.clone();
+    st["status"] = json!({
+        "conditions": [{"type": "Ready", "status": "False"}, {"type": "MemoryPressure", "status": "False"}],
+        "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": "n1"}],
+        "images": [{"names": ["a"]}, {"names": ["b"]}],
+        "capacity": {"cpu": "2", "memory": "1Gi"},
+        "nodeInfo": {"kubeletVersion": "v1.34.0", "osImage": "x"},
+    });
+    s.update_status(st);
+    let patch = json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "addresses": [{"type": "InternalIP", "address": "10.0.0.2"}],
+        "images": [{"names": ["c"]}],
+        "capacity": {"$patch": "replace", "cpu": "4"},
+        "nodeInfo": {"$retainKeys": ["kubeletVersion"], "kubeletVersion": "v1.34.1"},
+    }});
+    let r = c
+        .patch(
+            "/api/v1/nodes/n1/status",
+            "application/strategic-merge-patch+json",
+            &patch,
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let st = &r.body["status"];
+    assert_eq!(
+        st["conditions"],
+        json!([{"type": "Ready", "status": "True"}, {"type": "MemoryPressure", "status": "False"}])
+    );
+    assert_eq!(
+        st["addresses"],
+        json!([{"type": "InternalIP", "address": "10.0.0.2"}, {"type": "Hostname", "address": "n1"}])
+    );
+    assert_eq!(st["images"], json!([{"names": ["c"]}]));
+    assert_eq!(st["capacity"], json!({"cpu": "4"}));
+    assert_eq!(st["nodeInfo"], json!({"kubeletVersion": "v1.34.1"}));
+    // A patch of the main resource does not change status.
+    let r = c
+        .patch(
+            "/api/v1/nodes/n1",
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"l": "v"}}, "status": {"images": []}}),
+        )
+        .unwrap();
+    assert_eq!(r.body["status"]["images"], json!([{"names": ["c"]}]));
+    assert_eq!(r.body["metadata"]["labels"]["l"], "v");
+}
+
+// A write that changes nothing is not a write (GuaranteedUpdate skips
+// no-op updates): same resourceVersion, no watch event. Creating an object
+// with a resourceVersion is a BadRequest.
+#[test]
+fn no_op_update_keeps_resource_version() {
+    let s = plain();
+    let c = s.client();
+    let p = s.create(pod("a", None));
+    let r = c
+        .patch(
+            &format!("{PODS}/a"),
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"app": "a"}}}),
+        )
+        .unwrap();
+    assert_eq!(
+        r.body["metadata"]["resourceVersion"],
+        p["metadata"]["resourceVersion"]
+    );
+    let r = c.post(PODS, &r.body).unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body["reason"], "BadRequest");
+}
+
+// Watch with a label selector and sendInitialEvents=true (KEP-3157
+// streaming lists): the matching current objects as ADDED, then a BOOKMARK
+// annotated k8s.io/initial-events-end, then live events.
+#[test]
+fn watch_with_send_initial_events_and_label_selector() {
+    let s = plain();
+    let c = s.client();
+    s.create(pod("a", None));
+    s.create(pod("b", None));
+    let mut w = c
+        .watch(&format!(
+            "{PODS}?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&labelSelector=app%3Da"
+        ))
+        .unwrap();
+    let e = w.next_event().unwrap().unwrap();
+    assert_eq!(e["type"], "ADDED");
+    assert_eq!(e["object"]["metadata"]["name"], "a");
+    let b = w.next_event().unwrap().unwrap();
+    assert_eq!(b["type"], "BOOKMARK");
+    assert_eq!(
+        b["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    s.create(pod("c", None));
+    let mut p = s.get("pods", Some("default"), "a").unwrap();
+    p["metadata"]["labels"]["x"] = json!("1");
+    s.update(p);
+    let e = w.next_non_bookmark().unwrap().unwrap();
+    assert_eq!(e["type"], "MODIFIED");
+    assert_eq!(e["object"]["metadata"]["name"], "a");
+}
+
+// CSR approval through the /approval subresource (what `kubectl
+// certificate approve` does) issues a certificate; a Denied CSR is never
+// signed; an unknown signer gets a Failed condition.
+#[test]
+fn csr_approval_subresource_and_denial() {
+    let s = plain();
+    let c = s.client();
+    let path = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+    let mk = |name: &str, signer: &str| {
+        let (pem, _) = csr_request("system:node:n1", "system:nodes");
+        json!({"metadata": {"name": name},
+               "spec": {"request": b64(&pem), "signerName": signer, "usages": ["client auth"]}})
+    };
+    for (name, signer) in [
+        ("ok", "kubernetes.io/kube-apiserver-client-kubelet"),
+        ("no", "kubernetes.io/kube-apiserver-client-kubelet"),
+        ("odd", "example.com/other"),
+    ] {
+        assert_eq!(c.post(path, &mk(name, signer)).unwrap().status, 201);
+    }
+    let cond = |t: &str| json!({"status": {"conditions": [{"type": t, "status": "True", "reason": "Test"}]}});
+    let r = c
+        .put(&format!("{path}/ok/approval"), &cond("Approved"))
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let ok = s.get("certificatesigningrequests", None, "ok").unwrap();
+    assert!(ok["status"]["certificate"].is_string());
+    c.put(&format!("{path}/no/approval"), &cond("Denied"))
+        .unwrap();
+    let no = s.get("certificatesigningrequests", None, "no").unwrap();
+    assert!(no["status"].get("certificate").is_none());
+    c.put(&format!("{path}/odd/approval"), &cond("Approved"))
+        .unwrap();
+    let odd = s.get("certificatesigningrequests", None, "odd").unwrap();
+    assert!(odd["status"].get("certificate").is_none());
+    assert!(odd["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["type"] == "Failed"));
+}

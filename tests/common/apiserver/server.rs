@@ -398,6 +398,15 @@ async fn route(
             if t.res.namespaced && ns.is_empty() {
                 return Err(not_found_path());
             }
+            if obj
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .is_some_and(|rv| !rv.is_empty())
+            {
+                return Err(ApiError::bad_request(
+                    "resourceVersion should not be set on objects to be created",
+                ));
+            }
             shared
                 .store
                 .lock()
