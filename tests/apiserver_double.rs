@@ -135,7 +135,8 @@ fn status_subresource_splits_spec_and_status() {
 }
 
 // List with fieldSelector spec.nodeName (pods' selectable field, how the
-// kubelet lists its own pods); list metadata.resourceVersion is current.
+// kubelet lists its own pods); list metadata.resourceVersion is current;
+// list items have no kind/apiVersion (kubernetes/kubernetes#3030).
 #[test]
 fn list_with_field_selector_returns_only_that_nodes_pods() {
     let s = plain();
@@ -156,6 +157,8 @@ fn list_with_field_selector_returns_only_that_nodes_pods() {
         .map(|p| p["metadata"]["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["a", "c"]);
+    // Items of a JSON list carry no kind/apiVersion (kubernetes#3030).
+    assert!(r.body["items"][0].get("kind").is_none());
     assert_eq!(
         r.body["metadata"]["resourceVersion"],
         s.resource_version().to_string()

@@ -1,67 +1,100 @@
 //! A TEST DOUBLE of the Kubernetes API server, in process, for integration
-//! tests. It is not a real API server: no etcd, no admission, no validation
+//! tests. It is NOT a real API server: no etcd, no admission, no validation
 //! beyond what is listed here, no RBAC beyond one rule, no conversion, and
 //! objects are untyped JSON. It follows the real kube-apiserver's HTTP
-//! semantics where tests of a kubelet observe them.
+//! semantics where a kubelet (kube-rs or client-go) observes them.
+//!
+//! The facade ([`ApiServer`]) is synchronous for plain `#[test]` functions;
+//! it owns a two-thread tokio runtime and may also be called from inside
+//! another runtime. [`Client`] is a small blocking HTTP/1.1 client for tests.
 //!
 //! Implemented:
 //! - Resources: core v1 `pods` (+`/status`), `nodes` (+`/status`),
-//!   `namespaces`, `events`, `configmaps`, `secrets`, `services`,
+//!   `namespaces` (default, kube-system, kube-node-lease, kube-public exist
+//!   at start), `events`, `configmaps`, `secrets`, `services`,
 //!   `serviceaccounts`; `coordination.k8s.io/v1` `leases`;
-//!   `events.k8s.io/v1` `events` (stored apart from core events);
-//!   `certificates.k8s.io/v1` `certificatesigningrequests` (+`/status`,
-//!   `/approval`). Discovery: `/version`, `/api`, `/api/v1`, `/apis`,
-//!   `/apis/{group}/{version}`.
+//!   `events.k8s.io/v1` `events` (stored apart from core events; tests name
+//!   it `events.events.k8s.io`); `certificates.k8s.io/v1`
+//!   `certificatesigningrequests` (+`/status`, `/approval`). Discovery:
+//!   `/version`, `/api`, `/api/v1`, `/apis`, `/apis/{group}/{version}`.
 //! - Server-set metadata: `uid`, `creationTimestamp`, `resourceVersion`
-//!   (one global counter, decimal), `generation` (pods: 1 at create, +1 on
-//!   spec change and on graceful deletion). A write that changes nothing does
-//!   not bump the resourceVersion. Pods get `status.phase: Pending` at create.
+//!   (one global counter, decimal), `generation` (pods only: 1 at create, +1
+//!   on spec change and when deletion starts). A write that changes nothing
+//!   does not bump the resourceVersion and sends no event. Pods get
+//!   `status.phase: Pending` and `spec.terminationGracePeriodSeconds: 30`
+//!   (if unset) at create; CSRs get `spec.username`/`groups` of the creator.
 //! - GET/list with `labelSelector` (`=`, `==`, `!=`, `key`, `!key`),
-//!   `fieldSelector` (`=`, `==`, `!=` on any dotted field path),
-//!   `limit`+`continue` (tokens from the current state; a token older than
-//!   the compacted revision gets 410), `resourceVersionMatch=Exact` older
-//!   than the compacted revision gets 410; otherwise lists are always served
-//!   from the current state.
-//! - Watch: from a resourceVersion (history replay), or from ""/"0"
-//!   (synthetic ADDED of the current state), `sendInitialEvents=true`
+//!   `fieldSelector` (`=`, `==`, `!=` on any dotted field path), `limit` +
+//!   `continue` (pages of the current state; a token older than the last
+//!   compaction gets 410 Expired), `resourceVersionMatch=Exact` older than
+//!   the last compaction gets 410; lists are otherwise always served from
+//!   the current state, with `metadata.resourceVersion` = the current one.
+//! - Watch (`watch=true|1`): from a resourceVersion (history replay), or
+//!   from ""/"0" (synthetic ADDED of the current state), `sendInitialEvents`
 //!   (+ the `k8s.io/initial-events-end` bookmark), `allowWatchBookmarks`
-//!   (every [`ApiServerOptions::bookmark_interval`]), `timeoutSeconds`,
-//!   selectors with ADDED/DELETED on selector transitions; a compacted
-//!   resourceVersion gets one ERROR event (410 Expired) and the end.
-//! - POST (409 AlreadyExists, `generateName`), PUT (409 Conflict on a stale
-//!   resourceVersion or a different uid), `/status` writes only change
-//!   status and main-resource writes keep the stored status (kinds with a
-//!   status subresource), PATCH as JSON merge patch, strategic merge patch
-//!   (merge keys of the fields the kubelet writes, `$patch`,
-//!   `$setElementOrder`, `$retainKeys`, `$deleteFromPrimitiveList`) and
-//!   JSON patch; server-side apply gets 415.
-//! - DELETE with `DeleteOptions` (grace period, uid and resourceVersion
-//!   preconditions), the pod strategy's graceful deletion (bound,
-//!   non-terminal pods get `deletionTimestamp` and stay until deleted with
-//!   grace 0; the grace period only shrinks), finalizers (the object goes
-//!   when the last one is removed).
-//! - Errors as `metav1.Status` with the upstream reasons and codes.
-//! - TLS with a cluster CA; client certificates (CN = user, O = groups);
-//!   bootstrap tokens (`system:bootstrap:<id>`, limited to CSRs unless
+//!   (every [`ApiServerOptions::bookmark_interval`], default 1 s; upstream
+//!   ~1 min), `timeoutSeconds`, label/field selectors with ADDED/DELETED when
+//!   an object starts/stops matching (as the watch cache); a resourceVersion
+//!   older than the last compaction gets one ERROR event (410 Expired, "too
+//!   old resource version: X (Y)") and the end of the stream.
+//! - POST (409 AlreadyExists, `generateName`, 400 if a resourceVersion is
+//!   set), PUT (409 Conflict on a stale resourceVersion or another uid, 404
+//!   if missing), `/status` writes change only status and main-resource
+//!   writes keep the stored status (kinds with a status subresource), PATCH
+//!   as JSON merge patch (RFC 7386), strategic merge patch (merge keys of the
+//!   fields the kubelet writes — pod status conditions, container statuses,
+//!   podIPs/hostIPs; node status conditions/addresses; ownerReferences;
+//!   finalizers as a set — plus `$patch`, `$setElementOrder`, `$retainKeys`,
+//!   `$deleteFromPrimitiveList`; other lists are replaced) and JSON patch
+//!   (RFC 6902); `metadata.uid`/`resourceVersion` in a patch are
+//!   preconditions (409); server-side apply gets 415.
+//! - DELETE with `DeleteOptions` or `?gracePeriodSeconds=` as upstream's
+//!   rest.BeforeDelete and generic store: uid/resourceVersion preconditions
+//!   (409); pods are deleted gracefully when bound and not terminal
+//!   (deletionTimestamp = now + grace, deletionGracePeriodSeconds; MODIFIED;
+//!   a later delete may only shorten it, counted from the first; a grace 0
+//!   delete writes the object then deletes it: MODIFIED then DELETED, as
+//!   upstream); objects with finalizers are marked deleting and go when the
+//!   last finalizer is removed; pods answer with the object, other kinds
+//!   with a Success Status once gone.
+//! - Errors as `metav1.Status` with the upstream reasons and codes
+//!   (NotFound, AlreadyExists, Conflict, Expired, BadRequest, Invalid,
+//!   Unauthorized, Forbidden, UnsupportedMediaType, MethodNotAllowed).
+//! - TLS with a cluster CA (serving certificate for 127.0.0.1/localhost);
+//!   client certificates (CN = user, O = groups; verified against the CA);
+//!   bootstrap tokens (`system:bootstrap:<id>` in `system:bootstrappers`,
+//!   limited to CSRs like `system:node-bootstrapper`, 403 elsewhere, unless
 //!   [`ApiServer::set_bootstrap_csr_only`] is turned off); 401 for unknown
-//!   tokens and, with `require_client_cert`, for anonymous requests.
-//! - CSRs: approval (by hook, auto-approval, or the `/approval`
-//!   subresource) and a signer for `kubernetes.io/kube-apiserver-client-kubelet`,
-//!   `kubernetes.io/kube-apiserver-client` and `kubernetes.io/kubelet-serving`.
-//! - Faults: stop/restart on the same port with the same store; network
-//!   partition; compaction of the watch history.
+//!   tokens and, with `require_client_cert`, for anonymous requests; other
+//!   authenticated users may do anything. Plain HTTP with `tls: false`.
+//! - CSRs: approval (test hook, auto-approval, or the `/approval`
+//!   subresource: one write adding the Approved condition) then the signer
+//!   (a second write setting `status.certificate`) for
+//!   `kubernetes.io/kube-apiserver-client-kubelet`,
+//!   `kubernetes.io/kube-apiserver-client` and `kubernetes.io/kubelet-serving`
+//!   (SANs from the CSR): the CSR's subject and public key, key usages from
+//!   `spec.usages`, lifetime [`ApiServer::set_issued_cert_lifetime`] capped by
+//!   `spec.expirationSeconds`, backdated 5 min unless shorter than 8 h.
+//!   Denied CSRs are not signed; other signers get a Failed condition.
+//! - Faults: [`ApiServer::stop`]/[`ApiServer::restart`] (same port, same
+//!   store; connections and watches are closed), [`ApiServer::partition`]
+//!   (requests and new connections hang unanswered, open watches break
+//!   without an ERROR event; when it heals the hung connections are closed
+//!   unanswered, and new ones work), [`ApiServer::compact`].
 //!
-//! Not implemented: server-side apply, managedFields, protobuf, set-based
-//! label selectors (`in`, `notin`), consistent paginated snapshots (pages come
-//! from the current state), lists at an old exact resourceVersion (served
-//! from the current state unless compacted), `resourceVersion` larger than
-//! the current one (no wait, no 504), field selector validation (any path is
-//! accepted), validation and defaulting of objects (beyond the few fields
-//! above), namespace lifecycle (objects may be created in any namespace),
-//! deletecollection, owner-reference garbage collection, CSR signer
-//! validation of subjects and usages, more than one O in certificates
-//! issued by [`ApiServer::issue_client_cert`] (rcgen writes one), HTTP/2,
-//! real RBAC, the watch cache's random default timeout.
+//! Not implemented: server-side apply, managedFields, protobuf, HTTP/2,
+//! set-based label selectors (`in`, `notin`), consistent paginated
+//! snapshots (pages come from the current state), lists at an old exact
+//! resourceVersion (served from the current state unless compacted), a
+//! resourceVersion newer than the current one (no wait, no 504), field
+//! selector validation (any path is accepted), validation and defaulting
+//! beyond the fields named above (e.g. pod spec immutability), namespace
+//! lifecycle (objects may be created in any namespace), deletecollection,
+//! garbage collection of owned objects, CSR signer policy checks (subjects,
+//! usages), more than one O in [`ApiServer::issue_client_cert`] certificates
+//! (rcgen writes one), real RBAC, the watch cache's random default timeout,
+//! and the `$setElementOrder` interleaving of server-only list elements
+//! (they are put after the ordered ones).
 
 mod client;
 mod patch;
@@ -275,10 +308,11 @@ impl ApiServer {
         self.serve(listener);
     }
 
-    /// While on, connections are accepted but never answered, requests hang,
-    /// and open watches go silent for good. Connections and requests made
-    /// during the partition are never answered even after it ends (clients
-    /// time out and reconnect, as after a real one).
+    /// While on, connections are accepted but never answered, requests
+    /// hang, and open watches break (the connection drops, no ERROR event, no
+    /// clean end of the stream). When it heals, the connections that hung
+    /// are closed unanswered (so a write sent during the partition is never
+    /// applied) and new connections are served.
     pub fn partition(&self, on: bool) {
         self.shared.partition.send_replace(on);
     }

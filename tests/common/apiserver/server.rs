@@ -541,7 +541,17 @@ fn list(shared: &Shared, t: &Target, q: &Query) -> Result<(u16, Value), ApiError
             "kind": list_kind(t.res),
             "apiVersion": t.res.api_version(),
             "metadata": meta,
-            "items": items.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+            // List items carry no kind/apiVersion, as upstream's JSON lists.
+            "items": items
+                .into_iter()
+                .map(|(_, mut v)| {
+                    if let Some(o) = v.as_object_mut() {
+                        o.remove("kind");
+                        o.remove("apiVersion");
+                    }
+                    v
+                })
+                .collect::<Vec<_>>(),
         }),
     ))
 }
