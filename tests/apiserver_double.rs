@@ -927,9 +927,14 @@ mod kube_compat {
             .unwrap()
     }
 
+    /// A fresh directory per call (tests run in parallel in one process).
     fn tmpdir(name: &str) -> std::path::PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("apiserver-double-{name}-{}", std::process::id()));
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!(
+            "apiserver-double-{name}-{}-{n}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&d).unwrap();
         d
     }
@@ -941,6 +946,8 @@ mod kube_compat {
         let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .unwrap();
+        // The config holds the files' contents now.
+        let _ = std::fs::remove_dir_all(dir);
         Client::try_from(cfg).unwrap()
     }
 
