@@ -946,9 +946,10 @@ mod kube_compat {
         let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .unwrap();
-        // The config holds the files' contents now.
+        let client = Client::try_from(cfg).unwrap();
+        // The client holds the files' contents now.
         let _ = std::fs::remove_dir_all(dir);
-        Client::try_from(cfg).unwrap()
+        client
     }
 
     async fn node_client(s: &ApiServer, name: &str) -> Client {
