@@ -448,7 +448,8 @@ impl ApiServer {
             .count()
     }
 
-    /// Polls an object every 50 ms until `f` holds for it (None: absent).
+    /// Polls an object every 50 ms until `f` holds for it (None: absent) and
+    /// returns it; panics after `timeout`.
     pub fn wait_for(
         &self,
         resource: &str,
