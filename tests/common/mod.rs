@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod apiserver;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

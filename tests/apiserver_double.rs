@@ -1,0 +1,1335 @@
+//! Tests of the Kubernetes API server test double (tests/common/apiserver),
+//! each against the upstream rule it follows. No containerd needed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::apiserver::{ApiServer, ApiServerOptions, Client};
+use serde_json::{json, Value};
+
+fn plain() -> ApiServer {
+    ApiServer::start(ApiServerOptions {
+        tls: false,
+        ..Default::default()
+    })
+}
+
+fn pod(name: &str, node: Option<&str>) -> Value {
+    let mut p = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    });
+    if let Some(n) = node {
+        p["spec"]["nodeName"] = json!(n);
+    }
+    p
+}
+
+fn rv(obj: &Value) -> u64 {
+    obj["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("resourceVersion")
+        .parse()
+        .expect("numeric resourceVersion")
+}
+
+const PODS: &str = "/api/v1/namespaces/default/pods";
+
+// k8s.io/apiserver generic registry: create sets uid, creationTimestamp and
+// resourceVersion; GET of a missing object is 404 with a NotFound Status.
+#[test]
+fn create_get_and_not_found() {
+    let s = plain();
+    let c = s.client();
+    let r = c.post(PODS, &pod("a", None)).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert!(r.body["metadata"]["uid"].as_str().unwrap().len() == 36);
+    assert!(r.body["metadata"]["creationTimestamp"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+    assert_eq!(r.body["metadata"]["generation"], 1);
+    assert_eq!(r.body["status"]["phase"], "Pending");
+    let g = c.get(&format!("{PODS}/a")).unwrap();
+    assert_eq!(g.status, 200);
+    assert_eq!(g.body["metadata"]["uid"], r.body["metadata"]["uid"]);
+    let missing = c.get(&format!("{PODS}/nope")).unwrap();
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.body["kind"], "Status");
+    assert_eq!(missing.body["reason"], "NotFound");
+    assert_eq!(missing.body["message"], "pods \"nope\" not found");
+    assert_eq!(missing.body["code"], 404);
+}
+
+// k8s.io/apiserver storage: Create of an existing key fails with
+// AlreadyExists (409).
+#[test]
+fn create_twice_is_already_exists() {
+    let s = plain();
+    let c = s.client();
+    assert_eq!(c.post(PODS, &pod("a", None)).unwrap().status, 201);
+    let r = c.post(PODS, &pod("a", None)).unwrap();
+    assert_eq!(r.status, 409);
+    assert_eq!(r.body["reason"], "AlreadyExists");
+    // generateName: the server picks the name.
+    let r = c
+        .post(
+            PODS,
+            &json!({"metadata": {"generateName": "gen-"}, "spec": {}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 201);
+    assert!(r.body["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .starts_with("gen-"));
+}
+
+// k8s.io/apiserver storage GuaranteedUpdate: an update whose
+// resourceVersion is not the stored one is a Conflict (409).
+#[test]
+fn update_with_stale_resource_version_conflicts() {
+    let s = plain();
+    let c = s.client();
+    let created = c.post(PODS, &pod("a", None)).unwrap().body;
+    let mut first = created.clone();
+    first["metadata"]["labels"]["x"] = json!("1");
+    let r = c.put(&format!("{PODS}/a"), &first).unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert!(rv(&r.body) > rv(&created));
+    let mut stale = created.clone();
+    stale["metadata"]["labels"]["x"] = json!("2");
+    let r = c.put(&format!("{PODS}/a"), &stale).unwrap();
+    assert_eq!(r.status, 409);
+    assert_eq!(r.body["reason"], "Conflict");
+    assert!(r.body["message"]
+        .as_str()
+        .unwrap()
+        .contains("the object has been modified"));
+    // Missing object: 404.
+    let mut other = created;
+    other["metadata"]["name"] = json!("b");
+    assert_eq!(c.put(&format!("{PODS}/b"), &other).unwrap().status, 404);
+}
+
+// Pod strategy: the main resource ignores status changes, /status only
+// changes status (registry/core/pod/strategy.go PrepareForUpdate).
+#[test]
+fn status_subresource_splits_spec_and_status() {
+    let s = plain();
+    let c = s.client();
+    let mut p = c.post(PODS, &pod("a", Some("n1"))).unwrap().body;
+    p["status"]["phase"] = json!("Running");
+    p["metadata"]["labels"]["via"] = json!("main");
+    let r = c.put(&format!("{PODS}/a"), &p).unwrap().body;
+    assert_eq!(r["status"]["phase"], "Pending");
+    assert_eq!(r["metadata"]["labels"]["via"], "main");
+    let mut q = r.clone();
+    q["status"]["phase"] = json!("Running");
+    q["metadata"]["labels"]["via"] = json!("status");
+    let r = c.put(&format!("{PODS}/a/status"), &q).unwrap().body;
+    assert_eq!(r["status"]["phase"], "Running");
+    assert_eq!(r["metadata"]["labels"]["via"], "main");
+}
+
+// List with fieldSelector spec.nodeName (pods' selectable field, how the
+// kubelet lists its own pods); list metadata.resourceVersion is current;
+// list items have no kind/apiVersion (kubernetes/kubernetes#3030).
+#[test]
+fn list_with_field_selector_returns_only_that_nodes_pods() {
+    let s = plain();
+    let c = s.client();
+    for (n, node) in [("a", "n1"), ("b", "n2"), ("c", "n1")] {
+        s.create(pod(n, Some(node)));
+    }
+    s.create(pod("d", None));
+    let r = c
+        .get("/api/v1/pods?fieldSelector=spec.nodeName%3Dn1")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["kind"], "PodList");
+    let names: Vec<&str> = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "c"]);
+    // Items of a JSON list carry no kind/apiVersion (kubernetes#3030).
+    assert!(r.body["items"][0].get("kind").is_none());
+    assert_eq!(
+        r.body["metadata"]["resourceVersion"],
+        s.resource_version().to_string()
+    );
+    // Unscheduled pods: spec.nodeName= (empty), and != with a label selector.
+    let r = c
+        .get(&format!("{PODS}?fieldSelector=spec.nodeName%3D"))
+        .unwrap();
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 1);
+    let r = c
+        .get(&format!(
+            "{PODS}?fieldSelector=spec.nodeName!%3Dn1,metadata.name!%3Dd&labelSelector=app%3Db"
+        ))
+        .unwrap();
+    assert_eq!(r.body["items"][0]["metadata"]["name"], "b");
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 1);
+}
+
+// List pagination: limit returns a continue token; a token from before a
+// compaction is 410 Expired (storage: "continue parameter is too old").
+#[test]
+fn list_limit_continue_and_expired_token() {
+    let s = plain();
+    let c = s.client();
+    for n in ["a", "b", "c"] {
+        s.create(pod(n, None));
+    }
+    let r = c.get(&format!("{PODS}?limit=2")).unwrap().body;
+    assert_eq!(r["items"].as_array().unwrap().len(), 2);
+    let token = r["metadata"]["continue"].as_str().unwrap().to_string();
+    let enc = token.replace('/', "%2F");
+    let r2 = c
+        .get(&format!("{PODS}?limit=2&continue={enc}"))
+        .unwrap()
+        .body;
+    assert_eq!(r2["items"][0]["metadata"]["name"], "c");
+    assert!(r2["metadata"].get("continue").is_none());
+    s.create(pod("d", None));
+    s.compact();
+    let r3 = c.get(&format!("{PODS}?limit=2&continue={enc}")).unwrap();
+    assert_eq!(r3.status, 410);
+    assert_eq!(r3.body["reason"], "Expired");
+}
+
+// Watch from a list's resourceVersion: every later change, in order, as
+// ADDED, MODIFIED, DELETED (k8s.io/apiserver watch semantics). Deleting a
+// pod is two writes upstream even when immediate (the pod strategy is
+// graceful, so the store first writes deletionTimestamp with grace 0, then
+// deletes): MODIFIED then DELETED.
+#[test]
+fn watch_from_list_rv_sees_changes_in_order() {
+    let s = plain();
+    let c = s.client();
+    s.create(pod("before", None));
+    let list = c.get(PODS).unwrap().body;
+    let list_rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut w = c
+        .watch(&format!("{PODS}?watch=true&resourceVersion={list_rv}"))
+        .unwrap();
+    let created = s.create(pod("a", None));
+    let mut p = created.clone();
+    p["metadata"]["labels"]["x"] = json!("y");
+    s.update(p);
+    s.delete("pods", Some("default"), "a", None);
+    let mut rvs = Vec::new();
+    for want in ["ADDED", "MODIFIED", "MODIFIED", "DELETED"] {
+        let e = w.next_event().unwrap().unwrap();
+        assert_eq!(e["type"], want, "{e}");
+        assert_eq!(e["object"]["metadata"]["name"], "a");
+        rvs.push(rv(&e["object"]));
+    }
+    assert!(rvs.windows(2).all(|w| w[0] < w[1]), "{rvs:?}");
+    assert!(rvs[0] > list_rv.parse::<u64>().unwrap());
+    // resourceVersion=0: the current state as ADDED, then live.
+    let mut w0 = c
+        .watch(&format!("{PODS}?watch=1&resourceVersion=0"))
+        .unwrap();
+    let e = w0.next_event().unwrap().unwrap();
+    assert_eq!(
+        (e["type"].as_str(), e["object"]["metadata"]["name"].as_str()),
+        (Some("ADDED"), Some("before"))
+    );
+}
+
+// Watch bookmarks (KEP-956): with allowWatchBookmarks the server sends
+// BOOKMARK events carrying only kind, apiVersion and a resourceVersion that
+// does not go backwards.
+#[test]
+fn watch_bookmarks_carry_increasing_resource_versions() {
+    let s = ApiServer::start(ApiServerOptions {
+        tls: false,
+        bookmark_interval: Duration::from_millis(200),
+        ..Default::default()
+    });
+    let c = s.client();
+    let mut w = c
+        .watch(&format!(
+            "{PODS}?watch=true&allowWatchBookmarks=true&resourceVersion={}",
+            s.resource_version()
+        ))
+        .unwrap();
+    let first = loop {
+        let e = w.next_event().unwrap().unwrap();
+        if e["type"] == "BOOKMARK" {
+            break e;
+        }
+    };
+    assert_eq!(first["object"]["kind"], "Pod");
+    assert_eq!(first["object"]["apiVersion"], "v1");
+    assert!(first["object"].get("spec").is_none());
+    s.create(pod("a", None));
+    let mut saw_added = false;
+    let second = loop {
+        let e = w.next_event().unwrap().unwrap();
+        if e["type"] == "ADDED" {
+            saw_added = true;
+        } else if e["type"] == "BOOKMARK" && saw_added {
+            break e;
+        }
+    };
+    assert!(rv(&second["object"]) > rv(&first["object"]));
+    assert_eq!(rv(&second["object"]), s.resource_version());
+}
+
+// k8s.io/apiserver storage (watch cache): a watch from a resourceVersion
+// older than the retained history gets an ERROR event with a 410 Expired
+// Status ("too old resource version"), then the stream ends.
+#[test]
+fn watch_from_compacted_rv_gets_410_expired() {
+    let s = plain();
+    let c = s.client();
+    let old = s.resource_version();
+    s.create(pod("a", None));
+    s.create(pod("b", None));
+    s.compact();
+    let mut w = c
+        .watch(&format!("{PODS}?watch=true&resourceVersion={old}"))
+        .unwrap();
+    let e = w.next_event().unwrap().unwrap();
+    assert_eq!(e["type"], "ERROR");
+    assert_eq!(e["object"]["kind"], "Status");
+    assert_eq!(e["object"]["code"], 410);
+    assert_eq!(e["object"]["reason"], "Expired");
+    assert!(e["object"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with(&format!("too old resource version: {old} (")));
+    assert!(w.next_event().unwrap().is_none(), "stream must end");
+    // From the compaction point on it works.
+    let now = s.resource_version();
+    let mut w = c
+        .watch(&format!("{PODS}?watch=true&resourceVersion={now}"))
+        .unwrap();
+    s.create(pod("c", None));
+    assert_eq!(w.next_event().unwrap().unwrap()["type"], "ADDED");
+}
+
+// Watch cache (cacheWatcher.convertToWatchEvent): an object that stops
+// matching a watch's selector is sent as DELETED; one that starts matching
+// as ADDED.
+#[test]
+fn field_selected_watch_sees_deleted_when_object_stops_matching() {
+    let s = plain();
+    let c = s.client();
+    let mut w = c
+        .watch(&format!(
+            "/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3Dn1&resourceVersion={}",
+            s.resource_version()
+        ))
+        .unwrap();
+    s.create(pod("other", Some("n2")));
+    let p = s.create(pod("a", Some("n1")));
+    let e = w.next_event().unwrap().unwrap();
+    assert_eq!(
+        (e["type"].as_str(), e["object"]["metadata"]["name"].as_str()),
+        (Some("ADDED"), Some("a"))
+    );
+    let mut moved = p.clone();
+    moved["spec"]["nodeName"] = json!("n2");
+    let after = s.update(moved);
+    let e = w.next_event().unwrap().unwrap();
+    assert_eq!(e["type"], "DELETED");
+    assert_eq!(
+        e["object"]["spec"]["nodeName"], "n1",
+        "the last matching state"
+    );
+    assert_eq!(rv(&e["object"]), rv(&after));
+    let mut back = after.clone();
+    back["spec"]["nodeName"] = json!("n1");
+    s.update(back);
+    assert_eq!(w.next_event().unwrap().unwrap()["type"], "ADDED");
+}
+
+// timeoutSeconds: the server ends the watch cleanly after it.
+#[test]
+fn watch_timeout_seconds_ends_the_stream() {
+    let s = plain();
+    let c = s.client();
+    let t0 = Instant::now();
+    let mut w = c
+        .watch(&format!(
+            "{PODS}?watch=true&timeoutSeconds=1&resourceVersion={}",
+            s.resource_version()
+        ))
+        .unwrap();
+    assert!(w.next_event().unwrap().is_none());
+    assert!(t0.elapsed() >= Duration::from_millis(900));
+}
+
+// RFC 7386 JSON merge patch: objects merge, null deletes a key, lists are
+// replaced.
+#[test]
+fn merge_patch_null_deletes_a_key() {
+    let s = plain();
+    let c = s.client();
+    let mut p = pod("a", None);
+    p["metadata"]["labels"] = json!({"keep": "1", "drop": "2"});
+    s.create(p);
+    let r = c
+        .patch(
+            &format!("{PODS}/a"),
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"drop": null, "new": "3"}}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(
+        r.body["metadata"]["labels"],
+        json!({"keep": "1", "new": "3"})
+    );
+    // JSON patch (RFC 6902) too.
+    let r = c
+        .patch(
+            &format!("{PODS}/a"),
+            "application/json-patch+json",
+            &json!([{"op": "add", "path": "/metadata/annotations", "value": {"k": "v"}},
+                    {"op": "test", "path": "/metadata/labels/keep", "value": "1"}]),
+        )
+        .unwrap();
+    assert_eq!(r.body["metadata"]["annotations"]["k"], "v");
+    // Server-side apply is not implemented: 415.
+    let r = c
+        .patch(
+            &format!("{PODS}/a"),
+            "application/apply-patch+yaml",
+            &json!({}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 415);
+}
+
+// Strategic merge patch (apimachinery strategicpatch): PodStatus.conditions
+// has patchMergeKey "type", so conditions not in the patch stay, those in it
+// merge by type, and $setElementOrder/conditions orders the result.
+#[test]
+fn strategic_merge_of_pod_status_conditions() {
+    let s = plain();
+    let c = s.client();
+    let p = s.create(pod("a", Some("n1")));
+    let mut st = p.clone();
+    st["status"]["conditions"] = json!([
+        {"type": "PodScheduled", "status": "True"},
+        {"type": "Initialized", "status": "True"},
+        {"type": "Ready", "status": "False"},
+    ]);
+    st["status"]["containerStatuses"] = json!([{"name": "c", "ready": false, "restartCount": 0}]);
+    s.update_status(st);
+    let patch = json!({
+        "metadata": {"uid": p["metadata"]["uid"]},
+        "status": {
+            "$setElementOrder/conditions": [{"type": "Ready"}, {"type": "PodScheduled"}, {"type": "Initialized"}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "c", "ready": true}],
+            "phase": "Running",
+        }
+    });
+    let r = c
+        .patch(
+            &format!("{PODS}/a/status"),
+            "application/strategic-merge-patch+json",
+            &patch,
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let conds = &r.body["status"]["conditions"];
+    assert_eq!(conds.as_array().unwrap().len(), 3);
+    assert_eq!(conds[0], json!({"type": "Ready", "status": "True"}));
+    assert_eq!(conds[1]["type"], "PodScheduled");
+    assert_eq!(conds[2]["type"], "Initialized");
+    assert_eq!(
+        r.body["status"]["containerStatuses"][0],
+        json!({"name": "c", "ready": true, "restartCount": 0})
+    );
+    assert_eq!(r.body["status"]["phase"], "Running");
+    // $patch: delete on an element, $deleteFromPrimitiveList on finalizers.
+    let r = c
+        .patch(
+            &format!("{PODS}/a/status"),
+            "application/strategic-merge-patch+json",
+            &json!({"status": {"conditions": [{"type": "Initialized", "$patch": "delete"}]}}),
+        )
+        .unwrap();
+    assert_eq!(r.body["status"]["conditions"].as_array().unwrap().len(), 2);
+    c.patch(
+        &format!("{PODS}/a"),
+        "application/strategic-merge-patch+json",
+        &json!({"metadata": {"finalizers": ["a/x", "a/y"]}}),
+    )
+    .unwrap();
+    let r = c.patch(&format!("{PODS}/a"), "application/strategic-merge-patch+json",
+        &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a/x"], "finalizers": ["a/z"]}})).unwrap();
+    assert_eq!(r.body["metadata"]["finalizers"], json!(["a/y", "a/z"]));
+}
+
+// Patch preconditions: a patch carrying metadata.uid (the kubelet's status
+// manager does) or metadata.resourceVersion that differs from the stored
+// object is a Conflict (409).
+#[test]
+fn patch_with_wrong_uid_conflicts() {
+    let s = plain();
+    let c = s.client();
+    let p = s.create(pod("a", Some("n1")));
+    let r = c
+        .patch(
+            &format!("{PODS}/a/status"),
+            "application/strategic-merge-patch+json",
+            &json!({"metadata": {"uid": "00000000-0000-0000-0000-000000000000"}, "status": {"phase": "Running"}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 409);
+    assert_eq!(r.body["reason"], "Conflict");
+    assert!(r.body["message"]
+        .as_str()
+        .unwrap()
+        .contains("Precondition failed: UID in precondition"));
+    let r = c
+        .patch(
+            &format!("{PODS}/a"),
+            "application/merge-patch+json",
+            &json!({"metadata": {"resourceVersion": "1", "labels": {"x": "y"}}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 409);
+    assert_eq!(s.get("pods", Some("default"), "a").unwrap(), p);
+}
+
+// Pod strategy CheckGracefulDelete + rest.BeforeDelete (k8s.io/apiserver
+// registry/rest/delete.go): a bound pod deleted with grace > 0 (default
+// spec.terminationGracePeriodSeconds, defaulted to 30) gets
+// deletionTimestamp/deletionGracePeriodSeconds and a generation bump and
+// stays (MODIFIED); a later delete may only shorten the period, counted from
+// the first; grace 0 writes the object (MODIFIED) then deletes it (DELETED);
+// an unbound pod goes at once.
+#[test]
+fn graceful_delete_of_bound_pod() {
+    let s = plain();
+    let c = s.client();
+    s.create(pod("a", Some("n1")));
+    let mut w = c
+        .watch(&format!(
+            "{PODS}?watch=true&resourceVersion={}",
+            s.resource_version()
+        ))
+        .unwrap();
+    let r = c.delete(&format!("{PODS}/a"), None).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["metadata"]["deletionGracePeriodSeconds"], 30);
+    assert_eq!(r.body["metadata"]["generation"], 2);
+    let first_ts = r.body["metadata"]["deletionTimestamp"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let first_ts: k8s_openapi::jiff::Timestamp = first_ts.parse().unwrap();
+    assert!(s.get("pods", Some("default"), "a").is_some());
+    assert_eq!(w.next_event().unwrap().unwrap()["type"], "MODIFIED");
+    // Shrink to 10: the deadline moves 20 s earlier.
+    let r = c
+        .delete(&format!("{PODS}/a?gracePeriodSeconds=10"), None)
+        .unwrap();
+    assert_eq!(r.body["metadata"]["deletionGracePeriodSeconds"], 10);
+    let ts: k8s_openapi::jiff::Timestamp = r.body["metadata"]["deletionTimestamp"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(first_ts.as_second() - ts.as_second(), 20);
+    assert_eq!(r.body["metadata"]["generation"], 2);
+    // Growing (or no grace period) is ignored: no write.
+    let before = s.resource_version();
+    let r = c
+        .delete(
+            &format!("{PODS}/a"),
+            Some(&json!({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 60})),
+        )
+        .unwrap();
+    assert_eq!(r.body["metadata"]["deletionGracePeriodSeconds"], 10);
+    c.delete(&format!("{PODS}/a"), None).unwrap();
+    assert_eq!(s.resource_version(), before);
+    assert_eq!(w.next_event().unwrap().unwrap()["type"], "MODIFIED");
+    let r = c
+        .delete(
+            &format!("{PODS}/a"),
+            Some(&json!({"gracePeriodSeconds": 0})),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert!(s.get("pods", Some("default"), "a").is_none());
+    let e = w.next_event().unwrap().unwrap();
+    assert_eq!(e["type"], "MODIFIED");
+    assert_eq!(e["object"]["metadata"]["deletionGracePeriodSeconds"], 0);
+    assert_eq!(w.next_event().unwrap().unwrap()["type"], "DELETED");
+    // Unbound: at once.
+    s.create(pod("b", None));
+    c.delete(&format!("{PODS}/b"), None).unwrap();
+    assert!(s.get("pods", Some("default"), "b").is_none());
+    // Other kinds: at once, answered with a Success Status.
+    let r = c
+        .post(
+            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+            &json!({"metadata": {"name": "n1"}, "spec": {"holderIdentity": "n1"}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 201);
+    let r = c
+        .delete(
+            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1",
+            None,
+        )
+        .unwrap();
+    assert_eq!(r.body["status"], "Success");
+}
+
+// DeleteOptions.preconditions: a uid (or resourceVersion) that does not
+// match the stored object is a Conflict (409), nothing deleted.
+#[test]
+fn delete_with_wrong_precondition_uid_conflicts() {
+    let s = plain();
+    let c = s.client();
+    s.create(pod("a", None));
+    let r = c
+        .delete(
+            &format!("{PODS}/a"),
+            Some(&json!({"preconditions": {"uid": "nope"}})),
+        )
+        .unwrap();
+    assert_eq!(r.status, 409);
+    assert_eq!(r.body["reason"], "Conflict");
+    assert!(s.get("pods", Some("default"), "a").is_some());
+    let uid = s.get("pods", Some("default"), "a").unwrap()["metadata"]["uid"].clone();
+    let r = c
+        .delete(
+            &format!("{PODS}/a"),
+            Some(&json!({"preconditions": {"uid": uid}})),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert!(s.get("pods", Some("default"), "a").is_none());
+}
+
+// Finalizers (generic registry): deleting an object with finalizers only
+// marks it; removing the last finalizer removes it.
+#[test]
+fn finalizers_hold_deletion() {
+    let s = plain();
+    let mut p = pod("a", None);
+    p["metadata"]["finalizers"] = json!(["test/hold"]);
+    s.create(p);
+    let pending = s
+        .delete("pods", Some("default"), "a", None)
+        .expect("pending");
+    assert!(pending["metadata"]["deletionTimestamp"].is_string());
+    let mut next = pending.clone();
+    next["metadata"]["finalizers"] = json!([]);
+    s.update(next);
+    assert!(s.get("pods", Some("default"), "a").is_none());
+}
+
+// A restarted API server keeps its data (etcd) and address; open watches
+// end when it stops.
+#[test]
+fn stop_and_restart_keep_objects_and_port() {
+    let s = plain();
+    let c = s.client();
+    s.create(pod("a", None));
+    let mut w = c
+        .watch(&format!(
+            "{PODS}?watch=true&resourceVersion={}",
+            s.resource_version()
+        ))
+        .unwrap();
+    let url = s.url();
+    s.stop();
+    assert!(
+        matches!(w.next_event(), Ok(None) | Err(_)),
+        "watch must end"
+    );
+    assert!(c
+        .clone()
+        .with_timeout(Duration::from_secs(1))
+        .get(PODS)
+        .is_err());
+    s.restart();
+    assert_eq!(s.url(), url);
+    let r = c.get(&format!("{PODS}/a")).unwrap();
+    assert_eq!(r.status, 200);
+}
+
+// A network partition: requests are not answered (the client times out)
+// and open watches end without an ERROR event or a clean end of stream;
+// after it heals new requests work.
+#[test]
+fn partition_hangs_requests_until_healed() {
+    let s = plain();
+    let c = s.client().with_timeout(Duration::from_millis(500));
+    let mut w = c
+        .watch(&format!(
+            "{PODS}?watch=true&resourceVersion={}",
+            s.resource_version()
+        ))
+        .unwrap();
+    s.partition(true);
+    let t0 = Instant::now();
+    let err = c.get(PODS).unwrap_err();
+    assert!(
+        matches!(
+            err.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        "{err:?}"
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(400));
+    s.create(pod("a", None));
+    let ended = w.next_event();
+    assert!(ended.is_err(), "the watch must break, got {ended:?}");
+    // The hung request was never read, let alone answered.
+    assert!(!s
+        .requests()
+        .iter()
+        .any(|r| r.method == "GET" && r.path == PODS));
+    s.partition(false);
+    assert_eq!(c.get(&format!("{PODS}/a")).unwrap().status, 200);
+}
+
+fn tls_server(require: bool, tokens: Vec<String>) -> ApiServer {
+    ApiServer::start(ApiServerOptions {
+        require_client_cert: require,
+        bootstrap_tokens: tokens,
+        ..Default::default()
+    })
+}
+
+// x509 client-certificate authentication (k8s.io/apiserver
+// authentication/request/x509): CN is the user, O the groups.
+#[test]
+fn client_certificate_authenticates_as_its_cn() {
+    let s = tls_server(true, vec![]);
+    let (cert, key) = s.issue_client_cert(
+        "system:node:n1",
+        &["system:nodes"],
+        Duration::from_secs(3600),
+    );
+    let c = s.client().with_client_cert(&cert, &key);
+    let r = c.get("/api/v1/nodes").unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let last = s.requests().pop().unwrap();
+    assert_eq!(last.user, "system:node:n1");
+    assert!(s.url().starts_with("https://127.0.0.1:"));
+}
+
+// With anonymous auth off, a request without credentials is 401
+// Unauthorized (a Status); an unknown bearer token is always 401.
+#[test]
+fn request_without_credentials_is_unauthorized() {
+    let s = tls_server(true, vec![]);
+    let r = s.client().get("/api/v1/nodes").unwrap();
+    assert_eq!(r.status, 401);
+    assert_eq!(r.body["reason"], "Unauthorized");
+    let r = s
+        .client()
+        .with_token("abcdef.0123456789abcdef")
+        .get("/api/v1/nodes")
+        .unwrap();
+    assert_eq!(r.status, 401);
+}
+
+// Bootstrap tokens (k8s.io/apiserver bootstrap token authenticator):
+// user system:bootstrap:<id> in system:bootstrappers; RBAC
+// (system:node-bootstrapper) allows CSRs only, 403 elsewhere.
+#[test]
+fn bootstrap_token_limited_to_csrs() {
+    let token = "abcdef.0123456789abcdef";
+    let s = tls_server(true, vec![token.to_string()]);
+    let c = s.client().with_token(token);
+    let r = c.get("/api/v1/nodes").unwrap();
+    assert_eq!(r.status, 403);
+    assert_eq!(r.body["reason"], "Forbidden");
+    let r = c
+        .get("/apis/certificates.k8s.io/v1/certificatesigningrequests")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(s.requests().pop().unwrap().user, "system:bootstrap:abcdef");
+}
+
+fn csr_request(cn: &str, org: &str) -> (String, rcgen::KeyPair) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::CommonName, cn);
+    dn.push(rcgen::DnType::OrganizationName, org);
+    params.distinguished_name = dn;
+    let csr = params.serialize_request(&key).unwrap();
+    (csr.pem().unwrap(), key)
+}
+
+fn cert_der(pem: &[u8]) -> rustls::pki_types::CertificateDer<'static> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem).unwrap()
+}
+
+fn b64(s: &str) -> Value {
+    serde_json::to_value(k8s_openapi::ByteString(s.as_bytes().to_vec())).unwrap()
+}
+
+// CSR API (certificates.k8s.io/v1): approval adds the Approved condition,
+// then the signer sets status.certificate ([]byte, base64 in JSON), a
+// certificate from the cluster CA for the CSR's key and subject; a
+// metadata.name-selected watch sees it as MODIFIED.
+#[test]
+fn approved_csr_gets_a_certificate_signed_by_the_ca() {
+    let token = "abcdef.0123456789abcdef";
+    let s = tls_server(true, vec![token.to_string()]);
+    let c = s.client().with_token(token);
+    let (csr_pem, key) = csr_request("system:node:n1", "system:nodes");
+    let path = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+    let r = c
+        .post(path, &json!({
+            "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {"name": "csr-1"},
+            "spec": {"request": b64(&csr_pem), "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                     "usages": ["digital signature", "client auth"]},
+        }))
+        .unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert_eq!(r.body["spec"]["username"], "system:bootstrap:abcdef");
+    let mut w = c
+        .watch(&format!(
+            "{path}?watch=true&fieldSelector=metadata.name%3Dcsr-1&resourceVersion={}",
+            rv(&r.body)
+        ))
+        .unwrap();
+    s.approve_csr("csr-1");
+    let approved = w.next_event().unwrap().unwrap();
+    assert_eq!(approved["type"], "MODIFIED");
+    assert_eq!(
+        approved["object"]["status"]["conditions"][0]["type"],
+        "Approved"
+    );
+    let issued = w.next_event().unwrap().unwrap();
+    assert_eq!(issued["type"], "MODIFIED");
+    let cert: k8s_openapi::ByteString =
+        serde_json::from_value(issued["object"]["status"]["certificate"].clone()).unwrap();
+    let cert_pem = String::from_utf8(cert.0).unwrap();
+    assert!(cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+    // It verifies against the CA: the server accepts it as a client
+    // certificate and authenticates its CN.
+    let kc = s.client().with_client_cert(&cert_pem, &key.serialize_pem());
+    assert_eq!(kc.get("/api/v1/nodes").unwrap().status, 200);
+    let last = s.requests().pop().unwrap();
+    assert_eq!(last.user, "system:node:n1");
+    // And its subject is the CSR's.
+    let der = cert_der(cert_pem.as_bytes());
+    let (_, x) = x509_parser::parse_x509_certificate(&der).unwrap();
+    assert_eq!(
+        x.subject()
+            .iter_organization()
+            .next()
+            .unwrap()
+            .as_str()
+            .unwrap(),
+        "system:nodes"
+    );
+}
+
+// Auto-approval (csrapproving controller) and a short configured lifetime;
+// kubelet-serving CSRs keep their SANs.
+#[test]
+fn auto_approved_serving_csr_with_short_lifetime() {
+    let s = tls_server(false, vec![]);
+    s.set_csr_auto_approve(true);
+    s.set_issued_cert_lifetime(Duration::from_secs(120));
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["n1.example".to_string()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "system:node:n1");
+    let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+    s.create(json!({
+        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+        "metadata": {"name": "serving"},
+        "spec": {"request": b64(&csr), "signerName": "kubernetes.io/kubelet-serving",
+                 "usages": ["digital signature", "server auth"]},
+    }));
+    let csr = s
+        .wait_for(
+            "certificatesigningrequests",
+            None,
+            "serving",
+            Duration::from_secs(5),
+            |o| o.is_some_and(|o| o["status"]["certificate"].is_string()),
+        )
+        .unwrap();
+    let cert: k8s_openapi::ByteString =
+        serde_json::from_value(csr["status"]["certificate"].clone()).unwrap();
+    let der = cert_der(&cert.0);
+    let (_, x) = x509_parser::parse_x509_certificate(&der).unwrap();
+    let v = x.validity();
+    let secs = v.not_after.timestamp() - v.not_before.timestamp();
+    assert!((115..=125).contains(&secs), "{secs}");
+    let san = x.subject_alternative_name().unwrap().unwrap();
+    assert!(format!("{:?}", san.value).contains("n1.example"));
+}
+
+// Discovery endpoints kube-rs and client-go call.
+#[test]
+fn discovery_and_version() {
+    let s = plain();
+    let c = Client::new(&s);
+    assert_eq!(c.get("/version").unwrap().body["major"], "1");
+    assert_eq!(c.get("/api").unwrap().body["versions"][0], "v1");
+    let v1 = c.get("/api/v1").unwrap().body;
+    assert!(v1["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["name"] == "pods/status"));
+    let groups = c.get("/apis").unwrap().body;
+    assert!(groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|g| g["name"] == "coordination.k8s.io"));
+    assert_eq!(c.get("/apis/nope/v1/things").unwrap().status, 404);
+}
+
+// ---- The client the kubelet uses (kube-rs 5) against the double ----
+
+mod kube_compat {
+    use super::*;
+    use common::apiserver::KubeconfigUser;
+    use futures::StreamExt;
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    use kube::runtime::{watcher, WatchStreamExt};
+    use kube::{Api, Client, Config};
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A fresh directory per call (tests run in parallel in one process).
+    fn tmpdir(name: &str) -> std::path::PathBuf {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!(
+            "apiserver-double-{name}-{}-{n}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    async fn client_from(s: &ApiServer, dir: &std::path::Path, user: KubeconfigUser) -> Client {
+        let path = dir.join("kubeconfig");
+        s.write_kubeconfig(&path, user);
+        let kc = Kubeconfig::read_from(&path).unwrap();
+        let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        let client = Client::try_from(cfg).unwrap();
+        // The client holds the files' contents now.
+        let _ = std::fs::remove_dir_all(dir);
+        client
+    }
+
+    async fn node_client(s: &ApiServer, name: &str) -> Client {
+        let dir = tmpdir(name);
+        let (cert, key) = s.issue_client_cert(
+            &format!("system:node:{name}"),
+            &["system:nodes"],
+            Duration::from_secs(3600),
+        );
+        std::fs::write(dir.join("client.crt"), cert).unwrap();
+        std::fs::write(dir.join("client.key"), key).unwrap();
+        client_from(
+            s,
+            &dir,
+            KubeconfigUser::ClientCert {
+                cert: dir.join("client.crt"),
+                key: dir.join("client.key"),
+            },
+        )
+        .await
+    }
+
+    fn api_err(e: kube::Error) -> Box<kube::core::Status> {
+        match e {
+            kube::Error::Api(s) => s,
+            other => panic!("not an API error: {other:?}"),
+        }
+    }
+
+    // A kubeconfig with a client certificate (the kubelet's rotated
+    // credentials) over TLS; typed create/get/list with a field selector;
+    // 404/409 surface as kube::Error::Api with the Status reason.
+    #[test]
+    fn typed_crud_through_kubeconfig_with_client_cert() {
+        let s = ApiServer::start(ApiServerOptions {
+            require_client_cert: true,
+            ..Default::default()
+        });
+        rt().block_on(async {
+            let client = node_client(&s, "n1").await;
+            let nodes: Api<Node> = Api::all(client.clone());
+            let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
+            let created = nodes.create(&PostParams::default(), &node).await.unwrap();
+            assert!(created.metadata.uid.is_some());
+            let again = api_err(nodes.create(&PostParams::default(), &node).await.unwrap_err());
+            assert!(again.is_already_exists(), "{again:?}");
+            let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+            for (n, node) in [("a", "n1"), ("b", "n2")] {
+                let p: Pod = serde_json::from_value(pod(n, Some(node))).unwrap();
+                pods.create(&PostParams::default(), &p).await.unwrap();
+            }
+            let mine = Api::<Pod>::all(client.clone())
+                .list(&ListParams::default().fields("spec.nodeName=n1"))
+                .await
+                .unwrap();
+            assert_eq!(mine.items.len(), 1);
+            assert_eq!(mine.items[0].metadata.name.as_deref(), Some("a"));
+            assert!(mine.metadata.resource_version.is_some());
+            let missing = api_err(pods.get("nope").await.unwrap_err());
+            assert!(missing.is_not_found());
+            assert_eq!(pods.get_opt("nope").await.unwrap(), None);
+            // Leases: replace with a stale resourceVersion is a Conflict.
+            let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+            let l: Lease = serde_json::from_value(
+                json!({"metadata": {"name": "n1"}, "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 40}}),
+            )
+            .unwrap();
+            let l = leases.create(&PostParams::default(), &l).await.unwrap();
+            let mut l2 = l.clone();
+            l2.spec.as_mut().unwrap().lease_duration_seconds = Some(41);
+            leases.replace("n1", &PostParams::default(), &l2).await.unwrap();
+            let stale = api_err(leases.replace("n1", &PostParams::default(), &l).await.unwrap_err());
+            assert!(stale.is_conflict(), "{stale:?}");
+        });
+        assert!(s.requests().iter().all(|r| r.user == "system:node:n1"));
+    }
+
+    // The kubelet's status manager: a strategic merge patch of pods/status
+    // with a metadata.uid precondition; a stale uid is a Conflict; deletion
+    // with a uid precondition and grace 0 (how the kubelet finishes a
+    // graceful deletion) removes the pod.
+    #[test]
+    fn status_patch_and_delete_as_the_kubelet_does() {
+        let s = ApiServer::start(ApiServerOptions::default());
+        rt().block_on(async {
+            let client = node_client(&s, "n1").await;
+            let pods: Api<Pod> = Api::namespaced(client, "default");
+            let p: Pod = serde_json::from_value(pod("a", Some("n1"))).unwrap();
+            let p = pods.create(&PostParams::default(), &p).await.unwrap();
+            let uid = p.metadata.uid.clone().unwrap();
+            let patch = json!({
+                "metadata": {"uid": uid},
+                "status": {"phase": "Running",
+                    "$setElementOrder/conditions": [{"type": "Ready"}],
+                    "conditions": [{"type": "Ready", "status": "True"}]},
+            });
+            let after = pods
+                .patch_status("a", &PatchParams::default(), &Patch::Strategic(&patch))
+                .await
+                .unwrap();
+            assert_eq!(after.status.unwrap().phase.as_deref(), Some("Running"));
+            let wrong = json!({"metadata": {"uid": "other"}, "status": {"phase": "Failed"}});
+            let e = api_err(
+                pods.patch_status("a", &PatchParams::default(), &Patch::Strategic(&wrong))
+                    .await
+                    .unwrap_err(),
+            );
+            assert!(e.is_conflict(), "{e:?}");
+            // Graceful deletion by a user, then the kubelet's final delete.
+            let first = pods.delete("a", &DeleteParams::default()).await.unwrap();
+            let pending = first.left().expect("the pod, still there");
+            assert_eq!(pending.metadata.deletion_grace_period_seconds, Some(30));
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            pods.delete("a", &dp).await.unwrap();
+            assert!(pods.get_opt("a").await.unwrap().is_none());
+        });
+    }
+
+    // kube-runtime's watcher (list, then watch from the list's
+    // resourceVersion with bookmarks) sees changes; when the API server
+    // restarts after a compaction, its watch from the old resourceVersion
+    // gets 410 Expired and it relists (client-go's reflector does the same).
+    #[test]
+    fn watcher_relists_after_restart_and_compaction() {
+        let s = ApiServer::start(ApiServerOptions {
+            bookmark_interval: Duration::from_millis(300),
+            ..Default::default()
+        });
+        s.create(pod("a", Some("n1")));
+        rt().block_on(async {
+            let client = node_client(&s, "n1").await;
+            let pods: Api<Pod> = Api::all(client);
+            let cfg = watcher::Config::default().fields("spec.nodeName=n1");
+            let mut stream = watcher(pods, cfg).default_backoff().boxed();
+            let mut next_name = async |want: &str| loop {
+                let ev = tokio::time::timeout(Duration::from_secs(20), stream.next())
+                    .await
+                    .expect("watcher event in time")
+                    .expect("stream open");
+                match ev {
+                    Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p))
+                        if p.metadata.name.as_deref() == Some(want) =>
+                    {
+                        return p;
+                    }
+                    _ => continue,
+                }
+            };
+            next_name("a").await;
+            s.create(pod("b", Some("n1")));
+            next_name("b").await;
+            let is_list = |r: &common::apiserver::RequestRecord| {
+                r.path.starts_with("/api/v1/pods?") && !r.path.contains("watch=true")
+            };
+            let lists_before = s.requests().iter().filter(|r| is_list(r)).count();
+            let old_rv = s.resource_version();
+            s.stop();
+            s.create(pod("c", Some("n1")));
+            s.compact();
+            s.restart();
+            next_name("c").await;
+            let after: Vec<_> = s.requests();
+            // It watched again from the old resourceVersion (410), then
+            // listed again.
+            assert!(after.iter().any(|r| r.path.contains("watch=true")
+                && r.path.ends_with(&format!("resourceVersion={old_rv}"))));
+            assert!(after.iter().filter(|r| is_list(r)).count() > lists_before);
+        });
+    }
+
+    // TLS bootstrap: a bootstrap-token kubeconfig may not read nodes, creates
+    // a CSR, watches it by metadata.name and gets the certificate once
+    // approved.
+    #[test]
+    fn csr_flow_with_bootstrap_token() {
+        let token = "abcdef.0123456789abcdef";
+        let s = ApiServer::start(ApiServerOptions {
+            require_client_cert: true,
+            bootstrap_tokens: vec![token.to_string()],
+            ..Default::default()
+        });
+        s.set_csr_auto_approve(true);
+        let (csr_pem, _key) = csr_request("system:node:n1", "system:nodes");
+        rt().block_on(async {
+            let dir = tmpdir("bootstrap");
+            let client = client_from(&s, &dir, KubeconfigUser::Token(token.into())).await;
+            let nodes = Api::<Node>::all(client.clone())
+                .list(&ListParams::default())
+                .await;
+            assert!(api_err(nodes.unwrap_err()).is_forbidden());
+            let csrs: Api<CertificateSigningRequest> = Api::all(client);
+            let csr: CertificateSigningRequest = serde_json::from_value(json!({
+                "metadata": {"generateName": "csr-"},
+                "spec": {"request": b64(&csr_pem),
+                         "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                         "usages": ["digital signature", "client auth"]},
+            }))
+            .unwrap();
+            let created = csrs.create(&PostParams::default(), &csr).await.unwrap();
+            let name = created.metadata.name.unwrap();
+            let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            let mut stream = watcher(csrs, cfg).boxed();
+            let cert = loop {
+                let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap();
+                if let watcher::Event::Apply(c) | watcher::Event::InitApply(c) = ev {
+                    if let Some(cert) = c.status.and_then(|s| s.certificate) {
+                        break cert;
+                    }
+                }
+            };
+            assert!(String::from_utf8(cert.0)
+                .unwrap()
+                .starts_with("-----BEGIN CERTIFICATE-----"));
+        });
+    }
+}
+
+// Strategic merge patch of NodeStatus (how the kubelet reports node
+// status): conditions and addresses merge by "type", images (no patch
+// strategy) are replaced; `$patch: replace` replaces a map, `$retainKeys`
+// drops the keys it does not list.
+#[test]
+fn strategic_merge_of_node_status() {
+    let s = plain();
+    let c = s.client();
+    let n = s.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    assert!(n["metadata"].get("namespace").is_none());
+    let mut st = n.clone();
+    st["status"] = json!({
+        "conditions": [{"type": "Ready", "status": "False"}, {"type": "MemoryPressure", "status": "False"}],
+        "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": "n1"}],
+        "images": [{"names": ["a"]}, {"names": ["b"]}],
+        "capacity": {"cpu": "2", "memory": "1Gi"},
+        "nodeInfo": {"kubeletVersion": "v1.34.0", "osImage": "x"},
+    });
+    s.update_status(st);
+    let patch = json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "addresses": [{"type": "InternalIP", "address": "10.0.0.2"}],
+        "images": [{"names": ["c"]}],
+        "capacity": {"$patch": "replace", "cpu": "4"},
+        "nodeInfo": {"$retainKeys": ["kubeletVersion"], "kubeletVersion": "v1.34.1"},
+    }});
+    let r = c
+        .patch(
+            "/api/v1/nodes/n1/status",
+            "application/strategic-merge-patch+json",
+            &patch,
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let st = &r.body["status"];
+    assert_eq!(
+        st["conditions"],
+        json!([{"type": "Ready", "status": "True"}, {"type": "MemoryPressure", "status": "False"}])
+    );
+    assert_eq!(
+        st["addresses"],
+        json!([{"type": "InternalIP", "address": "10.0.0.2"}, {"type": "Hostname", "address": "n1"}])
+    );
+    assert_eq!(st["images"], json!([{"names": ["c"]}]));
+    assert_eq!(st["capacity"], json!({"cpu": "4"}));
+    assert_eq!(st["nodeInfo"], json!({"kubeletVersion": "v1.34.1"}));
+    // A patch of the main resource does not change status.
+    let r = c
+        .patch(
+            "/api/v1/nodes/n1",
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"l": "v"}}, "status": {"images": []}}),
+        )
+        .unwrap();
+    assert_eq!(r.body["status"]["images"], json!([{"names": ["c"]}]));
+    assert_eq!(r.body["metadata"]["labels"]["l"], "v");
+}
+
+// A write that changes nothing is not a write (GuaranteedUpdate skips
+// no-op updates): same resourceVersion, no watch event. Creating an object
+// with a resourceVersion is a BadRequest.
+#[test]
+fn no_op_update_keeps_resource_version() {
+    let s = plain();
+    let c = s.client();
+    let p = s.create(pod("a", None));
+    let r = c
+        .patch(
+            &format!("{PODS}/a"),
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"app": "a"}}}),
+        )
+        .unwrap();
+    assert_eq!(
+        r.body["metadata"]["resourceVersion"],
+        p["metadata"]["resourceVersion"]
+    );
+    let r = c.post(PODS, &r.body).unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body["reason"], "BadRequest");
+}
+
+// Watch with a label selector and sendInitialEvents=true (KEP-3157
+// streaming lists): the matching current objects as ADDED, then a BOOKMARK
+// annotated k8s.io/initial-events-end, then live events.
+#[test]
+fn watch_with_send_initial_events_and_label_selector() {
+    let s = plain();
+    let c = s.client();
+    s.create(pod("a", None));
+    s.create(pod("b", None));
+    let mut w = c
+        .watch(&format!(
+            "{PODS}?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&labelSelector=app%3Da"
+        ))
+        .unwrap();
+    let e = w.next_event().unwrap().unwrap();
+    assert_eq!(e["type"], "ADDED");
+    assert_eq!(e["object"]["metadata"]["name"], "a");
+    let b = w.next_event().unwrap().unwrap();
+    assert_eq!(b["type"], "BOOKMARK");
+    assert_eq!(
+        b["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    s.create(pod("c", None));
+    let mut p = s.get("pods", Some("default"), "a").unwrap();
+    p["metadata"]["labels"]["x"] = json!("1");
+    s.update(p);
+    let e = w.next_non_bookmark().unwrap().unwrap();
+    assert_eq!(e["type"], "MODIFIED");
+    assert_eq!(e["object"]["metadata"]["name"], "a");
+}
+
+// CSR approval through the /approval subresource (what `kubectl
+// certificate approve` does) issues a certificate; a Denied CSR is never
+// signed; an unknown signer gets a Failed condition.
+#[test]
+fn csr_approval_subresource_and_denial() {
+    let s = plain();
+    let c = s.client();
+    let path = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+    let mk = |name: &str, signer: &str| {
+        let (pem, _) = csr_request("system:node:n1", "system:nodes");
+        json!({"metadata": {"name": name},
+               "spec": {"request": b64(&pem), "signerName": signer, "usages": ["client auth"]}})
+    };
+    for (name, signer) in [
+        ("ok", "kubernetes.io/kube-apiserver-client-kubelet"),
+        ("no", "kubernetes.io/kube-apiserver-client-kubelet"),
+        ("odd", "example.com/other"),
+    ] {
+        assert_eq!(c.post(path, &mk(name, signer)).unwrap().status, 201);
+    }
+    let cond = |t: &str| json!({"status": {"conditions": [{"type": t, "status": "True", "reason": "Test"}]}});
+    let r = c
+        .put(&format!("{path}/ok/approval"), &cond("Approved"))
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let ok = s.get("certificatesigningrequests", None, "ok").unwrap();
+    assert!(ok["status"]["certificate"].is_string());
+    c.put(&format!("{path}/no/approval"), &cond("Denied"))
+        .unwrap();
+    let no = s.get("certificatesigningrequests", None, "no").unwrap();
+    assert!(no["status"].get("certificate").is_none());
+    c.put(&format!("{path}/odd/approval"), &cond("Approved"))
+        .unwrap();
+    let odd = s.get("certificatesigningrequests", None, "odd").unwrap();
+    assert!(odd["status"].get("certificate").is_none());
+    assert!(odd["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["type"] == "Failed"));
+}
