@@ -1,0 +1,352 @@
+//! Cluster mode against the in-process double of the API server (see
+//! `common::apiserver`: a double, not a real kube-apiserver), with rkubelet
+//! on the machine's real containerd: the Node is registered with upstream's
+//! fields and kept Ready, its Lease is renewed, a pod bound to the node runs
+//! and its status reaches the API, a graceful deletion ends with the pod
+//! object deleted, and a static pod gets a mirror pod that is recreated
+//! after deletion and removed with its manifest.
+
+mod common;
+
+use std::time::Duration;
+
+use common::apiserver::{ApiServer, ApiServerOptions, KubeconfigUser};
+use common::*;
+use serde_json::{json, Value};
+
+const T: Duration = Duration::from_secs(90);
+
+/// A kubeconfig with a client certificate for `system:node:<node>`, as a
+/// bootstrapped kubelet has.
+fn kubeconfig(api: &ApiServer, dir: &std::path::Path, node: &str) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let (cert, key) = api.issue_client_cert(
+        &format!("system:node:{node}"),
+        &["system:nodes"],
+        Duration::from_secs(3600),
+    );
+    let (c, k) = (dir.join("client.crt"), dir.join("client.key"));
+    std::fs::write(&c, cert).unwrap();
+    std::fs::write(&k, key).unwrap();
+    let path = dir.join("kubelet.conf");
+    api.write_kubeconfig(&path, KubeconfigUser::ClientCert { cert: c, key: k });
+    path
+}
+
+fn cond<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
+    let mut k = Kubelet::new(node);
+    let kc = kubeconfig(api, &k.dir, node);
+    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+    k.extra_config =
+        "nodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 4\nsyncFrequency: 5s\n".into();
+    k.spawn();
+    k
+}
+
+#[test]
+fn the_node_registers_renews_its_lease_and_runs_a_bound_pod() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-cluster";
+    let k = cluster_kubelet(node, &api);
+
+    // Registration with upstream's labels, addresses, capacity and info.
+    let n = wait_for("the Node to be registered and Ready", T, || {
+        api.get("nodes", None, node)
+            .filter(|n| cond(n, "Ready").is_some_and(|c| c["status"] == "True"))
+    });
+    let labels = &n["metadata"]["labels"];
+    assert_eq!(labels["kubernetes.io/hostname"], node);
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert!(labels["kubernetes.io/arch"].is_string());
+    let s = &n["status"];
+    assert_eq!(s["capacity"]["pods"], "110");
+    assert!(s["allocatable"]["memory"].is_string());
+    assert!(s["nodeInfo"]["containerRuntimeVersion"]
+        .as_str()
+        .unwrap()
+        .starts_with("containerd://"));
+    assert_eq!(s["nodeInfo"]["kubeletVersion"], "v1.34.0");
+    // The API spells it "Port" (DaemonEndpoint json:"Port").
+    assert_eq!(s["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
+    let ready = cond(&n, "Ready").unwrap();
+    assert_eq!(ready["reason"], "KubeletReady");
+    assert_eq!(ready["message"], "kubelet is posting ready status");
+    let addrs = s["addresses"].as_array().unwrap();
+    assert!(addrs.iter().any(|a| a["type"] == "InternalIP"));
+    assert!(addrs
+        .iter()
+        .any(|a| a["type"] == "Hostname" && a["address"] == node));
+
+    // The Lease: held by the node, owned by it, renewed (4 s → every 1 s).
+    let lease = wait_for("the node lease", T, || {
+        api.get("leases", Some("kube-node-lease"), node)
+    });
+    assert_eq!(lease["spec"]["holderIdentity"], node);
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 4);
+    let first = lease["spec"]["renewTime"].clone();
+    wait_for("the lease to be renewed", T, || {
+        api.get("leases", Some("kube-node-lease"), node)
+            .filter(|l| l["spec"]["renewTime"] != first)
+            .filter(|l| l["metadata"]["ownerReferences"][0]["kind"] == "Node")
+    });
+
+    // A pod bound to the node runs; its status reaches the API.
+    let name = format!("web-{node}");
+    api.create(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
+            }]
+        }
+    }));
+    let p = wait_for("the pod's Running status in the API", T, || {
+        api.get("pods", Some("default"), &name).filter(|p| {
+            p["status"]["phase"] == "Running"
+                && p["status"]["containerStatuses"][0]["ready"] == true
+        })
+    });
+    let st = &p["status"];
+    assert!(st["podIP"].is_string(), "{st:#}");
+    assert!(st["hostIP"].is_string(), "{st:#}");
+    assert_eq!(st["qosClass"], "BestEffort");
+    assert!(cond(&p, "Ready").is_some_and(|c| c["status"] == "True"));
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_eq!(k.cri.count_for_uid(&uid).1, 1);
+
+    // Graceful deletion with grace 5: the pod is stopped, then deleted.
+    api.delete("pods", Some("default"), &name, Some(5));
+    assert!(
+        api.get("pods", Some("default"), &name)
+            .is_some_and(|p| p["metadata"]["deletionTimestamp"].is_string()),
+        "a bound pod is deleted gracefully"
+    );
+    wait_for("the pod object to be deleted", T, || {
+        api.get("pods", Some("default"), &name)
+            .is_none()
+            .then_some(())
+    });
+    assert_eq!(
+        k.cri.count_labelled("io.kubernetes.pod.uid", &uid, true),
+        (0, 0),
+        "nothing of the pod runs"
+    );
+}
+
+#[test]
+fn a_static_pod_gets_a_mirror_pod_that_follows_it() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-mirror";
+    let k = cluster_kubelet(node, &api);
+    k.write_manifest(
+        "static.yaml",
+        &simple_pod("static", "exec sleep 3600", "Always"),
+    );
+    let name = format!("static-{node}");
+    let mirror = wait_for("the mirror pod", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["phase"] == "Running")
+    });
+    let ann = &mirror["metadata"]["annotations"];
+    assert!(ann["kubernetes.io/config.mirror"].is_string(), "{mirror:#}");
+    assert_eq!(mirror["metadata"]["ownerReferences"][0]["kind"], "Node");
+    assert_eq!(mirror["spec"]["nodeName"], node);
+    let first_uid = mirror["metadata"]["uid"].clone();
+
+    // Deleted by someone: recreated.
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the mirror pod to be recreated", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["metadata"]["uid"] != first_uid)
+    });
+    // The static pod itself was never restarted.
+    let p = k.pod("static").expect("static pod listed");
+    assert_eq!(container_status(&p, "main").unwrap()["restartCount"], 0);
+
+    // Manifest removed: the mirror pod goes.
+    k.remove_manifest("static.yaml");
+    wait_for("the mirror pod to be removed", T, || {
+        api.get("pods", Some("default"), &name)
+            .is_none()
+            .then_some(())
+    });
+}
+
+#[test]
+fn tls_bootstrap_gets_a_client_certificate_through_a_csr() {
+    let token = "abcdef.0123456789abcdef".to_string();
+    let api = ApiServer::start(ApiServerOptions {
+        require_client_cert: true,
+        bootstrap_tokens: vec![token.clone()],
+        ..Default::default()
+    });
+    let node = "it-bootstrap";
+    let mut k = Kubelet::new(node);
+    let boot = k.dir.join("bootstrap-kubelet.conf");
+    api.write_kubeconfig(&boot, KubeconfigUser::Token(token));
+    let kubeconfig = k.dir.join("kubelet.conf");
+    let cert_dir = k.dir.join("pki");
+    k.extra_args = vec![
+        format!("--bootstrap-kubeconfig={}", boot.display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--cert-dir={}", cert_dir.display()),
+    ];
+    k.spawn();
+
+    // The CSR as upstream sends it; the test approves it.
+    let csr = wait_for("the kubelet's CSR", T, || {
+        api.list("certificatesigningrequests").into_iter().next()
+    });
+    let spec = &csr["spec"];
+    assert_eq!(
+        spec["signerName"],
+        "kubernetes.io/kube-apiserver-client-kubelet"
+    );
+    assert_eq!(spec["usages"], json!(["digital signature", "client auth"]));
+    assert_eq!(spec["username"], "system:bootstrap:abcdef");
+    api.approve_csr(csr["metadata"]["name"].as_str().unwrap());
+
+    // The certificate lands behind the current symlink, the kubeconfig
+    // uses it, and the node registers as system:node:<node>.
+    let current = cert_dir.join("kubelet-client-current.pem");
+    wait_for("kubelet-client-current.pem", T, || {
+        std::fs::read_to_string(&current)
+            .ok()
+            .filter(|s| s.contains("BEGIN CERTIFICATE") && s.contains("PRIVATE KEY"))
+    });
+    let target = std::fs::read_link(&current).unwrap();
+    assert!(target
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("kubelet-client-2"));
+    let kc = std::fs::read_to_string(&kubeconfig).unwrap();
+    assert!(kc.contains("kubelet-client-current.pem"), "{kc}");
+    wait_for("the Node registered with the issued certificate", T, || {
+        api.get("nodes", None, node)
+    });
+    let user = format!("system:node:{node}");
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.user == user && r.path.starts_with("/api/v1/nodes")),
+        "the node was registered with the bootstrapped identity"
+    );
+}
+
+#[test]
+fn an_api_outage_and_a_410_relist_touch_no_running_pod() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-outage";
+    let k = cluster_kubelet(node, &api);
+    wait_for("the Node", T, || api.get("nodes", None, node));
+    let name = format!("keep-{node}");
+    api.create(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"]}],
+            "nodeSelector": {"kubernetes.io/os": "linux"}
+        }
+    }));
+    let running = |p: &Value| {
+        p["status"]["phase"] == "Running" && p["status"]["containerStatuses"][0]["ready"] == true
+    };
+    let p = wait_for("the pod Running in the API", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| running(p))
+    });
+    let cid = p["status"]["containerStatuses"][0]["containerID"].clone();
+
+    // Events with upstream's reasons reached the API.
+    wait_for("Pulled, Created and Started events", T, || {
+        let reasons: Vec<String> = api
+            .list("events")
+            .iter()
+            .filter(|e| e["involvedObject"]["name"] == name.as_str())
+            .filter(|e| e["source"]["component"] == "kubelet")
+            .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+            .collect();
+        ["Pulled", "Created", "Started"]
+            .iter()
+            .all(|r| reasons.iter().any(|x| x == r))
+            .then_some(())
+    });
+
+    // The API server goes away; its history is compacted meanwhile, so the
+    // watch comes back to a 410 and must re-list.
+    api.stop();
+    std::thread::sleep(Duration::from_secs(8)); // the outage itself, not a sync
+    api.compact();
+    let lease_before =
+        api.get("leases", Some("kube-node-lease"), node).unwrap()["spec"]["renewTime"].clone();
+    api.restart();
+    // Nothing was killed, the lease is renewed again and the pod is listed anew.
+    wait_for("the lease renewed after the outage", T, || {
+        api.get("leases", Some("kube-node-lease"), node)
+            .filter(|l| l["spec"]["renewTime"] != lease_before)
+    });
+    let after = |p: &Value| p["status"]["containerStatuses"][0]["containerID"] == cid;
+    // A second pod created after the outage starts: the watch re-listed.
+    let second = format!("after-{node}");
+    api.create(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": second, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": BUSYBOX,
+            "imagePullPolicy": "IfNotPresent", "command": ["sh", "-c", "exec sleep 3600"]}]}
+    }));
+    wait_for("the pod created after the outage to run", T, || {
+        api.get("pods", Some("default"), &second)
+            .filter(|p| running(p))
+    });
+    let p = api.get("pods", Some("default"), &name).unwrap();
+    assert!(
+        running(&p) && after(&p),
+        "the first pod kept its container: {p:#}"
+    );
+    assert_eq!(p["status"]["containerStatuses"][0]["restartCount"], 0);
+    drop(k);
+}
+
+#[test]
+fn a_pod_that_does_not_fit_is_rejected_with_upstreams_reason() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-admit";
+    let _k = cluster_kubelet(node, &api);
+    wait_for("the Node", T, || api.get("nodes", None, node));
+    let name = format!("picky-{node}");
+    api.create(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": node, "nodeSelector": {"disk": "ssd"},
+            "containers": [{"name": "main", "image": BUSYBOX, "command": ["true"]}]}
+    }));
+    let p = wait_for("the rejection in the API", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["phase"] == "Failed")
+    });
+    assert_eq!(p["status"]["reason"], "NodeAffinity");
+    assert_eq!(
+        p["status"]["message"],
+        "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
+    );
+}
