@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::apiserver::{ApiServer, ApiServerOptions, KubeconfigUser};
 use common::*;
+use rkubelet::cri::RuntimeService;
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(90);
@@ -128,6 +129,23 @@ fn the_node_registers_renews_its_lease_and_runs_a_bound_pod() {
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
     assert_eq!(k.cri.count_for_uid(&uid).1, 1);
 
+    // A killed container is restarted; its restartCount reaches the API.
+    let cid = st["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_string();
+    k.cri
+        .rt
+        .block_on(k.cri.client.stop_container(&cid, 0))
+        .unwrap();
+    wait_for("restartCount 1 in the API", T, || {
+        api.get("pods", Some("default"), &name).filter(|p| {
+            p["status"]["containerStatuses"][0]["restartCount"] == 1
+                && p["status"]["containerStatuses"][0]["ready"] == true
+        })
+    });
+
     // Graceful deletion with grace 5: the pod is stopped, then deleted.
     api.delete("pods", Some("default"), &name, Some(5));
     assert!(
@@ -196,6 +214,7 @@ fn tls_bootstrap_gets_a_client_certificate_through_a_csr() {
     });
     let node = "it-bootstrap";
     let mut k = Kubelet::new(node);
+    k.extra_config = "nodeLeaseDurationSeconds: 4\nrotateCertificates: true\n".into();
     let boot = k.dir.join("bootstrap-kubelet.conf");
     api.write_kubeconfig(&boot, KubeconfigUser::Token(token));
     let kubeconfig = k.dir.join("kubelet.conf");
@@ -218,6 +237,10 @@ fn tls_bootstrap_gets_a_client_certificate_through_a_csr() {
     );
     assert_eq!(spec["usages"], json!(["digital signature", "client auth"]));
     assert_eq!(spec["username"], "system:bootstrap:abcdef");
+    // A short-lived certificate, so that rotation (70-90 % into its life)
+    // happens within the test; renewals are approved automatically.
+    api.set_issued_cert_lifetime(Duration::from_secs(40));
+    api.set_csr_auto_approve(true);
     api.approve_csr(csr["metadata"]["name"].as_str().unwrap());
 
     // The certificate lands behind the current symlink, the kubeconfig
@@ -246,6 +269,30 @@ fn tls_bootstrap_gets_a_client_certificate_through_a_csr() {
             .any(|r| r.user == user && r.path.starts_with("/api/v1/nodes")),
         "the node was registered with the bootstrapped identity"
     );
+
+    // Rotation: a second CSR sent as the node itself, a new pair behind
+    // the symlink, and the kubelet carries on past the first one's expiry
+    // without a restart.
+    let issued_at = std::time::Instant::now();
+    wait_for("the renewal CSR from the node", T, || {
+        api.list("certificatesigningrequests")
+            .into_iter()
+            .find(|c| c["spec"]["username"] == user.as_str())
+    });
+    wait_for("the rotated pair behind the symlink", T, || {
+        std::fs::read_link(&current).ok().filter(|t| *t != target)
+    });
+    let expired = Duration::from_secs(45).saturating_sub(issued_at.elapsed());
+    std::thread::sleep(expired); // past the first certificate's lifetime
+    let before = api
+        .get("leases", Some("kube-node-lease"), node)
+        .unwrap()["spec"]["renewTime"]
+        .clone();
+    wait_for("the lease renewed with the rotated certificate", T, || {
+        api.get("leases", Some("kube-node-lease"), node)
+            .filter(|l| l["spec"]["renewTime"] != before)
+    });
+    assert!(k.is_running(), "rkubelet was not restarted");
 }
 
 #[test]
@@ -273,6 +320,8 @@ fn an_api_outage_and_a_410_relist_touch_no_running_pod() {
         api.get("pods", Some("default"), &name)
             .filter(|p| running(p))
     });
+    let (_, body) = http_get(&k.healthz, "/healthz?verbose").unwrap();
+    assert!(body.contains("[+]apiserver ok"), "{body}");
     let cid = p["status"]["containerStatuses"][0]["containerID"].clone();
 
     // Events with upstream's reasons reached the API.
@@ -293,7 +342,15 @@ fn an_api_outage_and_a_410_relist_touch_no_running_pod() {
     // The API server goes away; its history is compacted meanwhile, so the
     // watch comes back to a 410 and must re-list.
     api.stop();
-    std::thread::sleep(Duration::from_secs(8)); // the outage itself, not a sync
+    let outage = std::time::Instant::now();
+    // /healthz stays ok and names the unreachable API server.
+    let (code, body) = wait_for("healthz to show the API server unreachable", T, || {
+        http_get(&k.healthz, "/healthz?verbose")
+            .filter(|(_, b)| b.contains("[+]apiserver unreachable"))
+    });
+    assert_eq!(code, 200, "{body}");
+    // The outage itself lasts a while (a duration, not a synchronisation).
+    std::thread::sleep(Duration::from_secs(8).saturating_sub(outage.elapsed()));
     api.compact();
     let lease_before =
         api.get("leases", Some("kube-node-lease"), node).unwrap()["spec"]["renewTime"].clone();

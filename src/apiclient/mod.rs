@@ -28,14 +28,39 @@ pub enum ApiClientError {
 /// A cloneable handle: the kube client and the shared rate limiter.
 #[derive(Clone)]
 pub struct ApiClient {
-    client: kube::Client,
+    /// Swapped when the client certificate is rotated.
+    client: Arc<Mutex<kube::Client>>,
     limiter: Arc<RateLimiter>,
+    /// Bumped on each swap, so long-lived watches reopen with the new
+    /// credentials.
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for ApiClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiClient").finish_non_exhaustive()
     }
+}
+
+async fn build(path: &Path) -> Result<kube::Client, ApiClientError> {
+    let kubeconfig_err = |source| ApiClientError::Kubeconfig {
+        path: path.to_path_buf(),
+        source,
+    };
+    let kc = kube::config::Kubeconfig::read_from(path).map_err(kubeconfig_err)?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(kubeconfig_err)?;
+    // A request that hangs (a partitioned API server) must fail and be
+    // retried, not block its loop; watches set their own server-side
+    // timeout below this.
+    config.read_timeout = Some(Duration::from_secs(330));
+    config.connect_timeout = Some(Duration::from_secs(10));
+    kube::Client::try_from(config).map_err(|source| ApiClientError::Client {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 impl ApiClient {
@@ -46,31 +71,14 @@ impl ApiClient {
         qps: i32,
         burst: i32,
     ) -> Result<Self, ApiClientError> {
-        let kubeconfig_err = |source| ApiClientError::Kubeconfig {
-            path: path.to_path_buf(),
-            source,
-        };
-        let kc = kube::config::Kubeconfig::read_from(path).map_err(kubeconfig_err)?;
-        let mut config =
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(kubeconfig_err)?;
-        // A request that hangs (a partitioned API server) must fail and be
-        // retried, not block its loop; watches set their own server-side
-        // timeout below this.
-        config.read_timeout = Some(Duration::from_secs(330));
-        config.connect_timeout = Some(Duration::from_secs(10));
-        let client = kube::Client::try_from(config).map_err(|source| ApiClientError::Client {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(Self::new(client, qps, burst))
+        Ok(Self::new(build(path).await?, qps, burst))
     }
 
     pub fn new(client: kube::Client, qps: i32, burst: i32) -> Self {
         ApiClient {
-            client,
+            client: Arc::new(Mutex::new(client)),
             limiter: Arc::new(RateLimiter::new(qps, burst)),
+            generation: Arc::new(tokio::sync::watch::channel(0).0),
         }
     }
 
@@ -78,7 +86,49 @@ impl ApiClient {
     /// once per request.
     pub async fn client(&self) -> kube::Client {
         self.limiter.acquire().await;
-        self.client.clone()
+        self.client.lock().clone()
+    }
+
+    /// Rebuilds the client from the kubeconfig (after a certificate
+    /// rotation) and tells the watches to reopen with it.
+    pub async fn reload(&self, path: &Path) -> Result<(), ApiClientError> {
+        let fresh = build(path).await?;
+        *self.client.lock() = fresh;
+        self.generation.send_modify(|g| *g += 1);
+        Ok(())
+    }
+
+    /// Changes when the client is swapped.
+    pub fn generation(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+}
+
+/// Whether the API server answered the kubelet's last heartbeat, for
+/// `/healthz?verbose`.
+#[derive(Debug, Clone)]
+pub struct ApiHealth(Arc<Mutex<Option<String>>>);
+
+impl Default for ApiHealth {
+    fn default() -> Self {
+        ApiHealth(Arc::new(Mutex::new(Some("not contacted yet".into()))))
+    }
+}
+
+impl ApiHealth {
+    pub fn ok(&self) {
+        *self.0.lock() = None;
+    }
+
+    pub fn failed(&self, error: String) {
+        *self.0.lock() = Some(error);
+    }
+
+    pub fn status(&self) -> Result<(), String> {
+        match &*self.0.lock() {
+            None => Ok(()),
+            Some(e) => Err(e.clone()),
+        }
     }
 }
 

@@ -9,8 +9,18 @@
 //! - rkubelet's RSS and CPU seconds over an idle window with the N pods;
 //! - how long a killed container takes to show on /pods (p50/p99).
 //!
+//! With `--cluster 1,30,110`, cluster mode against the in-process API
+//! server double (`tests/common/apiserver`, a double of the Kubernetes API,
+//! not a real one): time from N pods bound to the node to each one's Running
+//! status observed through a watch, beside bare CRI; API requests per minute
+//! at steady state by kind; rkubelet's RSS and CPU with the N API pods.
+//!
 //! Needs root and containerd set up by scripts/setup.sh; stop any other
 //! kubelet first (scripts/stop-rkubelet.sh).
+
+#[allow(dead_code)]
+#[path = "../../tests/common/apiserver/mod.rs"]
+mod apiserver;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -37,6 +47,7 @@ struct Args {
     rkubelet: PathBuf,
     storm: usize,
     settle: Duration,
+    cluster: Vec<usize>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -50,6 +61,7 @@ fn parse_args() -> Result<Args> {
         rkubelet: exe.with_file_name("rkubelet"),
         storm: 0,
         settle: Duration::from_secs(60),
+        cluster: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -79,8 +91,16 @@ fn parse_args() -> Result<Args> {
             "--rkubelet" => a.rkubelet = PathBuf::from(val()?),
             "--storm" => a.storm = val()?.parse()?,
             "--settle-secs" => a.settle = Duration::from_secs(val()?.parse()?),
+            "--cluster" => {
+                a.cluster = val()?
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse())
+                    .collect::<Result<_, _>>()?
+            }
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -162,6 +182,10 @@ struct Kubelet {
 
 impl Kubelet {
     fn start(bin: &Path) -> Result<Self> {
+        Self::start_with(bin, &[])
+    }
+
+    fn start_with(bin: &Path, extra: &[String]) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!("rkubelet-bench-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let manifests = dir.join("manifests");
@@ -179,6 +203,7 @@ impl Kubelet {
                 "--root-dir",
             ])
             .arg(dir.join("root"))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -499,6 +524,9 @@ fn main() -> Result<()> {
     if args.storm > 0 {
         storm_bench(&args, &cri)?;
     }
+    for &n in &args.cluster {
+        cluster_bench(&args, &rt, &cri, &image_ref, n)?;
+    }
 
     for &n in &args.pods {
         println!("\n== {n} pod(s) ==");
@@ -710,4 +738,154 @@ fn wait_runtime_clean(cri: &RemoteRuntime) -> Result<()> {
             .count();
         (left == 0).then_some(())
     })
+}
+
+/// Cluster mode with `n` pods bound to the node at once.
+fn cluster_bench(
+    args: &Args,
+    rt: &tokio::runtime::Runtime,
+    cri: &RemoteRuntime,
+    image_ref: &str,
+    n: usize,
+) -> Result<()> {
+    use apiserver::{ApiServer, ApiServerOptions, KubeconfigUser};
+    println!("\n== cluster mode: {n} pod(s) bound at once (API server double) ==");
+    rt.block_on(remove_bare(cri));
+    let (mut bare, bare_wall) = rt.block_on(bare_cri(cri, n, image_ref))?;
+    rt.block_on(remove_bare(cri));
+
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "bench";
+    let dir = std::env::temp_dir().join(format!("rkubelet-bench-kc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (cert, key) = api.issue_client_cert(
+        &format!("system:node:{node}"),
+        &["system:nodes"],
+        Duration::from_secs(24 * 3600),
+    );
+    let (c, k) = (dir.join("client.crt"), dir.join("client.key"));
+    std::fs::write(&c, cert)?;
+    std::fs::write(&k, key)?;
+    let kc = dir.join("kubelet.conf");
+    api.write_kubeconfig(&kc, KubeconfigUser::ClientCert { cert: c, key: k });
+    let k = Kubelet::start_with(&args.rkubelet, &[format!("--kubeconfig={}", kc.display())])?;
+    wait(Duration::from_secs(60), || api.get("nodes", None, node))
+        .context("the node never registered")?;
+
+    // Watch this node's pods as a client would, then bind n pods.
+    let mut watch = api
+        .client()
+        .with_timeout(Duration::from_secs(600))
+        .watch(&format!(
+            "/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3D{node}"
+        ))?;
+    let t0 = Instant::now();
+    for i in 0..n {
+        api.create(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": format!("c{i}"), "namespace": "default"},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 2,
+                "containers": [{"name": "main", "image": IMAGE,
+                    "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"]}]
+            }
+        }));
+    }
+    let mut done: HashMap<String, f64> = HashMap::new();
+    while done.len() < n {
+        let Some(ev) = watch.next_event()? else {
+            bail!("the watch ended with {} of {n} pods running", done.len());
+        };
+        let p = &ev["object"];
+        if p["status"]["phase"] == "Running" && running_main(p).is_some() {
+            let name = p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            done.entry(name).or_insert(t0.elapsed().as_secs_f64());
+        }
+        if t0.elapsed() > Duration::from_secs(300) {
+            bail!("timed out with {} of {n} pods running", done.len());
+        }
+    }
+    let mut per: Vec<f64> = done.values().copied().collect();
+    let wall = per.iter().cloned().fold(0.0, f64::max);
+    let (bp50, kp50) = (pct(&mut bare, 50.0), pct(&mut per, 50.0));
+    println!(
+        "bare CRI : p50 {bp50:.3}s  p99 {:.3}s  wall {bare_wall:.3}s",
+        pct(&mut bare, 99.0)
+    );
+    println!(
+        "rkubelet : p50 {kp50:.3}s  p99 {:.3}s  wall {wall:.3}s (bound -> Running through a watch)",
+        pct(&mut per, 99.0)
+    );
+    println!(
+        "ratio    : wall {:.2}x  p50 {:.2}x",
+        wall / bare_wall,
+        kp50 / bp50
+    );
+
+    // Steady state: API requests by kind, RSS and CPU over the idle window.
+    std::thread::sleep(Duration::from_secs(5));
+    let before = api.requests().len();
+    let pid = k.child.id();
+    let (_, cpu0) = proc_usage(pid);
+    std::thread::sleep(args.idle);
+    let (rss, cpu1) = proc_usage(pid);
+    let reqs: Vec<_> = api.requests().into_iter().skip(before).collect();
+    let kind = |r: &apiserver::RequestRecord| -> &'static str {
+        let p = r.path.as_str();
+        if p.starts_with("/api/v1/nodes/") && p.contains("/status") {
+            "node status"
+        } else if p.contains("/leases/") {
+            "lease"
+        } else if p.contains("/pods/") && p.contains("/status") {
+            "pod status"
+        } else if p.contains("/events") {
+            "events"
+        } else {
+            "other"
+        }
+    };
+    let mut by_kind: std::collections::BTreeMap<&str, usize> = Default::default();
+    for r in &reqs {
+        *by_kind.entry(kind(r)).or_default() += 1;
+    }
+    let per_min = |c: usize| c as f64 * 60.0 / args.idle.as_secs_f64();
+    let breakdown: Vec<String> = by_kind
+        .iter()
+        .map(|(k, c)| format!("{k} {:.1}", per_min(*c)))
+        .collect();
+    println!(
+        "steady state over {}s: {:.1} API requests/min ({})",
+        args.idle.as_secs(),
+        per_min(reqs.len()),
+        breakdown.join(", ")
+    );
+    println!(
+        "idle {}s with {n} API pod(s): RSS {:.1} MiB, CPU {:.2}s = {:.2}% of one core",
+        args.idle.as_secs(),
+        rss as f64 / 1048576.0,
+        cpu1 - cpu0,
+        100.0 * (cpu1 - cpu0) / args.idle.as_secs_f64()
+    );
+
+    // Graceful deletion of all of them, finished by the kubelet.
+    let t1 = Instant::now();
+    for i in 0..n {
+        api.delete("pods", Some("default"), &format!("c{i}"), Some(2));
+    }
+    wait(Duration::from_secs(300), || {
+        api.list("pods").is_empty().then_some(())
+    })?;
+    println!(
+        "graceful deletion of {n} pod(s) (grace 2 s) until the objects are gone: {:.2}s",
+        t1.elapsed().as_secs_f64()
+    );
+    drop(k);
+    let _ = std::fs::remove_dir_all(&dir);
+    wait_runtime_clean(cri)?;
+    Ok(())
 }

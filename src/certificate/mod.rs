@@ -366,6 +366,99 @@ pub async fn request_certificate(
     String::from_utf8(cert).map_err(|e| CertError::BadCertificate(e.to_string()))
 }
 
+/// A point 70-90 % into a certificate's lifetime, as upstream's
+/// certificate manager picks its rotation deadline (jittered so a fleet does
+/// not renew at once).
+pub fn rotation_deadline(not_before: i64, not_after: i64, jitter: f64) -> i64 {
+    let life = (not_after - not_before).max(0);
+    let per_mille = 700 + (200.0 * jitter.clamp(0.0, 1.0)).round() as i64;
+    not_before + life * per_mille / 1000
+}
+
+/// Whether the kubeconfig uses the cert-dir's rotating client pair.
+pub fn uses_rotating_pair(kubeconfig: &Path, cert_dir: &Path) -> bool {
+    let current = cert_dir.join(CURRENT_CLIENT_PEM);
+    std::fs::read_to_string(kubeconfig)
+        .is_ok_and(|t| t.contains(current.to_string_lossy().as_ref()))
+}
+
+/// Rotates the client certificate until `token` is cancelled (upstream
+/// `rotateCertificates`): at the rotation deadline, a new key and a CSR sent
+/// with the current credentials; once issued, the pair is stored behind
+/// `kubelet-client-current.pem` and the API client is rebuilt from the
+/// kubeconfig, so requests and watches go on with the new certificate and
+/// nothing restarts.
+pub async fn rotate_client_cert(
+    api: crate::apiclient::ApiClient,
+    kubeconfig: PathBuf,
+    cert_dir: PathBuf,
+    node: String,
+    token: tokio_util::sync::CancellationToken,
+) {
+    let current = cert_dir.join(CURRENT_CLIENT_PEM);
+    loop {
+        let pem = match tokio::fs::read(&current).await {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(cert = %current.display(), error = %e, "no client certificate to rotate");
+                return;
+            }
+        };
+        let (nb, na) = match validity(&pem) {
+            Ok(v) => v,
+            Err(e) => {
+                warn!(error = %e, "cannot read the client certificate's lifetime; not rotating");
+                return;
+            }
+        };
+        let jitter = (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+            % 1000) as f64
+            / 1000.0;
+        let deadline = rotation_deadline(nb, na, jitter);
+        let wait = Duration::from_secs((deadline - now_secs()).max(0) as u64);
+        info!(rotate_in = ?wait, "client certificate rotation scheduled");
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let attempt = async {
+                let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+                let cert = request_certificate(api.client().await, &key, &node).await?;
+                store_client_pair(&cert_dir, &cert, &key.serialize_pem()).await?;
+                Ok::<(), CertError>(())
+            };
+            let r = tokio::select! {
+                _ = token.cancelled() => return,
+                r = attempt => r,
+            };
+            match r {
+                Ok(()) => match api.reload(&kubeconfig).await {
+                    Ok(()) => {
+                        info!("client certificate rotated");
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "rotated certificate stored but the client could not be rebuilt")
+                    }
+                },
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?backoff, "client certificate rotation failed")
+                }
+            }
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(300));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,6 +491,13 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn rotation_happens_70_to_90_percent_into_the_lifetime() {
+        assert_eq!(rotation_deadline(0, 1000, 0.0), 700);
+        assert_eq!(rotation_deadline(0, 1000, 1.0), 900);
+        assert_eq!(rotation_deadline(100, 1100, 0.5), 900);
     }
 
     #[test]

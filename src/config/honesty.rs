@@ -17,7 +17,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "tlsCipherSuites",
     "tlsCurvePreferences",
     "tlsMinVersion",
-    "rotateCertificates",
     "serverTLSBootstrap",
     "authentication",
     "authorization",

@@ -199,6 +199,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     );
     let health = SyncLoopHealth::new(cfg.sync_frequency.0);
 
+    let api_health = crate::apiclient::ApiHealth::default();
     let state = ServerState {
         pods: pods.clone(),
         status: status.clone(),
@@ -207,6 +208,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         machine,
         probes,
         runtime_state: runtime_state.clone(),
+        api: opts.kubeconfig.as_ref().map(|_| api_health.clone()),
     };
     let mut servers = Vec::new();
     if cfg.healthz_port > 0 {
@@ -264,6 +266,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             pods: pods.clone(),
             status: status.clone(),
             workers: workers.clone(),
+            api_health: api_health.clone(),
         };
         let d = start_cluster_mode(c, pod_config.channel(source::API_SOURCE), &token).await?;
         expected.push(source::API_SOURCE);
@@ -345,6 +348,7 @@ struct ClusterParts<'a> {
     pods: PodManager,
     status: StatusManager,
     workers: PodWorkers,
+    api_health: crate::apiclient::ApiHealth,
 }
 
 /// Starts what joins the node to a cluster: the Node with its status and
@@ -411,6 +415,7 @@ async fn start_cluster_mode(
         burst: c.opts.config.kube_api_burst,
         event_qps: c.opts.config.event_record_qps,
         event_burst: c.opts.config.event_burst,
+        rotate_certificates: c.opts.config.rotate_certificates,
         node_cfg: node_cfg.clone(),
         observe,
         api_updates,
@@ -418,6 +423,7 @@ async fn start_cluster_mode(
         status: c.status.clone(),
         workers: c.workers.clone(),
         deleting: deleting.clone(),
+        api_health: c.api_health.clone(),
     };
     let t = token.clone();
     tokio::spawn(tracing::Instrument::instrument(
@@ -442,6 +448,7 @@ struct ClusterTasks {
     burst: i32,
     event_qps: i32,
     event_burst: i32,
+    rotate_certificates: bool,
     node_cfg: crate::nodestatus::NodeConfig,
     observe: crate::nodestatus::Observe,
     api_updates: mpsc::Sender<source::PodUpdate>,
@@ -449,6 +456,7 @@ struct ClusterTasks {
     status: StatusManager,
     workers: PodWorkers,
     deleting: crate::status::apisync::Deleting,
+    api_health: crate::apiclient::ApiHealth,
 }
 
 impl ClusterTasks {
@@ -490,6 +498,20 @@ impl ClusterTasks {
             backoff = (backoff * 2).min(Duration::from_secs(30));
         };
         let node_cfg = self.node_cfg;
+        if self.rotate_certificates
+            && crate::certificate::uses_rotating_pair(&self.kubeconfig, &self.cert_dir)
+        {
+            tokio::spawn(tracing::Instrument::instrument(
+                crate::certificate::rotate_client_cert(
+                    api.clone(),
+                    self.kubeconfig.clone(),
+                    self.cert_dir.clone(),
+                    node_cfg.node_name.clone(),
+                    token.child_token(),
+                ),
+                tracing::info_span!("cert-rotation"),
+            ));
+        }
         crate::events::install(
             api.clone(),
             node_cfg.node_name.clone(),
@@ -520,6 +542,7 @@ impl ClusterTasks {
                 node_cfg.node_name.clone(),
                 node_cfg.lease_duration_seconds,
                 registered_rx.clone(),
+                self.api_health.clone(),
                 token.child_token(),
             ),
             tracing::info_span!("node-lease"),

@@ -60,6 +60,7 @@ pub async fn run(
     node: String,
     duration_seconds: i32,
     mut node_uid: tokio::sync::watch::Receiver<Option<String>>,
+    health: crate::apiclient::ApiHealth,
     token: CancellationToken,
 ) {
     let interval = renew_interval(duration_seconds);
@@ -69,11 +70,13 @@ pub async fn run(
         let uid = node_uid.borrow_and_update().clone();
         let wait = match renew(&api, &node, uid.as_deref(), duration_seconds, latest.take()).await {
             Ok(l) => {
+                health.ok();
                 latest = Some(l);
                 backoff = Duration::from_millis(200);
                 interval
             }
             Err(e) => {
+                health.failed(e.to_string());
                 warn!(node = %node, error = %e, "failed to renew the node lease, will retry");
                 let w = backoff;
                 backoff = (backoff * 2).min(Duration::from_secs(7));

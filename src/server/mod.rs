@@ -28,6 +28,8 @@ pub struct ServerState {
     pub machine: Arc<machine::MachineInfo>,
     pub probes: crate::prober::ProbeManager,
     pub runtime_state: crate::runtimestate::RuntimeState,
+    /// Cluster mode: whether the API server answers (informational only).
+    pub api: Option<crate::apiclient::ApiHealth>,
 }
 
 /// The named checks behind `/healthz`, in upstream's order (ping, log,
@@ -96,7 +98,26 @@ pub fn healthz_body(
 
 async fn healthz(State(s): State<ServerState>, RawQuery(q): RawQuery) -> Response {
     let checks = health_checks(&s);
-    let (code, body) = healthz_body(&checks, q.as_deref().unwrap_or_default());
+    let query = q.as_deref().unwrap_or_default();
+    let (code, mut body) = healthz_body(&checks, query);
+    // The API server's reachability is shown, never failed on: a kubelet
+    // whose API server is away keeps its pods and stays healthy.
+    if let (Some(api), true) = (
+        &s.api,
+        body.ends_with("check passed\n") || body.ends_with("check failed\n"),
+    ) {
+        let line = match api.status() {
+            Ok(()) => "[+]apiserver ok\n".to_string(),
+            Err(e) if query.contains("verbose") => {
+                format!(
+                    "[+]apiserver unreachable (informational; retrying, pods keep running): {e}\n"
+                )
+            }
+            Err(_) => "[+]apiserver unreachable (informational)\n".to_string(),
+        };
+        let at = body.rfind("healthz check").unwrap_or(body.len());
+        body.insert_str(at, &line);
+    }
     if code != StatusCode::OK {
         let failing: Vec<String> = checks
             .iter()

@@ -83,15 +83,40 @@ pub fn spawn_api_source(
 }
 
 async fn run(api: ApiClient, node_name: String, out: mpsc::Sender<PodUpdate>, mirrors: MirrorPods) {
-    let pods: Api<Pod> = Api::all(api.client().await);
-    let cfg = watcher::Config::default()
-        .fields(&format!("spec.nodeName={node_name}"))
-        // The server closes each watch within this, and it is opened again
-        // from the last resourceVersion (client-go's reflector does the same
-        // with a random 5-10 min).
-        .timeout(290);
-    let mut stream = watcher(pods, cfg).default_backoff().boxed();
+    let mut generation = api.generation();
     let mut store: BTreeMap<String, Pod> = BTreeMap::new();
+    loop {
+        generation.borrow_and_update();
+        let pods: Api<Pod> = Api::all(api.client().await);
+        let cfg = watcher::Config::default()
+            .fields(&format!("spec.nodeName={node_name}"))
+            // The server closes each watch within this, and it is opened
+            // again from the last resourceVersion (client-go's reflector does
+            // the same with a random 5-10 min).
+            .timeout(290);
+        let stream = watcher(pods, cfg).default_backoff().boxed();
+        tokio::select! {
+            // New credentials (a rotated certificate): watch again with
+            // them. The re-list replaces the set; pods that stay are untouched.
+            _ = generation.changed() => {
+                debug!("API client changed; reopening the pod watch");
+                continue;
+            }
+            done = follow(stream, &mut store, &out, &mirrors) => {
+                if done { return; }
+            }
+        }
+    }
+}
+
+/// Applies watch events to `store` and sends the set after each change.
+/// True when the output channel is closed.
+async fn follow(
+    mut stream: futures::stream::BoxStream<'_, Result<watcher::Event<Pod>, watcher::Error>>,
+    store: &mut BTreeMap<String, Pod>,
+    out: &mpsc::Sender<PodUpdate>,
+    mirrors: &MirrorPods,
+) -> bool {
     let mut init: Option<BTreeMap<String, Pod>> = None;
     let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
     while let Some(ev) = stream.next().await {
@@ -109,7 +134,7 @@ async fn run(api: ApiClient, node_name: String, out: mpsc::Sender<PodUpdate>, mi
             Ok(watcher::Event::InitDone) => {
                 // A re-list (first start, or after 410 Gone) replaces the set
                 // at once: pods that stayed keep running untouched.
-                store = init.take().unwrap_or_default();
+                *store = init.take().unwrap_or_default();
                 true
             }
             Ok(watcher::Event::Apply(p)) => {
@@ -128,7 +153,7 @@ async fn run(api: ApiClient, node_name: String, out: mpsc::Sender<PodUpdate>, mi
         if !changed {
             continue;
         }
-        let (run, mirror) = split(&store);
+        let (run, mirror) = split(store);
         mirrors.replace(mirror);
         debug!(pods = run.len(), "API pods changed");
         let update = PodUpdate {
@@ -137,9 +162,10 @@ async fn run(api: ApiClient, node_name: String, out: mpsc::Sender<PodUpdate>, mi
             source: API_SOURCE.to_string(),
         };
         if out.send(update).await.is_err() {
-            return;
+            return true;
         }
     }
+    false
 }
 
 #[cfg(test)]
