@@ -44,7 +44,11 @@ fn cond<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
 fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
     let mut k = Kubelet::new(node);
     let kc = kubeconfig(api, &k.dir, node);
-    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+    k.extra_args = vec![
+        "--kubeconfig".into(),
+        kc.display().to_string(),
+        format!("--cert-dir={}", k.dir.join("pki").display()),
+    ];
     k.extra_config =
         "nodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 4\nsyncFrequency: 5s\n".into();
     k.spawn();
@@ -84,6 +88,16 @@ fn the_node_registers_renews_its_lease_and_runs_a_bound_pod() {
     assert!(addrs
         .iter()
         .any(|a| a["type"] == "Hostname" && a["address"] == node));
+
+    // The default serving certificate: self-signed, for the node's name.
+    let crt = k.dir.join("pki").join("kubelet.crt");
+    let pem = wait_for("kubelet.crt", T, || std::fs::read_to_string(&crt).ok());
+    assert_eq!(
+        pem.matches("BEGIN CERTIFICATE").count(),
+        2,
+        "cert and its CA"
+    );
+    assert!(k.dir.join("pki").join("kubelet.key").exists());
 
     // The Lease: held by the node, owned by it, renewed (4 s → every 1 s).
     let lease = wait_for("the node lease", T, || {
@@ -214,7 +228,8 @@ fn tls_bootstrap_gets_a_client_certificate_through_a_csr() {
     });
     let node = "it-bootstrap";
     let mut k = Kubelet::new(node);
-    k.extra_config = "nodeLeaseDurationSeconds: 4\nrotateCertificates: true\n".into();
+    k.extra_config =
+        "nodeLeaseDurationSeconds: 4\nrotateCertificates: true\nserverTLSBootstrap: true\n".into();
     let boot = k.dir.join("bootstrap-kubelet.conf");
     api.write_kubeconfig(&boot, KubeconfigUser::Token(token));
     let kubeconfig = k.dir.join("kubelet.conf");
@@ -270,6 +285,23 @@ fn tls_bootstrap_gets_a_client_certificate_through_a_csr() {
         "the node was registered with the bootstrapped identity"
     );
 
+    // serverTLSBootstrap: a serving CSR for the node's addresses.
+    let serving = wait_for("the serving CSR", T, || {
+        api.list("certificatesigningrequests")
+            .into_iter()
+            .find(|c| c["spec"]["signerName"] == "kubernetes.io/kubelet-serving")
+    });
+    assert_eq!(
+        serving["spec"]["usages"],
+        json!(["digital signature", "server auth"])
+    );
+    assert_eq!(serving["spec"]["username"], user.as_str());
+    wait_for("kubelet-server-current.pem", T, || {
+        std::fs::read_to_string(cert_dir.join("kubelet-server-current.pem"))
+            .ok()
+            .filter(|s| s.contains("BEGIN CERTIFICATE"))
+    });
+
     // Rotation: a second CSR sent as the node itself, a new pair behind
     // the symlink, and the kubelet carries on past the first one's expiry
     // without a restart.
@@ -277,17 +309,18 @@ fn tls_bootstrap_gets_a_client_certificate_through_a_csr() {
     wait_for("the renewal CSR from the node", T, || {
         api.list("certificatesigningrequests")
             .into_iter()
-            .find(|c| c["spec"]["username"] == user.as_str())
+            .find(|c| {
+                c["spec"]["username"] == user.as_str()
+                    && c["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client-kubelet"
+            })
     });
     wait_for("the rotated pair behind the symlink", T, || {
         std::fs::read_link(&current).ok().filter(|t| *t != target)
     });
     let expired = Duration::from_secs(45).saturating_sub(issued_at.elapsed());
     std::thread::sleep(expired); // past the first certificate's lifetime
-    let before = api
-        .get("leases", Some("kube-node-lease"), node)
-        .unwrap()["spec"]["renewTime"]
-        .clone();
+    let before =
+        api.get("leases", Some("kube-node-lease"), node).unwrap()["spec"]["renewTime"].clone();
     wait_for("the lease renewed with the rotated certificate", T, || {
         api.get("leases", Some("kube-node-lease"), node)
             .filter(|l| l["spec"]["renewTime"] != before)

@@ -302,7 +302,22 @@ pub async fn request_certificate(
     key: &rcgen::KeyPair,
     node_name: &str,
 ) -> Result<String, CertError> {
+    request_for(client, key, node_name, CLIENT_SIGNER, "client auth", &[]).await
+}
+
+/// Sends a CSR for `system:node:<node>` to `signer` with the usages
+/// digital signature + `usage` and the given subject alternative names,
+/// and waits until it is issued; returns the certificate PEM.
+async fn request_for(
+    client: kube::Client,
+    key: &rcgen::KeyPair,
+    node_name: &str,
+    signer: &str,
+    usage: &str,
+    sans: &[rcgen::SanType],
+) -> Result<String, CertError> {
     let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = sans.to_vec();
     let mut dn = rcgen::DistinguishedName::new();
     dn.push(rcgen::DnType::OrganizationName, "system:nodes");
     dn.push(
@@ -318,9 +333,10 @@ pub async fn request_certificate(
         },
         spec: CertificateSigningRequestSpec {
             request: ByteString(csr_pem.into_bytes()),
-            signer_name: CLIENT_SIGNER.into(),
-            // Upstream: digital signature and client auth for ECDSA keys.
-            usages: Some(vec!["digital signature".into(), "client auth".into()]),
+            signer_name: signer.into(),
+            // Upstream, for ECDSA keys: digital signature and client or
+            // server auth (no key encipherment).
+            usages: Some(vec!["digital signature".into(), usage.into()]),
             ..Default::default()
         },
         status: None,
@@ -364,6 +380,117 @@ pub async fn request_certificate(
     }
     let cert = status.certificate.map(|b| b.0).unwrap_or_default();
     String::from_utf8(cert).map_err(|e| CertError::BadCertificate(e.to_string()))
+}
+
+pub const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
+pub const CURRENT_SERVER_PEM: &str = "kubelet-server-current.pem";
+
+/// The serving certificate's subject alternative names: the node's
+/// hostname and addresses.
+fn serving_sans(hostname: &str, ips: &[std::net::IpAddr]) -> Vec<rcgen::SanType> {
+    let mut sans = Vec::new();
+    if let Ok(name) = hostname.to_string().try_into() {
+        sans.push(rcgen::SanType::DnsName(name));
+    }
+    sans.extend(ips.iter().map(|ip| rcgen::SanType::IpAddress(*ip)));
+    sans
+}
+
+/// Upstream's default serving certificate when `tlsCertFile` is not set:
+/// `<cert-dir>/kubelet.crt` and `kubelet.key`, self-signed through a CA of
+/// its own (`<host>-ca@<time>`), kept once written. Returns the two paths.
+pub async fn ensure_self_signed_serving(
+    cert_dir: &Path,
+    hostname: &str,
+    ips: &[std::net::IpAddr],
+) -> Result<(PathBuf, PathBuf), CertError> {
+    let (crt, key) = (cert_dir.join("kubelet.crt"), cert_dir.join("kubelet.key"));
+    if tokio::fs::metadata(&crt).await.is_ok() && tokio::fs::metadata(&key).await.is_ok() {
+        return Ok((crt, key));
+    }
+    tokio::fs::create_dir_all(cert_dir)
+        .await
+        .map_err(io("creating", cert_dir))?;
+    let stamp = now_secs();
+    // Valid from the start of today (UTC) for a year, as upstream's.
+    let today = k8s_openapi::jiff::Timestamp::from_second(stamp)
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+        .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
+        .date();
+    let (y, m, d) = (today.year() as i32, today.month() as u8, today.day() as u8);
+    let year = |p: &mut rcgen::CertificateParams| {
+        p.not_before = rcgen::date_time_ymd(y, m, d);
+        p.not_after = rcgen::date_time_ymd(y + 1, m, d.min(28));
+    };
+    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let mut ca = rcgen::CertificateParams::default();
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{hostname}-ca@{stamp}"));
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    year(&mut ca);
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let server_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let mut p = rcgen::CertificateParams::default();
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{hostname}@{stamp}"));
+    p.subject_alt_names = serving_sans(hostname, ips);
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    year(&mut p);
+    let cert = p.signed_by(&server_key, &issuer)?;
+    // The certificate, then its CA: the chain a client verifies.
+    let chain = format!("{}{}", cert.pem(), ca_cert.pem());
+    write_private(&crt, chain.into_bytes()).await?;
+    write_private(&key, server_key.serialize_pem().into_bytes()).await?;
+    info!(cert = %crt.display(), "wrote a self-signed serving certificate");
+    Ok((crt, key))
+}
+
+/// `serverTLSBootstrap`: a serving certificate from the cluster's
+/// `kubernetes.io/kubelet-serving` signer, for the node's hostname and
+/// addresses, behind `<cert-dir>/kubelet-server-current.pem`.
+pub async fn bootstrap_serving(
+    client: kube::Client,
+    cert_dir: &Path,
+    node_name: &str,
+    hostname: &str,
+    ips: &[std::net::IpAddr],
+) -> Result<PathBuf, CertError> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let sans = serving_sans(hostname, ips);
+    let cert = request_for(
+        client,
+        &key,
+        node_name,
+        SERVING_SIGNER,
+        "server auth",
+        &sans,
+    )
+    .await?;
+    tokio::fs::create_dir_all(cert_dir)
+        .await
+        .map_err(io("creating", cert_dir))?;
+    let file = cert_dir.join(format!("kubelet-server-{}.pem", stamp()));
+    write_private(
+        &file,
+        format!("{}\n{}", cert.trim_end(), key.serialize_pem()).into_bytes(),
+    )
+    .await?;
+    let current = cert_dir.join(CURRENT_SERVER_PEM);
+    let tmp = cert_dir.join(format!(".{CURRENT_SERVER_PEM}.tmp"));
+    let _ = tokio::fs::remove_file(&tmp).await;
+    tokio::fs::symlink(&file, &tmp)
+        .await
+        .map_err(io("linking", &tmp))?;
+    tokio::fs::rename(&tmp, &current)
+        .await
+        .map_err(io("renaming", &current))?;
+    info!(cert = %current.display(), "serving certificate issued");
+    Ok(current)
 }
 
 /// A point 70-90 % into a certificate's lifetime, as upstream's

@@ -416,6 +416,12 @@ async fn start_cluster_mode(
         event_qps: c.opts.config.event_record_qps,
         event_burst: c.opts.config.event_burst,
         rotate_certificates: c.opts.config.rotate_certificates,
+        serving_cert: (c.opts.config.enable_server && c.opts.config.tls_cert_file.is_empty())
+            .then_some(if c.opts.config.server_tls_bootstrap {
+                ServingCert::Bootstrap
+            } else {
+                ServingCert::SelfSigned
+            }),
         node_cfg: node_cfg.clone(),
         observe,
         api_updates,
@@ -449,6 +455,8 @@ struct ClusterTasks {
     event_qps: i32,
     event_burst: i32,
     rotate_certificates: bool,
+    /// Write or request the serving certificate (no tlsCertFile given).
+    serving_cert: Option<ServingCert>,
     node_cfg: crate::nodestatus::NodeConfig,
     observe: crate::nodestatus::Observe,
     api_updates: mpsc::Sender<source::PodUpdate>,
@@ -498,6 +506,13 @@ impl ClusterTasks {
             backoff = (backoff * 2).min(Duration::from_secs(30));
         };
         let node_cfg = self.node_cfg;
+        if let Some(kind) = self.serving_cert {
+            let (api, dir, node) = (api.clone(), self.cert_dir.clone(), node_cfg.clone());
+            tokio::spawn(tracing::Instrument::instrument(
+                serving_certificate(kind, api, dir, node),
+                tracing::info_span!("serving-cert"),
+            ));
+        }
         if self.rotate_certificates
             && crate::certificate::uses_rotating_pair(&self.kubeconfig, &self.cert_dir)
         {
@@ -628,4 +643,49 @@ fn node_config(
     };
     *node_cfg.facts.write() = nodestatus::node_facts(&node_cfg);
     node_cfg
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ServingCert {
+    SelfSigned,
+    Bootstrap,
+}
+
+/// The serving certificate for :10250 (served in a later issue): upstream's
+/// self-signed `kubelet.crt`/`kubelet.key`, or with `serverTLSBootstrap` one
+/// from the `kubernetes.io/kubelet-serving` signer. Retried with backoff.
+async fn serving_certificate(
+    kind: ServingCert,
+    api: crate::apiclient::ApiClient,
+    dir: PathBuf,
+    node: crate::nodestatus::NodeConfig,
+) {
+    let ips: Vec<IpAddr> = node.node_ip.parse().into_iter().collect();
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let r = match kind {
+            ServingCert::SelfSigned => {
+                crate::certificate::ensure_self_signed_serving(&dir, &node.hostname, &ips)
+                    .await
+                    .map(|_| ())
+            }
+            ServingCert::Bootstrap => crate::certificate::bootstrap_serving(
+                api.client().await,
+                &dir,
+                &node.node_name,
+                &node.hostname,
+                &ips,
+            )
+            .await
+            .map(|_| ()),
+        };
+        match r {
+            Ok(()) => return,
+            Err(e) => {
+                warn!(error = %e, retry_in = ?backoff, "unable to set up the serving certificate")
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(300));
+    }
 }
