@@ -160,18 +160,37 @@ fn the_node_registers_renews_its_lease_and_runs_a_bound_pod() {
         })
     });
 
-    // Graceful deletion with grace 5: the pod is stopped, then deleted.
+    // Graceful deletion with grace 5: the pod is stopped, its last status
+    // sent, then it is deleted (grace 0, by the kubelet).
+    let mut watch = api
+        .client()
+        .with_timeout(T)
+        .watch(&format!(
+            "/api/v1/namespaces/default/pods?watch=true&fieldSelector=metadata.name%3D{name}&resourceVersion={}",
+            api.resource_version()
+        ))
+        .unwrap();
     api.delete("pods", Some("default"), &name, Some(5));
     assert!(
         api.get("pods", Some("default"), &name)
             .is_some_and(|p| p["metadata"]["deletionTimestamp"].is_string()),
         "a bound pod is deleted gracefully"
     );
-    wait_for("the pod object to be deleted", T, || {
-        api.get("pods", Some("default"), &name)
-            .is_none()
-            .then_some(())
-    });
+    let mut last = None;
+    loop {
+        let ev = watch.next_event().unwrap().expect("the watch ended early");
+        if ev["type"] == "DELETED" {
+            break;
+        }
+        if ev["type"] == "MODIFIED" {
+            last = Some(ev["object"].clone());
+        }
+    }
+    // Upstream: a deleted pod's last status is terminal (its container
+    // exited 0 on SIGTERM: Succeeded), sent before the object goes.
+    let last = last.expect("a status update before the delete");
+    assert_eq!(last["status"]["phase"], "Succeeded", "{last:#}");
+    assert!(last["status"]["containerStatuses"][0]["state"]["terminated"].is_object());
     assert_eq!(
         k.cri.count_labelled("io.kubernetes.pod.uid", &uid, true),
         (0, 0),

@@ -571,6 +571,7 @@ impl ClusterTasks {
             token.child_token(),
         );
         let workers = self.workers;
+        self.status.keep_finals();
         let sync = crate::status::apisync::ApiStatusSync {
             api,
             node_name: node_cfg.node_name.clone(),

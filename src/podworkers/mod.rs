@@ -626,14 +626,16 @@ impl PodWorkers {
         let rt = rm.pod_status(uid).await?;
         rm.kill_pod(pod, &rt, grace).await?;
         // A removed pod's status is dropped once it is gone: only a pod that
-        // stays in config (finished) needs the post-kill status.
+        // stays in config (finished), or one deleted in the API (whose last
+        // status is sent before the object is deleted), needs the post-kill
+        // status.
         let stays = self
             .state
             .lock()
             .entries
             .get(uid)
             .is_some_and(|e| !e.removed);
-        if let Some(pod) = pod.filter(|_| stays) {
+        if let Some(pod) = pod.filter(|p| stays || p.metadata.deletion_timestamp.is_some()) {
             // Upstream: the status after the kill is generated as terminal.
             let rt = rm.pod_status(uid).await?;
             let probes = self.probe_state(uid, pod, &rt);

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use parking_lot::Mutex;
@@ -140,8 +140,23 @@ impl ApiStatusSync {
     }
 
     async fn sync_statuses(&self, sent: &mut HashMap<String, u64>) {
+        // Last statuses of pods deleted in the API, sent before the delete
+        // (upstream sends the terminal status, then deletes).
+        for (uid, status, version) in self.status.take_finals() {
+            let target = self.deleting.0.lock().get(&uid).cloned();
+            let Some((ns, name)) = target else { continue };
+            if sent.get(&uid) == Some(&version) {
+                continue;
+            }
+            if self.patch_status(&uid, &ns, &name, &status).await {
+                sent.insert(uid, version);
+            } else {
+                // Not sent: kept for the next pass, ahead of the delete.
+                self.status.return_final(&uid, status, version);
+            }
+        }
         let uids = self.status.uids();
-        sent.retain(|uid, _| uids.contains(uid));
+        sent.retain(|uid, _| uids.contains(uid) || self.deleting.0.lock().contains_key(uid));
         for uid in uids {
             let Some((status, version)) = self.status.get_versioned(&uid) else {
                 continue;
@@ -164,28 +179,35 @@ impl ApiStatusSync {
             };
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
-            let patch = serde_json::json!({
-                "metadata": { "uid": target_uid },
-                "status": *status,
-            });
-            let api: Api<Pod> = Api::namespaced(self.api.client().await, &ns);
-            match api
-                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
-                .await
-            {
-                Ok(_) => {
-                    debug!(pod = %name, namespace = %ns, version, "status sent");
-                    sent.insert(uid, version);
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
-                    // The object is gone or is another pod now: this status
-                    // has no home; a new mirror or pod starts over.
-                    debug!(pod = %name, namespace = %ns, reason = %s.reason, "status not sent: pod gone or replaced");
-                    sent.insert(uid, version);
-                }
-                Err(e) => {
-                    warn!(pod = %name, namespace = %ns, error = %e, "failed to update pod status, will retry");
-                }
+            if self.patch_status(&target_uid, &ns, &name, &status).await {
+                debug!(pod = %name, namespace = %ns, version, "status sent");
+                sent.insert(uid, version);
+            }
+        }
+    }
+
+    /// Patches one status; true when done with it (sent, or its object is
+    /// gone or replaced), false to retry.
+    async fn patch_status(&self, uid: &str, ns: &str, name: &str, status: &PodStatus) -> bool {
+        let patch = serde_json::json!({
+            "metadata": { "uid": uid },
+            "status": status,
+        });
+        let api: Api<Pod> = Api::namespaced(self.api.client().await, ns);
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+        {
+            Ok(_) => true,
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                // The object is gone or is another pod now: this status has
+                // no home; a new mirror or pod starts over.
+                debug!(pod = %name, namespace = %ns, reason = %s.reason, "status not sent: pod gone or replaced");
+                true
+            }
+            Err(e) => {
+                warn!(pod = %name, namespace = %ns, error = %e, "failed to update pod status, will retry");
+                false
             }
         }
     }
@@ -196,7 +218,7 @@ impl ApiStatusSync {
             .0
             .lock()
             .iter()
-            .filter(|(uid, _)| !(self.worker_known)(uid))
+            .filter(|(uid, _)| !(self.worker_known)(uid) && !self.status.has_final(uid))
             .map(|(u, v)| (u.clone(), v.clone()))
             .collect();
         for (uid, (ns, name)) in due {

@@ -19,7 +19,14 @@ pub struct StatusManager {
     statuses: Arc<RwLock<HashMap<String, Versioned>>>,
     /// Woken when a status changes, for the API sync.
     changed: Arc<tokio::sync::Notify>,
+    /// Cluster mode: the last status of pods removed, until the API sync
+    /// has sent it (None: not kept, standalone).
+    finals: Arc<RwLock<Option<HashMap<String, Versioned>>>>,
 }
+
+/// At most this many final statuses wait for the API sync; beyond, the
+/// oldest are dropped (an API server away for long loses the oldest).
+const MAX_FINALS: usize = 4096;
 
 /// A status and its version: bumped only when the status really changes,
 /// so the API sync sends each new status once (upstream versionedPodStatus).
@@ -83,7 +90,50 @@ impl StatusManager {
     }
 
     pub fn remove(&self, uid: &str) {
-        self.statuses.write().remove(uid);
+        let gone = self.statuses.write().remove(uid);
+        if let (Some(v), Some(finals)) = (gone, self.finals.write().as_mut()) {
+            if finals.len() >= MAX_FINALS {
+                let oldest = finals
+                    .iter()
+                    .min_by_key(|(_, v)| v.version)
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    finals.remove(&k);
+                }
+            }
+            finals.insert(uid.to_string(), v);
+            self.changed.notify_one();
+        }
+    }
+
+    /// Keeps the last status of removed pods for `take_finals` (cluster mode).
+    pub fn keep_finals(&self) {
+        self.finals.write().get_or_insert_with(HashMap::new);
+    }
+
+    /// The last statuses of removed pods, with their versions.
+    pub fn take_finals(&self) -> Vec<(String, Arc<PodStatus>, u64)> {
+        match self.finals.write().as_mut() {
+            Some(f) => f.drain().map(|(k, v)| (k, v.status, v.version)).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Puts back a final status that could not be sent (retried on the
+    /// next pass; no wake-up, so an absent API server is not spun on).
+    pub fn return_final(&self, uid: &str, status: Arc<PodStatus>, version: u64) {
+        if let Some(f) = self.finals.write().as_mut() {
+            f.entry(uid.to_string())
+                .or_insert(Versioned { status, version });
+        }
+    }
+
+    /// Whether a removed pod's last status still waits to be taken.
+    pub fn has_final(&self, uid: &str) -> bool {
+        self.finals
+            .read()
+            .as_ref()
+            .is_some_and(|f| f.contains_key(uid))
     }
 
     pub fn uids(&self) -> Vec<String> {

@@ -271,7 +271,13 @@ impl SyncLoop {
                 d.add(&pod);
             }
         }
-        let pod = self.pods.remove(uid).unwrap_or_else(|| Arc::new(pod));
+        // A deletion carries the pod as the API has it now (with its
+        // deletionTimestamp); a removal may carry only its identity.
+        let stored = self.pods.remove(uid);
+        let pod = match stored {
+            Some(p) if op == PodOperation::Remove => p,
+            _ => Arc::new(pod),
+        };
         self.workers.update(
             uid,
             Work::Terminate {
