@@ -156,14 +156,20 @@ fn stamp() -> String {
 /// Writes `cert` and `key` as one PEM file in `dir` and points the
 /// `kubelet-client-current.pem` symlink at it (replaced atomically).
 pub async fn store_client_pair(dir: &Path, cert: &str, key: &str) -> Result<PathBuf, CertError> {
+    store_pair(dir, "kubelet-client", cert, key).await
+}
+
+/// `<dir>/<prefix>-<time>.pem` holding `cert` then `key`, behind the
+/// `<prefix>-current.pem` symlink (upstream's certificate store layout).
+async fn store_pair(dir: &Path, prefix: &str, cert: &str, key: &str) -> Result<PathBuf, CertError> {
     tokio::fs::create_dir_all(dir)
         .await
         .map_err(io("creating", dir))?;
-    let file = dir.join(format!("kubelet-client-{}.pem", stamp()));
+    let file = dir.join(format!("{prefix}-{}.pem", stamp()));
     let body = format!("{}\n{}", cert.trim_end(), key);
     write_private(&file, body.into_bytes()).await?;
-    let current = dir.join(CURRENT_CLIENT_PEM);
-    let tmp = dir.join(format!(".{CURRENT_CLIENT_PEM}.tmp"));
+    let current = dir.join(format!("{prefix}-current.pem"));
+    let tmp = dir.join(format!(".{prefix}-current.pem.tmp"));
     let _ = tokio::fs::remove_file(&tmp).await;
     tokio::fs::symlink(&file, &tmp)
         .await
@@ -383,7 +389,6 @@ async fn request_for(
 }
 
 pub const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
-pub const CURRENT_SERVER_PEM: &str = "kubelet-server-current.pem";
 
 /// The serving certificate's subject alternative names: the node's
 /// hostname and addresses.
@@ -471,24 +476,7 @@ pub async fn bootstrap_serving(
         &sans,
     )
     .await?;
-    tokio::fs::create_dir_all(cert_dir)
-        .await
-        .map_err(io("creating", cert_dir))?;
-    let file = cert_dir.join(format!("kubelet-server-{}.pem", stamp()));
-    write_private(
-        &file,
-        format!("{}\n{}", cert.trim_end(), key.serialize_pem()).into_bytes(),
-    )
-    .await?;
-    let current = cert_dir.join(CURRENT_SERVER_PEM);
-    let tmp = cert_dir.join(format!(".{CURRENT_SERVER_PEM}.tmp"));
-    let _ = tokio::fs::remove_file(&tmp).await;
-    tokio::fs::symlink(&file, &tmp)
-        .await
-        .map_err(io("linking", &tmp))?;
-    tokio::fs::rename(&tmp, &current)
-        .await
-        .map_err(io("renaming", &current))?;
+    let current = store_pair(cert_dir, "kubelet-server", &cert, &key.serialize_pem()).await?;
     info!(cert = %current.display(), "serving certificate issued");
     Ok(current)
 }

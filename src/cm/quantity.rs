@@ -7,7 +7,7 @@ pub struct QuantityError(pub String);
 
 /// Parses to a value scaled by 1000 (milli-units), rounding up as upstream's
 /// MilliValue does.
-fn parse_milli(s: &str) -> Result<i128, QuantityError> {
+pub fn parse_milli(s: &str) -> Result<i128, QuantityError> {
     let err = || QuantityError(s.to_string());
     let s = s.trim();
     let split = s

@@ -5,36 +5,7 @@
 /// A quantity in thousandths of its unit (millicores for CPU, millibytes for
 /// memory), so "100m" and "1Gi" share one integer type.
 pub fn parse_milli(s: &str) -> Option<i128> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let (mul, div): (i128, i128) = match suffix {
-        "" => (1000, 1),
-        "m" => (1, 1),
-        "k" => (1000 * 1000, 1),
-        "M" => (1000 * 1_000_000, 1),
-        "G" => (1000 * 1_000_000_000, 1),
-        "T" => (1000 * 1_000_000_000_000, 1),
-        "P" => (1000 * 1_000_000_000_000_000, 1),
-        "E" => (1000 * 1_000_000_000_000_000_000, 1),
-        "Ki" => (1000 << 10, 1),
-        "Mi" => (1000 << 20, 1),
-        "Gi" => (1000 << 30, 1),
-        "Ti" => (1000 << 40, 1),
-        "Pi" => (1000 << 50, 1),
-        "Ei" => (1000 << 60, 1),
-        _ => return None,
-    };
-    // Decimal fractions: scale the digits, then divide by the fraction's power of ten.
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty() && frac.is_empty() {
-        return None;
-    }
-    let digits: i128 = format!("{int}{frac}").parse().ok()?;
-    let scale = 10i128.checked_pow(frac.len() as u32)?;
-    Some(digits.checked_mul(mul)? / scale / div)
+    crate::cm::quantity::parse_milli(s).ok()
 }
 
 /// A percentage ("10%") of a total, or an absolute quantity in milli-units.

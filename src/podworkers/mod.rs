@@ -656,7 +656,12 @@ impl PodWorkers {
             };
             e.phase = WorkerPhase::Terminated;
             let removed = e.removed;
-            st.release_static(uid);
+            // A removed static pod gives up its full name only once its
+            // sandbox is gone too (below), so its successor never overlaps
+            // it in any way.
+            if !removed {
+                st.release_static(uid);
+            }
             removed
         };
         if !removed {
@@ -688,6 +693,7 @@ impl PodWorkers {
                 }
             }
         }
+        self.state.lock().release_static(uid);
         self.cleanup_dirs(uid, pod).await;
         // Probes went when terminating began (kill).
         self.deps.status.remove(uid);
