@@ -459,3 +459,32 @@ fn a_pod_that_does_not_fit_is_rejected_with_upstreams_reason() {
         "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
     );
 }
+
+#[test]
+fn with_register_node_false_only_an_existing_node_is_kept_up_to_date() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-noreg";
+    let mut k = Kubelet::new(node);
+    let kc = kubeconfig(&api, &k.dir, node);
+    k.extra_args = vec![
+        format!("--kubeconfig={}", kc.display()),
+        format!("--cert-dir={}", k.dir.join("pki").display()),
+    ];
+    k.extra_config =
+        "registerNode: false\nnodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 4\n".into();
+    k.spawn();
+    // The lease proves rkubelet talks to the API; no Node is created.
+    wait_for("the node lease", T, || {
+        api.get("leases", Some("kube-node-lease"), node)
+    });
+    assert!(
+        api.get("nodes", None, node).is_none(),
+        "registerNode: false creates no Node"
+    );
+    // Someone else creates it: rkubelet keeps its status.
+    api.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
+    wait_for("the existing Node's Ready condition", T, || {
+        api.get("nodes", None, node)
+            .filter(|n| cond(n, "Ready").is_some_and(|c| c["status"] == "True"))
+    });
+}

@@ -93,7 +93,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "enableProfilingHandler",
     "enableDebugFlagsHandler",
     "memoryThrottlingFactor",
-    "registerNode",
     "tracing",
     "localStorageCapacityIsolation",
     "imageServiceEndpoint",

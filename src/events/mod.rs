@@ -101,13 +101,20 @@ pub fn node_ref(node: &str) -> ObjectReference {
 
 /// Installs the recorder and starts posting until `token` is cancelled.
 /// A second install is ignored.
-pub fn install(api: ApiClient, node: String, qps: i32, burst: i32, token: CancellationToken) {
+pub fn install(
+    tasks: &tokio_util::task::TaskTracker,
+    api: ApiClient,
+    node: String,
+    qps: i32,
+    burst: i32,
+    token: CancellationToken,
+) {
     let (tx, rx) = mpsc::channel(QUEUE);
     if SINK.set(tx).is_err() {
         return;
     }
     let span = tracing::info_span!("events");
-    tokio::spawn(tracing::Instrument::instrument(
+    tasks.spawn(tracing::Instrument::instrument(
         async move {
             tokio::select! {
                 _ = token.cancelled() => {}

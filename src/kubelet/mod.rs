@@ -253,6 +253,8 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     let node_cfg = node_config(&opts, &node_ip, &machine_for_node);
     let admission = crate::syncloop::Admission::new(node_cfg.facts.clone());
     let mut deleting = None;
+    // Cluster-mode tasks, awaited at shutdown.
+    let cluster_tasks = tokio_util::task::TaskTracker::new();
     if let Some(path) = opts.kubeconfig.as_deref() {
         let c = ClusterParts {
             opts: &opts,
@@ -267,6 +269,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             status: status.clone(),
             workers: workers.clone(),
             api_health: api_health.clone(),
+            tasks: cluster_tasks.clone(),
         };
         let d = start_cluster_mode(c, pod_config.channel(source::API_SOURCE), &token).await?;
         expected.push(source::API_SOURCE);
@@ -292,6 +295,13 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         .run(updates_rx, pleg_rx, probe_rx, token.clone())
         .await;
     let _ = runtime_state_task.await;
+    cluster_tasks.close();
+    if tokio::time::timeout(Duration::from_secs(5), cluster_tasks.wait())
+        .await
+        .is_err()
+    {
+        warn!("cluster-mode tasks did not stop within 5 s");
+    }
     for s in servers {
         let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
     }
@@ -349,6 +359,7 @@ struct ClusterParts<'a> {
     status: StatusManager,
     workers: PodWorkers,
     api_health: crate::apiclient::ApiHealth,
+    tasks: tokio_util::task::TaskTracker,
 }
 
 /// Starts what joins the node to a cluster: the Node with its status and
@@ -430,9 +441,10 @@ async fn start_cluster_mode(
         workers: c.workers.clone(),
         deleting: deleting.clone(),
         api_health: c.api_health.clone(),
+        tasks: c.tasks.clone(),
     };
     let t = token.clone();
-    tokio::spawn(tracing::Instrument::instrument(
+    c.tasks.spawn(tracing::Instrument::instrument(
         async move {
             tokio::select! {
                 _ = t.cancelled() => {}
@@ -465,6 +477,7 @@ struct ClusterTasks {
     workers: PodWorkers,
     deleting: crate::status::apisync::Deleting,
     api_health: crate::apiclient::ApiHealth,
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl ClusterTasks {
@@ -506,17 +519,18 @@ impl ClusterTasks {
             backoff = (backoff * 2).min(Duration::from_secs(30));
         };
         let node_cfg = self.node_cfg;
+        let tasks = self.tasks.clone();
         if let Some(kind) = self.serving_cert {
             let (api, dir, node) = (api.clone(), self.cert_dir.clone(), node_cfg.clone());
-            tokio::spawn(tracing::Instrument::instrument(
-                serving_certificate(kind, api, dir, node),
+            tasks.spawn(tracing::Instrument::instrument(
+                serving_certificate(kind, api, dir, node, token.child_token()),
                 tracing::info_span!("serving-cert"),
             ));
         }
         if self.rotate_certificates
             && crate::certificate::uses_rotating_pair(&self.kubeconfig, &self.cert_dir)
         {
-            tokio::spawn(tracing::Instrument::instrument(
+            tasks.spawn(tracing::Instrument::instrument(
                 crate::certificate::rotate_client_cert(
                     api.clone(),
                     self.kubeconfig.clone(),
@@ -528,6 +542,7 @@ impl ClusterTasks {
             ));
         }
         crate::events::install(
+            &tasks,
             api.clone(),
             node_cfg.node_name.clone(),
             self.event_qps,
@@ -541,7 +556,7 @@ impl ClusterTasks {
             "Starting kubelet.".into(),
         );
         let (registered_tx, registered_rx) = tokio::sync::watch::channel(None);
-        tokio::spawn(tracing::Instrument::instrument(
+        tasks.spawn(tracing::Instrument::instrument(
             nodestatus::run(
                 api.clone(),
                 node_cfg.clone(),
@@ -551,7 +566,7 @@ impl ClusterTasks {
             ),
             tracing::info_span!("node-status"),
         ));
-        tokio::spawn(tracing::Instrument::instrument(
+        tasks.spawn(tracing::Instrument::instrument(
             nodestatus::lease::run(
                 api.clone(),
                 node_cfg.node_name.clone(),
@@ -564,6 +579,7 @@ impl ClusterTasks {
         ));
         let mirrors = source::api::MirrorPods::default();
         source::api::spawn_api_source(
+            &tasks,
             api.clone(),
             node_cfg.node_name.clone(),
             self.api_updates,
@@ -582,7 +598,7 @@ impl ClusterTasks {
             deleting: self.deleting,
             worker_known: Arc::new(move |uid| workers.is_known(uid)),
         };
-        tokio::spawn(tracing::Instrument::instrument(
+        tasks.spawn(tracing::Instrument::instrument(
             sync.run(token.child_token()),
             tracing::info_span!("status-sync"),
         ));
@@ -641,6 +657,7 @@ fn node_config(
         lease_duration_seconds: cfg.node_lease_duration_seconds,
         max_images: cfg.node_status_max_images,
         facts: Default::default(),
+        register_node: cfg.register_node,
     };
     *node_cfg.facts.write() = nodestatus::node_facts(&node_cfg);
     node_cfg
@@ -660,6 +677,7 @@ async fn serving_certificate(
     api: crate::apiclient::ApiClient,
     dir: PathBuf,
     node: crate::nodestatus::NodeConfig,
+    token: CancellationToken,
 ) {
     let ips: Vec<IpAddr> = node.node_ip.parse().into_iter().collect();
     let mut backoff = Duration::from_secs(1);
@@ -686,7 +704,10 @@ async fn serving_certificate(
                 warn!(error = %e, retry_in = ?backoff, "unable to set up the serving certificate")
             }
         }
-        tokio::time::sleep(backoff).await;
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
         backoff = (backoff * 2).min(Duration::from_secs(300));
     }
 }

@@ -79,6 +79,9 @@ pub struct NodeConfig {
     pub report_frequency: Duration,
     pub lease_duration_seconds: i32,
     pub max_images: i32,
+    /// `registerNode`: create the Node; when false, only an existing Node
+    /// (made by someone else) is kept up to date, as upstream.
+    pub register_node: bool,
     /// What admission reads: kept current with the Node in the API (labels
     /// and taints others set count for node selectors and taints).
     pub facts: Arc<parking_lot::RwLock<crate::lifecycle::NodeFacts>>,
@@ -467,10 +470,20 @@ pub async fn run(
     let node = loop {
         let obs = observe().await;
         let initial = initial_node(&cfg, &obs, now());
-        info!(node = %cfg.node_name, "attempting to register node");
-        match register(&api, &initial).await {
+        let attempt = if cfg.register_node {
+            info!(node = %cfg.node_name, "attempting to register node");
+            register(&api, &initial).await
+        } else {
+            let nodes: Api<Node> = Api::all(api.client().await);
+            nodes.get(&cfg.node_name).await
+        };
+        match attempt {
             Ok(node) => {
-                info!(node = %cfg.node_name, "successfully registered node");
+                if cfg.register_node {
+                    info!(node = %cfg.node_name, "successfully registered node");
+                } else {
+                    info!(node = %cfg.node_name, "registerNode is false; keeping the existing Node's status");
+                }
                 break node;
             }
             Err(e) => {

@@ -64,6 +64,7 @@ fn split(pods: &BTreeMap<String, Pod>) -> (Vec<Pod>, BTreeMap<String, Pod>) {
 
 /// Watches this node's pods until `token` is cancelled.
 pub fn spawn_api_source(
+    tasks: &tokio_util::task::TaskTracker,
     api: ApiClient,
     node_name: String,
     out: mpsc::Sender<PodUpdate>,
@@ -71,7 +72,7 @@ pub fn spawn_api_source(
     token: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let span = tracing::info_span!("api-source", node = %node_name);
-    tokio::spawn(tracing::Instrument::instrument(
+    tasks.spawn(tracing::Instrument::instrument(
         async move {
             tokio::select! {
                 _ = token.cancelled() => {}
