@@ -12,7 +12,9 @@ pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
+pub mod logs;
 pub mod memtrim;
+pub mod metrics;
 pub mod nodestatus;
 pub mod pleg;
 pub mod pod;
@@ -22,6 +24,7 @@ pub mod runtimestate;
 pub mod sdnotify;
 pub mod server;
 pub mod source;
+pub mod stats;
 pub mod status;
 pub mod syncloop;
 #[cfg(test)]

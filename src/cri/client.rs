@@ -277,6 +277,70 @@ impl RuntimeService for RemoteRuntime {
             }
         }
     }
+
+    async fn exec(&self, req: v1::ExecRequest) -> CriResult<String> {
+        let mut c = self.runtime.clone();
+        Ok(self.call("Exec", self.timeout, c.exec(req)).await?.url)
+    }
+
+    async fn attach(&self, req: v1::AttachRequest) -> CriResult<String> {
+        let mut c = self.runtime.clone();
+        Ok(self.call("Attach", self.timeout, c.attach(req)).await?.url)
+    }
+
+    async fn port_forward(&self, req: v1::PortForwardRequest) -> CriResult<String> {
+        let mut c = self.runtime.clone();
+        Ok(self
+            .call("PortForward", self.timeout, c.port_forward(req))
+            .await?
+            .url)
+    }
+
+    async fn list_container_stats(
+        &self,
+        filter: Option<v1::ContainerStatsFilter>,
+    ) -> CriResult<Vec<v1::ContainerStats>> {
+        let mut c = self.runtime.clone();
+        let req = v1::ListContainerStatsRequest { filter };
+        Ok(self
+            .call(
+                "ListContainerStats",
+                self.timeout,
+                c.list_container_stats(req),
+            )
+            .await?
+            .stats)
+    }
+
+    async fn list_pod_sandbox_stats(
+        &self,
+        filter: Option<v1::PodSandboxStatsFilter>,
+    ) -> CriResult<Vec<v1::PodSandboxStats>> {
+        let mut c = self.runtime.clone();
+        let req = v1::ListPodSandboxStatsRequest { filter };
+        Ok(self
+            .call(
+                "ListPodSandboxStats",
+                self.timeout,
+                c.list_pod_sandbox_stats(req),
+            )
+            .await?
+            .stats)
+    }
+
+    async fn reopen_container_log(&self, id: &str) -> CriResult<()> {
+        let mut c = self.runtime.clone();
+        let req = v1::ReopenContainerLogRequest {
+            container_id: id.into(),
+        };
+        self.call(
+            "ReopenContainerLog",
+            self.timeout,
+            c.reopen_container_log(req),
+        )
+        .await
+        .map(|_| ())
+    }
 }
 
 #[async_trait]
@@ -336,5 +400,15 @@ impl ImageService for RemoteRuntime {
         self.call("RemoveImage", self.timeout, c.remove_image(req))
             .await
             .map(drop)
+    }
+
+    async fn image_fs_info(&self) -> CriResult<v1::ImageFsInfoResponse> {
+        let mut c = self.images.clone();
+        self.call(
+            "ImageFsInfo",
+            self.timeout,
+            c.image_fs_info(v1::ImageFsInfoRequest {}),
+        )
+        .await
     }
 }

@@ -105,6 +105,42 @@ pub trait RuntimeService: Send + Sync + 'static {
         &self,
         tx: tokio::sync::mpsc::Sender<v1::ContainerEventResponse>,
     ) -> CriResult<()>;
+    /// Exec/Attach/PortForward return the runtime's streaming URL, which
+    /// the kubelet's server proxies the client's upgraded connection to.
+    async fn exec(&self, _req: v1::ExecRequest) -> CriResult<String> {
+        Err(unimplemented("Exec"))
+    }
+    async fn attach(&self, _req: v1::AttachRequest) -> CriResult<String> {
+        Err(unimplemented("Attach"))
+    }
+    async fn port_forward(&self, _req: v1::PortForwardRequest) -> CriResult<String> {
+        Err(unimplemented("PortForward"))
+    }
+    async fn list_container_stats(
+        &self,
+        _filter: Option<v1::ContainerStatsFilter>,
+    ) -> CriResult<Vec<v1::ContainerStats>> {
+        Err(unimplemented("ListContainerStats"))
+    }
+    async fn list_pod_sandbox_stats(
+        &self,
+        _filter: Option<v1::PodSandboxStatsFilter>,
+    ) -> CriResult<Vec<v1::PodSandboxStats>> {
+        Err(unimplemented("ListPodSandboxStats"))
+    }
+    /// Asks the runtime to reopen a container's log file after rotation.
+    async fn reopen_container_log(&self, _id: &str) -> CriResult<()> {
+        Err(unimplemented("ReopenContainerLog"))
+    }
+}
+
+/// The error a runtime (or the fake) gives for a call it does not serve.
+pub fn unimplemented(op: &'static str) -> CriError {
+    CriError::Status {
+        op,
+        code: tonic::Code::Unimplemented,
+        message: "not implemented".into(),
+    }
 }
 
 /// The CRI ImageService, reduced to what the kubelet calls.
@@ -117,4 +153,8 @@ pub trait ImageService: Send + Sync + 'static {
     async fn pull_image(&self, image: &str, sandbox: Option<PodSandboxConfig>)
         -> CriResult<String>;
     async fn remove_image(&self, image: &str) -> CriResult<()>;
+    /// The image filesystems' usage (CRI ImageFsInfo).
+    async fn image_fs_info(&self) -> CriResult<v1::ImageFsInfoResponse> {
+        Err(unimplemented("ImageFsInfo"))
+    }
 }

@@ -137,6 +137,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     let runtime: Arc<dyn RuntimeService> = remote.clone();
     let images: Arc<dyn ImageService> = remote;
     let images_for_node = images.clone();
+    let images_for_server = images.clone();
     let node_ip = opts
         .node_ip
         .clone()
@@ -147,7 +148,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
 
     let rt_opts = RuntimeOptions {
         root_dir: opts.root_dir.clone(),
-        pod_logs_dir: logs_dir,
+        pod_logs_dir: logs_dir.clone(),
         container_logs_dir: PathBuf::from("/var/log/containers"),
         cgroup_root: cfg.cgroup_root.clone(),
         systemd_cgroups: cfg.cgroup_driver == "systemd",
@@ -209,6 +210,12 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         probes,
         runtime_state: runtime_state.clone(),
         api: opts.kubeconfig.as_ref().map(|_| api_health.clone()),
+        runtime: runtime.clone(),
+        images: images_for_server,
+        config: Arc::new(cfg.clone()),
+        node_name: opts.node_name.clone(),
+        root_dir: opts.root_dir.clone(),
+        pod_logs_dir: logs_dir.clone(),
     };
     let mut servers = Vec::new();
     if cfg.healthz_port > 0 {

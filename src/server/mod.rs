@@ -3,6 +3,7 @@
 //! apart from serving so tests call them directly.
 
 pub mod machine;
+pub mod streaming;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +31,13 @@ pub struct ServerState {
     pub runtime_state: crate::runtimestate::RuntimeState,
     /// Cluster mode: whether the API server answers (informational only).
     pub api: Option<crate::apiclient::ApiHealth>,
+    pub runtime: Arc<dyn crate::cri::RuntimeService>,
+    pub images: Arc<dyn crate::cri::ImageService>,
+    /// The running configuration (for /configz and the handlers' limits).
+    pub config: Arc<crate::config::KubeletConfiguration>,
+    pub node_name: String,
+    pub root_dir: std::path::PathBuf,
+    pub pod_logs_dir: std::path::PathBuf,
 }
 
 /// The named checks behind `/healthz`, in upstream's order (ping, log,
@@ -180,32 +188,35 @@ async fn pods(State(s): State<ServerState>) -> Response {
     json(&pod_list(&s.pods, &s.status))
 }
 
-async fn metrics_probes(State(s): State<ServerState>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        s.probes.metrics_text(),
-    )
-        .into_response()
-}
-
 async fn spec(State(s): State<ServerState>) -> Response {
     json(&*s.machine)
 }
 
-/// The read-only port's routes.
-pub fn read_only_router(state: ServerState) -> Router {
+/// Upstream's default handlers, served on both :10250 and the read-only
+/// port: healthz, pods, stats and the metric endpoints.
+pub fn default_routes() -> Router<ServerState> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/healthz/{name}", get(healthz_one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
-        .route("/metrics/probes", get(metrics_probes))
         .route("/spec", get(spec))
         .route("/spec/", get(spec))
-        .with_state(state)
+        .merge(crate::metrics::routes())
+        .merge(crate::stats::routes())
+}
+
+/// Upstream's debugging handlers (`enableDebuggingHandlers`), served only
+/// on the authenticated port: logs, exec/attach/port-forward, configz.
+pub fn debugging_routes() -> Router<ServerState> {
+    Router::new()
+        .merge(crate::logs::routes())
+        .merge(streaming::routes())
+}
+
+/// The read-only port's routes.
+pub fn read_only_router(state: ServerState) -> Router {
+    default_routes().with_state(state)
 }
 
 /// The healthz port's routes.
