@@ -40,6 +40,46 @@ pub struct ServerState {
     pub pod_logs_dir: std::path::PathBuf,
 }
 
+impl ServerState {
+    /// A state over `runtime` (usually the fake) for handler unit tests:
+    /// empty pod and status managers, default configuration, a PLEG and
+    /// runtime poller that stop with the returned token.
+    pub fn for_tests(runtime: Arc<crate::cri::fake::FakeRuntime>) -> (Self, CancellationToken) {
+        let token = CancellationToken::new();
+        let (pleg_tx, _) = tokio::sync::mpsc::channel(1);
+        let rt: Arc<dyn crate::cri::RuntimeService> = runtime.clone();
+        let pleg = crate::pleg::spawn(
+            rt.clone(),
+            std::time::Duration::from_secs(3600),
+            pleg_tx,
+            token.child_token(),
+        );
+        let (runtime_state, _) = crate::runtimestate::spawn(
+            rt.clone(),
+            std::time::Duration::from_secs(3600),
+            token.child_token(),
+        );
+        let (probe_tx, _) = tokio::sync::mpsc::channel(1);
+        let state = ServerState {
+            pods: PodManager::new(),
+            status: StatusManager::new(),
+            pleg,
+            syncloop: SyncLoopHealth::new(std::time::Duration::from_secs(60)),
+            machine: Arc::new(machine::MachineInfo::default()),
+            probes: crate::prober::ProbeManager::new(rt.clone(), probe_tx, token.child_token()),
+            runtime_state,
+            api: None,
+            runtime: rt,
+            images: runtime,
+            config: Arc::new(crate::config::KubeletConfiguration::default()),
+            node_name: "node".into(),
+            root_dir: std::env::temp_dir().join("rkubelet-server-tests"),
+            pod_logs_dir: std::env::temp_dir().join("rkubelet-server-tests/logs"),
+        };
+        (state, token)
+    }
+}
+
 /// The named checks behind `/healthz`, in upstream's order (ping, log,
 /// syncloop), then rkubelet's own: PLEG and the container runtime. A
 /// runtime that is unreachable or not ready fails /healthz (rkubelet's
