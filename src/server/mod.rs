@@ -41,10 +41,14 @@ pub struct ServerState {
 }
 
 impl ServerState {
-    /// A state over `runtime` (usually the fake) for handler unit tests:
+    /// A state over `runtime` (the fake, or a `RemoteRuntime` in integration
+    /// tests) for handler tests:
     /// empty pod and status managers, default configuration, a PLEG and
     /// runtime poller that stop with the returned token.
-    pub fn for_tests(runtime: Arc<crate::cri::fake::FakeRuntime>) -> (Self, CancellationToken) {
+    pub fn for_tests<R>(runtime: Arc<R>) -> (Self, CancellationToken)
+    where
+        R: crate::cri::RuntimeService + crate::cri::ImageService,
+    {
         let token = CancellationToken::new();
         let (pleg_tx, _) = tokio::sync::mpsc::channel(1);
         let rt: Arc<dyn crate::cri::RuntimeService> = runtime.clone();
