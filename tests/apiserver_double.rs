@@ -1333,3 +1333,55 @@ fn csr_approval_subresource_and_denial() {
         .iter()
         .any(|c| c["type"] == "Failed"));
 }
+
+// pkg/registry/authentication/tokenreview: a TokenReview is answered, not
+// stored (201 with status); an empty token is a 400; an unknown token is
+// authenticated: false with an error.
+#[test]
+fn token_reviews_are_answered_not_stored() {
+    let s = plain();
+    s.add_token("good", "alice", &["devs"]);
+    let c = s.client();
+    let path = "/apis/authentication.k8s.io/v1/tokenreviews";
+    let review = |t: &str| json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": t}});
+    let r = c.post(path, &review("good")).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert_eq!(r.body["status"]["authenticated"], true);
+    assert_eq!(r.body["status"]["user"]["username"], "alice");
+    assert_eq!(r.body["status"]["user"]["groups"], json!(["devs"]));
+    let r = c.post(path, &review("bad")).unwrap();
+    assert_eq!(r.status, 201);
+    assert!(
+        r.body["status"].get("authenticated").is_none()
+            || r.body["status"]["authenticated"] == false
+    );
+    assert!(r.body["status"]["error"].as_str().is_some());
+    assert_eq!(c.post(path, &review("")).unwrap().status, 400);
+    assert_eq!(c.get(path).unwrap().status, 404, "not a stored resource");
+}
+
+// pkg/registry/authorization/subjectaccessreview and its validation: a
+// SubjectAccessReview needs a user or groups and exactly one of
+// resourceAttributes/nonResourceAttributes (422 otherwise); 201 with
+// status.allowed.
+#[test]
+fn subject_access_reviews_follow_the_rules_and_validation() {
+    let s = plain();
+    s.allow("alice", "get", "nodes", "stats");
+    let c = s.client();
+    let path = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+    let sar = |user: &str, sub: &str| {
+        json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user, "resourceAttributes": {"verb": "get", "resource": "nodes", "subresource": sub, "name": "n1", "version": "v1"}}})
+    };
+    let r = c.post(path, &sar("alice", "stats")).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert_eq!(r.body["status"]["allowed"], true);
+    let r = c.post(path, &sar("alice", "proxy")).unwrap();
+    assert_eq!(r.body["status"]["allowed"], false);
+    let r = c.post(path, &sar("", "stats")).unwrap();
+    assert_eq!(r.status, 422, "{:?}", r.body);
+    let both =
+        json!({"spec": {"user": "a", "resourceAttributes": {}, "nonResourceAttributes": {}}});
+    assert_eq!(c.post(path, &both).unwrap().status, 422);
+}

@@ -190,9 +190,9 @@ impl Kubelet {
         let _ = std::fs::remove_dir_all(&dir);
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests)?;
-        let (ro, hz) = (free_port(), free_port());
+        let (ro, hz, api) = (free_port(), free_port(), free_port());
         let cfg = dir.join("config.yaml");
-        std::fs::write(&cfg, format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nreadOnlyPort: {ro}\naddress: 127.0.0.1\nhealthzPort: {hz}\nfailSwapOn: false\n", manifests.display()))?;
+        std::fs::write(&cfg, format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nreadOnlyPort: {ro}\naddress: 127.0.0.1\nport: {api}\nhealthzPort: {hz}\nfailSwapOn: false\nauthentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: false\nauthorization:\n  mode: AlwaysAllow\n", manifests.display()))?;
         let log = std::fs::File::create(dir.join("rkubelet.log"))?;
         let child = Command::new(bin)
             .args([
@@ -203,6 +203,7 @@ impl Kubelet {
                 "--root-dir",
             ])
             .arg(dir.join("root"))
+            .arg(format!("--cert-dir={}", dir.join("pki").display()))
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log)

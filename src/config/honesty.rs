@@ -12,19 +12,11 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "httpCheckFrequency",
     "staticPodURL",
     "staticPodURLHeader",
-    "tlsCertFile",
-    "tlsPrivateKeyFile",
-    "tlsCipherSuites",
     "tlsCurvePreferences",
-    "tlsMinVersion",
-    "serverTLSBootstrap",
-    "authentication",
-    "authorization",
     "registryPullQPS",
     "registryBurst",
     "imagePullCredentialsVerificationPolicy",
     "preloadedImagesVerificationAllowlist",
-    "enableDebuggingHandlers",
     "enableContentionProfiling",
     "streamingConnectionIdleTimeout",
     "imageMinimumGCAge",
@@ -127,12 +119,6 @@ pub fn unimplemented_settings(
         .filter(|f| set.get(**f) != default.get(**f))
         .map(|f| format!("field {f} is accepted but not implemented"))
         .collect();
-    if cfg.enable_server {
-        out.push(format!(
-            "field port is accepted but not implemented: the authenticated API on :{} is not served yet",
-            cfg.port
-        ));
-    }
     let mut flag = |set: bool, name: &str, what: &str| {
         if set {
             out.push(format!(
@@ -165,8 +151,7 @@ mod tests {
         let w = unimplemented_settings(&cfg, &base, &flags);
         assert!(w[1].starts_with("flag --cloud-provider is accepted but not implemented"));
         let w = unimplemented_settings(&base, &base, &KubeletFlags::default());
-        assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].starts_with("field port is accepted but not implemented"));
+        assert!(w.is_empty(), "{w:?}");
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub enum KubeletError {
     Address(String),
     #[error(transparent)]
     ApiClient(#[from] crate::apiclient::ApiClientError),
+    #[error(transparent)]
+    Tls(#[from] crate::server::https::TlsError),
+    #[error(transparent)]
+    Auth(#[from] crate::server::auth::AuthError),
     #[error("failed to validate nodeIP: {0}")]
     NodeIp(String),
     #[error("cannot create directory {path}: {source}")]
@@ -224,6 +228,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             server::serve(
                 a,
                 server::healthz_router(state.clone()),
+                None,
                 token.child_token(),
             )
             .await?,
@@ -235,13 +240,25 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             server::serve(
                 a,
                 server::read_only_router(state.clone()),
+                None,
                 token.child_token(),
             )
             .await?,
         );
     }
+    let node_cfg = node_config(&opts, &node_ip, &machine_for_node);
+    // Cluster mode fills this once its API client exists; :10250's webhook
+    // authentication and authorization use it.
+    let api_slot = Arc::new(std::sync::OnceLock::new());
+    if cfg.enable_server && cfg.port > 0 {
+        let (tls, auth, reload) = serving_tls(&opts, &node_cfg, api_slot.clone(), &token).await?;
+        servers.push(reload);
+        let a = addr(&cfg.address, cfg.port)?;
+        let router = server::api_router(state.clone(), auth);
+        servers.push(server::serve(a, router, Some(tls), token.child_token()).await?);
+    }
 
-    // Serving (healthz, read-only): ready as far as systemd is concerned.
+    // Serving (healthz, read-only, :10250): ready as far as systemd is concerned.
     crate::sdnotify::ready();
     let (updates_tx, updates_rx) = mpsc::channel(100);
     let pod_config = PodConfig::new(updates_tx);
@@ -257,7 +274,6 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             running_static_pods(runtime.as_ref()).await,
         );
     }
-    let node_cfg = node_config(&opts, &node_ip, &machine_for_node);
     let admission = crate::syncloop::Admission::new(node_cfg.facts.clone());
     let mut deleting = None;
     // Cluster-mode tasks, awaited at shutdown.
@@ -277,6 +293,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             workers: workers.clone(),
             api_health: api_health.clone(),
             tasks: cluster_tasks.clone(),
+            api_slot: api_slot.clone(),
         };
         let d = start_cluster_mode(c, pod_config.channel(source::API_SOURCE), &token).await?;
         expected.push(source::API_SOURCE);
@@ -367,6 +384,7 @@ struct ClusterParts<'a> {
     workers: PodWorkers,
     api_health: crate::apiclient::ApiHealth,
     tasks: tokio_util::task::TaskTracker,
+    api_slot: Arc<std::sync::OnceLock<crate::apiclient::ApiClient>>,
 }
 
 /// Starts what joins the node to a cluster: the Node with its status and
@@ -434,12 +452,11 @@ async fn start_cluster_mode(
         event_qps: c.opts.config.event_record_qps,
         event_burst: c.opts.config.event_burst,
         rotate_certificates: c.opts.config.rotate_certificates,
-        serving_cert: (c.opts.config.enable_server && c.opts.config.tls_cert_file.is_empty())
-            .then_some(if c.opts.config.server_tls_bootstrap {
-                ServingCert::Bootstrap
-            } else {
-                ServingCert::SelfSigned
-            }),
+        // The self-signed pair is written before serving (serving_tls).
+        bootstrap_serving_cert: c.opts.config.enable_server
+            && c.opts.config.tls_cert_file.is_empty()
+            && c.opts.config.server_tls_bootstrap,
+        api_slot: c.api_slot.clone(),
         node_cfg: node_cfg.clone(),
         observe,
         api_updates,
@@ -474,8 +491,10 @@ struct ClusterTasks {
     event_qps: i32,
     event_burst: i32,
     rotate_certificates: bool,
-    /// Write or request the serving certificate (no tlsCertFile given).
-    serving_cert: Option<ServingCert>,
+    /// Request the serving certificate (serverTLSBootstrap, no tlsCertFile).
+    bootstrap_serving_cert: bool,
+    /// Where the API client goes once built, for :10250's webhooks.
+    api_slot: Arc<std::sync::OnceLock<crate::apiclient::ApiClient>>,
     node_cfg: crate::nodestatus::NodeConfig,
     observe: crate::nodestatus::Observe,
     api_updates: mpsc::Sender<source::PodUpdate>,
@@ -527,10 +546,11 @@ impl ClusterTasks {
         };
         let node_cfg = self.node_cfg;
         let tasks = self.tasks.clone();
-        if let Some(kind) = self.serving_cert {
+        let _ = self.api_slot.set(api.clone());
+        if self.bootstrap_serving_cert {
             let (api, dir, node) = (api.clone(), self.cert_dir.clone(), node_cfg.clone());
             tasks.spawn(tracing::Instrument::instrument(
-                serving_certificate(kind, api, dir, node, token.child_token()),
+                serving_certificate(api, dir, node, token.child_token()),
                 tracing::info_span!("serving-cert"),
             ));
         }
@@ -670,17 +690,10 @@ fn node_config(
     node_cfg
 }
 
-#[derive(Debug, Clone, Copy)]
-enum ServingCert {
-    SelfSigned,
-    Bootstrap,
-}
-
-/// The serving certificate for :10250 (served in a later issue): upstream's
-/// self-signed `kubelet.crt`/`kubelet.key`, or with `serverTLSBootstrap` one
-/// from the `kubernetes.io/kubelet-serving` signer. Retried with backoff.
+/// The serving certificate for :10250 with `serverTLSBootstrap`: one from
+/// the `kubernetes.io/kubelet-serving` signer, retried with backoff
+/// (rotation of it is not done yet).
 async fn serving_certificate(
-    kind: ServingCert,
     api: crate::apiclient::ApiClient,
     dir: PathBuf,
     node: crate::nodestatus::NodeConfig,
@@ -689,22 +702,15 @@ async fn serving_certificate(
     let ips: Vec<IpAddr> = node.node_ip.parse().into_iter().collect();
     let mut backoff = Duration::from_secs(1);
     loop {
-        let r = match kind {
-            ServingCert::SelfSigned => {
-                crate::certificate::ensure_self_signed_serving(&dir, &node.hostname, &ips)
-                    .await
-                    .map(|_| ())
-            }
-            ServingCert::Bootstrap => crate::certificate::bootstrap_serving(
-                api.client().await,
-                &dir,
-                &node.node_name,
-                &node.hostname,
-                &ips,
-            )
-            .await
-            .map(|_| ()),
-        };
+        let r = crate::certificate::bootstrap_serving(
+            api.client().await,
+            &dir,
+            &node.node_name,
+            &node.hostname,
+            &ips,
+        )
+        .await
+        .map(|_| ());
         match r {
             Ok(()) => return,
             Err(e) => {
@@ -717,4 +723,90 @@ async fn serving_certificate(
         }
         backoff = (backoff * 2).min(Duration::from_secs(300));
     }
+}
+
+/// The TLS configuration and the authn/authz filter of :10250, as
+/// upstream's InitializeTLS and BuildAuth: `tlsCertFile`/`tlsPrivateKeyFile`,
+/// else with `serverTLSBootstrap` the issued `kubelet-server-current.pem`
+/// (served once it exists), else the self-signed `kubelet.crt`/`kubelet.key`
+/// in cert-dir, written now if missing. The certificate is re-read every
+/// 10 s, so a rotated one is served without a restart.
+async fn serving_tls(
+    opts: &KubeletOptions,
+    node: &crate::nodestatus::NodeConfig,
+    api_slot: Arc<std::sync::OnceLock<crate::apiclient::ApiClient>>,
+    token: &CancellationToken,
+) -> Result<
+    (
+        Arc<rustls::ServerConfig>,
+        Arc<server::auth::Auth>,
+        tokio::task::JoinHandle<()>,
+    ),
+    KubeletError,
+> {
+    use crate::server::https::{self, CertReloader, CertSource};
+    let cfg = &opts.config;
+    let provider = Arc::new(https::provider(&cfg.tls_cipher_suites)?);
+    let source = if !cfg.tls_cert_file.is_empty() {
+        CertSource::Files {
+            cert: PathBuf::from(&cfg.tls_cert_file),
+            key: PathBuf::from(&cfg.tls_private_key_file),
+        }
+    } else if cfg.server_tls_bootstrap && opts.kubeconfig.is_some() {
+        CertSource::Combined(opts.cert_dir.join("kubelet-server-current.pem"))
+    } else {
+        let ips: Vec<IpAddr> = node.node_ip.parse().into_iter().collect();
+        let (cert, key) =
+            crate::certificate::ensure_self_signed_serving(&opts.cert_dir, &node.hostname, &ips)
+                .await
+                .map_err(|e| https::TlsError::Pem {
+                    path: opts.cert_dir.join("kubelet.crt"),
+                    reason: e.to_string(),
+                })?;
+        CertSource::Files { cert, key }
+    };
+    let certs = CertReloader::new(source.clone(), provider.clone());
+    let first = {
+        let c = certs.clone();
+        tokio::task::spawn_blocking(move || c.reload())
+            .await
+            .unwrap_or(Ok(false))
+    };
+    match (first, &source) {
+        (Ok(_), _) => {}
+        // An issued certificate may not exist yet: served once it does.
+        (Err(e), CertSource::Combined(_)) => {
+            info!(error = %e, "serving certificate not issued yet; :10250 answers once it is")
+        }
+        (Err(e), _) => return Err(e.into()),
+    }
+    let reload = tokio::spawn(tracing::Instrument::instrument(
+        certs
+            .clone()
+            .watch(Duration::from_secs(10), token.child_token()),
+        tracing::info_span!("serving-cert-reload"),
+    ));
+    let client_ca = match cfg.authentication.x509.client_ca_file.as_str() {
+        "" => None,
+        path => {
+            let (path, p) = (PathBuf::from(path), provider.clone());
+            Some(
+                tokio::task::spawn_blocking(move || https::client_ca_verifier(&path, p))
+                    .await
+                    .map_err(|e| https::TlsError::Pem {
+                        path: PathBuf::from(&cfg.authentication.x509.client_ca_file),
+                        reason: e.to_string(),
+                    })??,
+            )
+        }
+    };
+    let auth = server::auth::Auth::new(
+        cfg,
+        &opts.node_name,
+        client_ca.clone(),
+        opts.kubeconfig.is_some(),
+        api_slot,
+    )?;
+    let tls = https::server_config(provider, &cfg.tls_min_version, certs, client_ca)?;
+    Ok((Arc::new(tls), auth, reload))
 }

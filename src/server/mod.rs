@@ -2,10 +2,11 @@
 //! healthz port (upstream `pkg/kubelet/server/server.go`). Routers are built
 //! apart from serving so tests call them directly.
 
+pub mod auth;
+pub mod https;
 pub mod machine;
 pub mod streaming;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Path, RawQuery, State};
@@ -254,8 +255,79 @@ pub fn default_routes() -> Router<ServerState> {
 /// on the authenticated port: logs, exec/attach/port-forward, configz.
 pub fn debugging_routes() -> Router<ServerState> {
     Router::new()
+        .route("/configz", get(configz))
+        .route("/runningpods", get(running_pods))
+        .route("/runningpods/", get(running_pods))
         .merge(crate::logs::routes())
         .merge(streaming::routes())
+}
+
+/// `/configz`: the running configuration in upstream's envelope
+/// (`{"kubeletconfig": {...}}`), serialized as the v1beta1 file is.
+async fn configz(State(s): State<ServerState>) -> Response {
+    json(&serde_json::json!({ "kubeletconfig": &*s.config }))
+}
+
+/// `/runningpods/`: what the runtime runs, as upstream's GetRunningPods:
+/// a `v1.PodList` of pods with only name, namespace, UID and each running
+/// container's name and image.
+async fn running_pods(State(s): State<ServerState>) -> Response {
+    use crate::kuberuntime::labels;
+    let running = crate::cri::v1::ContainerStateValue {
+        state: crate::cri::ContainerState::ContainerRunning as i32,
+    };
+    let filter = crate::cri::ContainerFilter {
+        state: Some(running),
+        ..Default::default()
+    };
+    let (sandboxes, containers) = match tokio::try_join!(
+        s.runtime.list_pod_sandbox(None),
+        s.runtime.list_containers(Some(filter))
+    ) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let mut pods: std::collections::BTreeMap<String, serde_json::Value> = Default::default();
+    let label = |l: &std::collections::HashMap<String, String>, k: &str| {
+        l.get(k).cloned().unwrap_or_default()
+    };
+    for sb in sandboxes
+        .iter()
+        .filter(|sb| sb.state == crate::cri::PodSandboxState::SandboxReady as i32)
+    {
+        let uid = label(&sb.labels, labels::POD_UID);
+        pods.entry(uid.clone()).or_insert_with(|| {
+            serde_json::json!({"metadata": {"name": label(&sb.labels, labels::POD_NAME),
+                "namespace": label(&sb.labels, labels::POD_NAMESPACE), "uid": uid,
+                "creationTimestamp": null},
+                "spec": {"containers": []}, "status": {}})
+        });
+    }
+    for c in &containers {
+        let uid = label(&c.labels, labels::POD_UID);
+        let pod = pods.entry(uid.clone()).or_insert_with(|| {
+            serde_json::json!({"metadata": {"name": label(&c.labels, labels::POD_NAME),
+                "namespace": label(&c.labels, labels::POD_NAMESPACE), "uid": uid,
+                "creationTimestamp": null},
+                "spec": {"containers": []}, "status": {}})
+        });
+        let image = c
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default();
+        if let Some(list) = pod["spec"]["containers"].as_array_mut() {
+            list.push(serde_json::json!({
+                "name": label(&c.labels, labels::CONTAINER_NAME),
+                "image": image,
+                "resources": {},
+            }));
+        }
+    }
+    let items: Vec<serde_json::Value> = pods.into_values().collect();
+    json(
+        &serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
+    )
 }
 
 /// The read-only port's routes.
@@ -271,33 +343,25 @@ pub fn healthz_router(state: ServerState) -> Router {
         .with_state(state)
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr}: {source}")]
-pub struct ListenError {
-    pub addr: SocketAddr,
-    #[source]
-    pub source: std::io::Error,
+pub use https::{serve, ListenError};
+
+/// The authenticated port's routes (upstream's default handlers, then the
+/// debugging handlers when `enableDebuggingHandlers`), every one behind
+/// the authentication and authorization filter.
+pub fn api_router(state: ServerState, auth: Arc<auth::Auth>) -> Router {
+    let mut r = default_routes();
+    if state.config.enable_debugging_handlers {
+        r = r.merge(debugging_routes());
+    }
+    // The fallback is added before the filter, so unknown paths are
+    // authorized too (upstream's filter runs before routing).
+    r.fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(auth, auth::filter))
+        .with_state(state)
 }
 
-/// Binds now (so a busy port is reported at startup) and serves until the
-/// token is cancelled.
-pub async fn serve(
-    addr: SocketAddr,
-    router: Router,
-    token: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>, ListenError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ListenError { addr, source })?;
-    tracing::info!(%addr, "serving");
-    Ok(tokio::spawn(async move {
-        let r = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { token.cancelled().await })
-            .await;
-        if let Err(e) = r {
-            tracing::error!(%addr, error = %e, "server failed");
-        }
-    }))
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "404 page not found\n").into_response()
 }
 
 #[cfg(test)]

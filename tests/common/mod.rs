@@ -173,6 +173,8 @@ pub struct Kubelet {
     pub manifests: PathBuf,
     pub read_only: String,
     pub healthz: String,
+    /// The authenticated port (:10250 upstream), TLS.
+    pub api: String,
     /// Appended to the KubeletConfiguration on the next `spawn`.
     pub extra_config: String,
     /// Added to the command line on the next `spawn`.
@@ -204,6 +206,7 @@ impl Kubelet {
             node: node.into(),
             read_only: format!("127.0.0.1:{}", free_port()),
             healthz: format!("127.0.0.1:{}", free_port()),
+            api: format!("127.0.0.1:{}", free_port()),
             dir,
             manifests,
             extra_config: String::new(),
@@ -217,16 +220,31 @@ impl Kubelet {
     pub fn spawn(&mut self) {
         let ro_port = self.read_only.rsplit(':').next().unwrap();
         let hz_port = self.healthz.rsplit(':').next().unwrap();
+        let api_port = self.api.rsplit(':').next().unwrap();
         let config = self.dir.join("config.yaml");
+        // Without an API server, :10250 needs authentication and
+        // authorization that do not call one (upstream refuses to start
+        // otherwise); tests that set their own keep theirs.
+        let mut auth = String::new();
+        if !self.extra_config.contains("authentication:") {
+            auth.push_str("authentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: false\n");
+        }
+        if !self.extra_config.contains("authorization:") {
+            auth.push_str("authorization:\n  mode: AlwaysAllow\n");
+        }
         std::fs::write(
             &config,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 5s\nreadOnlyPort: {ro_port}\naddress: 127.0.0.1\nhealthzPort: {hz_port}\nfailSwapOn: false\ncontainerRuntimeEndpoint: {ENDPOINT}\n{}",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfileCheckFrequency: 5s\nreadOnlyPort: {ro_port}\naddress: 127.0.0.1\nport: {api_port}\nhealthzPort: {hz_port}\nfailSwapOn: false\ncontainerRuntimeEndpoint: {ENDPOINT}\n{auth}{}",
                 self.manifests.display(),
                 self.extra_config
             ),
         )
         .unwrap();
+        let mut args = self.extra_args.clone();
+        if !args.iter().any(|a| a.starts_with("--cert-dir")) {
+            args.push(format!("--cert-dir={}", self.dir.join("pki").display()));
+        }
         let log = std::fs::File::create(self.dir.join("rkubelet.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_rkubelet"))
             .arg("--config")
@@ -236,7 +254,7 @@ impl Kubelet {
             .arg("--hostname-override")
             .arg(&self.node)
             .arg("--v=2")
-            .args(&self.extra_args)
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

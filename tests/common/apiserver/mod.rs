@@ -217,6 +217,7 @@ impl ApiServer {
             partition,
             requests: Mutex::new(Vec::new()),
             port,
+            reviews: Mutex::new(server::Reviews::default()),
         });
         let s = ApiServer {
             rt: Some(rt),
@@ -542,6 +543,29 @@ impl ApiServer {
     /// real `system:node-bootstrapper` role).
     pub fn set_bootstrap_csr_only(&self, on: bool) {
         self.shared.bootstrap_csr_only.store(on, Ordering::Relaxed);
+    }
+
+    /// TokenReview answers `token` as authenticated for `user` in `groups`.
+    pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
+        self.shared.reviews.lock().tokens.insert(
+            token.into(),
+            (
+                user.into(),
+                format!("uid-{user}"),
+                groups.iter().map(|g| g.to_string()).collect(),
+            ),
+        );
+    }
+
+    /// SubjectAccessReview allows `user` to `verb` `resource`/`subresource`
+    /// ("*" matches anything); everything else is denied.
+    pub fn allow(&self, user: &str, verb: &str, resource: &str, subresource: &str) {
+        self.shared.reviews.lock().allow.push([
+            user.into(),
+            verb.into(),
+            resource.into(),
+            subresource.into(),
+        ]);
     }
 
     /// A test client for this server (anonymous; see [`Client`]).

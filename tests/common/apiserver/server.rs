@@ -33,6 +33,17 @@ pub struct Shared {
     pub partition: watch::Sender<bool>,
     pub requests: Mutex<Vec<RequestRecord>>,
     pub port: u16,
+    pub reviews: Mutex<Reviews>,
+}
+
+/// What the double's TokenReview and SubjectAccessReview answer: the
+/// real server asks its authenticators and authorizers; tests set these.
+#[derive(Default)]
+pub struct Reviews {
+    /// Bearer token -> (username, uid, groups).
+    pub tokens: std::collections::HashMap<String, (String, String, Vec<String>)>,
+    /// (user, verb, resource, subresource) allowed; "*" matches anything.
+    pub allow: Vec<[String; 4]>,
 }
 
 /// A response body: all at once, or a stream of watch events.
@@ -341,6 +352,29 @@ async fn route(
     if req.method() == hyper::Method::GET {
         if let Some(v) = discovery(shared, &segs) {
             return json_response(200, &v);
+        }
+    }
+    if req.method() == hyper::Method::POST {
+        let review = match path.as_str() {
+            "/apis/authentication.k8s.io/v1/tokenreviews" => Some(token_review as ReviewFn),
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews" => Some(access_review as ReviewFn),
+            _ => None,
+        };
+        if let Some(review) = review {
+            let ct = req
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.split(';').next().unwrap_or("").trim().to_string())
+                .unwrap_or_default();
+            let result = match read_body(req.into_body()).await {
+                Ok(b) => parse_json(&ct, &b).and_then(|obj| review(shared, obj)),
+                Err(e) => Err(e),
+            };
+            return match result {
+                Ok(v) => json_response(201, &v),
+                Err(e) => error_response(&e),
+            };
         }
     }
     let Some(t) = parse_target(&segs) else {
@@ -775,4 +809,88 @@ fn discovery(shared: &Shared, segs: &[&str]) -> Option<Value> {
         }
         _ => return None,
     })
+}
+
+type ReviewFn = fn(&Shared, Value) -> Result<Value, ApiError>;
+
+/// TokenReview create (`pkg/registry/authentication/tokenreview`): never
+/// stored; an empty token is a 400; the answer is the object with
+/// `status` filled in, 201 Created. An unknown token is
+/// `authenticated: false` with an error, as the real authenticators say.
+fn token_review(shared: &Shared, mut obj: Value) -> Result<Value, ApiError> {
+    let token = obj
+        .pointer("/spec/token")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if token.is_empty() {
+        return Err(ApiError::bad_request(
+            "token is required for TokenReview in authentication",
+        ));
+    }
+    let status = match shared.reviews.lock().tokens.get(&token) {
+        Some((user, uid, groups)) => json!({
+            "authenticated": true,
+            "user": {"username": user, "uid": uid, "groups": groups},
+            "audiences": ["https://kubernetes.default.svc.cluster.local"],
+        }),
+        None => json!({"user": {}, "error": "[invalid bearer token, token lookup failed]"}),
+    };
+    obj["status"] = status;
+    obj["metadata"] = json!({"creationTimestamp": null});
+    Ok(obj)
+}
+
+/// SubjectAccessReview create (`pkg/registry/authorization/subjectaccessreview`):
+/// never stored; a spec without user and groups, or with both or neither
+/// of resourceAttributes/nonResourceAttributes, is 422 Invalid; 201 with
+/// `status.allowed`.
+fn access_review(shared: &Shared, mut obj: Value) -> Result<Value, ApiError> {
+    let spec = obj.get("spec").cloned().unwrap_or(Value::Null);
+    let user = spec.get("user").and_then(Value::as_str).unwrap_or("");
+    let groups = spec
+        .get("groups")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    let ra = spec.get("resourceAttributes");
+    let nra = spec.get("nonResourceAttributes");
+    let invalid = |msg: &str| {
+        ApiError::new(
+            422,
+            "Invalid",
+            format!("SubjectAccessReview.authorization.k8s.io \"\" is invalid: {msg}"),
+        )
+    };
+    if user.is_empty() && groups == 0 {
+        return Err(invalid(
+            "spec.user: Invalid value: \"\": at least one of user or group must be specified",
+        ));
+    }
+    if ra.is_some() == nra.is_some() {
+        return Err(invalid("spec.resourceAttributes: Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified"));
+    }
+    let field = |k: &str| {
+        ra.and_then(|a| a.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let want = [
+        user.to_string(),
+        field("verb"),
+        field("resource"),
+        field("subresource"),
+    ];
+    let allowed = shared.reviews.lock().allow.iter().any(|rule| {
+        rule.iter()
+            .zip(want.iter())
+            .all(|(r, w)| r == "*" || r == w)
+    });
+    obj["status"] = if allowed {
+        json!({"allowed": true, "reason": "allowed by the double's rules"})
+    } else {
+        json!({"allowed": false})
+    };
+    obj["metadata"] = json!({"creationTimestamp": null});
+    Ok(obj)
 }

@@ -1,0 +1,215 @@
+//! The authenticated port (:10250) with kubectl as a real client: TLS,
+//! x509 client certificates against `clientCAFile`, bearer tokens through
+//! TokenReview and SubjectAccessReview on the API server double (a double,
+//! not a real kube-apiserver; see `common::apiserver`), upstream's 401/403
+//! bodies, the read-only port's connection limits.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::apiserver::{ApiServer, ApiServerOptions, KubeconfigUser};
+use common::*;
+
+const T: Duration = Duration::from_secs(90);
+
+/// A kubeconfig for kubectl against the kubelet at `addr` (the serving
+/// certificate is self-signed for the node's name, so not verified).
+fn kubectl_config(dir: &Path, name: &str, addr: &str, user: &str) -> PathBuf {
+    let path = dir.join(format!("kubectl-{name}.conf"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: https://{addr}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n{user}contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// `kubectl get --raw path`: Ok(stdout) or Err(stderr).
+fn kubectl_raw(config: &Path, path: &str) -> Result<String, String> {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(config)
+        .args(["get", "--raw", path, "--request-timeout=10s"])
+        .output()
+        .expect("run kubectl");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// How kubectl reports a 401 (client-go's text for StatusUnauthorized).
+fn is_401(stderr: &str) -> bool {
+    stderr.contains("You must be logged in to the server")
+}
+
+fn cert_user(api: &ApiServer, dir: &Path, cn: &str) -> String {
+    let (cert, key) = api.issue_client_cert(cn, &["ops"], Duration::from_secs(3600));
+    let (c, k) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
+    std::fs::write(&c, cert).unwrap();
+    std::fs::write(&k, key).unwrap();
+    format!(
+        "    client-certificate: {}\n    client-key: {}\n",
+        c.display(),
+        k.display()
+    )
+}
+
+#[test]
+fn kubectl_meets_upstreams_authentication_and_authorization() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-api";
+    let mut k = Kubelet::new(node);
+    std::fs::create_dir_all(&k.dir).unwrap();
+    // The kubelet's own client certificate for the API server.
+    let (cert, key) = api.issue_client_cert(
+        &format!("system:node:{node}"),
+        &["system:nodes"],
+        Duration::from_secs(3600),
+    );
+    let (c, kf) = (k.dir.join("node.crt"), k.dir.join("node.key"));
+    std::fs::write(&c, cert).unwrap();
+    std::fs::write(&kf, key).unwrap();
+    let kc = k.dir.join("kubelet.conf");
+    api.write_kubeconfig(&kc, KubeconfigUser::ClientCert { cert: c, key: kf });
+    let ca = k.dir.join("client-ca.crt");
+    std::fs::write(&ca, api.ca_pem()).unwrap();
+    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+    k.extra_config = format!(
+        "authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: true\n  x509:\n    clientCAFile: {}\nauthorization:\n  mode: Webhook\n",
+        ca.display()
+    );
+    // alice may use nodes/proxy (so /pods through the fallback), carol
+    // only nodes/healthz; bob nothing.
+    api.allow("alice", "get", "nodes", "proxy");
+    api.allow("carol", "get", "nodes", "healthz");
+    api.add_token("carol-token", "carol", &["ops"]);
+    k.spawn();
+    let dir = k.dir.clone();
+
+    // No credentials, anonymous off: 401, with upstream's body (curl:
+    // kubectl without credentials prompts for a password instead).
+    let url = format!("https://{}/pods", k.api);
+    let (code, body) = wait_for(":10250 to answer over TLS", T, || {
+        let out = Command::new("curl")
+            .args(["-sk", "-w", "\n%{http_code}", &url])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n')?;
+        (code != "000").then(|| (code.to_string(), body.to_string()))
+    });
+    assert_eq!((code.as_str(), body.as_str()), ("401", "Unauthorized"));
+
+    // A certificate from the client CA, allowed by the webhook: 200.
+    let alice = kubectl_config(&dir, "alice", &k.api, &cert_user(&api, &dir, "alice"));
+    let pods = wait_for("alice's /pods", T, || kubectl_raw(&alice, "/pods").ok());
+    let v: serde_json::Value = serde_json::from_str(&pods).expect("a PodList");
+    assert_eq!(v["kind"], "PodList");
+    // Fine-grained authorization asked nodes/pods first, then nodes/proxy.
+    let sars = || api.count_requests("POST", "subjectaccessreviews");
+    assert!(sars() >= 2, "{} SubjectAccessReviews", sars());
+    // Decisions are cached: the same request asks nothing new.
+    let before = sars();
+    kubectl_raw(&alice, "/pods").expect("alice again");
+    assert_eq!(sars(), before, "cached decisions");
+
+    // A certificate from the client CA the webhook denies: 403, naming
+    // the last attribute checked, as upstream.
+    let bob = kubectl_config(&dir, "bob", &k.api, &cert_user(&api, &dir, "bob"));
+    let e = kubectl_raw(&bob, "/pods").expect_err("bob is forbidden");
+    assert!(
+        e.contains("Forbidden (user=bob, verb=get, resource=nodes, subresource=proxy)"),
+        "{e}"
+    );
+    let e = kubectl_raw(&bob, "/stats/summary").expect_err("bob is forbidden");
+    assert!(e.contains("subresource=stats)"), "{e}");
+
+    // A certificate from another CA: 401.
+    let other = rcgen::generate_simple_self_signed(vec!["mallory".into()]).unwrap();
+    let (oc, ok) = (dir.join("mallory.crt"), dir.join("mallory.key"));
+    std::fs::write(&oc, other.cert.pem()).unwrap();
+    std::fs::write(&ok, other.signing_key.serialize_pem()).unwrap();
+    let mallory = kubectl_config(
+        &dir,
+        "mallory",
+        &k.api,
+        &format!(
+            "    client-certificate: {}\n    client-key: {}\n",
+            oc.display(),
+            ok.display()
+        ),
+    );
+    let e = kubectl_raw(&mallory, "/pods").expect_err("unknown CA");
+    assert!(is_401(&e), "{e}");
+
+    // A bearer token through TokenReview: carol may read /healthz through
+    // nodes/healthz, but not /pods; an unknown token is 401.
+    let carol = kubectl_config(&dir, "carol", &k.api, "    token: carol-token\n");
+    assert_eq!(
+        kubectl_raw(&carol, "/healthz").expect("carol healthz"),
+        "ok"
+    );
+    let e = kubectl_raw(&carol, "/pods").expect_err("carol may not list pods");
+    assert!(e.contains("Forbidden (user=carol"), "{e}");
+    assert!(api.count_requests("POST", "tokenreviews") >= 1);
+    let wrong = kubectl_config(&dir, "wrong", &k.api, "    token: not-a-token\n");
+    let e = kubectl_raw(&wrong, "/healthz").expect_err("unknown token");
+    assert!(is_401(&e), "{e}");
+}
+
+#[test]
+fn slow_and_oversized_clients_cannot_starve_the_server() {
+    let k = Kubelet::start("it-api-limits");
+    // Clients that open a request and never finish its headers.
+    let mut slow: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = TcpStream::connect(&k.read_only).unwrap();
+            s.write_all(b"GET /pods HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .unwrap();
+            s
+        })
+        .collect();
+    // Others are served meanwhile.
+    let (code, _) = http_get(&k.read_only, "/healthz").expect("healthz while slow clients wait");
+    assert_eq!(code, 200);
+    // Headers beyond upstream's 1 MiB: refused (431) or the connection is
+    // closed, never buffered without bound.
+    let mut big = TcpStream::connect(&k.read_only).unwrap();
+    big.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = big.write_all(b"GET /pods HTTP/1.1\r\nHost: x\r\nX-Big: ");
+    let chunk = vec![b'a'; 64 * 1024];
+    for _ in 0..40 {
+        if big.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    let mut resp = Vec::new();
+    let _ = big.read_to_end(&mut resp);
+    let text = String::from_utf8_lossy(&resp);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 431"),
+        "oversized headers answered: {text:?}"
+    );
+    // The slow clients are cut off at the header read timeout.
+    let s = &mut slow[0];
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut buf = Vec::new();
+    let r = s.read_to_end(&mut buf);
+    assert!(
+        r.is_ok()
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the slow connection was not closed: {r:?}"
+    );
+    let (code, _) = http_get(&k.read_only, "/healthz").expect("healthz after");
+    assert_eq!(code, 200);
+}
