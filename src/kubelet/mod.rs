@@ -34,6 +34,8 @@ pub enum KubeletError {
     Runtime(#[from] crate::cri::CriError),
     #[error(transparent)]
     Listen(#[from] ListenError),
+    #[error("{0}")]
+    Source(String),
     #[error("invalid address {0:?}")]
     Address(String),
     #[error(transparent)]
@@ -274,6 +276,21 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             running_static_pods(runtime.as_ref()).await,
         );
     }
+    let mut sources = Vec::new();
+    if !cfg.static_pod_url.is_empty() {
+        expected.push(source::HTTP_SOURCE);
+        sources.push(
+            source::http::spawn_http_source(
+                cfg.static_pod_url.clone(),
+                cfg.static_pod_url_header.clone(),
+                opts.node_name.clone(),
+                cfg.http_check_frequency.0,
+                pod_config.channel(source::HTTP_SOURCE),
+                token.child_token(),
+            )
+            .map_err(|e| KubeletError::Source(e.to_string()))?,
+        );
+    }
     let admission = crate::syncloop::Admission::new(node_cfg.facts.clone());
     let mut deleting = None;
     // Cluster-mode tasks, awaited at shutdown.
@@ -326,7 +343,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     {
         warn!("cluster-mode tasks did not stop within 5 s");
     }
-    for s in servers {
+    for s in servers.into_iter().chain(sources) {
         let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
     }
     Ok(())

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod file;
+pub mod http;
 pub mod static_pod;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -74,7 +74,73 @@ pub fn decode_static_pod_adopting(
     now: SystemTime,
     adopt: impl FnOnce(&str, &str) -> Option<String>,
 ) -> Result<Pod, SourceError> {
-    let mut pod = parse_pod(bytes, path)?;
+    let pod = parse_pod(bytes, path)?;
+    let origin = format!("file:{}", path.display());
+    finish_static_pod(pod, path, &origin, node_name, now, adopt)
+}
+
+/// A pod of the HTTP source (`staticPodURL`): defaulted and validated as a
+/// manifest file's, its UID hashed with `url:<url>` instead of the path,
+/// as upstream's applyDefaults does for URLs.
+pub fn http_static_pod(
+    pod: Pod,
+    url: &str,
+    node_name: &str,
+    now: SystemTime,
+) -> Result<Pod, SourceError> {
+    finish_static_pod(
+        pod,
+        Path::new(url),
+        &format!("url:{url}"),
+        node_name,
+        now,
+        |_, _| None,
+    )
+}
+
+/// Decodes the body the HTTP source fetched: one Pod, else a PodList
+/// (upstream's tryDecodeSinglePod, then tryDecodePodList).
+pub fn parse_pods(bytes: &[u8], url: &str) -> Result<Vec<Pod>, SourceError> {
+    let single = parse_pod(bytes, Path::new(url));
+    let single_err = match single {
+        Ok(p) => return Ok(vec![p]),
+        Err(e) => e,
+    };
+    #[derive(serde::Deserialize)]
+    struct PodList {
+        kind: String,
+        #[serde(default)]
+        items: Vec<Pod>,
+    }
+    let list = serde_yaml_ng::from_slice::<PodList>(bytes).and_then(|l| {
+        if l.kind == "PodList" {
+            Ok(l.items)
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "kind is {:?}, expected \"PodList\"",
+                l.kind
+            )))
+        }
+    });
+    match list {
+        Ok(items) => Ok(items),
+        Err(e) => Err(SourceError::Decode {
+            path: url.into(),
+            reason: clip(format!(
+                "couldn't parse as single pod ({single_err}) or pod list ({e})"
+            )),
+        }),
+    }
+}
+
+fn finish_static_pod(
+    mut pod: Pod,
+    path: &Path,
+    origin: &str,
+    node_name: &str,
+    now: SystemTime,
+    adopt: impl FnOnce(&str, &str) -> Option<String>,
+) -> Result<Pod, SourceError> {
     if pod.metadata.name.as_deref().unwrap_or("").is_empty() {
         return Err(invalid(
             path,
@@ -87,7 +153,7 @@ pub fn decode_static_pod_adopting(
             _ => "default",
         };
         let full = static_pod_name(pod.metadata.name.as_deref().unwrap_or(""), node_name);
-        let uid = adopt(ns, &full).unwrap_or_else(|| static_pod_uid(&pod, node_name, path));
+        let uid = adopt(ns, &full).unwrap_or_else(|| pod_uid_for(&pod, node_name, origin));
         pod.metadata.uid = Some(uid);
     }
     apply_pod_defaults(&mut pod);
@@ -177,10 +243,15 @@ fn parse_pod(bytes: &[u8], path: &Path) -> Result<Pod, SourceError> {
 /// the manifest's content, the node and the path: stable across restarts and independent of
 /// the config.seen time.
 pub fn static_pod_uid(pod: &Pod, node_name: &str, path: &Path) -> String {
+    pod_uid_for(pod, node_name, &format!("file:{}", path.display()))
+}
+
+/// As `static_pod_uid`, with the origin given (`file:<path>`, `url:<url>`).
+fn pod_uid_for(pod: &Pod, node_name: &str, origin: &str) -> String {
     let mut hasher = Md5::new();
     hasher.update(serde_json::to_vec(pod).unwrap_or_default());
     hasher.update(format!("host:{node_name}"));
-    hasher.update(format!("file:{}", path.display()));
+    hasher.update(origin);
     hasher
         .finalize()
         .iter()

@@ -1,0 +1,404 @@
+//! The HTTP pod source (`staticPodURL` / `--manifest-url`), as upstream's
+//! `pkg/kubelet/config/http.go`: every `httpCheckFrequency` the URL is
+//! fetched (with `staticPodURLHeader`), and one Pod or a PodList becomes
+//! the source's pods, defaulted like manifest files. A failed fetch keeps
+//! the pods it served running; an empty body sets no pods.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http_body_util::BodyExt;
+use hyper::header::{HeaderName, HeaderValue, HOST};
+use hyper_util::rt::TokioIo;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::static_pod::{http_static_pod, parse_pods, MAX_MANIFEST_BYTES};
+use super::{PodOperation, PodUpdate, HTTP_SOURCE};
+
+/// Upstream's client: `http.Client{Timeout: 10 * time.Second}`.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpSourceError {
+    #[error("invalid staticPodURL {url:?}: {reason}")]
+    Url { url: String, reason: String },
+    #[error("{url}: {reason}")]
+    Fetch { url: String, reason: String },
+    #[error("{url}: {code}: {body}")]
+    Status {
+        url: String,
+        code: u16,
+        body: String,
+    },
+    #[error("{url}: the body is larger than {limit} bytes")]
+    TooLarge { url: String, limit: u64 },
+    #[error("zero-length data received from {0}")]
+    Empty(String),
+}
+
+/// A checked URL: scheme, host, port, request path.
+#[derive(Debug, Clone)]
+struct Target {
+    raw: String,
+    https: bool,
+    host: String,
+    port: u16,
+    path: String,
+}
+
+fn parse(url: &str) -> Result<Target, HttpSourceError> {
+    let bad = |reason: String| HttpSourceError::Url {
+        url: url.into(),
+        reason,
+    };
+    let u = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+    let https = match u.scheme() {
+        "http" => false,
+        "https" => true,
+        s => return Err(bad(format!("unsupported scheme {s:?}"))),
+    };
+    let host = u
+        .host_str()
+        .ok_or_else(|| bad("no host".into()))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = u.port_or_known_default().unwrap_or(80);
+    let mut path = u.path().to_string();
+    if let Some(q) = u.query() {
+        path.push('?');
+        path.push_str(q);
+    }
+    Ok(Target {
+        raw: url.into(),
+        https,
+        host,
+        port,
+        path,
+    })
+}
+
+/// Starts polling `url` until `token` is cancelled. The first poll is
+/// immediate.
+pub fn spawn_http_source(
+    url: String,
+    headers: BTreeMap<String, Vec<String>>,
+    node_name: String,
+    period: Duration,
+    out: mpsc::Sender<PodUpdate>,
+    token: CancellationToken,
+) -> Result<JoinHandle<()>, HttpSourceError> {
+    let target = parse(&url)?;
+    let headers = Arc::new(headers);
+    Ok(tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let mut tick = tokio::time::interval(period.max(Duration::from_secs(1)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failures = 0u32;
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let r = tokio::select! {
+                    _ = token.cancelled() => return,
+                    r = poll(&target, &headers, &node_name) => r,
+                };
+                let update = match r {
+                    Ok(pods) => {
+                        if failures > 0 {
+                            info!(url = %target.raw, "manifest URL answers again");
+                        }
+                        failures = 0;
+                        pods
+                    }
+                    Err(HttpSourceError::Empty(u)) => {
+                        // As upstream: an empty set, so the source counts
+                        // as seen, and the error logged.
+                        debug!(url = %u, "zero-length data received");
+                        Vec::new()
+                    }
+                    Err(e) => {
+                        // A broken URL keeps the pods it served; the error
+                        // is logged at warning once, then quietly.
+                        failures += 1;
+                        if failures == 1 {
+                            warn!(error = %e, "unable to read the pod manifest URL; keeping its pods");
+                        } else {
+                            debug!(error = %e, failures, "unable to read the pod manifest URL");
+                        }
+                        continue;
+                    }
+                };
+                let update = PodUpdate {
+                    pods: update,
+                    op: PodOperation::Set,
+                    source: HTTP_SOURCE.into(),
+                };
+                if out.send(update).await.is_err() {
+                    return;
+                }
+            }
+        },
+        tracing::info_span!("http-source", url = %url),
+    )))
+}
+
+/// One fetch and decode: the pods, or why not. A pod that fails to decode
+/// or validate fails the whole body, as upstream.
+async fn poll(
+    target: &Target,
+    headers: &BTreeMap<String, Vec<String>>,
+    node_name: &str,
+) -> Result<Vec<super::Pod>, HttpSourceError> {
+    let body = tokio::time::timeout(FETCH_TIMEOUT, fetch(target, headers))
+        .await
+        .map_err(|_| HttpSourceError::Fetch {
+            url: target.raw.clone(),
+            reason: "Client.Timeout exceeded while awaiting headers".into(),
+        })??;
+    if body.is_empty() {
+        return Err(HttpSourceError::Empty(target.raw.clone()));
+    }
+    let url = target.raw.clone();
+    let node = node_name.to_string();
+    // Decoding a body of up to 10 MiB is CPU work: off the async threads.
+    let decoded = tokio::task::spawn_blocking(move || {
+        let now = SystemTime::now();
+        parse_pods(&body, &url)?
+            .into_iter()
+            .map(|p| http_static_pod(p, &url, &node, now))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|e| HttpSourceError::Fetch {
+        url: target.raw.clone(),
+        reason: e.to_string(),
+    })?;
+    decoded.map_err(|e| HttpSourceError::Fetch {
+        url: target.raw.clone(),
+        reason: e.to_string(),
+    })
+}
+
+async fn fetch(
+    target: &Target,
+    headers: &BTreeMap<String, Vec<String>>,
+) -> Result<Vec<u8>, HttpSourceError> {
+    let fail = |reason: String| HttpSourceError::Fetch {
+        url: target.raw.clone(),
+        reason,
+    };
+    let mut req = hyper::Request::get(target.path.as_str())
+        .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+        .map_err(|e| fail(e.to_string()))?;
+    let h = req.headers_mut();
+    let host = if target.host.contains(':') {
+        format!("[{}]:{}", target.host, target.port)
+    } else {
+        format!("{}:{}", target.host, target.port)
+    };
+    h.insert(
+        HOST,
+        HeaderValue::from_str(&host).map_err(|e| fail(e.to_string()))?,
+    );
+    for (k, vs) in headers {
+        let name = HeaderName::from_bytes(k.as_bytes()).map_err(|e| fail(e.to_string()))?;
+        for v in vs {
+            h.append(
+                name.clone(),
+                HeaderValue::from_str(v).map_err(|e| fail(e.to_string()))?,
+            );
+        }
+    }
+    let stream = tokio::net::TcpStream::connect((target.host.as_str(), target.port))
+        .await
+        .map_err(|e| fail(format!("dial tcp {host}: {e}")))?;
+    let resp = if target.https {
+        let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+            .map_err(|e| fail(e.to_string()))?;
+        let tls = tls_connector()
+            .map_err(fail)?
+            .connect(name, stream)
+            .await
+            .map_err(|e| fail(format!("tls: {e}")))?;
+        exchange(TokioIo::new(tls), req).await
+    } else {
+        exchange(TokioIo::new(stream), req).await
+    }
+    .map_err(fail)?;
+    let code = resp.status().as_u16();
+    let mut body = resp.into_body();
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| fail(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if (buf.len() + data.len()) as u64 > MAX_MANIFEST_BYTES {
+                return Err(HttpSourceError::TooLarge {
+                    url: target.raw.clone(),
+                    limit: MAX_MANIFEST_BYTES,
+                });
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    if code != 200 {
+        let mut text = String::from_utf8_lossy(&buf).into_owned();
+        text.truncate(512);
+        return Err(HttpSourceError::Status {
+            url: target.raw.clone(),
+            code,
+            body: text,
+        });
+    }
+    Ok(buf)
+}
+
+async fn exchange<IO>(
+    io: IO,
+    req: hyper::Request<http_body_util::Empty<hyper::body::Bytes>>,
+) -> Result<hyper::Response<hyper::body::Incoming>, String>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    // The connection task ends with the exchange (the sender is dropped).
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender.send_request(req).await.map_err(|e| e.to_string())
+}
+
+/// TLS with the system's roots, as Go's default client verifies.
+fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
+    static CONNECTOR: std::sync::OnceLock<Result<tokio_rustls::TlsConnector, String>> =
+        std::sync::OnceLock::new();
+    CONNECTOR
+        .get_or_init(|| {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(c);
+            }
+            let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
+        })
+        .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Serves `bodies` in turn (status, body) on a loopback port; records
+    /// each request's head.
+    async fn server(bodies: Vec<(u16, String)>) -> (String, mpsc::UnboundedReceiver<String>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut bodies = bodies.into_iter().cycle();
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut buf = vec![0u8; 8192];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let _ = tx.send(String::from_utf8_lossy(&buf[..n]).into_owned());
+                let (code, body) = bodies.next().unwrap();
+                let resp = format!(
+                    "HTTP/1.1 {code} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            }
+        });
+        (format!("http://{addr}/manifests?x=1"), rx)
+    }
+
+    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: c\n    image: busybox\n";
+
+    #[tokio::test]
+    async fn a_single_pod_or_a_pod_list_becomes_the_sources_set() {
+        let list = r#"{"kind":"PodList","apiVersion":"v1","items":[
+            {"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"busybox"}]}},
+            {"metadata":{"name":"b","namespace":"kube-system"},"spec":{"containers":[{"name":"c","image":"busybox"}]}}]}"#;
+        let (url, mut reqs) = server(vec![(200, POD.into()), (200, list.into())]).await;
+        let mut headers = BTreeMap::new();
+        headers.insert("X-Token".to_string(), vec!["secret".to_string()]);
+        let t = parse(&url).unwrap();
+        let pods = poll(&t, &headers, "n1").await.unwrap();
+        assert_eq!(pods.len(), 1);
+        assert_eq!(pods[0].metadata.name.as_deref(), Some("web-n1"));
+        let head = reqs.recv().await.unwrap();
+        assert!(head.starts_with("GET /manifests?x=1 HTTP/1.1"), "{head}");
+        assert!(head.to_lowercase().contains("x-token: secret"), "{head}");
+        let pods = poll(&t, &headers, "n1").await.unwrap();
+        let names: Vec<_> = pods
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["a-n1", "b-n1"]);
+        assert_eq!(pods[1].metadata.namespace.as_deref(), Some("kube-system"));
+        // The UID is the URL's, not a file's: the same pod from a file
+        // path equal to the URL text would get another one.
+        let from_file = super::super::static_pod::decode_static_pod(
+            POD.as_bytes(),
+            std::path::Path::new(&url),
+            "n1",
+        )
+        .unwrap();
+        let again = parse_pods(POD.as_bytes(), &url).unwrap().remove(0);
+        let http = http_static_pod(again, &url, "n1", SystemTime::now()).unwrap();
+        assert_ne!(from_file.metadata.uid, http.metadata.uid);
+    }
+
+    #[tokio::test]
+    async fn errors_keep_the_pods_and_an_empty_body_sets_none() {
+        let (url, _reqs) = server(vec![
+            (200, POD.into()),
+            (500, "boom".into()),
+            (200, "not a pod".into()),
+            (200, String::new()),
+        ])
+        .await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let token = CancellationToken::new();
+        let h = spawn_http_source(
+            url,
+            BTreeMap::new(),
+            "n1".into(),
+            Duration::from_millis(1),
+            tx,
+            token.clone(),
+        )
+        .unwrap();
+        let first = rx.recv().await.unwrap();
+        assert_eq!(first.pods.len(), 1);
+        assert_eq!(first.source, HTTP_SOURCE);
+        // The 500 and the undecodable body send nothing; the empty body
+        // sends an empty set.
+        let next = rx.recv().await.unwrap();
+        assert!(next.pods.is_empty(), "{:?}", next.pods);
+        token.cancel();
+        h.await.unwrap();
+    }
+
+    #[test]
+    fn bad_urls_are_refused_up_front() {
+        assert!(parse("ftp://x/y").is_err());
+        assert!(parse("not a url").is_err());
+        let t = parse("https://[::1]/p").unwrap();
+        assert_eq!((t.host.as_str(), t.port, t.https), ("::1", 443, true));
+    }
+}
