@@ -406,4 +406,83 @@ mod tests {
         let (code, body) = healthz_body(&down(), "exclude=runtime");
         assert_eq!(code, StatusCode::OK, "{body}");
     }
+
+    async fn get_json(router: Router, path: &str) -> (StatusCode, serde_json::Value) {
+        use tower::ServiceExt;
+        let req = axum::http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let resp = router.oneshot(req).await.unwrap();
+        let code = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (code, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    #[tokio::test]
+    async fn configz_and_runningpods_answer_as_upstream() {
+        use crate::cri::{v1, RuntimeService};
+        use crate::kuberuntime::labels;
+        let fake = Arc::new(crate::cri::fake::FakeRuntime::new());
+        let pod_labels: std::collections::HashMap<String, String> = [
+            (labels::POD_NAME, "web"),
+            (labels::POD_NAMESPACE, "ns"),
+            (labels::POD_UID, "u1"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let sb_cfg = crate::cri::PodSandboxConfig {
+            metadata: Some(v1::PodSandboxMetadata {
+                name: "web".into(),
+                namespace: "ns".into(),
+                uid: "u1".into(),
+                attempt: 0,
+            }),
+            labels: pod_labels.clone(),
+            ..Default::default()
+        };
+        let sb = fake
+            .run_pod_sandbox(sb_cfg.clone(), String::new())
+            .await
+            .unwrap();
+        let mut c_labels = pod_labels;
+        c_labels.insert(labels::CONTAINER_NAME.into(), "app".into());
+        let cfg = crate::cri::ContainerConfig {
+            metadata: Some(v1::ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            }),
+            image: Some(crate::cri::ImageSpec {
+                image: "busybox".into(),
+                ..Default::default()
+            }),
+            labels: c_labels,
+            ..Default::default()
+        };
+        let cid = fake.create_container(&sb, cfg, sb_cfg).await.unwrap();
+        fake.start_container(&cid).await.unwrap();
+        let (state, token) = ServerState::for_tests(fake);
+        let router = default_routes().merge(debugging_routes()).with_state(state);
+
+        let (code, v) = get_json(router.clone(), "/configz").await;
+        assert_eq!(code, StatusCode::OK);
+        let c = &v["kubeletconfig"];
+        assert_eq!(c["syncFrequency"], "1m0s", "{v}");
+        assert_eq!(c["authentication"]["webhook"]["cacheTTL"], "2m0s");
+        assert!(c.get("kind").is_none(), "upstream's configz has no kind");
+
+        let (code, v) = get_json(router, "/runningpods/").await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(v["kind"], "PodList");
+        let items = v["items"].as_array().unwrap();
+        assert_eq!(items.len(), 1, "{v}");
+        assert_eq!(items[0]["metadata"]["name"], "web");
+        assert_eq!(items[0]["metadata"]["namespace"], "ns");
+        assert_eq!(items[0]["metadata"]["uid"], "u1");
+        assert_eq!(items[0]["spec"]["containers"][0]["name"], "app");
+        assert_eq!(items[0]["spec"]["containers"][0]["image"], "busybox");
+        token.cancel();
+    }
 }
