@@ -345,6 +345,46 @@ fn tls_bootstrap_gets_a_client_certificate_through_a_csr() {
             .filter(|l| l["spec"]["renewTime"] != before)
     });
     assert!(k.is_running(), "rkubelet was not restarted");
+
+    // The issued serving certificate is what :10250 serves; it is renewed
+    // through a second serving CSR before it expires, and the renewed one
+    // is served without a restart.
+    let on_disk = || {
+        std::fs::read_to_string(cert_dir.join("kubelet-server-current.pem"))
+            .ok()
+            .and_then(|pem| first_cert(&pem))
+    };
+    let first = wait_for("the issued serving certificate on :10250", T, || {
+        served_cert(&k.api).filter(|c| Some(c) == on_disk().as_ref())
+    });
+    wait_for("a renewed serving certificate on :10250", T, || {
+        served_cert(&k.api).filter(|c| *c != first && Some(c) == on_disk().as_ref())
+    });
+    let serving_csrs = api
+        .list("certificatesigningrequests")
+        .into_iter()
+        .filter(|c| c["spec"]["signerName"] == "kubernetes.io/kubelet-serving")
+        .count();
+    assert!(serving_csrs >= 2, "{serving_csrs} serving CSRs");
+    assert!(k.is_running(), "rkubelet was not restarted");
+}
+
+/// The first certificate of a PEM text, as its base64 body.
+fn first_cert(pem: &str) -> Option<String> {
+    let start = pem.find("-----BEGIN CERTIFICATE-----")? + 27;
+    let end = start + pem[start..].find("-----END CERTIFICATE-----")?;
+    Some(pem[start..end].split_whitespace().collect())
+}
+
+/// The certificate a TLS server at `addr` presents (openssl as the client).
+fn served_cert(addr: &str) -> Option<String> {
+    let out = std::process::Command::new("openssl")
+        .args(["s_client", "-connect", addr])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    first_cert(&String::from_utf8_lossy(&out.stdout))
 }
 
 #[test]

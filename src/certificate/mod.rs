@@ -490,6 +490,19 @@ pub fn rotation_deadline(not_before: i64, not_after: i64, jitter: f64) -> i64 {
     not_before + life * per_mille / 1000
 }
 
+/// How long until a certificate valid from `not_before` to `not_after` is
+/// due for renewal (a jittered 70-90 % into its life; zero if past).
+pub fn rotation_wait(not_before: i64, not_after: i64) -> Duration {
+    let jitter = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        % 1000) as f64
+        / 1000.0;
+    let deadline = rotation_deadline(not_before, not_after, jitter);
+    Duration::from_secs((deadline - now_secs()).max(0) as u64)
+}
+
 /// Whether the kubeconfig uses the cert-dir's rotating client pair.
 pub fn uses_rotating_pair(kubeconfig: &Path, cert_dir: &Path) -> bool {
     let current = cert_dir.join(CURRENT_CLIENT_PEM);
@@ -526,14 +539,7 @@ pub async fn rotate_client_cert(
                 return;
             }
         };
-        let jitter = (std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0)
-            % 1000) as f64
-            / 1000.0;
-        let deadline = rotation_deadline(nb, na, jitter);
-        let wait = Duration::from_secs((deadline - now_secs()).max(0) as u64);
+        let wait = rotation_wait(nb, na);
         info!(rotate_in = ?wait, "client certificate rotation scheduled");
         tokio::select! {
             _ = token.cancelled() => return,

@@ -707,9 +707,12 @@ fn node_config(
     node_cfg
 }
 
-/// The serving certificate for :10250 with `serverTLSBootstrap`: one from
-/// the `kubernetes.io/kubelet-serving` signer, retried with backoff
-/// (rotation of it is not done yet).
+/// The serving certificate for :10250 with `serverTLSBootstrap`, as
+/// upstream's serving certificate manager: a valid
+/// `kubelet-server-current.pem` is kept; otherwise, and again 70-90 % into
+/// each certificate's life, a CSR to `kubernetes.io/kubelet-serving`,
+/// retried with backoff. The server re-reads the file, so a renewed
+/// certificate is served without a restart.
 async fn serving_certificate(
     api: crate::apiclient::ApiClient,
     dir: PathBuf,
@@ -717,28 +720,46 @@ async fn serving_certificate(
     token: CancellationToken,
 ) {
     let ips: Vec<IpAddr> = node.node_ip.parse().into_iter().collect();
-    let mut backoff = Duration::from_secs(1);
+    let current = dir.join("kubelet-server-current.pem");
     loop {
-        let r = crate::certificate::bootstrap_serving(
-            api.client().await,
-            &dir,
-            &node.node_name,
-            &node.hostname,
-            &ips,
-        )
-        .await
-        .map(|_| ());
-        match r {
-            Ok(()) => return,
-            Err(e) => {
-                warn!(error = %e, retry_in = ?backoff, "unable to set up the serving certificate")
+        let validity = tokio::fs::read(&current)
+            .await
+            .ok()
+            .and_then(|pem| crate::certificate::validity(&pem).ok());
+        let wait = validity.map_or(Duration::ZERO, |(nb, na)| {
+            crate::certificate::rotation_wait(nb, na)
+        });
+        if !wait.is_zero() {
+            info!(rotate_in = ?wait, "serving certificate rotation scheduled");
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
             }
         }
-        tokio::select! {
-            _ = token.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let r = tokio::select! {
+                _ = token.cancelled() => return,
+                r = crate::certificate::bootstrap_serving(
+                    api.client().await,
+                    &dir,
+                    &node.node_name,
+                    &node.hostname,
+                    &ips,
+                ) => r,
+            };
+            match r {
+                Ok(_) => break,
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?backoff, "unable to get a serving certificate")
+                }
+            }
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(300));
         }
-        backoff = (backoff * 2).min(Duration::from_secs(300));
     }
 }
 
