@@ -61,6 +61,8 @@ pub enum FlagValue {
     List(Vec<String>),
     BoolMap(BTreeMap<String, bool>),
     StringMap(BTreeMap<String, String>),
+    /// `key:value` pairs in order, repeats kept (ColonSeparatedMultimapStringString).
+    Multimap(Vec<(String, String)>),
     Taints(Vec<Taint>),
 }
 
@@ -133,6 +135,7 @@ enum Kind {
     MapLangle,
     MapString,
     LabelMap,
+    ColonMultimap,
     Taints,
     Version,
     Help,
@@ -156,6 +159,7 @@ impl Kind {
             Kind::Strings => "strings",
             Kind::MapBool => "mapStringBool",
             Kind::MapLangle | Kind::MapString | Kind::LabelMap => "mapStringString",
+            Kind::ColonMultimap => "colonSeparatedMultimapStringString",
             Kind::Taints => "[]Taint",
             Kind::Version => "version[=true]",
         }
@@ -253,6 +257,7 @@ const SPECS: &[Spec] = &[
     cfg("fail-swap-on", Kind::Bool, "Makes the Kubelet fail to start if swap is enabled on the node."),
     cfg("pod-manifest-path", Kind::Str, "Path to the directory containing static pod files, or to a single static pod file."),
     cfg("manifest-url", Kind::Str, "URL for accessing additional Pod specifications to run."),
+    cfg("manifest-url-header", Kind::ColonMultimap, "Comma-separated list of HTTP headers (key:value) to use when accessing --manifest-url; may be repeated."),
     cfg("sync-frequency", Kind::Duration, "Max period between synchronizing running containers and config."),
     cfg("file-check-frequency", Kind::Duration, "Duration between checking config files for new data."),
     cfg("http-check-frequency", Kind::Duration, "Duration between checking http for new data."),
@@ -522,6 +527,7 @@ impl KubeletFlags {
                 (FlagValue::List(a), FlagValue::List(b)) => a.extend(b),
                 (FlagValue::BoolMap(a), FlagValue::BoolMap(b)) => a.extend(b),
                 (FlagValue::StringMap(a), FlagValue::StringMap(b)) => a.extend(b),
+                (FlagValue::Multimap(a), FlagValue::Multimap(b)) => a.extend(b),
                 (slot, v) => *slot = v,
             },
             None => self.overrides.push(ConfigOverride { flag, value }),
@@ -553,6 +559,15 @@ impl ConfigOverride {
             ("fail-swap-on", V::Bool(b)) => c.fail_swap_on = *b,
             ("pod-manifest-path", V::String(s)) => c.static_pod_path = s.clone(),
             ("manifest-url", V::String(s)) => c.static_pod_url = s.clone(),
+            ("manifest-url-header", V::Multimap(pairs)) => {
+                c.static_pod_url_header.clear();
+                for (k, v) in pairs {
+                    c.static_pod_url_header
+                        .entry(k.clone())
+                        .or_default()
+                        .push(v.clone());
+                }
+            }
             ("sync-frequency", V::Duration(d)) => c.sync_frequency = *d,
             ("file-check-frequency", V::Duration(d)) => c.file_check_frequency = *d,
             ("http-check-frequency", V::Duration(d)) => c.http_check_frequency = *d,
@@ -708,9 +723,22 @@ fn parse_value(kind: Kind, raw: &str) -> Result<Parsed, String> {
         Kind::MapLangle => FlagValue::StringMap(parse_pairs(raw, '<')?),
         Kind::MapString => FlagValue::StringMap(parse_pairs(raw, '=')?),
         Kind::LabelMap => FlagValue::StringMap(parse_labels(raw)),
+        Kind::ColonMultimap => FlagValue::Multimap(parse_colon_pairs(raw)?),
         Kind::Taints => FlagValue::Taints(parse_taints(raw)?),
     };
     Ok(Parsed::Value(v))
+}
+
+/// component-base's ColonSeparatedMultimapStringString: `a:x,b:y`, keys
+/// and values trimmed, a key may repeat.
+fn parse_colon_pairs(raw: &str) -> Result<Vec<(String, String)>, String> {
+    raw.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|pair| match pair.split_once(':') {
+            Some((k, v)) => Ok((k.trim().to_string(), v.trim().to_string())),
+            None => Err(format!("malformed pair {pair:?}, expect string:string")),
+        })
+        .collect()
 }
 
 /// Go's `strconv.ParseBool`.
@@ -1087,6 +1115,28 @@ mod tests {
     }
 
     #[test]
+    fn manifest_url_headers_accumulate_as_upstreams_multimap() {
+        let mut cfg = KubeletConfiguration::default();
+        cfg.static_pod_url_header
+            .insert("Old".into(), vec!["gone".into()]);
+        let f = ok(&[
+            "--manifest-url=http://127.0.0.1:8080/pods",
+            "--manifest-url-header",
+            "a:hello, b : again,c:world",
+            "--manifest-url-header=b:beautiful",
+        ]);
+        f.apply(&mut cfg);
+        assert_eq!(cfg.static_pod_url, "http://127.0.0.1:8080/pods");
+        let h: Vec<String> = cfg
+            .static_pod_url_header
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.join("|")))
+            .collect();
+        assert_eq!(h, ["a=hello", "b=again|beautiful", "c=world"]);
+        assert!(parse_args(["--manifest-url-header=novalue".to_string()]).is_err());
+    }
+
+    #[test]
     fn flags_override_file() {
         let (mut cfg, _) = KubeletConfiguration::load_str(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
@@ -1184,6 +1234,7 @@ mod tests {
                 Kind::MapBool => "a=true",
                 Kind::MapLangle => "a<1",
                 Kind::MapString | Kind::LabelMap => "a=1",
+                Kind::ColonMultimap => "a:1",
                 Kind::Taints => "k=v:NoSchedule",
                 Kind::Version | Kind::Help => unreachable!("not a config flag"),
             };
