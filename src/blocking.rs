@@ -36,6 +36,14 @@ struct Call {
     timed_out: bool,
 }
 
+/// Keys whose call missed its deadline and has not returned yet (work that
+/// hangs, e.g. a mount that never answers), for `/debug/pods`.
+pub fn stuck_keys() -> Vec<String> {
+    let mut v: Vec<String> = STUCK.lock().iter().cloned().collect();
+    v.sort();
+    v
+}
+
 /// Runs `f` on the blocking pool and waits at most `deadline` for it.
 /// `key` names the work (e.g. `volumes/<pod uid>`): once a call with that
 /// key has missed its deadline, further calls are refused until it really

@@ -213,3 +213,56 @@ fn slow_and_oversized_clients_cannot_starve_the_server() {
     let (code, _) = http_get(&k.read_only, "/healthz").expect("healthz after");
     assert_eq!(code, 200);
 }
+
+#[test]
+fn debug_pods_explains_a_crash_looping_pod() {
+    let k = Kubelet::start("it-api-debug");
+    k.write_manifest(
+        "crash.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: crash\nspec:\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [sh, -c, 'exit 3']\n    readinessProbe:\n      exec:\n        command: ['true']\n"
+        ),
+    );
+    let url = format!("https://{}/debug/pods/default/crash-it-api-debug", k.api);
+    let get = || -> Option<serde_json::Value> {
+        let out = Command::new("curl").args(["-sk", &url]).output().ok()?;
+        serde_json::from_slice(&out.stdout).ok()
+    };
+    // The container keeps failing: its restart backoff shows, with its
+    // window, next to the worker's phase and the last computed actions.
+    let v = wait_for("a restart backoff entry in /debug/pods", T, || {
+        get().filter(|v| {
+            v["restartBackoff"]
+                .as_array()
+                .is_some_and(|b| b.iter().any(|e| e["container"] == "main"))
+        })
+    });
+    assert_eq!(v["pod"]["namespace"], "default");
+    assert_eq!(v["worker"]["phase"], "Syncing", "{v}");
+    assert!(v["restartBackoff"][0]["window"]
+        .as_str()
+        .is_some_and(|w| w.ends_with('s')));
+    assert!(v["lastActions"]["at"].is_string(), "{v}");
+    assert!(
+        v["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["container"] == "main" && p["probe"] == "Readiness"),
+        "{v}"
+    );
+    assert!(v["status"]["phase"].is_string());
+    // An unknown pod is a 404.
+    let out = Command::new("curl")
+        .args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("https://{}/debug/pods/default/nope", k.api),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "404");
+}

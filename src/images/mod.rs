@@ -1,6 +1,7 @@
 //! Image manager: pull policies, pull backoff and pull serialization
 //! (upstream `pkg/kubelet/images/image_manager.go`, `puller.go`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,6 +57,30 @@ pub struct ImageManager {
     pulls: Semaphore,
     /// The longest one pull may hold a slot.
     pull_deadline: Duration,
+    /// Pulls waiting or running, by `<uid>_<image>`, since when.
+    in_flight: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+}
+
+/// Marks a pull in flight for as long as it lives.
+struct InFlight {
+    map: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+    key: String,
+}
+
+impl InFlight {
+    fn new(map: &Arc<Mutex<HashMap<String, std::time::Instant>>>, key: String) -> Self {
+        map.lock().insert(key.clone(), std::time::Instant::now());
+        InFlight {
+            map: map.clone(),
+            key,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.map.lock().remove(&self.key);
+    }
 }
 
 /// Parallel pulls when neither serializeImagePulls nor maxParallelImagePulls
@@ -148,6 +173,7 @@ impl ImageManager {
             backoff: Mutex::new(Backoff::container()),
             pulls: Semaphore::new(permits),
             pull_deadline: DEFAULT_PULL_DEADLINE,
+            in_flight: Default::default(),
         }
     }
 
@@ -160,6 +186,31 @@ impl ImageManager {
     /// backOff.GC() in housekeeping), so churn does not grow the map.
     pub fn gc_backoff(&self, now: Duration) {
         self.backoff.lock().gc(now);
+    }
+
+    /// Pull backoff entries of a pod: (image, window, since the failure).
+    pub fn pod_backoff(&self, uid: &str, now: Duration) -> Vec<(String, Duration, Duration)> {
+        let prefix = format!("{uid}_");
+        self.backoff
+            .lock()
+            .entries_with_prefix(&prefix, now)
+            .into_iter()
+            .map(|(k, w, since)| (k[prefix.len()..].to_string(), w, since))
+            .collect()
+    }
+
+    /// The pod's pulls waiting for a slot or in flight: (image, for how long).
+    pub fn pod_pulls(&self, uid: &str) -> Vec<(String, Duration)> {
+        let prefix = format!("{uid}_");
+        let mut v: Vec<_> = self
+            .in_flight
+            .lock()
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .map(|(k, t)| (k[prefix.len()..].to_string(), t.elapsed()))
+            .collect();
+        v.sort();
+        v
     }
 
     pub fn backoff_entries(&self) -> usize {
@@ -247,6 +298,9 @@ impl ImageManager {
         // Dropping this future (a kill cancels the pod's sync) releases the
         // slot and cancels the CRI call: nothing here is spawned.
         let queued = tokio::time::Instant::now();
+        // Shown by /debug/pods while it waits or pulls; removed when this
+        // future ends, cancelled or not.
+        let _shown = InFlight::new(&self.in_flight, key.clone());
         let _permit = self.pulls.acquire().await.expect("semaphore never closed");
         tracing::info!(
             image,

@@ -183,7 +183,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     let probes = crate::prober::ProbeManager::new(runtime.clone(), probe_tx, token.child_token());
     let workers = PodWorkers::new(
         Deps {
-            runtime: manager,
+            runtime: manager.clone(),
             status: status.clone(),
             probes: probes.clone(),
             queue: queue.clone(),
@@ -222,6 +222,11 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         node_name: opts.node_name.clone(),
         root_dir: opts.root_dir.clone(),
         pod_logs_dir: logs_dir.clone(),
+        debug: Some(server::debug::DebugSources {
+            workers: workers.clone(),
+            queue: queue.clone(),
+            runtime: manager.clone(),
+        }),
     };
     let mut servers = Vec::new();
     if cfg.healthz_port > 0 {

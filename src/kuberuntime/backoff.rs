@@ -104,6 +104,23 @@ impl Backoff {
     pub fn reset(&mut self, key: &str) {
         self.entries.remove(key);
     }
+
+    /// (key, current window, time since the last update) of the entries
+    /// whose key starts with `prefix`, for `/debug/pods`.
+    pub fn entries_with_prefix(
+        &self,
+        prefix: &str,
+        now: Duration,
+    ) -> Vec<(String, Duration, Duration)> {
+        let mut v: Vec<_> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| k.starts_with(prefix) && !self.expired(now, e))
+            .map(|(k, e)| (k.clone(), e.backoff, now.saturating_sub(e.last_update)))
+            .collect();
+        v.sort();
+        v
+    }
 }
 
 #[cfg(test)]

@@ -128,6 +128,8 @@ pub struct RuntimeManager {
     pub images: ImageManager,
     pub opts: RuntimeOptions,
     backoff: Mutex<Backoff>,
+    /// The last actions computed per pod UID and when, for `/debug/pods`.
+    last_actions: Mutex<HashMap<String, (std::time::SystemTime, actions::PodActions)>>,
 }
 
 fn pod_name(pod: &Pod) -> &str {
@@ -149,7 +151,35 @@ impl RuntimeManager {
             images,
             opts,
             backoff: Mutex::new(Backoff::container()),
+            last_actions: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The last actions computed for the pod, and when.
+    pub fn last_actions(&self, uid: &str) -> Option<(std::time::SystemTime, actions::PodActions)> {
+        self.last_actions.lock().get(uid).cloned()
+    }
+
+    /// The pod's container restart backoff entries: (container, window,
+    /// time since the last restart).
+    pub fn restart_backoff(&self, pod: &Pod) -> Vec<(String, Duration, Duration)> {
+        let prefix = format!(
+            "{}_{}_{}_",
+            pod_name(pod),
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.uid.as_deref().unwrap_or_default()
+        );
+        self.backoff
+            .lock()
+            .entries_with_prefix(&prefix, wall_now())
+            .into_iter()
+            .map(|(k, w, since)| {
+                // The key ends in _<spec hash>; the container name is between.
+                let rest = &k[prefix.len()..];
+                let name = rest.rsplit_once('_').map_or(rest, |(n, _)| n).to_string();
+                (name, w, since)
+            })
+            .collect()
     }
 
     /// Drops restart and pull backoff entries past their reset window
@@ -235,6 +265,10 @@ impl RuntimeManager {
     ) -> SyncResult {
         let mut result = SyncResult::default();
         let a = actions::compute_pod_actions(pod, rt, probes);
+        self.last_actions.lock().insert(
+            pod.metadata.uid.clone().unwrap_or_default(),
+            (std::time::SystemTime::now(), a.clone()),
+        );
         result.changed = a.kill_pod
             || a.create_sandbox
             || !a.containers_to_kill.is_empty()
@@ -797,6 +831,7 @@ impl RuntimeManager {
 
     /// Removes all containers and sandboxes of a pod that has been killed.
     pub async fn remove_pod(&self, rt: &RuntimePod) -> Result<(), RuntimeError> {
+        self.last_actions.lock().remove(&rt.uid);
         for c in &rt.containers {
             self.remove_container(&c.id).await?;
         }

@@ -378,6 +378,25 @@ impl ProbeManager {
             .is_none_or(|cp| cp.started())
     }
 
+    /// Each probed container's probes and their current results (`None`:
+    /// not decided yet, the initial value applies), for `/debug/pods`.
+    pub fn debug_states(&self, uid: &str) -> Vec<(String, &'static str, Option<bool>)> {
+        let pods = self.inner.pods.lock();
+        let Some(p) = pods.get(uid) else {
+            return Vec::new();
+        };
+        let mut v = Vec::new();
+        for (name, cp) in &p.containers {
+            for t in PROBE_TYPES {
+                if cp.has[t.idx()] {
+                    v.push((name.clone(), t.as_str(), cp.results[t.idx()]));
+                }
+            }
+        }
+        v.sort();
+        v
+    }
+
     /// Names of containers whose liveness or startup probe failed for
     /// their current instance: the runtime manager restarts them.
     pub fn failed(&self, uid: &str) -> HashSet<String> {

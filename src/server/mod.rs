@@ -3,6 +3,7 @@
 //! apart from serving so tests call them directly.
 
 pub mod auth;
+pub mod debug;
 pub mod https;
 pub mod machine;
 pub mod streaming;
@@ -39,6 +40,8 @@ pub struct ServerState {
     pub node_name: String,
     pub root_dir: std::path::PathBuf,
     pub pod_logs_dir: std::path::PathBuf,
+    /// The kubelet's internals for `/debug/pods` (absent in handler tests).
+    pub debug: Option<debug::DebugSources>,
 }
 
 impl ServerState {
@@ -80,6 +83,7 @@ impl ServerState {
             node_name: "node".into(),
             root_dir: std::env::temp_dir().join("rkubelet-server-tests"),
             pod_logs_dir: std::env::temp_dir().join("rkubelet-server-tests/logs"),
+            debug: None,
         };
         (state, token)
     }
@@ -258,6 +262,7 @@ pub fn debugging_routes() -> Router<ServerState> {
         .route("/configz", get(configz))
         .route("/runningpods", get(running_pods))
         .route("/runningpods/", get(running_pods))
+        .route("/debug/pods/{namespace}/{name}", get(debug::pod))
         .merge(crate::logs::routes())
         .merge(streaming::routes())
 }
