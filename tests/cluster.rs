@@ -79,7 +79,9 @@ fn the_node_registers_renews_its_lease_and_runs_a_bound_pod() {
         .starts_with("containerd://"));
     assert_eq!(s["nodeInfo"]["kubeletVersion"], "v1.34.0");
     // The API spells it "Port" (DaemonEndpoint json:"Port").
-    assert_eq!(s["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
+    // The port the kubelet serves its API on (the tests' free port).
+    let port: u64 = k.api.rsplit(':').next().unwrap().parse().unwrap();
+    assert_eq!(s["daemonEndpoints"]["kubeletEndpoint"]["Port"], port);
     let ready = cond(&n, "Ready").unwrap();
     assert_eq!(ready["reason"], "KubeletReady");
     assert_eq!(ready["message"], "kubelet is posting ready status");
