@@ -789,7 +789,10 @@ async fn serving_tls(
 > {
     use crate::server::https::{self, CertReloader, CertSource};
     let cfg = &opts.config;
-    let provider = Arc::new(https::provider(&cfg.tls_cipher_suites)?);
+    let provider = Arc::new(https::provider(
+        &cfg.tls_cipher_suites,
+        &cfg.tls_curve_preferences,
+    )?);
     let source = if !cfg.tls_cert_file.is_empty() {
         CertSource::Files {
             cert: PathBuf::from(&cfg.tls_cert_file),

@@ -48,6 +48,12 @@ pub enum TlsError {
     UnknownSuite(String),
     #[error("tlsCipherSuites: none of {0:?} is supported by rkubelet's TLS library (rustls: ECDHE with AES-GCM or ChaCha20-Poly1305)")]
     NoSupportedSuite(Vec<String>),
+    #[error("tlsCurvePreferences: unknown curve ID {0}")]
+    UnknownCurve(i32),
+    #[error(
+        "tlsCurvePreferences: none of {0:?} is supported by rustls (23 P-256, 24 P-384, 29 X25519)"
+    )]
+    NoSupportedCurve(Vec<i32>),
     #[error("tlsMinVersion: unknown TLS version {0:?} (VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13)")]
     UnknownVersion(String),
     #[error("TLS setup: {0}")]
@@ -101,8 +107,11 @@ const GO_ONLY_SUITES: &[&str] = &[
 /// The crypto provider for `tlsCipherSuites`: every rustls suite when the
 /// list is empty. As in Go, TLS 1.3 suites are always enabled (Go does not
 /// let them be configured).
-pub fn provider(suites: &[String]) -> Result<CryptoProvider, TlsError> {
+pub fn provider(suites: &[String], curves: &[i32]) -> Result<CryptoProvider, TlsError> {
     let mut p = rustls::crypto::ring::default_provider();
+    if !curves.is_empty() {
+        p.kx_groups = kx_groups(curves)?;
+    }
     if suites.is_empty() {
         return Ok(p);
     }
@@ -132,6 +141,32 @@ pub fn provider(suites: &[String]) -> Result<CryptoProvider, TlsError> {
 }
 
 static TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
+/// `tlsCurvePreferences` (Go's `tls.CurveID` numbers) as rustls key
+/// exchange groups, in the order given. P-521 (25) and X25519MLKEM768
+/// (4588) are not in rustls' ring provider: warned about and skipped.
+fn kx_groups(
+    curves: &[i32],
+) -> Result<Vec<&'static dyn rustls::crypto::SupportedKxGroup>, TlsError> {
+    use rustls::crypto::ring::kx_group;
+    let mut groups = Vec::new();
+    for id in curves {
+        match id {
+            23 => groups.push(kx_group::SECP256R1),
+            24 => groups.push(kx_group::SECP384R1),
+            29 => groups.push(kx_group::X25519),
+            25 | 4588 => warn!(
+                curve = id,
+                "tlsCurvePreferences: curve not implemented by rustls; not offered"
+            ),
+            other => return Err(TlsError::UnknownCurve(*other)),
+        }
+    }
+    if groups.is_empty() {
+        return Err(TlsError::NoSupportedCurve(curves.to_vec()));
+    }
+    Ok(groups)
+}
 
 /// `tlsMinVersion` as rustls protocol versions. rustls has no TLS 1.0 or
 /// 1.1: those minimums mean 1.2, said once in the log.
@@ -604,5 +639,54 @@ mod http_body_util_guard {
         fn size_hint(&self) -> SizeHint {
             self.body.size_hint()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_names_and_curve_ids_map_to_rustls() {
+        let p = provider(&[], &[]).unwrap();
+        assert_eq!(
+            p.cipher_suites.len(),
+            rustls::crypto::ring::default_provider().cipher_suites.len()
+        );
+        let p = provider(
+            &[
+                "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".into(),
+                "TLS_RSA_WITH_AES_128_CBC_SHA".into(),
+            ],
+            &[29, 23],
+        )
+        .unwrap();
+        let tls12: Vec<_> = p
+            .cipher_suites
+            .iter()
+            .filter(|s| matches!(s, rustls::SupportedCipherSuite::Tls12(_)))
+            .collect();
+        assert_eq!(tls12.len(), 1, "only the chosen TLS 1.2 suite");
+        assert!(p.cipher_suites.len() > 1, "TLS 1.3 suites stay on");
+        let names: Vec<_> = p.kx_groups.iter().map(|g| g.name()).collect();
+        assert_eq!(
+            names,
+            [rustls::NamedGroup::X25519, rustls::NamedGroup::secp256r1]
+        );
+        assert!(matches!(
+            provider(&["TLS_BOGUS".into()], &[]),
+            Err(TlsError::UnknownSuite(_))
+        ));
+        assert!(matches!(
+            provider(&["TLS_RSA_WITH_AES_128_CBC_SHA".into()], &[]),
+            Err(TlsError::NoSupportedSuite(_))
+        ));
+        assert!(matches!(
+            provider(&[], &[7]),
+            Err(TlsError::UnknownCurve(7))
+        ));
+        assert!(versions("VersionTLS13").unwrap().len() == 1);
+        assert!(versions("VersionTLS10").is_ok());
+        assert!(versions("TLS9").is_err());
     }
 }
