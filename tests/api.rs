@@ -164,6 +164,46 @@ fn kubectl_meets_upstreams_authentication_and_authorization() {
     let wrong = kubectl_config(&dir, "wrong", &k.api, "    token: not-a-token\n");
     let e = kubectl_raw(&wrong, "/healthz").expect_err("unknown token");
     assert!(is_401(&e), "{e}");
+
+    // A new CA added to clientCAFile is taken without a restart: alice's
+    // certificate from it is refused before and accepted after.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::default();
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "second-ca");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let mut leaf = rcgen::CertificateParams::default();
+    leaf.distinguished_name
+        .push(rcgen::DnType::CommonName, "alice");
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+    let (lc, lk) = (dir.join("alice2.crt"), dir.join("alice2.key"));
+    std::fs::write(&lc, leaf_cert.pem()).unwrap();
+    std::fs::write(&lk, leaf_key.serialize_pem()).unwrap();
+    let alice2 = kubectl_config(
+        &dir,
+        "alice2",
+        &k.api,
+        &format!(
+            "    client-certificate: {}\n    client-key: {}\n",
+            lc.display(),
+            lk.display()
+        ),
+    );
+    let e = kubectl_raw(&alice2, "/pods").expect_err("a CA not in the bundle yet");
+    assert!(is_401(&e), "{e}");
+    std::fs::write(&ca, format!("{}{}", api.ca_pem(), ca_cert.pem())).unwrap();
+    wait_for("the reloaded client CA to accept alice2", T, || {
+        kubectl_raw(&alice2, "/pods").ok()
+    });
 }
 
 #[test]

@@ -781,7 +781,7 @@ async fn serving_tls(
     token: &CancellationToken,
 ) -> Result<
     (
-        Arc<rustls::ServerConfig>,
+        Arc<server::https::TlsSource>,
         Arc<server::auth::Auth>,
         tokio::task::JoinHandle<()>,
     ),
@@ -826,18 +826,12 @@ async fn serving_tls(
         }
         (Err(e), _) => return Err(e.into()),
     }
-    let reload = tokio::spawn(tracing::Instrument::instrument(
-        certs
-            .clone()
-            .watch(Duration::from_secs(10), token.child_token()),
-        tracing::info_span!("serving-cert-reload"),
-    ));
     let client_ca = match cfg.authentication.x509.client_ca_file.as_str() {
         "" => None,
         path => {
             let (path, p) = (PathBuf::from(path), provider.clone());
             Some(
-                tokio::task::spawn_blocking(move || https::client_ca_verifier(&path, p))
+                tokio::task::spawn_blocking(move || https::ClientCa::load(path, p))
                     .await
                     .map_err(|e| https::TlsError::Pem {
                         path: PathBuf::from(&cfg.authentication.x509.client_ca_file),
@@ -853,6 +847,11 @@ async fn serving_tls(
         opts.kubeconfig.is_some(),
         api_slot,
     )?;
-    let tls = https::server_config(provider, &cfg.tls_min_version, certs, client_ca)?;
-    Ok((Arc::new(tls), auth, reload))
+    let tls = https::TlsSource::new(provider, &cfg.tls_min_version, certs, client_ca)?;
+    let reload = tokio::spawn(tracing::Instrument::instrument(
+        tls.clone()
+            .watch(Duration::from_secs(10), token.child_token()),
+        tracing::info_span!("tls-reload"),
+    ));
+    Ok((tls, auth, reload))
 }

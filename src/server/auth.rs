@@ -18,7 +18,6 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use parking_lot::Mutex;
-use rustls::server::danger::ClientCertVerifier;
 use tracing::{debug, info, warn};
 
 use super::https::PeerCerts;
@@ -166,7 +165,7 @@ pub struct AuthConfig {
     pub anonymous: bool,
     pub webhook_authn: bool,
     pub authn_cache_ttl: Duration,
-    pub client_ca: Option<Arc<dyn ClientCertVerifier>>,
+    pub client_ca: Option<Arc<super::https::ClientCa>>,
     pub webhook_authz: bool,
     pub authorized_ttl: Duration,
     pub unauthorized_ttl: Duration,
@@ -190,7 +189,7 @@ impl Auth {
     pub fn new(
         cfg: &crate::config::KubeletConfiguration,
         node_name: &str,
-        client_ca: Option<Arc<dyn ClientCertVerifier>>,
+        client_ca: Option<Arc<super::https::ClientCa>>,
         has_api: bool,
         api: Arc<OnceLock<ApiClient>>,
     ) -> Result<Arc<Self>, AuthError> {
@@ -236,7 +235,8 @@ impl Auth {
     ) -> Option<UserInfo> {
         if let (Some(ca), Some(PeerCerts(chain))) = (&self.cfg.client_ca, certs) {
             if let Some((end, rest)) = chain.split_first() {
-                match ca.verify_client_cert(end, rest, rustls::pki_types::UnixTime::now()) {
+                let verifier = ca.verifier();
+                match verifier.verify_client_cert(end, rest, rustls::pki_types::UnixTime::now()) {
                     Ok(_) => return Some(with_authenticated(cert_user(end.as_ref())?)),
                     Err(e) => {
                         // As the x509 authenticator: an unverifiable

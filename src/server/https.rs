@@ -261,29 +261,6 @@ impl CertReloader {
         *self.current.write() = Some((fingerprint, Arc::new(ck)));
         Ok(true)
     }
-
-    /// Re-reads the files every `period` until cancelled; a failed read
-    /// keeps the certificate being served.
-    pub async fn watch(self: Arc<Self>, period: Duration, token: CancellationToken) {
-        loop {
-            let me = self.clone();
-            let r =
-                crate::blocking::run("serving-cert".into(), Duration::from_secs(10), move || {
-                    me.reload()
-                })
-                .await;
-            match r {
-                Ok(Ok(true)) => info!(source = ?self.source, "serving certificate loaded"),
-                Ok(Ok(false)) => {}
-                Ok(Err(e)) => debug!(error = %e, "serving certificate not (yet) readable"),
-                Err(e) => warn!(error = %e, "reading the serving certificate"),
-            }
-            tokio::select! {
-                _ = token.cancelled() => return,
-                _ = tokio::time::sleep(period) => {}
-            }
-        }
-    }
 }
 
 impl ResolvesServerCert for CertReloader {
@@ -346,50 +323,163 @@ impl ClientCertVerifier for RequestClientCert {
     }
 }
 
-/// The client CA bundle (`authentication.x509.clientCAFile`) as a chain
-/// verifier, for the handshake hints and the authenticator.
-pub fn client_ca_verifier(
+fn ca_verifier(
     path: &PathBuf,
+    pem: &[u8],
     provider: Arc<CryptoProvider>,
 ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
-    let pem = read(path)?;
+    let bad = |reason: String| TlsError::Pem {
+        path: path.clone(),
+        reason,
+    };
     let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(&pem) {
-        let c = c.map_err(|e| TlsError::Pem {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        roots.add(c)?;
+    for c in CertificateDer::pem_slice_iter(pem) {
+        roots.add(c.map_err(|e| bad(e.to_string()))?)?;
     }
     if roots.is_empty() {
-        return Err(TlsError::Pem {
-            path: path.clone(),
-            reason: "no CA certificate found".into(),
-        });
+        return Err(bad("no CA certificate found".into()));
     }
     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
         .allow_unauthenticated()
         .build()
-        .map_err(|e| TlsError::Pem {
-            path: path.clone(),
-            reason: e.to_string(),
-        })
+        .map_err(|e| bad(e.to_string()))
 }
 
-/// The TLS configuration of :10250.
-pub fn server_config(
+/// The client CA bundle (`authentication.x509.clientCAFile`) as a chain
+/// verifier, re-read when the file changes (upstream reloads it too, so a
+/// rotated cluster CA needs no kubelet restart).
+pub struct ClientCa {
+    path: PathBuf,
     provider: Arc<CryptoProvider>,
-    min_version: &str,
+    current: RwLock<(Vec<u8>, Arc<dyn ClientCertVerifier>)>,
+}
+
+impl ClientCa {
+    /// Reads the bundle (blocking: call off the async threads).
+    pub fn load(path: PathBuf, provider: Arc<CryptoProvider>) -> Result<Arc<Self>, TlsError> {
+        let pem = read(&path)?;
+        let v = ca_verifier(&path, &pem, provider.clone())?;
+        Ok(Arc::new(ClientCa {
+            path,
+            provider,
+            current: RwLock::new((pem, v)),
+        }))
+    }
+
+    pub fn verifier(&self) -> Arc<dyn ClientCertVerifier> {
+        self.current.read().1.clone()
+    }
+
+    /// Re-reads the file; true when it changed and was taken. A broken
+    /// file keeps the bundle in use.
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let pem = read(&self.path)?;
+        if self.current.read().0 == pem {
+            return Ok(false);
+        }
+        let v = ca_verifier(&self.path, &pem, self.provider.clone())?;
+        *self.current.write() = (pem, v);
+        Ok(true)
+    }
+}
+
+/// The TLS configuration of :10250, taken per connection so a reloaded
+/// client CA applies to new connections at once.
+pub struct TlsSource {
+    provider: Arc<CryptoProvider>,
+    min_version: String,
     certs: Arc<CertReloader>,
-    client_ca: Option<Arc<dyn ClientCertVerifier>>,
+    client_ca: Option<Arc<ClientCa>>,
+    config: RwLock<Arc<rustls::ServerConfig>>,
+}
+
+impl TlsSource {
+    pub fn new(
+        provider: Arc<CryptoProvider>,
+        min_version: &str,
+        certs: Arc<CertReloader>,
+        client_ca: Option<Arc<ClientCa>>,
+    ) -> Result<Arc<Self>, TlsError> {
+        let config = build_config(&provider, min_version, &certs, client_ca.as_deref())?;
+        Ok(Arc::new(TlsSource {
+            provider,
+            min_version: min_version.into(),
+            certs,
+            client_ca,
+            config: RwLock::new(Arc::new(config)),
+        }))
+    }
+
+    pub fn config(&self) -> Arc<rustls::ServerConfig> {
+        self.config.read().clone()
+    }
+
+    /// Re-reads the serving certificate and the client CA every `period`
+    /// until cancelled; a changed CA rebuilds the configuration.
+    pub async fn watch(self: Arc<Self>, period: Duration, token: CancellationToken) {
+        loop {
+            let me = self.clone();
+            let r = crate::blocking::run("tls-files".into(), Duration::from_secs(10), move || {
+                let cert = me.certs.reload();
+                let ca = me.client_ca.as_ref().map(|c| c.reload());
+                (cert, ca)
+            })
+            .await;
+            match r {
+                Ok((cert, ca)) => {
+                    match cert {
+                        Ok(true) => {
+                            info!(source = ?self.certs.source, "serving certificate loaded")
+                        }
+                        Ok(false) => {}
+                        Err(e) => debug!(error = %e, "serving certificate not (yet) readable"),
+                    }
+                    match ca {
+                        Some(Ok(true)) => {
+                            match build_config(
+                                &self.provider,
+                                &self.min_version,
+                                &self.certs,
+                                self.client_ca.as_deref(),
+                            ) {
+                                Ok(c) => {
+                                    *self.config.write() = Arc::new(c);
+                                    info!("client CA bundle reloaded");
+                                }
+                                Err(e) => {
+                                    warn!(error = %e, "client CA changed but TLS setup failed; keeping the old one")
+                                }
+                            }
+                        }
+                        Some(Err(e)) => {
+                            warn!(error = %e, "reading the client CA bundle; keeping the one in use")
+                        }
+                        _ => {}
+                    }
+                }
+                Err(e) => warn!(error = %e, "reading the TLS files"),
+            }
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+        }
+    }
+}
+
+fn build_config(
+    provider: &Arc<CryptoProvider>,
+    min_version: &str,
+    certs: &Arc<CertReloader>,
+    client_ca: Option<&ClientCa>,
 ) -> Result<rustls::ServerConfig, TlsError> {
-    let builder = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions(min_version)?)?;
     let builder = match client_ca {
-        Some(ca) => builder.with_client_cert_verifier(RequestClientCert::new(ca)),
+        Some(ca) => builder.with_client_cert_verifier(RequestClientCert::new(ca.verifier())),
         None => builder.with_no_client_auth(),
     };
-    let mut cfg = builder.with_cert_resolver(certs);
+    let mut cfg = builder.with_cert_resolver(certs.clone());
     // HTTP/1.1 only: the streaming endpoints upgrade the connection.
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(cfg)
@@ -413,16 +503,15 @@ pub struct ListenError {
 pub async fn serve(
     addr: SocketAddr,
     router: Router,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<Arc<TlsSource>>,
     token: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ListenError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ListenError { addr, source })?;
     info!(%addr, tls = tls.is_some(), "serving");
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     Ok(tokio::spawn(tracing::Instrument::instrument(
-        accept_loop(listener, router, acceptor, token),
+        accept_loop(listener, router, tls, token),
         tracing::info_span!("server", %addr),
     )))
 }
@@ -430,7 +519,7 @@ pub async fn serve(
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     router: Router,
-    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<Arc<TlsSource>>,
     token: CancellationToken,
 ) {
     let conns = tokio_util::task::TaskTracker::new();
@@ -448,23 +537,30 @@ async fn accept_loop(
             },
         };
         let _ = stream.set_nodelay(true);
-        let (router, acceptor, token) = (router.clone(), acceptor.clone(), token.clone());
+        let (router, tls, token) = (router.clone(), tls.clone(), token.clone());
         conns.spawn(async move {
-            match acceptor {
+            match tls {
                 None => connection(stream, router, PeerCerts::default(), token).await,
-                Some(acc) => {
-                    let tls =
-                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acc.accept(stream)).await {
-                            Ok(Ok(s)) => s,
-                            Ok(Err(e)) => {
-                                debug!(%peer, error = %e, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => {
-                                debug!(%peer, "TLS handshake timed out");
-                                return;
-                            }
-                        };
+                Some(src) => {
+                    let handshake = async {
+                        let start = tokio_rustls::LazyConfigAcceptor::new(
+                            rustls::server::Acceptor::default(),
+                            stream,
+                        )
+                        .await?;
+                        start.into_stream(src.config()).await
+                    };
+                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
                     let certs = tls
                         .get_ref()
                         .1
