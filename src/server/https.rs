@@ -324,12 +324,12 @@ impl ClientCertVerifier for RequestClientCert {
 }
 
 fn ca_verifier(
-    path: &PathBuf,
+    path: &std::path::Path,
     pem: &[u8],
     provider: Arc<CryptoProvider>,
 ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let bad = |reason: String| TlsError::Pem {
-        path: path.clone(),
+        path: path.to_path_buf(),
         reason,
     };
     let mut roots = rustls::RootCertStore::empty();
