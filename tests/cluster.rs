@@ -443,8 +443,22 @@ fn an_api_outage_and_a_410_relist_touch_no_running_pod() {
             .filter(|(_, b)| b.contains("[+]apiserver unreachable"))
     });
     assert_eq!(code, 200, "{body}");
-    // The outage itself lasts a while (a duration, not a synchronisation).
-    std::thread::sleep(Duration::from_secs(8).saturating_sub(outage.elapsed()));
+    // A static pod added while the API server is away: its status is
+    // computed now and must reach the API (through its mirror pod) once
+    // the server is back.
+    let static_name = format!("during-{node}");
+    k.write_manifest(
+        "during.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: during\nspec:\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [sh, -c, 'exec sleep 3600']\n"
+        ),
+    );
+    wait_for("the static pod running locally during the outage", T, || {
+        k.pod(&static_name).filter(|p| running(p))
+    });
+    // The outage lasts two minutes, as the issue asks (a duration, not a
+    // synchronisation): longer than the lease and several status periods.
+    std::thread::sleep(Duration::from_secs(120).saturating_sub(outage.elapsed()));
     api.compact();
     let lease_before =
         api.get("leases", Some("kube-node-lease"), node).unwrap()["spec"]["renewTime"].clone();
@@ -454,6 +468,18 @@ fn an_api_outage_and_a_410_relist_touch_no_running_pod() {
         api.get("leases", Some("kube-node-lease"), node)
             .filter(|l| l["spec"]["renewTime"] != lease_before)
     });
+    // The status computed during the outage is sent within one status
+    // period (upstream's status manager syncs every 10 s) of the return.
+    let back = std::time::Instant::now();
+    wait_for("the static pod's status in the API after the outage", T, || {
+        api.get("pods", Some("default"), &static_name)
+            .filter(|p| running(p))
+    });
+    assert!(
+        back.elapsed() <= Duration::from_secs(15),
+        "the status took {:?} after the API server came back",
+        back.elapsed()
+    );
     let after = |p: &Value| p["status"]["containerStatuses"][0]["containerID"] == cid;
     // A second pod created after the outage starts: the watch re-listed.
     let second = format!("after-{node}");
