@@ -38,6 +38,8 @@ pub struct ServerState {
     pub node_name: String,
     pub root_dir: std::path::PathBuf,
     pub pod_logs_dir: std::path::PathBuf,
+    /// The stats provider behind /stats/summary and /metrics/{resource,cadvisor}.
+    pub stats: crate::stats::StatsProvider,
 }
 
 impl ServerState {
@@ -79,6 +81,7 @@ impl ServerState {
             node_name: "node".into(),
             root_dir: std::env::temp_dir().join("rkubelet-server-tests"),
             pod_logs_dir: std::env::temp_dir().join("rkubelet-server-tests/logs"),
+            stats: Default::default(),
         };
         (state, token)
     }
