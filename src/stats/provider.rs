@@ -119,13 +119,15 @@ pub struct Snapshot {
     pub pods: Vec<PodRaw>,
 }
 
+type CpuHistory = (Option<(i64, u64)>, (i64, u64));
 type SharedSnapshot = Shared<BoxFuture<'static, Result<Arc<Snapshot>, StatsError>>>;
 
 #[derive(Default)]
 struct Inner {
     hierarchy: Mutex<Option<Hierarchy>>,
-    /// cgroup (or container id) → (time ns, cumulative cpu ns).
-    prev_cpu: Mutex<HashMap<String, (i64, u64)>>,
+    /// cgroup (or container id) → the two latest kept (time ns,
+    /// cumulative cpu ns) samples, at least `MIN_RATE_WINDOW_NS` apart.
+    prev_cpu: Mutex<HashMap<String, CpuHistory>>,
     cache: Mutex<Option<(Instant, bool, SharedSnapshot)>>,
     runtime_pid: Mutex<Option<u32>>,
     /// Overrides for tests (a fake cgroup tree).
@@ -546,19 +548,25 @@ fn rates(inner: &Inner, snap: &mut Snapshot) {
     let mut prev = inner.prev_cpu.lock();
     let mut seen: std::collections::HashSet<String> = Default::default();
     let mut rate = |key: String, cpu: Option<CpuSample>| -> Option<u64> {
-        let usage = cpu?.usage_ns;
-        let out = match prev.get(&key) {
-            Some((pt, pu)) if t > *pt && usage >= *pu => {
-                Some(((usage - pu) as u128 * 1_000_000_000 / (t - pt) as u128) as u64)
-            }
-            _ => None,
+        let cur = (t, cpu?.usage_ns);
+        let per_sec = |(pt, pu): (i64, u64)| {
+            (t > pt && cur.1 >= pu)
+                .then(|| ((cur.1 - pu) as u128 * 1_000_000_000 / (t - pt) as u128) as u64)
         };
-        match prev.get(&key) {
-            Some((pt, pu)) if t - pt < MIN_RATE_WINDOW_NS && usage >= *pu => {}
-            _ => {
-                prev.insert(key.clone(), (t, usage));
+        let out = match prev.get_mut(&key) {
+            None => {
+                prev.insert(key.clone(), (None, cur));
+                None
             }
-        }
+            Some((older, newer)) if t - newer.0 >= MIN_RATE_WINDOW_NS => {
+                let r = per_sec(*newer);
+                *older = Some(*newer);
+                *newer = cur;
+                r
+            }
+            // Too soon after the last sample: rate over the one before it.
+            Some((older, _)) => older.and_then(per_sec),
+        };
         seen.insert(key);
         out
     };
@@ -567,8 +575,8 @@ fn rates(inner: &Inner, snap: &mut Snapshot) {
         ..Default::default()
     }));
     snap.node.cpu_nano_cores = rate("node".into(), node_cpu);
-    for (_, c) in snap.system.iter_mut() {
-        c.cpu_nano_cores = rate(format!("cg:{}", c.name), c.sample.cpu);
+    for (name, c) in snap.system.iter_mut() {
+        c.cpu_nano_cores = rate(format!("sys:{name}"), c.sample.cpu);
     }
     for c in snap.hierarchy.iter_mut() {
         c.cpu_nano_cores = rate(format!("cg:{}", c.name), c.sample.cpu);
@@ -583,4 +591,59 @@ fn rates(inner: &Inner, snap: &mut Snapshot) {
         }
     }
     prev.retain(|k, _| seen.contains(k));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap_at(t: i64, usage: u64) -> Snapshot {
+        Snapshot {
+            time_ns: t,
+            pods: vec![PodRaw {
+                uid: "u".into(),
+                containers: vec![ContainerRaw {
+                    id: "c".into(),
+                    sample: CgroupSample {
+                        cpu: Some(CpuSample {
+                            usage_ns: usage,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn usage_nano_cores_is_a_rate_over_the_previous_sample() {
+        let inner = Inner::default();
+        let rate = |s: &Snapshot| s.pods[0].containers[0].cpu_nano_cores;
+        let mut a = snap_at(10_000_000_000, 1_000_000_000);
+        rates(&inner, &mut a);
+        assert_eq!(rate(&a), None, "one sample has no rate");
+        // Half a core over 2 s.
+        let mut b = snap_at(12_000_000_000, 2_000_000_000);
+        rates(&inner, &mut b);
+        assert_eq!(rate(&b), Some(500_000_000));
+        // 100 ms later: too short a window; the rate is taken over the
+        // sample before (2.1 s back).
+        let mut c = snap_at(12_100_000_000, 2_100_000_000);
+        rates(&inner, &mut c);
+        assert_eq!(
+            rate(&c),
+            Some(1_100_000_000 * 1_000_000_000 / 2_100_000_000)
+        );
+        // A container that disappears loses its previous sample.
+        let mut empty = Snapshot {
+            time_ns: 20_000_000_000,
+            ..Default::default()
+        };
+        rates(&inner, &mut empty);
+        assert!(!inner.prev_cpu.lock().contains_key("ctr:c"));
+    }
 }
