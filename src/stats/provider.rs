@@ -263,6 +263,19 @@ async fn collect(
                 HashMap::new()
             }
         };
+    // The runtime lists a container's image as the ID the kubelet created
+    // it with; cAdvisor labels it with the image's name.
+    let image_names: HashMap<String, String> = if full {
+        images
+            .list_images()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| Some((i.id.clone(), i.repo_tags.first()?.clone())))
+            .collect()
+    } else {
+        HashMap::new()
+    };
     let image_fs = if full {
         match images.image_fs_info().await {
             Ok(r) => r.image_filesystems.into_iter().next(),
@@ -288,6 +301,12 @@ async fn collect(
         }
         if let Some(p) = plans.iter_mut().find(|p| p.sandbox.id == c.pod_sandbox_id) {
             let st = cri_stats.get(&c.id).cloned();
+            let mut c = c;
+            if let Some(img) = c.image.as_mut() {
+                if let Some(name) = image_names.get(&img.image) {
+                    img.image = name.clone();
+                }
+            }
             p.containers.push((c, st));
         }
     }
