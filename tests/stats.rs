@@ -75,7 +75,7 @@ fn types(text: &str) -> std::collections::HashMap<String, String> {
 }
 
 fn label_names(s: &prometheus_parse::Sample) -> BTreeSet<String> {
-    s.labels.iter().map(|(k, _)| k.to_string()).collect()
+    s.labels.keys().map(|k| k.to_string()).collect()
 }
 
 fn set(v: &[&str]) -> BTreeSet<String> {
