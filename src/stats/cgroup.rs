@@ -114,9 +114,41 @@ impl Hierarchy {
         }
     }
 
+    /// A process's cgroup from its `/proc/<pid>/cgroup` text: its name (the
+    /// memory controller's path on v1, the unified one on v2) and figures,
+    /// each v1 controller read at that process's own path in it (they can
+    /// differ: a service may have its own memory cgroup but share `/` for
+    /// cpu).
+    pub fn read_process(&self, proc_cgroup: &str) -> Option<(String, CgroupSample)> {
+        let name = parse_proc_cgroup(proc_cgroup, self.is_v2())?;
+        if self.is_v2() {
+            return Some((name.clone(), self.read(&name)));
+        }
+        let per: HashMap<String, String> = proc_cgroup
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.splitn(3, ':');
+                let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+                Some(
+                    ctrls
+                        .split(',')
+                        .map(|c| (c.to_string(), path.to_string()))
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .flatten()
+            .collect();
+        let s = self.read_v1_with(&|c: &str| per.get(c).cloned().unwrap_or_else(|| name.clone()));
+        Some((name, s))
+    }
+
     fn read_v1(&self, name: &str) -> CgroupSample {
+        self.read_v1_with(&|_| name.to_string())
+    }
+
+    fn read_v1_with(&self, path_of: &dyn Fn(&str) -> String) -> CgroupSample {
         let mut s = CgroupSample::default();
-        if let Some(d) = self.dir("cpuacct", name) {
+        if let Some(d) = self.dir("cpuacct", &path_of("cpuacct")) {
             if let Some(total) = read_u64(&d.join("cpuacct.usage")) {
                 let stat = read_kv(&d.join("cpuacct.stat"));
                 let ns = 1_000_000_000 / CLOCK_TICKS_PER_SEC;
@@ -127,7 +159,7 @@ impl Hierarchy {
                 });
             }
         }
-        if let Some(d) = self.dir("cpu", name) {
+        if let Some(d) = self.dir("cpu", &path_of("cpu")) {
             s.cpu_shares = read_u64(&d.join("cpu.shares"));
             s.cpu_period = read_u64(&d.join("cpu.cfs_period_us"));
             s.cpu_quota = read_i64(&d.join("cpu.cfs_quota_us")).filter(|q| *q > 0);
@@ -136,7 +168,7 @@ impl Hierarchy {
                 .get("nr_periods")
                 .map(|p| (*p, stat.get("nr_throttled").copied().unwrap_or(0)));
         }
-        if let Some(d) = self.dir("memory", name) {
+        if let Some(d) = self.dir("memory", &path_of("memory")) {
             if let Some(usage) = read_u64(&d.join("memory.usage_in_bytes")) {
                 let stat = read_kv(&d.join("memory.stat"));
                 let get = |k: &str| stat.get(k).copied().unwrap_or(0);
@@ -158,7 +190,7 @@ impl Hierarchy {
                 });
             }
         }
-        if let Some(d) = self.dir("pids", name) {
+        if let Some(d) = self.dir("pids", &path_of("pids")) {
             s.pids = read_u64(&d.join("pids.current"));
         }
         s
@@ -492,6 +524,27 @@ mod tests {
         assert_eq!(psi.some.avg10, 1.5);
         assert_eq!(psi.full.total, 99);
         assert!(s.psi.unwrap().memory.is_none());
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn a_process_is_read_at_its_own_path_in_each_v1_controller() {
+        let root = tempdir("proc");
+        write(&root.join("cpuacct"), "cpuacct.usage", "500\n");
+        write(&root.join("memory/svc"), "memory.usage_in_bytes", "300\n");
+        let h = Hierarchy::V1 {
+            roots: ["cpuacct", "memory"]
+                .iter()
+                .map(|c| (c.to_string(), root.join(c)))
+                .collect(),
+            unified: None,
+        };
+        let (name, s) = h
+            .read_process("5:memory:/svc\n3:cpu,cpuacct:/\n0::/\n")
+            .unwrap();
+        assert_eq!(name, "/svc");
+        assert_eq!(s.cpu.unwrap().usage_ns, 500);
+        assert_eq!(s.memory.unwrap().usage, 300);
         let _ = std::fs::remove_dir_all(root);
     }
 

@@ -450,7 +450,7 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             "container_memory_failures_total",
             "Cumulative count of memory allocation failures.",
             Counter,
-            &b.with(&[("failure_type", "pgfault"), ("scope", "container")]),
+            &b.with(&[("failure_type", "pgfault"), ("scope", "hierarchy")]),
             m.pgfault as f64,
             ts,
         );
@@ -458,7 +458,7 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             "container_memory_failures_total",
             "Cumulative count of memory allocation failures.",
             Counter,
-            &b.with(&[("failure_type", "pgmajfault"), ("scope", "container")]),
+            &b.with(&[("failure_type", "pgmajfault"), ("scope", "hierarchy")]),
             m.pgmajfault as f64,
             ts,
         );

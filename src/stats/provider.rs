@@ -420,14 +420,20 @@ fn read_files(
 
     let kp = kubepods(cfg);
     let mut system = Vec::new();
-    let self_cg = procfs_cgroup("/proc/self/cgroup", v2);
-    if let Some(cg) = self_cg {
-        system.push(("kubelet".to_string(), raw(&h, &cg)));
+    let by_process = |pid: &str| {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let (name, sample) = h.read_process(&text)?;
+        Some(CgroupRaw {
+            name,
+            sample,
+            cpu_nano_cores: None,
+        })
+    };
+    if let Some(c) = by_process("self") {
+        system.push(("kubelet".to_string(), c));
     }
-    if let Some(cg) =
-        runtime_pid(inner).and_then(|p| procfs_cgroup(&format!("/proc/{p}/cgroup"), v2))
-    {
-        system.push(("runtime".to_string(), raw(&h, &cg)));
+    if let Some(c) = runtime_pid(inner).and_then(|p| by_process(&p.to_string())) {
+        system.push(("runtime".to_string(), c));
     }
     let mut hier = vec![CgroupRaw {
         name: "/".into(),
@@ -545,11 +551,6 @@ fn read_files(
         hierarchy: hier,
         pods,
     }
-}
-
-fn procfs_cgroup(path: &str, v2: bool) -> Option<String> {
-    let text = std::fs::read_to_string(path).ok()?;
-    super::cgroup::parse_proc_cgroup(&text, v2)
 }
 
 fn raw(h: &Hierarchy, name: &str) -> CgroupRaw {

@@ -176,7 +176,11 @@ pub fn build(snap: &Snapshot, node_name: &str, only_cpu_and_memory: bool) -> Sum
             swap_available_bytes: Some(n.meminfo.swap_free),
             swap_usage_bytes: Some(n.meminfo.swap_total.saturating_sub(n.meminfo.swap_free)),
         }),
-        io: io_stats(t, &n.root),
+        io: if only_cpu_and_memory {
+            None
+        } else {
+            io_stats(t, &n.root)
+        },
     };
     let pods = snap
         .pods
