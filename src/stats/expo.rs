@@ -706,7 +706,7 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                     base: Base {
                         id: sc,
                         name: &p.sandbox_id,
-                        image: "",
+                        image: &snap.sandbox_image,
                         pod: &p.name,
                         namespace: &p.namespace,
                         container: "",

@@ -117,6 +117,8 @@ pub struct Snapshot {
     /// `/`, the kubepods cgroup and the QoS cgroups that exist.
     pub hierarchy: Vec<CgroupRaw>,
     pub pods: Vec<PodRaw>,
+    /// The pause image's name, for the sandboxes' cAdvisor `image` label.
+    pub sandbox_image: String,
 }
 
 type CpuHistory = (Option<(i64, u64)>, (i64, u64));
@@ -265,16 +267,26 @@ async fn collect(
         };
     // The runtime lists a container's image as the ID the kubelet created
     // it with; cAdvisor labels it with the image's name.
-    let image_names: HashMap<String, String> = if full {
-        images
-            .list_images()
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|i| Some((i.id.clone(), i.repo_tags.first()?.clone())))
-            .collect()
+    let image_list = if full {
+        images.list_images().await.unwrap_or_default()
     } else {
-        HashMap::new()
+        Vec::new()
+    };
+    let image_names: HashMap<String, String> = image_list
+        .iter()
+        .filter_map(|i| Some((i.id.clone(), i.repo_tags.first()?.clone())))
+        .collect();
+    // The sandbox (pause) image: the runtime pins it (containerd 1.7 does).
+    // The CRI's sandbox list names no image; with other pinned images
+    // around it stays unknown rather than guessed.
+    let pinned: Vec<&String> = image_list
+        .iter()
+        .filter(|i| i.pinned)
+        .filter_map(|i| i.repo_tags.first())
+        .collect();
+    let sandbox_image = match pinned.as_slice() {
+        [one] => (*one).clone(),
+        _ => String::new(),
     };
     let image_fs = if full {
         match images.image_fs_info().await {
@@ -317,6 +329,7 @@ async fn collect(
     })
     .await
     .map_err(|e| StatsError::Read(e.to_string()))?;
+    snap.sandbox_image = sandbox_image;
     rates(&inner, &mut snap);
     Ok(Arc::new(snap))
 }
@@ -550,6 +563,7 @@ fn read_files(
         system,
         hierarchy: hier,
         pods,
+        sandbox_image: String::new(),
     }
 }
 
