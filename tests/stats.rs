@@ -305,7 +305,10 @@ fn summary_and_metrics_match_the_container_cgroup_and_upstream_names() {
             .any(|s| s.metric == "container_network_receive_bytes_total"
                 && s.labels.get("id") == Some(&sb_id)
                 && s.labels.get("container") == Some("")
-                && s.labels.get("pod") == Some(pod_name.as_str())),
+                && s.labels.get("pod") == Some(pod_name.as_str())
+                // The pause image, as cAdvisor labels the sandbox
+                // (containerd pins it, which is how rkubelet finds it).
+                && s.labels.get("image").is_some_and(|i| i.contains("pause"))),
         "sandbox network sample for {sb_id}"
     );
     // The pod cgroup itself: pod and namespace, no container.
