@@ -471,6 +471,18 @@ mod tests {
             unified: None,
         };
         let (mut state, _t) = ServerState::for_tests(rt.clone());
+        // Every cgroup found: the cpu-and-memory form costs the runtime no
+        // ListContainerStats.
+        state.stats = StatsProvider::with_hierarchy(h.clone());
+        rt.clear_calls();
+        let (_, text) = get(&state, "/metrics/resource").await;
+        assert!(text.contains("container_cpu_usage_seconds_total{container=\"app\""));
+        assert!(
+            !rt.calls().iter().any(|c| c == "ListContainerStats"),
+            "{:?}",
+            rt.calls()
+        );
+        // A fresh provider, so the full summary below is a new collection.
         state.stats = StatsProvider::with_hierarchy(h);
         let (_, body) = get(&state, "/stats/summary").await;
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -234,7 +234,7 @@ fn now_ns() -> i64 {
 
 struct PodPlan {
     sandbox: v1::PodSandbox,
-    containers: Vec<(v1::Container, Option<v1::ContainerStats>)>,
+    containers: Vec<v1::Container>,
 }
 
 async fn collect(
@@ -252,19 +252,6 @@ async fn collect(
         .list_containers(None)
         .await
         .map_err(|e| StatsError::Runtime(e.to_string()))?;
-    // CRI stats carry the writable layer (which no cgroup file has) and
-    // are the fallback for cpu/memory where the cgroup is not found.
-    let cri_stats: HashMap<String, v1::ContainerStats> =
-        match runtime.list_container_stats(None).await {
-            Ok(v) => v
-                .into_iter()
-                .filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), s)))
-                .collect(),
-            Err(e) => {
-                tracing::debug!(error = %e, "ListContainerStats failed; cgroup figures only");
-                HashMap::new()
-            }
-        };
     // The runtime lists a container's image as the ID the kubelet created
     // it with; cAdvisor labels it with the image's name.
     let image_list = if full {
@@ -312,14 +299,13 @@ async fn collect(
             continue;
         }
         if let Some(p) = plans.iter_mut().find(|p| p.sandbox.id == c.pod_sandbox_id) {
-            let st = cri_stats.get(&c.id).cloned();
             let mut c = c;
             if let Some(img) = c.image.as_mut() {
                 if let Some(name) = image_names.get(&img.image) {
                     img.image = name.clone();
                 }
             }
-            p.containers.push((c, st));
+            p.containers.push(c);
         }
     }
 
@@ -330,8 +316,50 @@ async fn collect(
     .await
     .map_err(|e| StatsError::Read(e.to_string()))?;
     snap.sandbox_image = sandbox_image;
+    // CRI stats carry the writable layer (which no cgroup file has) and are
+    // the fallback for cpu/memory where no cgroup was found. They cost the
+    // runtime a cgroup read per container, so the cpu-and-memory form
+    // (metrics-server's) asks only when a cgroup was missing.
+    let need_cri = full
+        || snap
+            .pods
+            .iter()
+            .flat_map(|p| &p.containers)
+            .any(|c| c.cgroup.is_none());
+    if need_cri {
+        match runtime.list_container_stats(None).await {
+            Ok(v) => merge_cri(&mut snap, v),
+            Err(e) => tracing::debug!(error = %e, "ListContainerStats failed; cgroup figures only"),
+        }
+    }
     rates(&inner, &mut snap);
     Ok(Arc::new(snap))
+}
+
+/// The CRI's figures into the snapshot: writable layers, and cpu/memory
+/// where no cgroup was read.
+fn merge_cri(snap: &mut Snapshot, stats: Vec<v1::ContainerStats>) {
+    let by_id: HashMap<String, v1::ContainerStats> = stats
+        .into_iter()
+        .filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), s)))
+        .collect();
+    for c in snap.pods.iter_mut().flat_map(|p| p.containers.iter_mut()) {
+        let Some(s) = by_id.get(&c.id) else { continue };
+        let fallback = sample_from_cri(s);
+        if c.sample.cpu.is_none() {
+            c.sample.cpu = fallback.cpu;
+        }
+        if c.sample.memory.is_none() {
+            c.sample.memory = fallback.memory;
+        }
+        if c.cgroup.is_none() {
+            c.cpu_nano_cores = s.cpu.as_ref().and_then(|u| opt_u64(&u.usage_nano_cores));
+        }
+        c.rootfs = s
+            .writable_layer
+            .as_ref()
+            .map(|w| (opt_u64(&w.used_bytes), opt_u64(&w.inodes_used)));
+    }
 }
 
 fn hierarchy(inner: &Inner) -> Hierarchy {
@@ -501,33 +529,13 @@ fn read_files(
             }
         }
         pod.cgroup = cgroup;
-        for (c, cri) in plan.containers {
+        for c in plan.containers {
             let cmd = c.metadata.clone().unwrap_or_default();
             let ccg = pod
                 .cgroup
                 .as_deref()
                 .and_then(|p| container_cgroup(&h, p, &c.id));
-            let mut sample = ccg.as_deref().map(|g| h.read(g)).unwrap_or_default();
-            if let Some(s) = &cri {
-                let fallback = sample_from_cri(s);
-                if sample.cpu.is_none() {
-                    sample.cpu = fallback.cpu;
-                }
-                if sample.memory.is_none() {
-                    sample.memory = fallback.memory;
-                }
-            }
-            let cpu_nano_cores = if ccg.is_none() {
-                cri.as_ref()
-                    .and_then(|s| s.cpu.as_ref())
-                    .and_then(|c| opt_u64(&c.usage_nano_cores))
-            } else {
-                None
-            };
-            let rootfs = cri
-                .as_ref()
-                .and_then(|s| s.writable_layer.as_ref())
-                .map(|w| (opt_u64(&w.used_bytes), opt_u64(&w.inodes_used)));
+            let sample = ccg.as_deref().map(|g| h.read(g)).unwrap_or_default();
             let logs = full
                 .then(|| {
                     procfs::dir_usage(
@@ -548,8 +556,8 @@ fn read_files(
                 created_ns: c.created_at,
                 cgroup: ccg,
                 sample,
-                cpu_nano_cores,
-                rootfs,
+                cpu_nano_cores: None,
+                rootfs: None,
                 logs,
             });
         }
