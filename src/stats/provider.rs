@@ -131,7 +131,8 @@ struct Inner {
     /// cumulative cpu ns) samples, at least `MIN_RATE_WINDOW_NS` apart.
     prev_cpu: Mutex<HashMap<String, CpuHistory>>,
     cache: Mutex<Option<(Instant, bool, SharedSnapshot)>>,
-    runtime_pid: Mutex<Option<u32>>,
+    /// The runtime's pid, and when /proc was last scanned for it.
+    runtime_pid: Mutex<(Option<u32>, Option<std::time::Instant>)>,
     /// Overrides for tests (a fake cgroup tree).
     fixed_hierarchy: Option<Hierarchy>,
 }
@@ -373,20 +374,26 @@ fn hierarchy(inner: &Inner) -> Hierarchy {
 /// The runtime's pid, found once by name and re-found when it exits
 /// (a scan of /proc comm files; no fork).
 fn runtime_pid(inner: &Inner) -> Option<u32> {
+    // A host without containerd (or one named otherwise) would cost a full
+    // /proc scan per scrape: scan at most once a minute.
+    const RESCAN: Duration = Duration::from_secs(60);
     let mut g = inner.runtime_pid.lock();
-    if let Some(pid) = *g {
+    if let Some(pid) = g.0 {
         if std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .is_ok_and(|c| c.trim() == "containerd")
         {
             return Some(pid);
         }
     }
+    if g.1.is_some_and(|at| at.elapsed() < RESCAN) {
+        return None;
+    }
     let found = std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
         (comm.trim() == "containerd").then_some(pid)
     });
-    *g = found;
+    *g = (found, Some(std::time::Instant::now()));
     found
 }
 
