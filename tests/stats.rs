@@ -381,3 +381,52 @@ fn summary_and_metrics_match_the_container_cgroup_and_upstream_names() {
         .unwrap();
     assert!(matches!(v.value, prometheus_parse::Value::Gauge(x) if x == 0.0));
 }
+
+#[test]
+fn an_oom_kill_is_counted_on_the_container_and_its_limit_reported() {
+    let k = Kubelet::start("it-stats-oom");
+    // `tail` buffers /dev/zero (no newline ever) until the 32 Mi limit
+    // kills it; the shell goes on sleeping, so the container keeps its id.
+    k.write_manifest(
+        "oom.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: oom\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sh, -c, 'tail /dev/zero; sleep 3600']\n    resources:\n      limits: {{memory: 32Mi}}\n"
+        ),
+    );
+    let p = k.wait_pod("oom", "Running", T, |p| running(p, "main"));
+    let cid = container_status(&p, "main").unwrap()["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_string();
+    let pod_name = format!("oom-{}", k.node);
+    // cAdvisor's container_oom_events_total (lib/metrics/prometheus.go,
+    // OOMMetrics) on the container's own series.
+    let (n, limit) = wait_for("the OOM kill counted", T, || {
+        let (_, text) = http_get(&k.read_only, "/metrics/cadvisor")?;
+        let scrape = parse(&text);
+        let find = |metric: &str| {
+            scrape.samples.iter().find(|s| {
+                s.metric == metric
+                    && s.labels.get("name") == Some(cid.as_str())
+                    && s.labels.get("pod") == Some(pod_name.as_str())
+            })
+        };
+        let value = |s: &prometheus_parse::Sample| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+            _ => f64::NAN,
+        };
+        let n = value(find("container_oom_events_total")?);
+        let limit = value(find("container_spec_memory_limit_bytes")?);
+        (n >= 1.0).then_some((n, limit))
+    });
+    assert!(n >= 1.0);
+    assert_eq!(limit, 32.0 * 1024.0 * 1024.0);
+    let (_, text) = http_get(&k.read_only, "/metrics/cadvisor").unwrap();
+    assert_eq!(
+        types(&text)
+            .get("container_oom_events_total")
+            .map(String::as_str),
+        Some("counter")
+    );
+}

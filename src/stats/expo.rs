@@ -305,6 +305,8 @@ struct CgEntry<'a> {
     interfaces: &'a [super::procfs::Interface],
     /// (device, usage, limit, inodes, inodes free)
     fs: Option<(String, f64, f64, f64, f64)>,
+    /// OOM kills in this cgroup, when the kernel log is watched.
+    oom: Option<u64>,
 }
 
 fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
@@ -546,6 +548,16 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             ts,
         );
     }
+    if let Some(n) = c.oom {
+        e.add(
+            "container_oom_events_total",
+            "Count of out of memory events observed for the container",
+            Counter,
+            &b.with(&[]),
+            n as f64,
+            ts,
+        );
+    }
     if let Some(psi) = s.psi {
         let us = |v: u64| v as f64 / 1e6;
         let pairs = [("cpu", psi.cpu), ("memory", psi.memory), ("io", psi.io)];
@@ -637,8 +649,16 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
     );
     let t = snap.time_ns;
     let none: &[super::procfs::Interface] = &[];
-    // Raw cgroups: "/" (with the host's interfaces), kubepods, QoS classes.
-    for h in &snap.hierarchy {
+    // Raw cgroups: "/" (with the host's interfaces), kubepods, QoS classes,
+    // and the kubelet's and runtime's own cgroups (cAdvisor in the kubelet
+    // watches those too), each once.
+    let mut raw: Vec<&CgroupRaw> = snap.hierarchy.iter().collect();
+    for (_, c) in &snap.system {
+        if !raw.iter().any(|r| r.name == c.name) {
+            raw.push(c);
+        }
+    }
+    for h in raw {
         let CgroupRaw { name, sample, .. } = h;
         let root = name == "/";
         let fs = if root {
@@ -669,6 +689,10 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                 start_ns: snap.node.boot_ns,
                 interfaces: if root { &snap.node.interfaces } else { none },
                 fs,
+                oom: snap
+                    .oom
+                    .as_ref()
+                    .map(|o| o.get(name.as_str()).copied().unwrap_or(0)),
             },
             t,
         );
@@ -693,6 +717,10 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                     start_ns: p.created_ns,
                     interfaces: none,
                     fs: None,
+                    oom: snap
+                        .oom
+                        .as_ref()
+                        .map(|o| o.get(cg.as_str()).copied().unwrap_or(0)),
                 },
                 t,
             );
@@ -715,6 +743,10 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                     start_ns: p.created_ns,
                     interfaces: &p.interfaces,
                     fs: None,
+                    oom: snap
+                        .oom
+                        .as_ref()
+                        .map(|o| o.get(sc.as_str()).copied().unwrap_or(0)),
                 },
                 t,
             );
@@ -746,6 +778,10 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                     start_ns: c.created_ns,
                     interfaces: none,
                     fs,
+                    oom: snap
+                        .oom
+                        .as_ref()
+                        .map(|o| o.get(cg.as_str()).copied().unwrap_or(0)),
                 },
                 t,
             );

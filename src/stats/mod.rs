@@ -6,6 +6,7 @@
 
 pub mod cgroup;
 pub mod expo;
+pub mod oom;
 pub mod procfs;
 pub mod provider;
 pub mod summary;
@@ -482,8 +483,15 @@ mod tests {
             "{:?}",
             rt.calls()
         );
-        // A fresh provider, so the full summary below is a new collection.
-        state.stats = StatsProvider::with_hierarchy(h);
+        // A fresh provider, so the full summary below is a new collection;
+        // one OOM kill in the container's cgroup.
+        state.stats = StatsProvider::with_hierarchy_and_oom(h);
+        state.stats.oom_counts().unwrap().record(&oom::OomKill {
+            oom_memcg: format!("/kubepods/besteffort/podu-1/{c}"),
+            task_memcg: format!("/kubepods/besteffort/podu-1/{c}"),
+            task: "app".into(),
+            pid: 1,
+        });
         let (_, body) = get(&state, "/stats/summary").await;
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let pod = &v["pods"][0];
@@ -563,6 +571,9 @@ mod tests {
         .is_some());
         assert!(sample(&s, "container_cpu_usage_seconds_total", &[("id", "/")]).is_some());
         assert!(sample(&s, "machine_cpu_cores", &[]).is_some());
+        let oom = |id: &str| sample(&s, "container_oom_events_total", &[("id", id)]).map(value);
+        assert_eq!(oom(&id), Some(1.0));
+        assert_eq!(oom("/kubepods/besteffort/podu-1"), Some(0.0));
         let _ = std::fs::remove_dir_all(root);
     }
 }

@@ -119,6 +119,8 @@ pub struct Snapshot {
     pub pods: Vec<PodRaw>,
     /// The pause image's name, for the sandboxes' cAdvisor `image` label.
     pub sandbox_image: String,
+    /// OOM kills by cgroup name; None when not watched.
+    pub oom: Option<HashMap<String, u64>>,
 }
 
 type CpuHistory = (Option<(i64, u64)>, (i64, u64));
@@ -135,6 +137,8 @@ struct Inner {
     runtime_pid: Mutex<(Option<u32>, Option<std::time::Instant>)>,
     /// Overrides for tests (a fake cgroup tree).
     fixed_hierarchy: Option<Hierarchy>,
+    /// OOM kills per cgroup, when the kmsg watcher runs.
+    oom: Option<super::oom::OomCounts>,
 }
 
 /// Cheap to clone; one per kubelet.
@@ -150,6 +154,36 @@ impl std::fmt::Debug for StatsProvider {
 }
 
 impl StatsProvider {
+    /// The kubelet's provider: the host's cgroups, and OOM kills counted
+    /// from /dev/kmsg (a thread for the life of the process).
+    pub fn with_oom_watcher() -> Self {
+        let counts = super::oom::OomCounts::default();
+        let oom = super::oom::watch(counts.clone()).then_some(counts);
+        StatsProvider {
+            inner: Arc::new(Inner {
+                oom,
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// The OOM counts, when watched (tests record kills through it).
+    pub fn oom_counts(&self) -> Option<super::oom::OomCounts> {
+        self.inner.oom.clone()
+    }
+
+    /// A provider over a given cgroup tree instead of the host's, with OOM
+    /// counts that tests fill in themselves.
+    pub fn with_hierarchy_and_oom(h: Hierarchy) -> Self {
+        StatsProvider {
+            inner: Arc::new(Inner {
+                fixed_hierarchy: Some(h),
+                oom: Some(Default::default()),
+                ..Default::default()
+            }),
+        }
+    }
+
     /// A provider over a given cgroup tree instead of the host's (tests).
     pub fn with_hierarchy(h: Hierarchy) -> Self {
         StatsProvider {
@@ -332,6 +366,27 @@ async fn collect(
             Ok(v) => merge_cri(&mut snap, v),
             Err(e) => tracing::debug!(error = %e, "ListContainerStats failed; cgroup figures only"),
         }
+    }
+    if let Some(counts) = &inner.oom {
+        let names: std::collections::HashSet<&str> = snap
+            .hierarchy
+            .iter()
+            .map(|c| c.name.as_str())
+            .chain(snap.system.iter().map(|(_, c)| c.name.as_str()))
+            .chain(snap.pods.iter().flat_map(|p| {
+                p.cgroup
+                    .as_deref()
+                    .into_iter()
+                    .chain(p.sandbox_cgroup.as_deref())
+                    .chain(p.containers.iter().filter_map(|c| c.cgroup.as_deref()))
+            }))
+            .collect();
+        counts.retain(|k| names.contains(k));
+        let map = names
+            .iter()
+            .map(|n| (n.to_string(), counts.get(n)))
+            .collect();
+        snap.oom = Some(map);
     }
     rates(&inner, &mut snap);
     Ok(Arc::new(snap))
@@ -579,6 +634,7 @@ fn read_files(
         hierarchy: hier,
         pods,
         sandbox_image: String::new(),
+        oom: None,
     }
 }
 
