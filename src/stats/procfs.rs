@@ -17,14 +17,14 @@ pub struct Interface {
     pub tx_dropped: u64,
 }
 
-/// `/proc/net/dev`, without `lo` (cAdvisor leaves it out too).
+/// `/proc/net/dev`, without the interfaces cAdvisor ignores.
 pub fn parse_net_dev(text: &str) -> Vec<Interface> {
     text.lines()
         .skip(2)
         .filter_map(|l| {
             let (name, rest) = l.split_once(':')?;
             let name = name.trim();
-            if name == "lo" {
+            if is_ignored_interface(name) {
                 return None;
             }
             let v: Vec<u64> = rest
@@ -49,14 +49,14 @@ pub fn parse_net_dev(text: &str) -> Vec<Interface> {
         .collect()
 }
 
-/// Host interfaces that are not the node's own: container ends of pod
-/// networks and bridges (cAdvisor's `ignoredDevicePrefixes` idea).
-pub fn is_virtual_interface(name: &str) -> bool {
-    [
-        "veth", "cni", "flannel", "cali", "docker", "virbr", "vxlan", "tunl", "kube-",
-    ]
-    .iter()
-    .any(|p| name.starts_with(p))
+/// Interfaces cAdvisor leaves out everywhere (its `ignoredDevicePrefixes`
+/// in `lib/container/libcontainer/handler.go`): host ends of container
+/// links and the docker/nerdctl bridges.
+pub fn is_ignored_interface(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    ["lo", "veth", "docker", "nerdctl"]
+        .iter()
+        .any(|p| n.starts_with(p))
 }
 
 /// `/proc/meminfo` in bytes: (MemTotal, MemFree, Inactive(file), SwapTotal, SwapFree).

@@ -504,10 +504,7 @@ fn read_files(
         ..Default::default()
     };
     if full {
-        node.interfaces = procfs::parse_net_dev(&read("/proc/net/dev"))
-            .into_iter()
-            .filter(|i| !procfs::is_virtual_interface(&i.name))
-            .collect();
+        node.interfaces = procfs::parse_net_dev(&read("/proc/net/dev"));
         let mountinfo = read("/proc/self/mountinfo");
         node.rootfs = procfs::statvfs(&cfg.root_dir);
         node.rootfs_device = procfs::device_of(&mountinfo, &cfg.root_dir);
