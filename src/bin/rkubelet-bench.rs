@@ -15,6 +15,10 @@
 //! status observed through a watch, beside bare CRI; API requests per minute
 //! at steady state by kind; rkubelet's RSS and CPU with the N API pods.
 //!
+//! With `--scrape 1,30`, the stats endpoints with N pods: latency, body
+//! size and the CPU rkubelet and containerd spend per `/metrics/cadvisor`,
+//! `/metrics/resource` and `/stats/summary` scrape (each past the 1 s cache).
+//!
 //! Needs root and containerd set up by scripts/setup.sh; stop any other
 //! kubelet first (scripts/stop-rkubelet.sh).
 
