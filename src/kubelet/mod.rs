@@ -216,7 +216,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         node_name: opts.node_name.clone(),
         root_dir: opts.root_dir.clone(),
         pod_logs_dir: logs_dir.clone(),
-        stats: crate::stats::StatsProvider::with_oom_watcher(),
+        stats: crate::stats::StatsProvider::with_oom_watcher(&opts.node_name),
     };
     let mut servers = Vec::new();
     if cfg.healthz_port > 0 {

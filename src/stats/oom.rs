@@ -1,7 +1,8 @@
-//! OOM kills from the kernel log (`/dev/kmsg`), counted per memory cgroup,
-//! for cAdvisor's `container_oom_events_total` (cAdvisor's
-//! `utils/oomparser`). Upstream's kubelet also turns these into SystemOOM
-//! node events; rkubelet does not yet.
+//! OOM kills from the kernel log (`/dev/kmsg`), counted per memory cgroup
+//! of the killed task, for cAdvisor's `container_oom_events_total`
+//! (cAdvisor's `utils/oomparser`), and system OOMs (no memory cgroup limit
+//! hit) as `SystemOOM` Warning events on the Node, as upstream's
+//! `pkg/kubelet/oom/oom_watcher_linux.go` records them.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
@@ -45,6 +46,28 @@ pub fn parse_oom_kill(record: &str) -> Option<OomKill> {
     (!kill.task_memcg.is_empty()).then_some(kill)
 }
 
+impl OomKill {
+    /// A kill not caused by a cgroup's limit: the kernel writes
+    /// `global_oom` instead of `oom_memcg=`, or the limit was the root's.
+    /// cAdvisor then reports the victim container as "/", which is what
+    /// upstream's watcher turns into a SystemOOM event.
+    pub fn is_system(&self) -> bool {
+        self.oom_memcg.is_empty() || self.oom_memcg == "/"
+    }
+
+    /// Upstream's SystemOOM message.
+    pub fn event_message(&self) -> String {
+        if self.task.is_empty() || self.pid == 0 {
+            "System OOM encountered".into()
+        } else {
+            format!(
+                "System OOM encountered, victim process: {}, pid: {}",
+                self.task, self.pid
+            )
+        }
+    }
+}
+
 /// OOM kills counted by the killed task's cgroup since the watcher began.
 #[derive(Clone, Default)]
 pub struct OomCounts(Arc<Mutex<HashMap<String, u64>>>);
@@ -68,7 +91,7 @@ impl OomCounts {
 /// rkubelet started are not counted) for as long as the process lives: a
 /// blocking read of a character device cannot be cancelled, so it is a
 /// plain thread, not a task. Returns false when /dev/kmsg cannot be read.
-pub fn watch(counts: OomCounts) -> bool {
+pub fn watch(counts: OomCounts, node_name: String) -> bool {
     let Ok(mut f) = std::fs::File::open("/dev/kmsg") else {
         tracing::info!("cannot read /dev/kmsg; OOM kills are not counted");
         return false;
@@ -94,6 +117,14 @@ pub fn watch(counts: OomCounts) -> bool {
                                 "OOM kill"
                             );
                             counts.record(&kill);
+                            if kill.is_system() {
+                                crate::events::record(
+                                    crate::events::node_ref(&node_name),
+                                    crate::events::WARNING,
+                                    "SystemOOM",
+                                    kill.event_message(),
+                                );
+                            }
                         }
                     }
                     Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
@@ -125,6 +156,13 @@ mod tests {
         c.record(&k);
         c.record(&k);
         assert_eq!(c.get("/kubepods/burstable/podu/c1"), 2);
+        assert!(!k.is_system());
+        let global = parse_oom_kill("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,task_memcg=/system.slice/x.service,task=big,pid=7,uid=0").unwrap();
+        assert!(global.is_system());
+        assert_eq!(
+            global.event_message(),
+            "System OOM encountered, victim process: big, pid: 7"
+        );
         c.retain(|_| false);
         assert_eq!(c.get("/kubepods/burstable/podu/c1"), 0);
     }

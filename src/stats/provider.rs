@@ -155,10 +155,11 @@ impl std::fmt::Debug for StatsProvider {
 
 impl StatsProvider {
     /// The kubelet's provider: the host's cgroups, and OOM kills counted
-    /// from /dev/kmsg (a thread for the life of the process).
-    pub fn with_oom_watcher() -> Self {
+    /// from /dev/kmsg (a thread for the life of the process), system OOMs
+    /// recorded as events on node `node_name`.
+    pub fn with_oom_watcher(node_name: &str) -> Self {
         let counts = super::oom::OomCounts::default();
-        let oom = super::oom::watch(counts.clone()).then_some(counts);
+        let oom = super::oom::watch(counts.clone(), node_name.to_string()).then_some(counts);
         StatsProvider {
             inner: Arc::new(Inner {
                 oom,
