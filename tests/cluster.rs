@@ -453,9 +453,11 @@ fn an_api_outage_and_a_410_relist_touch_no_running_pod() {
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: during\nspec:\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [sh, -c, 'exec sleep 3600']\n"
         ),
     );
-    wait_for("the static pod running locally during the outage", T, || {
-        k.pod(&static_name).filter(|p| running(p))
-    });
+    wait_for(
+        "the static pod running locally during the outage",
+        T,
+        || k.pod(&static_name).filter(|p| running(p)),
+    );
     // The outage lasts two minutes, as the issue asks (a duration, not a
     // synchronisation): longer than the lease and several status periods.
     std::thread::sleep(Duration::from_secs(120).saturating_sub(outage.elapsed()));
@@ -471,10 +473,14 @@ fn an_api_outage_and_a_410_relist_touch_no_running_pod() {
     // The status computed during the outage is sent within one status
     // period (upstream's status manager syncs every 10 s) of the return.
     let back = std::time::Instant::now();
-    wait_for("the static pod's status in the API after the outage", T, || {
-        api.get("pods", Some("default"), &static_name)
-            .filter(|p| running(p))
-    });
+    wait_for(
+        "the static pod's status in the API after the outage",
+        T,
+        || {
+            api.get("pods", Some("default"), &static_name)
+                .filter(|p| running(p))
+        },
+    );
     assert!(
         back.elapsed() <= Duration::from_secs(15),
         "the status took {:?} after the API server came back",

@@ -15,6 +15,10 @@
 //! status observed through a watch, beside bare CRI; API requests per minute
 //! at steady state by kind; rkubelet's RSS and CPU with the N API pods.
 //!
+//! With `--scrape 1,30`, the stats endpoints with N pods: latency, body
+//! size and the CPU rkubelet and containerd spend per `/metrics/cadvisor`,
+//! `/metrics/resource` and `/stats/summary` scrape (each past the 1 s cache).
+//!
 //! Needs root and containerd set up by scripts/setup.sh; stop any other
 //! kubelet first (scripts/stop-rkubelet.sh).
 
@@ -48,6 +52,8 @@ struct Args {
     storm: usize,
     settle: Duration,
     cluster: Vec<usize>,
+    scrape: Vec<usize>,
+    scrapes: usize,
 }
 
 fn parse_args() -> Result<Args> {
@@ -62,6 +68,8 @@ fn parse_args() -> Result<Args> {
         storm: 0,
         settle: Duration::from_secs(60),
         cluster: Vec::new(),
+        scrape: Vec::new(),
+        scrapes: 10,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -99,8 +107,17 @@ fn parse_args() -> Result<Args> {
                     .map(|s| s.parse())
                     .collect::<Result<_, _>>()?
             }
+            "--scrape" => {
+                a.scrape = val()?
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse())
+                    .collect::<Result<_, _>>()?
+            }
+            "--scrapes" => a.scrapes = val()?.parse()?,
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -528,6 +545,9 @@ fn main() -> Result<()> {
     for &n in &args.cluster {
         cluster_bench(&args, &rt, &cri, &image_ref, n)?;
     }
+    for &n in &args.scrape {
+        scrape_bench(&args, &cri, n)?;
+    }
 
     for &n in &args.pods {
         println!("\n== {n} pod(s) ==");
@@ -718,6 +738,71 @@ fn storm_bench(args: &Args, cri: &RemoteRuntime) -> Result<()> {
     std::fs::remove_file(k.manifests.join("canary.yaml"))?;
     remove_all(&k, "canary", 0, cri)?;
     Ok(())
+}
+
+/// The cost of the stats endpoints with `n` pods: per endpoint, `scrapes`
+/// requests spaced past the provider's 1 s cache (so each one collects),
+/// their latency and body size, and the CPU rkubelet and containerd spent
+/// over them minus what they spend idle over as long.
+fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
+    println!("\n== stats scrapes with {n} pod(s) ==");
+    let k = Kubelet::start(&args.rkubelet)?;
+    kubelet_start_pods(&k, n)?;
+    let pid = k.child.id();
+    let gap = Duration::from_millis(1100);
+    let window = gap * args.scrapes as u32;
+    // Idle baseline over the same window, so the figures are the scrapes'.
+    let (_, c0) = proc_usage(pid);
+    let r0 = runtime_cpu();
+    std::thread::sleep(window);
+    let idle_kubelet = proc_usage(pid).1 - c0;
+    let idle_runtime = runtime_cpu() - r0;
+    for path in ["/metrics/cadvisor", "/metrics/resource", "/stats/summary"] {
+        // One scrape first: the first collection also finds the runtime's
+        // pid and the cgroup mounts.
+        let _ = http_get(&k.ro, path);
+        std::thread::sleep(gap);
+        let (_, c0) = proc_usage(pid);
+        let r0 = runtime_cpu();
+        let start = Instant::now();
+        let mut lat = Vec::new();
+        let mut bytes = 0;
+        for i in 0..args.scrapes {
+            let next = start + gap * i as u32;
+            if let Some(d) = next.checked_duration_since(Instant::now()) {
+                std::thread::sleep(d);
+            }
+            let t = Instant::now();
+            let body = http_get(&k.ro, path).with_context(|| format!("GET {path}"))?;
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            bytes = body.len();
+        }
+        if let Some(d) = (start + window).checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        let cpu = proc_usage(pid).1 - c0 - idle_kubelet;
+        let rcpu = runtime_cpu() - r0 - idle_runtime;
+        println!(
+            "{path:<18}: p50 {:.1} ms  p99 {:.1} ms  {:.1} KiB  CPU per scrape: rkubelet {:.1} ms, containerd {:.1} ms",
+            pct(&mut lat, 50.0),
+            pct(&mut lat, 99.0),
+            bytes as f64 / 1024.0,
+            1000.0 * cpu.max(0.0) / args.scrapes as f64,
+            1000.0 * rcpu.max(0.0) / args.scrapes as f64,
+        );
+    }
+    // Scrapes that meet a fresh snapshot: five at once share one collection.
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..5 {
+            s.spawn(|| http_get(&k.ro, "/metrics/resource"));
+        }
+    });
+    println!(
+        "5 concurrent /metrics/resource scrapes (one collection): wall {:.1} ms",
+        t.elapsed().as_secs_f64() * 1000.0
+    );
+    remove_all(&k, "p", n, cri)
 }
 
 /// Waits until the runtime has no bench pods left, so the next phase does

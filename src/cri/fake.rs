@@ -21,6 +21,9 @@ struct State {
     exec_results: BTreeMap<String, Option<i32>>,
     /// (container name, timeout) of every StopContainer call.
     stop_timeouts: Vec<(String, i64)>,
+    /// Scripted ListContainerStats figures by container ID: (cpu ns,
+    /// working set bytes, writable layer bytes).
+    container_stats: BTreeMap<String, (u64, u64, u64)>,
 }
 
 struct FakeContainer {
@@ -95,6 +98,14 @@ impl FakeRuntime {
             .lock()
             .exec_results
             .insert(container_id.to_string(), None);
+    }
+
+    /// Scripts the CRI stats of a container (ListContainerStats).
+    pub fn set_container_stats(&self, id: &str, cpu_ns: u64, working_set: u64, rootfs: u64) {
+        self.state
+            .lock()
+            .container_stats
+            .insert(id.to_string(), (cpu_ns, working_set, rootfs));
     }
 
     /// Marks a sandbox not ready, as if its network or pause process died.
@@ -370,6 +381,42 @@ impl RuntimeService for FakeRuntime {
                 labels: c.config.labels.clone(),
                 annotations: c.config.annotations.clone(),
                 ..Default::default()
+            })
+            .collect())
+    }
+
+    async fn list_container_stats(
+        &self,
+        _filter: Option<v1::ContainerStatsFilter>,
+    ) -> CriResult<Vec<v1::ContainerStats>> {
+        let mut s = self.state.lock();
+        self.record(&mut s, "ListContainerStats".into());
+        let u = |value| Some(v1::UInt64Value { value });
+        Ok(s.container_stats
+            .iter()
+            .filter_map(|(id, (cpu, ws, rootfs))| {
+                let c = s.containers.get(id)?;
+                Some(v1::ContainerStats {
+                    attributes: Some(v1::ContainerAttributes {
+                        id: id.clone(),
+                        metadata: c.config.metadata.clone(),
+                        labels: c.config.labels.clone(),
+                        annotations: c.config.annotations.clone(),
+                    }),
+                    cpu: Some(v1::CpuUsage {
+                        usage_core_nano_seconds: u(*cpu),
+                        ..Default::default()
+                    }),
+                    memory: Some(v1::MemoryUsage {
+                        working_set_bytes: u(*ws),
+                        ..Default::default()
+                    }),
+                    writable_layer: Some(v1::FilesystemUsage {
+                        used_bytes: u(*rootfs),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
             })
             .collect())
     }

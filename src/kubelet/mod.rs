@@ -227,6 +227,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             queue: queue.clone(),
             runtime: manager.clone(),
         }),
+        stats: crate::stats::StatsProvider::with_oom_watcher(&opts.node_name),
     };
     let mut servers = Vec::new();
     if cfg.healthz_port > 0 {

@@ -42,6 +42,8 @@ pub struct ServerState {
     pub pod_logs_dir: std::path::PathBuf,
     /// The kubelet's internals for `/debug/pods` (absent in handler tests).
     pub debug: Option<debug::DebugSources>,
+    /// The stats provider behind /stats/summary and /metrics/{resource,cadvisor}.
+    pub stats: crate::stats::StatsProvider,
 }
 
 impl ServerState {
@@ -84,6 +86,7 @@ impl ServerState {
             root_dir: std::env::temp_dir().join("rkubelet-server-tests"),
             pod_logs_dir: std::env::temp_dir().join("rkubelet-server-tests/logs"),
             debug: None,
+            stats: Default::default(),
         };
         (state, token)
     }

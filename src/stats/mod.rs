@@ -1,11 +1,579 @@
 //! The stats provider (instead of cAdvisor): `/stats/summary`,
-//! `/metrics/resource` and `/metrics/cadvisor`.
+//! `/metrics/resource` and `/metrics/cadvisor` (upstream
+//! `pkg/kubelet/server/stats`, `pkg/kubelet/stats`, and the cAdvisor
+//! Prometheus collector). Figures come from cgroup and /proc files read on
+//! demand off the async threads, and from the CRI; see `provider`.
 
+pub mod cgroup;
+pub mod expo;
+pub mod oom;
+pub mod procfs;
+pub mod provider;
+pub mod summary;
+pub mod types;
+
+use axum::extract::{RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use axum::Router;
+
+pub use provider::{StatsConfig, StatsError, StatsProvider};
 
 use crate::server::ServerState;
 
 /// `/stats/summary`, `/metrics/resource`, `/metrics/cadvisor`.
 pub fn routes() -> Router<ServerState> {
     Router::new()
+        .route("/stats/summary", get(stats_summary).post(stats_summary))
+        .route("/metrics/resource", get(metrics_resource))
+        .route("/metrics/cadvisor", get(metrics_cadvisor))
+}
+
+fn stats_config(s: &ServerState) -> StatsConfig {
+    StatsConfig {
+        cgroup_root: s.config.cgroup_root.clone(),
+        systemd: s.config.cgroup_driver == "systemd",
+        root_dir: s.root_dir.clone(),
+        pod_logs_dir: s.pod_logs_dir.clone(),
+    }
+}
+
+async fn snapshot(
+    s: &ServerState,
+    full: bool,
+) -> Result<std::sync::Arc<provider::Snapshot>, StatsError> {
+    s.stats
+        .snapshot(s.runtime.clone(), s.images.clone(), stats_config(s), full)
+        .await
+}
+
+const PROM_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Upstream reads `only_cpu_and_memory` with strconv.ParseBool.
+fn only_cpu_and_memory(q: Option<&str>) -> bool {
+    q.unwrap_or_default()
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .any(|(k, v)| {
+            k == "only_cpu_and_memory" && matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True")
+        })
+}
+
+async fn stats_summary(State(s): State<ServerState>, RawQuery(q): RawQuery) -> Response {
+    let only = only_cpu_and_memory(q.as_deref());
+    match snapshot(&s, !only).await {
+        Ok(snap) => {
+            let sum = summary::build(&snap, &s.node_name, only);
+            match serde_json::to_vec(&sum) {
+                Ok(b) => ([(header::CONTENT_TYPE, "application/json")], b).into_response(),
+                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "stats summary failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Internal Error: failed to get summary stats: {e}"),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn metrics_resource(State(s): State<ServerState>) -> Response {
+    let snap = snapshot(&s, false).await;
+    if let Err(e) = &snap {
+        tracing::warn!(error = %e, "resource metrics collection failed");
+    }
+    let body = expo::resource(snap.as_deref().ok(), &s.node_name);
+    ([(header::CONTENT_TYPE, PROM_TEXT)], body).into_response()
+}
+
+async fn metrics_cadvisor(State(s): State<ServerState>) -> Response {
+    let snap = snapshot(&s, true).await;
+    if let Err(e) = &snap {
+        tracing::warn!(error = %e, "cadvisor metrics collection failed");
+    }
+    let m = &s.machine;
+    let machine = expo::Machine {
+        machine_id: &m.machine_id,
+        system_uuid: &m.system_uuid,
+        boot_id: &m.boot_id,
+        cores: m.num_cores,
+        memory: m.memory_capacity,
+    };
+    let body = expo::cadvisor(snap.as_deref().ok(), &machine);
+    ([(header::CONTENT_TYPE, PROM_TEXT)], body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::cri::fake::FakeRuntime;
+    use crate::cri::{v1, RuntimeService};
+
+    async fn get(state: &ServerState, path: &str) -> (StatusCode, String) {
+        let resp = routes()
+            .with_state(state.clone())
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let code = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), 64 << 20)
+            .await
+            .unwrap();
+        (code, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    /// A running pod `web` (uid `u-1`) with container `app` in the fake.
+    async fn fake_pod(rt: &FakeRuntime) -> (String, String) {
+        let sb = rt
+            .run_pod_sandbox(
+                v1::PodSandboxConfig {
+                    metadata: Some(v1::PodSandboxMetadata {
+                        name: "web".into(),
+                        namespace: "ns1".into(),
+                        uid: "u-1".into(),
+                        attempt: 0,
+                    }),
+                    ..Default::default()
+                },
+                String::new(),
+            )
+            .await
+            .unwrap();
+        let c = rt
+            .create_container(
+                &sb,
+                v1::ContainerConfig {
+                    metadata: Some(v1::ContainerMetadata {
+                        name: "app".into(),
+                        attempt: 0,
+                    }),
+                    image: Some(v1::ImageSpec {
+                        image: "docker.io/library/busybox:1.36".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        rt.start_container(&c).await.unwrap();
+        (sb, c)
+    }
+
+    fn parse(text: &str) -> prometheus_parse::Scrape {
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+    }
+
+    fn sample<'a>(
+        s: &'a prometheus_parse::Scrape,
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> Option<&'a prometheus_parse::Sample> {
+        s.samples
+            .iter()
+            .find(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+    }
+
+    fn value(s: &prometheus_parse::Sample) -> f64 {
+        match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        }
+    }
+
+    #[tokio::test]
+    async fn summary_reports_cri_figures_where_no_cgroup_is_found() {
+        let rt = Arc::new(FakeRuntime::new());
+        let (_, c) = fake_pod(&rt).await;
+        rt.set_container_stats(&c, 5_000_000_000, 4096, 8192);
+        let (state, _t) = ServerState::for_tests(rt.clone());
+        let (code, body) = get(&state, "/stats/summary").await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["node"]["nodeName"], "node");
+        assert!(v["node"]["startTime"].is_string());
+        assert!(v["node"]["memory"]["workingSetBytes"].as_u64().unwrap() > 0);
+        assert!(v["node"]["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap() > 0);
+        assert!(v["node"]["fs"]["capacityBytes"].as_u64().is_some() || v["node"]["fs"].is_object());
+        let pod = &v["pods"][0];
+        assert_eq!(pod["podRef"]["name"], "web");
+        assert_eq!(pod["podRef"]["namespace"], "ns1");
+        assert_eq!(pod["podRef"]["uid"], "u-1");
+        let ctr = &pod["containers"][0];
+        assert_eq!(ctr["name"], "app");
+        assert_eq!(ctr["cpu"]["usageCoreNanoSeconds"], 5_000_000_000u64);
+        assert_eq!(ctr["memory"]["workingSetBytes"], 4096);
+        assert_eq!(ctr["rootfs"]["usedBytes"], 8192);
+        // No pod cgroup: the pod's figures are its containers' sums.
+        assert_eq!(pod["cpu"]["usageCoreNanoSeconds"], 5_000_000_000u64);
+        assert_eq!(pod["memory"]["workingSetBytes"], 4096);
+        assert_eq!(pod["ephemeral-storage"]["usedBytes"], 8192);
+    }
+
+    #[tokio::test]
+    async fn only_cpu_and_memory_leaves_out_fs_and_network() {
+        let rt = Arc::new(FakeRuntime::new());
+        let (_, c) = fake_pod(&rt).await;
+        rt.set_container_stats(&c, 1, 2, 3);
+        let (state, _t) = ServerState::for_tests(rt.clone());
+        let (code, body) = get(&state, "/stats/summary?only_cpu_and_memory=true").await;
+        assert_eq!(code, StatusCode::OK);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(v["node"]["fs"].is_null() && v["node"]["network"].is_null());
+        assert!(v["node"]["runtime"].is_null());
+        let ctr = &v["pods"][0]["containers"][0];
+        assert!(ctr["rootfs"].is_null() && ctr["logs"].is_null());
+        assert_eq!(ctr["memory"]["workingSetBytes"], 2);
+        assert!(v["pods"][0]["ephemeral-storage"].is_null());
+    }
+
+    #[tokio::test]
+    async fn concurrent_scrapes_share_one_collection() {
+        let rt = Arc::new(FakeRuntime::new());
+        let (_, c) = fake_pod(&rt).await;
+        rt.set_container_stats(&c, 1, 2, 3);
+        let (state, _t) = ServerState::for_tests(rt.clone());
+        rt.clear_calls();
+        let (a, b, c2) = tokio::join!(
+            get(&state, "/stats/summary"),
+            get(&state, "/metrics/resource"),
+            get(&state, "/metrics/cadvisor"),
+        );
+        assert!(a.0.is_success() && b.0.is_success() && c2.0.is_success());
+        let n = rt
+            .calls()
+            .iter()
+            .filter(|c| *c == "ListContainerStats")
+            .count();
+        assert_eq!(n, 1, "{:?}", rt.calls());
+    }
+
+    #[tokio::test]
+    async fn resource_metrics_have_upstream_names_labels_and_timestamps() {
+        let rt = Arc::new(FakeRuntime::new());
+        let (_, c) = fake_pod(&rt).await;
+        rt.set_container_stats(&c, 2_500_000_000, 4096, 0);
+        let (state, _t) = ServerState::for_tests(rt.clone());
+        let (code, text) = get(&state, "/metrics/resource").await;
+        assert_eq!(code, StatusCode::OK);
+        assert!(
+            text.contains("# TYPE container_cpu_usage_seconds_total counter"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE container_memory_working_set_bytes gauge"));
+        let s = parse(&text);
+        let l = [("container", "app"), ("pod", "web"), ("namespace", "ns1")];
+        let cpu = sample(&s, "container_cpu_usage_seconds_total", &l).expect("cpu");
+        assert_eq!(value(cpu), 2.5);
+        assert_eq!(cpu.labels.len(), 3);
+        let ws = sample(&s, "container_memory_working_set_bytes", &l).expect("ws");
+        assert_eq!(value(ws), 4096.0);
+        assert!(sample(&s, "container_start_time_seconds", &l).is_some());
+        let pl = [("pod", "web"), ("namespace", "ns1")];
+        assert_eq!(
+            value(sample(&s, "pod_cpu_usage_seconds_total", &pl).unwrap()),
+            2.5
+        );
+        assert_eq!(
+            value(sample(&s, "pod_memory_working_set_bytes", &pl).unwrap()),
+            4096.0
+        );
+        assert_eq!(
+            value(sample(&s, "resource_scrape_error", &[]).unwrap()),
+            0.0
+        );
+        assert_eq!(value(sample(&s, "scrape_error", &[]).unwrap()), 0.0);
+        assert!(sample(&s, "node_cpu_usage_seconds_total", &[]).is_some());
+        assert!(sample(&s, "node_memory_working_set_bytes", &[]).is_some());
+        // CPU and memory samples carry their collection time (ms), the
+        // start time does not, as upstream.
+        let line = |m: &str| {
+            text.lines()
+                .find(|l| l.starts_with(m))
+                .unwrap()
+                .split(' ')
+                .count()
+        };
+        assert_eq!(line("container_cpu_usage_seconds_total{"), 3);
+        assert_eq!(line("node_memory_working_set_bytes "), 3);
+        assert_eq!(line("container_start_time_seconds{"), 2);
+    }
+
+    #[tokio::test]
+    async fn a_runtime_error_is_a_scrape_error_not_a_failure() {
+        struct Broken;
+        #[async_trait::async_trait]
+        impl RuntimeService for Broken {
+            async fn version(&self) -> crate::cri::CriResult<v1::VersionResponse> {
+                Err(crate::cri::unimplemented("Version"))
+            }
+            async fn status(&self) -> crate::cri::CriResult<v1::StatusResponse> {
+                Err(crate::cri::unimplemented("Status"))
+            }
+            async fn run_pod_sandbox(
+                &self,
+                _: v1::PodSandboxConfig,
+                _: String,
+            ) -> crate::cri::CriResult<String> {
+                unreachable!()
+            }
+            async fn stop_pod_sandbox(&self, _: &str) -> crate::cri::CriResult<()> {
+                unreachable!()
+            }
+            async fn remove_pod_sandbox(&self, _: &str) -> crate::cri::CriResult<()> {
+                unreachable!()
+            }
+            async fn pod_sandbox_status(
+                &self,
+                _: &str,
+            ) -> crate::cri::CriResult<v1::PodSandboxStatus> {
+                unreachable!()
+            }
+            async fn list_pod_sandbox(
+                &self,
+                _: Option<v1::PodSandboxFilter>,
+            ) -> crate::cri::CriResult<Vec<v1::PodSandbox>> {
+                Err(crate::cri::CriError::Unavailable {
+                    op: "ListPodSandbox",
+                    message: "down".into(),
+                })
+            }
+            async fn create_container(
+                &self,
+                _: &str,
+                _: v1::ContainerConfig,
+                _: v1::PodSandboxConfig,
+            ) -> crate::cri::CriResult<String> {
+                unreachable!()
+            }
+            async fn start_container(&self, _: &str) -> crate::cri::CriResult<()> {
+                unreachable!()
+            }
+            async fn stop_container(&self, _: &str, _: i64) -> crate::cri::CriResult<()> {
+                unreachable!()
+            }
+            async fn remove_container(&self, _: &str) -> crate::cri::CriResult<()> {
+                unreachable!()
+            }
+            async fn list_containers(
+                &self,
+                _: Option<v1::ContainerFilter>,
+            ) -> crate::cri::CriResult<Vec<v1::Container>> {
+                Ok(vec![])
+            }
+            async fn container_status(
+                &self,
+                _: &str,
+            ) -> crate::cri::CriResult<v1::ContainerStatus> {
+                unreachable!()
+            }
+            async fn exec_sync(
+                &self,
+                _: &str,
+                _: Vec<String>,
+                _: i64,
+            ) -> crate::cri::CriResult<v1::ExecSyncResponse> {
+                unreachable!()
+            }
+            async fn container_events(
+                &self,
+                _: tokio::sync::mpsc::Sender<v1::ContainerEventResponse>,
+            ) -> crate::cri::CriResult<()> {
+                unreachable!()
+            }
+        }
+        let fake = Arc::new(FakeRuntime::new());
+        let (mut state, _t) = ServerState::for_tests(fake);
+        state.runtime = Arc::new(Broken);
+        let (code, text) = get(&state, "/metrics/resource").await;
+        assert_eq!(code, StatusCode::OK);
+        let s = parse(&text);
+        assert_eq!(
+            value(sample(&s, "resource_scrape_error", &[]).unwrap()),
+            1.0
+        );
+        let (code, _) = get(&state, "/stats/summary").await;
+        assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    fn write(dir: &Path, file: &str, text: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+
+    /// A v1 tree with the pod's, its sandbox's and its container's cgroups.
+    fn fake_tree(root: &Path, sb: &str, c: &str) {
+        let pod = "kubepods/besteffort/podu-1";
+        for (cg, cpu, usage) in [
+            ("", 9_000_000_000u64, 1u64 << 30),
+            ("kubepods", 3_000_000_000, 1 << 24),
+            ("kubepods/besteffort", 3_000_000_000, 1 << 24),
+            (pod, 3_000_000_000, 1 << 22),
+            (&format!("{pod}/{sb}"), 1_000_000, 1 << 16),
+            (&format!("{pod}/{c}"), 2_000_000_000, 1 << 21),
+        ] {
+            let acct = root.join("cpuacct").join(cg);
+            write(&acct, "cpuacct.usage", &format!("{cpu}\n"));
+            write(&acct, "cpuacct.stat", "user 100\nsystem 50\n");
+            write(&root.join("cpu").join(cg), "cpu.shares", "2\n");
+            let mem = root.join("memory").join(cg);
+            write(&mem, "memory.usage_in_bytes", &format!("{usage}\n"));
+            write(
+                &mem,
+                "memory.stat",
+                "total_inactive_file 1024\ntotal_rss 4096\ntotal_cache 2048\n",
+            );
+            write(&mem, "memory.limit_in_bytes", "9223372036854771712\n");
+        }
+        // The pause process: this test process, so its netns is readable.
+        write(
+            &root.join("memory").join(pod).join(sb),
+            "cgroup.procs",
+            &format!("{}\n", std::process::id()),
+        );
+    }
+
+    fn tempdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "rkubelet-stats-mod-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[tokio::test]
+    async fn cgroup_figures_drive_summary_and_cadvisor_labels() {
+        let rt = Arc::new(FakeRuntime::new());
+        let (sb, c) = fake_pod(&rt).await;
+        rt.set_container_stats(&c, 1, 1, 77);
+        let root = tempdir();
+        fake_tree(&root, &sb, &c);
+        let h = cgroup::Hierarchy::V1 {
+            roots: ["cpu", "cpuacct", "memory"]
+                .iter()
+                .map(|n| (n.to_string(), root.join(n)))
+                .collect(),
+            unified: None,
+        };
+        let (mut state, _t) = ServerState::for_tests(rt.clone());
+        // Every cgroup found: the cpu-and-memory form costs the runtime no
+        // ListContainerStats.
+        state.stats = StatsProvider::with_hierarchy(h.clone());
+        rt.clear_calls();
+        let (_, text) = get(&state, "/metrics/resource").await;
+        assert!(text.contains("container_cpu_usage_seconds_total{container=\"app\""));
+        assert!(
+            !rt.calls().iter().any(|c| c == "ListContainerStats"),
+            "{:?}",
+            rt.calls()
+        );
+        // A fresh provider, so the full summary below is a new collection;
+        // one OOM kill in the container's cgroup.
+        state.stats = StatsProvider::with_hierarchy_and_oom(h);
+        state.stats.oom_counts().unwrap().record(&oom::OomKill {
+            oom_memcg: format!("/kubepods/besteffort/podu-1/{c}"),
+            task_memcg: format!("/kubepods/besteffort/podu-1/{c}"),
+            task: "app".into(),
+            pid: 1,
+        });
+        let (_, body) = get(&state, "/stats/summary").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let pod = &v["pods"][0];
+        // Cgroup figures win over the CRI's for cpu and memory.
+        assert_eq!(
+            pod["containers"][0]["cpu"]["usageCoreNanoSeconds"],
+            2_000_000_000u64
+        );
+        assert_eq!(
+            pod["containers"][0]["memory"]["workingSetBytes"],
+            (1u64 << 21) - 1024
+        );
+        assert_eq!(pod["containers"][0]["memory"]["rssBytes"], 4096);
+        assert_eq!(pod["containers"][0]["rootfs"]["usedBytes"], 77);
+        assert_eq!(pod["cpu"]["usageCoreNanoSeconds"], 3_000_000_000u64);
+        assert_eq!(pod["memory"]["workingSetBytes"], (1u64 << 22) - 1024);
+        assert!(pod["network"]["time"].is_string(), "{pod}");
+        assert_eq!(v["node"]["cpu"]["usageCoreNanoSeconds"], 9_000_000_000u64);
+        let names: Vec<&str> = v["node"]["systemContainers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        assert!(names.contains(&"pods"), "{names:?}");
+
+        let (_, text) = get(&state, "/metrics/cadvisor").await;
+        let s = parse(&text);
+        let id = format!("/kubepods/besteffort/podu-1/{c}");
+        let ctr = sample(
+            &s,
+            "container_memory_working_set_bytes",
+            &[
+                ("id", id.as_str()),
+                ("name", c.as_str()),
+                ("image", "docker.io/library/busybox:1.36"),
+                ("pod", "web"),
+                ("namespace", "ns1"),
+                ("container", "app"),
+            ],
+        )
+        .expect("container sample");
+        assert_eq!(value(ctr), ((1u64 << 21) - 1024) as f64);
+        let cpu = sample(
+            &s,
+            "container_cpu_usage_seconds_total",
+            &[("id", id.as_str()), ("cpu", "total")],
+        )
+        .expect("cpu");
+        assert_eq!(value(cpu), 2.0);
+        assert_eq!(cpu.labels.len(), 7);
+        // The pod cgroup: pod and namespace, no container or name.
+        let pod_cg = sample(
+            &s,
+            "container_memory_usage_bytes",
+            &[
+                ("id", "/kubepods/besteffort/podu-1"),
+                ("pod", "web"),
+                ("container", ""),
+                ("name", ""),
+            ],
+        );
+        assert!(pod_cg.is_some());
+        // The sandbox carries the pod's network.
+        let sb_id = format!("/kubepods/besteffort/podu-1/{sb}");
+        assert!(s
+            .samples
+            .iter()
+            .any(|x| x.metric == "container_network_receive_bytes_total"
+                && x.labels.get("id") == Some(sb_id.as_str())
+                && x.labels.get("interface").is_some()));
+        assert!(sample(
+            &s,
+            "container_spec_memory_limit_bytes",
+            &[("id", id.as_str())]
+        )
+        .is_some());
+        assert!(sample(&s, "container_cpu_usage_seconds_total", &[("id", "/")]).is_some());
+        assert!(sample(&s, "machine_cpu_cores", &[]).is_some());
+        let oom = |id: &str| sample(&s, "container_oom_events_total", &[("id", id)]).map(value);
+        assert_eq!(oom(&id), Some(1.0));
+        assert_eq!(oom("/kubepods/besteffort/podu-1"), Some(0.0));
+        let _ = std::fs::remove_dir_all(root);
+    }
 }

@@ -1,0 +1,560 @@
+//! Reading one cgroup's CPU, memory, pids and PSI figures, on cgroup v1
+//! (one hierarchy per controller) and v2 (one unified hierarchy). The
+//! hierarchy roots are parameters so tests point them at temp dirs.
+//! Figures and their meaning follow cAdvisor's libcontainer handler
+//! (`container/libcontainer/handler.go`): working set = usage − inactive
+//! file, rss = anon, cache = file cache.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// USER_HZ: cpuacct.stat counts in clock ticks, 100 per second on Linux.
+const CLOCK_TICKS_PER_SEC: u64 = 100;
+
+/// Where the hierarchies are mounted.
+#[derive(Debug, Clone)]
+pub enum Hierarchy {
+    /// cgroup v1: controller name (`cpu`, `cpuacct`, `memory`, `pids`) →
+    /// mount point; `unified` is the optional cgroup2 mount of a hybrid
+    /// host, used only for PSI.
+    V1 {
+        roots: HashMap<String, PathBuf>,
+        unified: Option<PathBuf>,
+    },
+    V2 {
+        root: PathBuf,
+    },
+}
+
+impl Hierarchy {
+    /// The host's hierarchies from `/proc/self/mountinfo` (blocking).
+    pub fn detect() -> Self {
+        let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        Self::from_mountinfo(&text)
+    }
+
+    pub fn from_mountinfo(text: &str) -> Self {
+        let mut roots = HashMap::new();
+        let mut unified = None;
+        for line in text.lines() {
+            // Fields: id parent maj:min root mountpoint opts [optional...] - fstype source superopts
+            let Some((pre, post)) = line.split_once(" - ") else {
+                continue;
+            };
+            let pre: Vec<&str> = pre.split(' ').collect();
+            let post: Vec<&str> = post.split(' ').collect();
+            if pre.len() < 5 || post.len() < 3 {
+                continue;
+            }
+            let mount = PathBuf::from(pre[4]);
+            match post[0] {
+                "cgroup2" => unified = Some(mount),
+                "cgroup" => {
+                    for opt in post[2].split(',') {
+                        if matches!(opt, "cpu" | "cpuacct" | "memory" | "pids" | "blkio") {
+                            roots
+                                .entry(opt.to_string())
+                                .or_insert_with(|| mount.clone());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if roots.is_empty() {
+            if let Some(root) = unified {
+                return Hierarchy::V2 { root };
+            }
+        }
+        Hierarchy::V1 { roots, unified }
+    }
+
+    pub fn is_v2(&self) -> bool {
+        matches!(self, Hierarchy::V2 { .. })
+    }
+
+    /// The directory of cgroup `name` (e.g. `/kubepods/pod<uid>`) for a
+    /// controller; `None` when that controller is not mounted.
+    fn dir(&self, controller: &str, name: &str) -> Option<PathBuf> {
+        let rel = name.trim_start_matches('/');
+        match self {
+            Hierarchy::V1 { roots, .. } => roots.get(controller).map(|r| r.join(rel)),
+            Hierarchy::V2 { root } => Some(root.join(rel)),
+        }
+    }
+
+    /// Whether cgroup `name` exists (memory controller on v1).
+    pub fn exists(&self, name: &str) -> bool {
+        self.dir("memory", name).is_some_and(|d| d.is_dir())
+    }
+
+    /// The pids in cgroup `name` (for finding a sandbox's netns).
+    pub fn procs(&self, name: &str) -> Vec<u32> {
+        self.dir("memory", name)
+            .and_then(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Reads everything for one cgroup (blocking). Missing files leave
+    /// their figures `None`: a cgroup may vanish between listing and
+    /// reading, and v1 hosts may lack a controller.
+    pub fn read(&self, name: &str) -> CgroupSample {
+        match self {
+            Hierarchy::V1 { unified, .. } => {
+                let mut s = self.read_v1(name);
+                // A hybrid host mirrors the tree in its cgroup2 mount, whose
+                // pressure files are valid even without controllers there.
+                if let Some(u) = unified {
+                    s.psi = read_psi_dir(&u.join(name.trim_start_matches('/')));
+                }
+                s
+            }
+            Hierarchy::V2 { root } => read_v2(&root.join(name.trim_start_matches('/'))),
+        }
+    }
+
+    /// A process's cgroup from its `/proc/<pid>/cgroup` text: its name (the
+    /// memory controller's path on v1, the unified one on v2) and figures,
+    /// each v1 controller read at that process's own path in it (they can
+    /// differ: a service may have its own memory cgroup but share `/` for
+    /// cpu).
+    pub fn read_process(&self, proc_cgroup: &str) -> Option<(String, CgroupSample)> {
+        let name = parse_proc_cgroup(proc_cgroup, self.is_v2())?;
+        if self.is_v2() {
+            return Some((name.clone(), self.read(&name)));
+        }
+        let per: HashMap<String, String> = proc_cgroup
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.splitn(3, ':');
+                let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+                Some(
+                    ctrls
+                        .split(',')
+                        .map(|c| (c.to_string(), path.to_string()))
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .flatten()
+            .collect();
+        let s = self.read_v1_with(&|c: &str| per.get(c).cloned().unwrap_or_else(|| name.clone()));
+        Some((name, s))
+    }
+
+    fn read_v1(&self, name: &str) -> CgroupSample {
+        self.read_v1_with(&|_| name.to_string())
+    }
+
+    fn read_v1_with(&self, path_of: &dyn Fn(&str) -> String) -> CgroupSample {
+        let mut s = CgroupSample::default();
+        if let Some(d) = self.dir("cpuacct", &path_of("cpuacct")) {
+            if let Some(total) = read_u64(&d.join("cpuacct.usage")) {
+                let stat = read_kv(&d.join("cpuacct.stat"));
+                let ns = 1_000_000_000 / CLOCK_TICKS_PER_SEC;
+                s.cpu = Some(CpuSample {
+                    usage_ns: total,
+                    user_ns: stat.get("user").map(|v| v * ns),
+                    system_ns: stat.get("system").map(|v| v * ns),
+                });
+            }
+        }
+        if let Some(d) = self.dir("cpu", &path_of("cpu")) {
+            s.cpu_shares = read_u64(&d.join("cpu.shares"));
+            s.cpu_period = read_u64(&d.join("cpu.cfs_period_us"));
+            s.cpu_quota = read_i64(&d.join("cpu.cfs_quota_us")).filter(|q| *q > 0);
+            let stat = read_kv(&d.join("cpu.stat"));
+            s.throttling = stat
+                .get("nr_periods")
+                .map(|p| (*p, stat.get("nr_throttled").copied().unwrap_or(0)));
+        }
+        if let Some(d) = self.dir("memory", &path_of("memory")) {
+            if let Some(usage) = read_u64(&d.join("memory.usage_in_bytes")) {
+                let stat = read_kv(&d.join("memory.stat"));
+                let get = |k: &str| stat.get(k).copied().unwrap_or(0);
+                // v1 hierarchical totals, as cAdvisor reads them.
+                let inactive = get("total_inactive_file");
+                let memsw = read_u64(&d.join("memory.memsw.usage_in_bytes"));
+                s.memory = Some(MemorySample {
+                    usage,
+                    working_set: usage.saturating_sub(inactive),
+                    rss: get("total_rss"),
+                    cache: get("total_cache"),
+                    mapped_file: get("total_mapped_file"),
+                    pgfault: get("total_pgfault"),
+                    pgmajfault: get("total_pgmajfault"),
+                    max_usage: read_u64(&d.join("memory.max_usage_in_bytes")),
+                    failcnt: read_u64(&d.join("memory.failcnt")),
+                    limit: read_u64(&d.join("memory.limit_in_bytes")),
+                    swap: memsw.map(|m| m.saturating_sub(usage)),
+                });
+            }
+        }
+        if let Some(d) = self.dir("pids", &path_of("pids")) {
+            s.pids = read_u64(&d.join("pids.current"));
+        }
+        s
+    }
+}
+
+fn read_v2(d: &Path) -> CgroupSample {
+    let mut s = CgroupSample::default();
+    let cpu = read_kv(&d.join("cpu.stat"));
+    if let Some(usage) = cpu.get("usage_usec") {
+        s.cpu = Some(CpuSample {
+            usage_ns: usage * 1000,
+            user_ns: cpu.get("user_usec").map(|v| v * 1000),
+            system_ns: cpu.get("system_usec").map(|v| v * 1000),
+        });
+        s.throttling = cpu
+            .get("nr_periods")
+            .map(|p| (*p, cpu.get("nr_throttled").copied().unwrap_or(0)));
+    }
+    // cpu.weight → shares, the inverse of the kubelet's shares → weight.
+    s.cpu_shares = read_u64(&d.join("cpu.weight")).map(|w| 2 + ((w.max(1) - 1) * 262_142) / 9999);
+    if let Ok(max) = std::fs::read_to_string(d.join("cpu.max")) {
+        let mut it = max.split_whitespace();
+        let quota = it.next().and_then(|q| q.parse::<i64>().ok());
+        s.cpu_quota = quota;
+        s.cpu_period = it.next().and_then(|p| p.parse().ok());
+    }
+    if let Some(usage) = read_u64(&d.join("memory.current")) {
+        let stat = read_kv(&d.join("memory.stat"));
+        let get = |k: &str| stat.get(k).copied().unwrap_or(0);
+        let events = read_kv(&d.join("memory.events"));
+        s.memory = Some(MemorySample {
+            usage,
+            working_set: usage.saturating_sub(get("inactive_file")),
+            rss: get("anon"),
+            cache: get("file"),
+            mapped_file: get("file_mapped"),
+            pgfault: get("pgfault"),
+            pgmajfault: get("pgmajfault"),
+            max_usage: read_u64(&d.join("memory.peak")),
+            failcnt: events.get("max").copied(),
+            // "max" does not parse: no limit.
+            limit: read_u64(&d.join("memory.max")),
+            swap: read_u64(&d.join("memory.swap.current")),
+        });
+    }
+    s.pids = read_u64(&d.join("pids.current"));
+    s.psi = read_psi_dir(d);
+    s
+}
+
+fn read_psi_dir(d: &Path) -> Option<Psi> {
+    let cpu = read_psi(&d.join("cpu.pressure"));
+    let memory = read_psi(&d.join("memory.pressure"));
+    let io = read_psi(&d.join("io.pressure"));
+    (cpu.is_some() || memory.is_some() || io.is_some()).then_some(Psi { cpu, memory, io })
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuSample {
+    pub usage_ns: u64,
+    pub user_ns: Option<u64>,
+    pub system_ns: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MemorySample {
+    pub usage: u64,
+    pub working_set: u64,
+    pub rss: u64,
+    pub cache: u64,
+    pub mapped_file: u64,
+    pub pgfault: u64,
+    pub pgmajfault: u64,
+    pub max_usage: Option<u64>,
+    pub failcnt: Option<u64>,
+    /// None or a huge value: unlimited.
+    pub limit: Option<u64>,
+    pub swap: Option<u64>,
+}
+
+/// One pressure file's `some` and `full` lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PsiLine {
+    pub avg10: f64,
+    pub avg60: f64,
+    pub avg300: f64,
+    /// Cumulative stall time in microseconds, as the kernel reports it.
+    pub total: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PsiPair {
+    pub some: PsiLine,
+    pub full: PsiLine,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Psi {
+    pub cpu: Option<PsiPair>,
+    pub memory: Option<PsiPair>,
+    pub io: Option<PsiPair>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CgroupSample {
+    pub cpu: Option<CpuSample>,
+    pub memory: Option<MemorySample>,
+    pub pids: Option<u64>,
+    pub cpu_shares: Option<u64>,
+    pub cpu_period: Option<u64>,
+    pub cpu_quota: Option<i64>,
+    /// (nr_periods, nr_throttled).
+    pub throttling: Option<(u64, u64)>,
+    pub psi: Option<Psi>,
+}
+
+fn read_u64(p: &Path) -> Option<u64> {
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+fn read_i64(p: &Path) -> Option<i64> {
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+/// A flat-keyed file (`memory.stat`, `cpu.stat`, ...): `key value` lines.
+fn read_kv(p: &Path) -> HashMap<String, u64> {
+    std::fs::read_to_string(p)
+        .map(|t| parse_kv(&t))
+        .unwrap_or_default()
+}
+
+pub fn parse_kv(text: &str) -> HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            Some((it.next()?.to_string(), it.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn read_psi(p: &Path) -> Option<PsiPair> {
+    parse_psi(&std::fs::read_to_string(p).ok()?)
+}
+
+/// `some avg10=0.00 avg60=0.00 avg300=0.00 total=0` (and `full ...`).
+pub fn parse_psi(text: &str) -> Option<PsiPair> {
+    let mut out = PsiPair::default();
+    let mut any = false;
+    for l in text.lines() {
+        let mut it = l.split_whitespace();
+        let which = match it.next() {
+            Some("some") => &mut out.some,
+            Some("full") => &mut out.full,
+            _ => continue,
+        };
+        any = true;
+        for kv in it {
+            let Some((k, v)) = kv.split_once('=') else {
+                continue;
+            };
+            match k {
+                "avg10" => which.avg10 = v.parse().unwrap_or(0.0),
+                "avg60" => which.avg60 = v.parse().unwrap_or(0.0),
+                "avg300" => which.avg300 = v.parse().unwrap_or(0.0),
+                "total" => which.total = v.parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+    }
+    any.then_some(out)
+}
+
+/// A process's cgroup (from `/proc/<pid>/cgroup`): on v1 the memory
+/// controller's path (the others usually agree; the summary only needs
+/// one name), on v2 the unified path.
+pub fn parse_proc_cgroup(text: &str, v2: bool) -> Option<String> {
+    text.lines().find_map(|l| {
+        let mut it = l.splitn(3, ':');
+        let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+        let hit = if v2 {
+            ctrls.is_empty()
+        } else {
+            ctrls.split(',').any(|c| c == "memory")
+        };
+        hit.then(|| path.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, file: &str, text: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "rkubelet-stats-{tag}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn mountinfo_of_a_hybrid_host_is_v1_with_a_unified_mount() {
+        let mi = "\
+30 25 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755
+31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid shared:5 - cgroup2 cgroup2 rw
+32 30 0:28 / /sys/fs/cgroup/cpu,cpuacct rw shared:6 - cgroup cgroup rw,cpu,cpuacct
+33 30 0:29 / /sys/fs/cgroup/memory rw shared:7 - cgroup cgroup rw,memory
+";
+        let h = Hierarchy::from_mountinfo(mi);
+        let Hierarchy::V1 { roots, unified } = h else {
+            panic!("expected v1")
+        };
+        assert_eq!(roots["cpu"], PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"));
+        assert_eq!(
+            roots["cpuacct"],
+            PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")
+        );
+        assert_eq!(roots["memory"], PathBuf::from("/sys/fs/cgroup/memory"));
+        assert_eq!(unified, Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        let v2 = Hierarchy::from_mountinfo(
+            "31 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n",
+        );
+        assert!(v2.is_v2());
+    }
+
+    #[test]
+    fn v1_figures_follow_cadvisor() {
+        let root = tempdir("v1");
+        let cg = "/kubepods/besteffort/podx/abc";
+        let mem = root.join("memory").join(&cg[1..]);
+        let acct = root.join("cpuacct").join(&cg[1..]);
+        let cpu = root.join("cpu").join(&cg[1..]);
+        write(&acct, "cpuacct.usage", "123456789\n");
+        write(&acct, "cpuacct.stat", "user 10\nsystem 5\n");
+        write(&cpu, "cpu.shares", "2\n");
+        write(&cpu, "cpu.cfs_quota_us", "-1\n");
+        write(&cpu, "cpu.cfs_period_us", "100000\n");
+        write(&mem, "memory.usage_in_bytes", "10000\n");
+        write(&mem, "memory.memsw.usage_in_bytes", "10500\n");
+        write(&mem, "memory.failcnt", "3\n");
+        write(
+            &mem,
+            "memory.stat",
+            "cache 1\nrss 2\ninactive_file 5\ntotal_cache 4000\ntotal_rss 6000\n\
+             total_inactive_file 3000\ntotal_pgfault 77\ntotal_pgmajfault 7\ntotal_mapped_file 9\n",
+        );
+        write(&mem, "cgroup.procs", "42\n43\n");
+        let h = Hierarchy::V1 {
+            roots: ["cpu", "cpuacct", "memory"]
+                .iter()
+                .map(|c| (c.to_string(), root.join(c)))
+                .collect(),
+            unified: None,
+        };
+        assert!(h.exists(cg));
+        assert_eq!(h.procs(cg), vec![42, 43]);
+        let s = h.read(cg);
+        let c = s.cpu.unwrap();
+        assert_eq!(c.usage_ns, 123456789);
+        assert_eq!(c.user_ns, Some(100_000_000));
+        assert_eq!(c.system_ns, Some(50_000_000));
+        assert_eq!(s.cpu_shares, Some(2));
+        assert_eq!(s.cpu_quota, None, "-1 means no quota");
+        let m = s.memory.unwrap();
+        assert_eq!(m.usage, 10000);
+        assert_eq!(m.working_set, 7000, "usage - total_inactive_file");
+        assert_eq!(m.rss, 6000);
+        assert_eq!(m.cache, 4000);
+        assert_eq!(m.pgfault, 77);
+        assert_eq!(m.pgmajfault, 7);
+        assert_eq!(m.failcnt, Some(3));
+        assert_eq!(m.swap, Some(500));
+        assert!(s.psi.is_none());
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn v2_figures_follow_cadvisor() {
+        let root = tempdir("v2");
+        let cg = "/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope";
+        let d = root.join(&cg[1..]);
+        write(
+            &d,
+            "cpu.stat",
+            "usage_usec 2000\nuser_usec 1500\nsystem_usec 500\nnr_periods 4\nnr_throttled 1\n",
+        );
+        write(&d, "cpu.weight", "1\n");
+        write(&d, "cpu.max", "50000 100000\n");
+        write(&d, "memory.current", "8192\n");
+        write(&d, "memory.max", "max\n");
+        write(&d, "memory.swap.current", "0\n");
+        write(
+            &d,
+            "memory.stat",
+            "anon 4096\nfile 2048\ninactive_file 1024\npgfault 11\npgmajfault 1\nfile_mapped 3\n",
+        );
+        write(&d, "pids.current", "2\n");
+        write(
+            &d,
+            "cpu.pressure",
+            "some avg10=1.50 avg60=0.00 avg300=0.00 total=1234\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=99\n",
+        );
+        let h = Hierarchy::V2 { root: root.clone() };
+        let s = h.read(cg);
+        assert_eq!(s.cpu.unwrap().usage_ns, 2_000_000);
+        assert_eq!(s.cpu.unwrap().user_ns, Some(1_500_000));
+        assert_eq!(s.cpu_shares, Some(2), "weight 1 is shares 2");
+        assert_eq!(s.cpu_quota, Some(50000));
+        assert_eq!(s.cpu_period, Some(100000));
+        assert_eq!(s.throttling, Some((4, 1)));
+        let m = s.memory.unwrap();
+        assert_eq!(m.working_set, 8192 - 1024);
+        assert_eq!(m.rss, 4096);
+        assert_eq!(m.cache, 2048);
+        assert_eq!(m.limit, None, "max is unlimited");
+        assert_eq!(m.swap, Some(0));
+        assert_eq!(s.pids, Some(2));
+        let psi = s.psi.unwrap().cpu.unwrap();
+        assert_eq!(psi.some.total, 1234);
+        assert_eq!(psi.some.avg10, 1.5);
+        assert_eq!(psi.full.total, 99);
+        assert!(s.psi.unwrap().memory.is_none());
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn a_process_is_read_at_its_own_path_in_each_v1_controller() {
+        let root = tempdir("proc");
+        write(&root.join("cpuacct"), "cpuacct.usage", "500\n");
+        write(&root.join("memory/svc"), "memory.usage_in_bytes", "300\n");
+        let h = Hierarchy::V1 {
+            roots: ["cpuacct", "memory"]
+                .iter()
+                .map(|c| (c.to_string(), root.join(c)))
+                .collect(),
+            unified: None,
+        };
+        let (name, s) = h
+            .read_process("5:memory:/svc\n3:cpu,cpuacct:/\n0::/\n")
+            .unwrap();
+        assert_eq!(name, "/svc");
+        assert_eq!(s.cpu.unwrap().usage_ns, 500);
+        assert_eq!(s.memory.unwrap().usage, 300);
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn proc_cgroup_picks_the_memory_or_unified_path() {
+        let t = "4:memory:/system.slice/kubelet.service\n1:cpu,cpuacct:/\n0::/unified/x\n";
+        assert_eq!(
+            parse_proc_cgroup(t, false).as_deref(),
+            Some("/system.slice/kubelet.service")
+        );
+        assert_eq!(parse_proc_cgroup(t, true).as_deref(), Some("/unified/x"));
+    }
+}

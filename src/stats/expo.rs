@@ -1,0 +1,791 @@
+//! `/metrics/resource` (upstream
+//! `pkg/kubelet/metrics/collectors/resource_metrics.go`) and
+//! `/metrics/cadvisor` (cAdvisor `lib/metrics/prometheus.go` and
+//! `prometheus_machine.go`, labelled by the kubelet's
+//! `containerPrometheusLabelsFunc` in `pkg/kubelet/server/server.go`).
+//!
+//! Written as Prometheus text 0.0.4 by hand rather than with
+//! `prometheus-client`: upstream stamps most of these samples with their
+//! collection time, and prometheus-client 0.25 has no per-sample
+//! timestamps; it also only writes OpenMetrics, whose counter family
+//! names drop the `_total` these names end with.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use super::cgroup::CgroupSample;
+use super::provider::{CgroupRaw, Snapshot};
+use super::summary;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+}
+
+struct Family {
+    help: String,
+    kind: Kind,
+    /// Rendered label set → (value, timestamp ms).
+    samples: BTreeMap<String, (f64, Option<i64>)>,
+}
+
+/// Families kept sorted by name and samples by label set, as client_golang
+/// gathers them.
+#[derive(Default)]
+pub struct Exposition {
+    families: BTreeMap<String, Family>,
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn fmt_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+impl Exposition {
+    pub fn add(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: Kind,
+        labels: &[(&str, &str)],
+        value: f64,
+        ts_ns: Option<i64>,
+    ) {
+        let mut l: Vec<(&str, &str)> = labels.to_vec();
+        l.sort_by(|a, b| a.0.cmp(b.0));
+        let rendered = l
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let f = self
+            .families
+            .entry(name.to_string())
+            .or_insert_with(|| Family {
+                help: help.to_string(),
+                kind,
+                samples: BTreeMap::new(),
+            });
+        f.samples
+            .insert(rendered, (value, ts_ns.map(|t| t / 1_000_000)));
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for (name, f) in &self.families {
+            let kind = match f.kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+            };
+            let _ = writeln!(out, "# HELP {name} {}", f.help);
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, (v, ts)) in &f.samples {
+                out.push_str(name);
+                if !labels.is_empty() {
+                    let _ = write!(out, "{{{labels}}}");
+                }
+                let _ = write!(out, " {}", fmt_value(*v));
+                if let Some(ts) = ts {
+                    let _ = write!(out, " {ts}");
+                }
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+const NS: f64 = 1e9;
+
+/// `/metrics/resource`: from the cpu-and-memory summary, as upstream.
+/// `error` set means the collection failed: only the scrape error gauges.
+pub fn resource(snap: Option<&Snapshot>, node_name: &str) -> String {
+    use Kind::*;
+    let mut e = Exposition::default();
+    let err = if snap.is_some() { 0.0 } else { 1.0 };
+    e.add(
+        "scrape_error",
+        "[ALPHA] (Deprecated since 1.29.0) 1 if there was an error while getting container metrics, 0 otherwise",
+        Gauge,
+        &[],
+        err,
+        None,
+    );
+    e.add(
+        "resource_scrape_error",
+        "[STABLE] 1 if there was an error while getting container metrics, 0 otherwise",
+        Gauge,
+        &[],
+        err,
+        None,
+    );
+    let Some(snap) = snap else {
+        return e.render();
+    };
+    let s = summary::build(snap, node_name, true);
+    let ts =
+        |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| Some(t.0.as_nanosecond() as i64);
+    if let Some(c) = &s.node.cpu {
+        if let Some(u) = c.usage_core_nano_seconds {
+            e.add(
+                "node_cpu_usage_seconds_total",
+                "[STABLE] Cumulative cpu time consumed by the node in core-seconds",
+                Counter,
+                &[],
+                u as f64 / NS,
+                ts(&c.time),
+            );
+        }
+    }
+    if let Some(m) = &s.node.memory {
+        if let Some(ws) = m.working_set_bytes {
+            e.add(
+                "node_memory_working_set_bytes",
+                "[STABLE] Current working set of the node in bytes",
+                Gauge,
+                &[],
+                ws as f64,
+                ts(&m.time),
+            );
+        }
+        // Upstream stamps node swap with the memory sample's time.
+        if let Some(u) = s.node.swap.as_ref().and_then(|sw| sw.swap_usage_bytes) {
+            e.add(
+                "node_swap_usage_bytes",
+                "[ALPHA] Current swap usage of the node in bytes. Reported only on non-windows systems",
+                Gauge,
+                &[],
+                u as f64,
+                ts(&m.time),
+            );
+        }
+    }
+    for p in &s.pods {
+        let (pod, ns) = (p.pod_ref.name.as_str(), p.pod_ref.namespace.as_str());
+        for c in &p.containers {
+            let l = [
+                ("container", c.name.as_str()),
+                ("pod", pod),
+                ("namespace", ns),
+            ];
+            let start = c.start_time.0.as_nanosecond() as f64 / NS;
+            if start > 0.0 {
+                e.add(
+                    "container_start_time_seconds",
+                    "[STABLE] Start time of the container since unix epoch in seconds",
+                    Gauge,
+                    &l,
+                    start,
+                    None,
+                );
+            }
+            if let Some(cpu) = &c.cpu {
+                if let Some(u) = cpu.usage_core_nano_seconds {
+                    e.add(
+                        "container_cpu_usage_seconds_total",
+                        "[STABLE] Cumulative cpu time consumed by the container in core-seconds",
+                        Counter,
+                        &l,
+                        u as f64 / NS,
+                        ts(&cpu.time),
+                    );
+                }
+            }
+            if let Some(m) = &c.memory {
+                if let Some(ws) = m.working_set_bytes {
+                    e.add(
+                        "container_memory_working_set_bytes",
+                        "[STABLE] Current working set of the container in bytes",
+                        Gauge,
+                        &l,
+                        ws as f64,
+                        ts(&m.time),
+                    );
+                }
+            }
+            if let Some(sw) = &c.swap {
+                if let Some(u) = sw.swap_usage_bytes {
+                    e.add(
+                        "container_swap_usage_bytes",
+                        "[ALPHA] Current amount of the container swap usage in bytes. Reported only on non-windows systems",
+                        Gauge,
+                        &l,
+                        u as f64,
+                        ts(&sw.time),
+                    );
+                }
+            }
+        }
+        let l = [("pod", pod), ("namespace", ns)];
+        if let Some(u) = p.cpu.as_ref().and_then(|c| c.usage_core_nano_seconds) {
+            e.add(
+                "pod_cpu_usage_seconds_total",
+                "[STABLE] Cumulative cpu time consumed by the pod in core-seconds",
+                Counter,
+                &l,
+                u as f64 / NS,
+                p.cpu.as_ref().and_then(|c| ts(&c.time)),
+            );
+        }
+        if let Some(ws) = p.memory.as_ref().and_then(|m| m.working_set_bytes) {
+            e.add(
+                "pod_memory_working_set_bytes",
+                "[STABLE] Current working set of the pod in bytes",
+                Gauge,
+                &l,
+                ws as f64,
+                p.memory.as_ref().and_then(|m| ts(&m.time)),
+            );
+        }
+        if let Some(sw) = &p.swap {
+            if let Some(u) = sw.swap_usage_bytes {
+                e.add(
+                    "pod_swap_usage_bytes",
+                    "[ALPHA] Current amount of the pod swap usage in bytes. Reported only on non-windows systems",
+                    Gauge,
+                    &l,
+                    u as f64,
+                    ts(&sw.time),
+                );
+            }
+        }
+    }
+    e.render()
+}
+
+/// The six base labels of every cAdvisor container metric.
+struct Base<'a> {
+    id: &'a str,
+    name: &'a str,
+    image: &'a str,
+    pod: &'a str,
+    namespace: &'a str,
+    container: &'a str,
+}
+
+impl Base<'_> {
+    fn with<'b>(&'b self, extra: &[(&'b str, &'b str)]) -> Vec<(&'b str, &'b str)> {
+        let mut v = vec![
+            ("id", self.id),
+            ("name", self.name),
+            ("image", self.image),
+            ("pod", self.pod),
+            ("namespace", self.namespace),
+            ("container", self.container),
+        ];
+        v.extend_from_slice(extra);
+        v
+    }
+}
+
+/// cAdvisor reports an unlimited memory limit as 0.
+fn spec_memory(limit: Option<u64>) -> f64 {
+    match limit {
+        Some(l) if l < (1 << 62) => l as f64,
+        _ => 0.0,
+    }
+}
+
+struct CgEntry<'a> {
+    base: Base<'a>,
+    sample: &'a CgroupSample,
+    start_ns: i64,
+    interfaces: &'a [super::procfs::Interface],
+    /// (device, usage, limit, inodes, inodes free)
+    fs: Option<(String, f64, f64, f64, f64)>,
+    /// OOM kills in this cgroup, when the kernel log is watched.
+    oom: Option<u64>,
+}
+
+fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
+    use Kind::*;
+    let b = &c.base;
+    let ts = Some(t);
+    let s = c.sample;
+    e.add(
+        "container_last_seen",
+        "Last time a container was seen by the exporter",
+        Gauge,
+        &b.with(&[]),
+        (t / 1_000_000_000) as f64,
+        ts,
+    );
+    e.add(
+        "container_start_time_seconds",
+        "Start time of the container since unix epoch in seconds.",
+        Gauge,
+        &b.with(&[]),
+        (c.start_ns / 1_000_000_000) as f64,
+        None,
+    );
+    if let Some(shares) = s.cpu_shares {
+        e.add(
+            "container_spec_cpu_period",
+            "CPU period of the container.",
+            Gauge,
+            &b.with(&[]),
+            s.cpu_period.unwrap_or(100_000) as f64,
+            None,
+        );
+        if let Some(q) = s.cpu_quota.filter(|q| *q > 0) {
+            e.add(
+                "container_spec_cpu_quota",
+                "CPU quota of the container.",
+                Gauge,
+                &b.with(&[]),
+                q as f64,
+                None,
+            );
+        }
+        e.add(
+            "container_spec_cpu_shares",
+            "CPU share of the container.",
+            Gauge,
+            &b.with(&[]),
+            shares as f64,
+            None,
+        );
+    }
+    if let Some(cpu) = s.cpu {
+        e.add(
+            "container_cpu_usage_seconds_total",
+            "Cumulative cpu time consumed in seconds.",
+            Counter,
+            &b.with(&[("cpu", "total")]),
+            cpu.usage_ns as f64 / NS,
+            ts,
+        );
+        if let Some(u) = cpu.user_ns {
+            e.add(
+                "container_cpu_user_seconds_total",
+                "Cumulative user cpu time consumed in seconds.",
+                Counter,
+                &b.with(&[]),
+                u as f64 / NS,
+                ts,
+            );
+        }
+        if let Some(u) = cpu.system_ns {
+            e.add(
+                "container_cpu_system_seconds_total",
+                "Cumulative system cpu time consumed in seconds.",
+                Counter,
+                &b.with(&[]),
+                u as f64 / NS,
+                ts,
+            );
+        }
+    }
+    if let (Some((periods, throttled)), Some(_)) = (s.throttling, s.cpu_quota.filter(|q| *q > 0)) {
+        e.add(
+            "container_cpu_cfs_periods_total",
+            "Number of elapsed enforcement period intervals.",
+            Counter,
+            &b.with(&[]),
+            periods as f64,
+            ts,
+        );
+        e.add(
+            "container_cpu_cfs_throttled_periods_total",
+            "Number of throttled period intervals.",
+            Counter,
+            &b.with(&[]),
+            throttled as f64,
+            ts,
+        );
+    }
+    if let Some(m) = s.memory {
+        e.add(
+            "container_spec_memory_limit_bytes",
+            "Memory limit for the container.",
+            Gauge,
+            &b.with(&[]),
+            spec_memory(m.limit),
+            None,
+        );
+        let gauges: [(&str, &str, f64); 6] = [
+            ("container_memory_cache", "Number of bytes of page cache memory.", m.cache as f64),
+            ("container_memory_rss", "Size of RSS in bytes.", m.rss as f64),
+            ("container_memory_mapped_file", "Size of memory mapped files in bytes.", m.mapped_file as f64),
+            ("container_memory_swap", "Container swap usage in bytes.", m.swap.unwrap_or(0) as f64),
+            (
+                "container_memory_usage_bytes",
+                "Current memory usage in bytes, including all memory regardless of when it was accessed",
+                m.usage as f64,
+            ),
+            ("container_memory_working_set_bytes", "Current working set in bytes.", m.working_set as f64),
+        ];
+        for (name, help, v) in gauges {
+            e.add(name, help, Gauge, &b.with(&[]), v, ts);
+        }
+        if let Some(max) = m.max_usage {
+            e.add(
+                "container_memory_max_usage_bytes",
+                "Maximum memory usage recorded in bytes",
+                Gauge,
+                &b.with(&[]),
+                max as f64,
+                ts,
+            );
+        }
+        e.add(
+            "container_memory_failcnt",
+            "Number of memory usage hits limits",
+            Counter,
+            &b.with(&[]),
+            m.failcnt.unwrap_or(0) as f64,
+            ts,
+        );
+        e.add(
+            "container_memory_failures_total",
+            "Cumulative count of memory allocation failures.",
+            Counter,
+            &b.with(&[("failure_type", "pgfault"), ("scope", "hierarchy")]),
+            m.pgfault as f64,
+            ts,
+        );
+        e.add(
+            "container_memory_failures_total",
+            "Cumulative count of memory allocation failures.",
+            Counter,
+            &b.with(&[("failure_type", "pgmajfault"), ("scope", "hierarchy")]),
+            m.pgmajfault as f64,
+            ts,
+        );
+    }
+    for i in c.interfaces {
+        let l = b.with(&[("interface", i.name.as_str())]);
+        let counters: [(&str, &str, u64); 8] = [
+            (
+                "container_network_receive_bytes_total",
+                "Cumulative count of bytes received",
+                i.rx_bytes,
+            ),
+            (
+                "container_network_receive_packets_total",
+                "Cumulative count of packets received",
+                i.rx_packets,
+            ),
+            (
+                "container_network_receive_packets_dropped_total",
+                "Cumulative count of packets dropped while receiving",
+                i.rx_dropped,
+            ),
+            (
+                "container_network_receive_errors_total",
+                "Cumulative count of errors encountered while receiving",
+                i.rx_errors,
+            ),
+            (
+                "container_network_transmit_bytes_total",
+                "Cumulative count of bytes transmitted",
+                i.tx_bytes,
+            ),
+            (
+                "container_network_transmit_packets_total",
+                "Cumulative count of packets transmitted",
+                i.tx_packets,
+            ),
+            (
+                "container_network_transmit_packets_dropped_total",
+                "Cumulative count of packets dropped while transmitting",
+                i.tx_dropped,
+            ),
+            (
+                "container_network_transmit_errors_total",
+                "Cumulative count of errors encountered while transmitting",
+                i.tx_errors,
+            ),
+        ];
+        for (name, help, v) in counters {
+            e.add(name, help, Counter, &l, v as f64, ts);
+        }
+    }
+    if let Some((dev, usage, limit, inodes, free)) = &c.fs {
+        let l = b.with(&[("device", dev.as_str())]);
+        e.add(
+            "container_fs_inodes_free",
+            "Number of available Inodes",
+            Gauge,
+            &l,
+            *free,
+            ts,
+        );
+        e.add(
+            "container_fs_inodes_total",
+            "Number of Inodes",
+            Gauge,
+            &l,
+            *inodes,
+            ts,
+        );
+        e.add(
+            "container_fs_limit_bytes",
+            "Number of bytes that can be consumed by the container on this filesystem.",
+            Gauge,
+            &l,
+            *limit,
+            ts,
+        );
+        e.add(
+            "container_fs_usage_bytes",
+            "Number of bytes that are consumed by the container on this filesystem.",
+            Gauge,
+            &l,
+            *usage,
+            ts,
+        );
+    }
+    if let Some(n) = c.oom {
+        e.add(
+            "container_oom_events_total",
+            "Count of out of memory events observed for the container",
+            Counter,
+            &b.with(&[]),
+            n as f64,
+            ts,
+        );
+    }
+    if let Some(psi) = s.psi {
+        let us = |v: u64| v as f64 / 1e6;
+        let pairs = [("cpu", psi.cpu), ("memory", psi.memory), ("io", psi.io)];
+        for (what, p) in pairs {
+            let Some(p) = p else { continue };
+            e.add(
+                &format!("container_pressure_{what}_stalled_seconds_total"),
+                &format!("Total time duration no tasks in the container could make progress due to {} congestion.", what_name(what)),
+                Counter,
+                &b.with(&[]),
+                us(p.full.total),
+                ts,
+            );
+            e.add(
+                &format!("container_pressure_{what}_waiting_seconds_total"),
+                &format!(
+                    "Total time duration tasks in the container have waited due to {} congestion.",
+                    what_name(what)
+                ),
+                Counter,
+                &b.with(&[]),
+                us(p.some.total),
+                ts,
+            );
+        }
+    }
+}
+
+fn what_name(w: &str) -> &'static str {
+    match w {
+        "cpu" => "CPU",
+        "memory" => "memory",
+        _ => "IO",
+    }
+}
+
+/// Machine facts for `machine_*` (cAdvisor's MachineInfo).
+pub struct Machine<'a> {
+    pub machine_id: &'a str,
+    pub system_uuid: &'a str,
+    pub boot_id: &'a str,
+    pub cores: usize,
+    pub memory: u64,
+}
+
+/// `/metrics/cadvisor`. `snap` None: the collection failed.
+pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
+    use Kind::*;
+    let mut e = Exposition::default();
+    e.add(
+        "container_scrape_error",
+        "1 if there was an error while getting container metrics, 0 otherwise",
+        Gauge,
+        &[],
+        if snap.is_some() { 0.0 } else { 1.0 },
+        None,
+    );
+    let ml = [
+        ("machine_id", m.machine_id),
+        ("system_uuid", m.system_uuid),
+        ("boot_id", m.boot_id),
+    ];
+    e.add(
+        "machine_cpu_cores",
+        "Number of logical CPU cores.",
+        Gauge,
+        &ml,
+        m.cores as f64,
+        None,
+    );
+    e.add(
+        "machine_memory_bytes",
+        "Amount of memory installed on the machine.",
+        Gauge,
+        &ml,
+        m.memory as f64,
+        None,
+    );
+    let Some(snap) = snap else {
+        return e.render();
+    };
+    e.add(
+        "machine_swap_bytes",
+        "Amount of swap memory available on the machine.",
+        Gauge,
+        &ml,
+        snap.node.meminfo.swap_total as f64,
+        None,
+    );
+    let t = snap.time_ns;
+    let none: &[super::procfs::Interface] = &[];
+    // Raw cgroups: "/" (with the host's interfaces), kubepods, QoS classes,
+    // and the kubelet's and runtime's own cgroups (cAdvisor in the kubelet
+    // watches those too), each once.
+    let mut raw: Vec<&CgroupRaw> = snap.hierarchy.iter().collect();
+    for (_, c) in &snap.system {
+        if !raw.iter().any(|r| r.name == c.name) {
+            raw.push(c);
+        }
+    }
+    for h in raw {
+        let CgroupRaw { name, sample, .. } = h;
+        let root = name == "/";
+        let fs = if root {
+            snap.node.rootfs.as_ref().map(|f| {
+                (
+                    snap.node.rootfs_device.clone().unwrap_or_default(),
+                    (f.capacity - f.free) as f64,
+                    f.capacity as f64,
+                    f.inodes as f64,
+                    f.inodes_free as f64,
+                )
+            })
+        } else {
+            None
+        };
+        cadvisor_entry(
+            &mut e,
+            &CgEntry {
+                base: Base {
+                    id: name,
+                    name: "",
+                    image: "",
+                    pod: "",
+                    namespace: "",
+                    container: "",
+                },
+                sample,
+                start_ns: snap.node.boot_ns,
+                interfaces: if root { &snap.node.interfaces } else { none },
+                fs,
+                oom: snap
+                    .oom
+                    .as_ref()
+                    .map(|o| o.get(name.as_str()).copied().unwrap_or(0)),
+            },
+            t,
+        );
+    }
+    let imagefs = snap.node.imagefs.as_ref().map(|(f, _, _)| *f);
+    let dev = snap.node.imagefs_device.clone().unwrap_or_default();
+    for p in &snap.pods {
+        // The pod cgroup: matched to its pod by path, no container labels.
+        if let Some(cg) = &p.cgroup {
+            cadvisor_entry(
+                &mut e,
+                &CgEntry {
+                    base: Base {
+                        id: cg,
+                        name: "",
+                        image: "",
+                        pod: &p.name,
+                        namespace: &p.namespace,
+                        container: "",
+                    },
+                    sample: &p.sample,
+                    start_ns: p.created_ns,
+                    interfaces: none,
+                    fs: None,
+                    oom: snap
+                        .oom
+                        .as_ref()
+                        .map(|o| o.get(cg.as_str()).copied().unwrap_or(0)),
+                },
+                t,
+            );
+        }
+        // The sandbox carries the pod's network, as the pause container
+        // does in cAdvisor; containerd gives it no container name.
+        if let Some(sc) = &p.sandbox_cgroup {
+            cadvisor_entry(
+                &mut e,
+                &CgEntry {
+                    base: Base {
+                        id: sc,
+                        name: &p.sandbox_id,
+                        image: &snap.sandbox_image,
+                        pod: &p.name,
+                        namespace: &p.namespace,
+                        container: "",
+                    },
+                    sample: &p.sandbox_sample,
+                    start_ns: p.created_ns,
+                    interfaces: &p.interfaces,
+                    fs: None,
+                    oom: snap
+                        .oom
+                        .as_ref()
+                        .map(|o| o.get(sc.as_str()).copied().unwrap_or(0)),
+                },
+                t,
+            );
+        }
+        for c in &p.containers {
+            let Some(cg) = &c.cgroup else { continue };
+            let fs = c.rootfs.and_then(|(u, _)| {
+                let f = imagefs?;
+                Some((
+                    dev.clone(),
+                    u.unwrap_or(0) as f64,
+                    f.capacity as f64,
+                    f.inodes as f64,
+                    f.inodes_free as f64,
+                ))
+            });
+            cadvisor_entry(
+                &mut e,
+                &CgEntry {
+                    base: Base {
+                        id: cg,
+                        name: &c.id,
+                        image: &c.image,
+                        pod: &p.name,
+                        namespace: &p.namespace,
+                        container: &c.name,
+                    },
+                    sample: &c.sample,
+                    start_ns: c.created_ns,
+                    interfaces: none,
+                    fs,
+                    oom: snap
+                        .oom
+                        .as_ref()
+                        .map(|o| o.get(cg.as_str()).copied().unwrap_or(0)),
+                },
+                t,
+            );
+        }
+    }
+    e.render()
+}
