@@ -456,7 +456,7 @@ fn an_api_outage_and_a_410_relist_touch_no_running_pod() {
     wait_for(
         "the static pod running locally during the outage",
         T,
-        || k.pod(&static_name).filter(|p| running(p)),
+        || k.pod("during").filter(|p| running(p)),
     );
     // The outage lasts two minutes, as the issue asks (a duration, not a
     // synchronisation): longer than the lease and several status periods.

@@ -1,10 +1,588 @@
-//! Container logs: `/containerLogs/...`, `/logs/...`, and log rotation.
+//! Container logs: `/containerLogs/{ns}/{pod}/{container}` as upstream's
+//! getContainerLogs and kuberuntime's ReadLogs (the CRI log format, tail,
+//! since, limitBytes, timestamps, previous, follow across rotations), and
+//! `/logs/` (files under /var/log, never outside it).
 
+pub mod cri_format;
+pub mod files;
+
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use axum::Router;
+use tokio::sync::mpsc;
 
+use crate::kuberuntime::labels;
 use crate::server::ServerState;
+use cri_format::LogLine;
 
 /// `/containerLogs/{ns}/{pod}/{container}` and `/logs/`.
 pub fn routes() -> Router<ServerState> {
     Router::new()
+        .route(
+            "/containerLogs/{namespace}/{pod}/{container}",
+            get(container_logs),
+        )
+        .route("/logs", get(files::root))
+        .route("/logs/", get(files::root))
+        .route("/logs/{*path}", get(files::path))
+}
+
+/// `v1.PodLogOptions` as the kubelet reads them from the query.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct LogOptions {
+    pub follow: bool,
+    pub previous: bool,
+    pub timestamps: bool,
+    pub tail_lines: Option<i64>,
+    pub limit_bytes: Option<i64>,
+    /// Only lines at or after this time (from sinceSeconds or sinceTime).
+    pub since: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+fn bad(msg: impl Into<String>) -> Response {
+    (StatusCode::BAD_REQUEST, msg.into()).into_response()
+}
+
+fn parse_bool(k: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "" | "true" | "True" | "TRUE" | "1" | "t" | "T" => Ok(true),
+        "false" | "False" | "FALSE" | "0" | "f" | "F" => Ok(false),
+        _ => Err(format!("{k}: invalid boolean {v:?}")),
+    }
+}
+
+/// The query as upstream decodes and validates it
+/// (`ValidatePodLogOptions`): negative tailLines, limitBytes or
+/// sinceSeconds below 1, both since forms, unparsable values are 400s.
+pub fn parse_options(query: &str, now: k8s_openapi::jiff::Timestamp) -> Result<LogOptions, String> {
+    let mut o = LogOptions::default();
+    let (mut since_seconds, mut since_time) = (None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        let int = |v: &str| {
+            v.parse::<i64>()
+                .map_err(|_| format!("{k}: invalid integer {v:?}"))
+        };
+        match k {
+            "follow" => o.follow = parse_bool(k, &v)?,
+            "previous" => o.previous = parse_bool(k, &v)?,
+            "timestamps" => o.timestamps = parse_bool(k, &v)?,
+            "tailLines" => o.tail_lines = Some(int(&v)?),
+            "limitBytes" => o.limit_bytes = Some(int(&v)?),
+            "sinceSeconds" => since_seconds = Some(int(&v)?),
+            "sinceTime" => {
+                since_time = Some(
+                    v.parse::<k8s_openapi::jiff::Timestamp>()
+                        .map_err(|e| format!("sinceTime: invalid RFC3339 time {v:?}: {e}"))?,
+                )
+            }
+            // Other options (container, insecureSkipTLSVerifyBackend,
+            // stream) are not the kubelet's to check.
+            _ => {}
+        }
+    }
+    if o.tail_lines.is_some_and(|n| n < 0) {
+        return Err("tailLines: Invalid value: must be greater than or equal to 0".into());
+    }
+    if o.limit_bytes.is_some_and(|n| n < 1) {
+        return Err("limitBytes: Invalid value: must be greater than 0".into());
+    }
+    if since_seconds.is_some() && since_time.is_some() {
+        return Err("at most one of `sinceTime` or `sinceSeconds` may be specified".into());
+    }
+    if let Some(s) = since_seconds {
+        if s < 1 {
+            return Err("sinceSeconds: Invalid value: must be greater than 0".into());
+        }
+        o.since = now
+            .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
+            .ok();
+    }
+    if since_time.is_some() {
+        o.since = since_time;
+    }
+    Ok(o)
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(c) => {
+                        out.push(c);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The container instance whose log is read: its log file and whether it
+/// still runs.
+struct Instance {
+    id: String,
+    log_path: PathBuf,
+}
+
+async fn container_logs(
+    State(s): State<ServerState>,
+    Path((namespace, pod_name, container)): Path<(String, String, String)>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let opts = match parse_options(
+        q.as_deref().unwrap_or_default(),
+        k8s_openapi::jiff::Timestamp::now(),
+    ) {
+        Ok(o) => o,
+        Err(e) => return bad(e),
+    };
+    let Some(pod) = s.pods.pods().into_iter().find(|p| {
+        p.metadata.namespace.as_deref() == Some(namespace.as_str())
+            && p.metadata.name.as_deref() == Some(pod_name.as_str())
+    }) else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace:?}/{pod_name:?} does not exist\n"),
+        )
+            .into_response();
+    };
+    let spec = pod.spec.clone().unwrap_or_default();
+    let known = spec
+        .containers
+        .iter()
+        .map(|c| &c.name)
+        .chain(spec.init_containers.iter().flatten().map(|c| &c.name))
+        .chain(spec.ephemeral_containers.iter().flatten().map(|c| &c.name))
+        .any(|n| *n == container);
+    if !known {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("container {container:?} in pod {pod_name:?} is not available\n"),
+        )
+            .into_response();
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let instance = match find_instance(&s, &uid, &pod_name, &container, opts.previous).await {
+        Ok(i) => i,
+        Err(e) => return bad(e),
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let runtime = s.runtime.clone();
+    tokio::spawn(tracing::Instrument::instrument(
+        stream_log(instance, opts, runtime, tx),
+        tracing::debug_span!("container-logs", pod = %pod_name, container = %container),
+    ));
+    let body = Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    }));
+    ([(header::CONTENT_TYPE, "text/plain")], body).into_response()
+}
+
+/// The newest instance of the container, or with `previous` the one
+/// before it, as upstream's validateContainerLogStatus picks them.
+async fn find_instance(
+    s: &ServerState,
+    uid: &str,
+    pod_name: &str,
+    container: &str,
+    previous: bool,
+) -> Result<Instance, String> {
+    let filter = crate::cri::ContainerFilter {
+        label_selector: [
+            (labels::POD_UID.to_string(), uid.to_string()),
+            (labels::CONTAINER_NAME.to_string(), container.to_string()),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    let mut list = s
+        .runtime
+        .list_containers(Some(filter))
+        .await
+        .map_err(|e| e.to_string())?;
+    list.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+    let pick = if previous { list.get(1) } else { list.first() };
+    let Some(c) = pick else {
+        return Err(if previous {
+            format!("previous terminated container {container:?} in pod {pod_name:?} not found")
+        } else {
+            format!("container {container:?} in pod {pod_name:?} is waiting to start: ContainerCreating")
+        });
+    };
+    let st = s
+        .runtime
+        .container_status(&c.id)
+        .await
+        .map_err(|e| e.to_string())?;
+    if st.log_path.is_empty() {
+        return Err(format!(
+            "container {container:?} in pod {pod_name:?} has no log file"
+        ));
+    }
+    Ok(Instance {
+        id: c.id.clone(),
+        log_path: PathBuf::from(st.log_path),
+    })
+}
+
+/// How often a followed log is checked for new data and rotation.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+/// How often a followed container is asked whether it still runs.
+const RUNNING_CHECK: Duration = Duration::from_secs(1);
+/// A line longer than this is cut (bounded memory for hostile logs).
+const MAX_LINE: usize = 1 << 20;
+
+/// Reads, filters and sends the log; ends when the client goes, the
+/// limit is reached, or (follow) the container stopped and the file is
+/// drained. File reads happen on the blocking pool.
+async fn stream_log(
+    inst: Instance,
+    opts: LogOptions,
+    runtime: std::sync::Arc<dyn crate::cri::RuntimeService>,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let mut out = Emitter {
+        opts: &opts,
+        budget: opts.limit_bytes.map(|n| n as u64),
+        in_line: false,
+        tx: &tx,
+    };
+    // Tail first: the last N lines, read from the end.
+    let path = inst.log_path.clone();
+    let tail = opts.tail_lines;
+    let start = tokio::task::spawn_blocking(move || start_offset(&path, tail)).await;
+    let Ok(Ok((mut reader, mut ino))) = start else {
+        let _ = tx
+            .send(Bytes::from(format!(
+                "failed to open log file {:?}\n",
+                inst.log_path
+            )))
+            .await;
+        return;
+    };
+    let mut partial: Vec<u8> = Vec::new();
+    let mut last_check = tokio::time::Instant::now();
+    loop {
+        // Read what is there now.
+        let r = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            let n = reader.read(&mut buf).map(|n| {
+                buf.truncate(n);
+                buf
+            });
+            (reader, n)
+        })
+        .await;
+        let Ok((r, chunk)) = r else { return };
+        reader = r;
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        if !chunk.is_empty() {
+            partial.extend_from_slice(&chunk);
+            while let Some(nl) = partial.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = partial.drain(..=nl).collect();
+                if !out.emit(&line[..line.len() - 1]).await {
+                    return;
+                }
+            }
+            if partial.len() > MAX_LINE {
+                let line = std::mem::take(&mut partial);
+                if !out.emit(&line).await {
+                    return;
+                }
+            }
+            continue;
+        }
+        if !opts.follow {
+            return;
+        }
+        // At the end: a rotated file means reopening the path; a stopped
+        // container with nothing more to read means the end.
+        let path = inst.log_path.clone();
+        let moved =
+            tokio::task::spawn_blocking(move || std::fs::metadata(&path).map(|m| m.ino()).ok())
+                .await
+                .ok()
+                .flatten();
+        if let Some(new_ino) = moved.filter(|i| *i != ino) {
+            let path = inst.log_path.clone();
+            if let Ok(Ok(f)) = tokio::task::spawn_blocking(move || std::fs::File::open(&path)).await
+            {
+                reader = f;
+                ino = new_ino;
+                continue;
+            }
+        }
+        if last_check.elapsed() >= RUNNING_CHECK {
+            last_check = tokio::time::Instant::now();
+            let running = runtime
+                .container_status(&inst.id)
+                .await
+                .map(|st| st.state == crate::cri::ContainerState::ContainerRunning as i32)
+                .unwrap_or(false);
+            if !running {
+                // One more read catches what was written before it stopped.
+                let r = tokio::task::spawn_blocking(move || {
+                    let mut rest = Vec::new();
+                    let _ = reader.read_to_end(&mut rest);
+                    rest
+                })
+                .await
+                .unwrap_or_default();
+                partial.extend_from_slice(&r);
+                for line in partial.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                    if !out.emit(line).await {
+                        return;
+                    }
+                }
+                return;
+            }
+        }
+        if tx.is_closed() {
+            return;
+        }
+        tokio::time::sleep(FOLLOW_POLL).await;
+    }
+}
+
+/// Opens the log and seeks to where `tail` lines before the end start.
+fn start_offset(
+    path: &std::path::Path,
+    tail: Option<i64>,
+) -> std::io::Result<(std::fs::File, u64)> {
+    let mut f = std::fs::File::open(path)?;
+    let ino = f.metadata()?.ino();
+    let Some(n) = tail else {
+        return Ok((f, ino));
+    };
+    let len = f.metadata()?.len();
+    // Read backwards in blocks until n+1 newlines are seen (the last line
+    // ends with one), keeping memory to one block.
+    let mut pos = len;
+    let mut newlines = 0i64;
+    let mut block = vec![0u8; 64 * 1024];
+    let mut start = 0;
+    'outer: while pos > 0 {
+        let size = block.len().min(pos as usize);
+        pos -= size as u64;
+        f.seek(SeekFrom::Start(pos))?;
+        f.read_exact(&mut block[..size])?;
+        for i in (0..size).rev() {
+            if block[i] == b'\n' {
+                newlines += 1;
+                if newlines > n {
+                    start = pos + i as u64 + 1;
+                    break 'outer;
+                }
+            }
+        }
+    }
+    f.seek(SeekFrom::Start(start))?;
+    Ok((f, ino))
+}
+
+/// Formats CRI log lines as upstream's log writer does and sends them:
+/// the timestamp prefix (RFC3339Nano, trailing zeros trimmed) only at the
+/// start of a line, fragments joined, `limitBytes` cut exactly.
+struct Emitter<'a> {
+    opts: &'a LogOptions,
+    budget: Option<u64>,
+    in_line: bool,
+    tx: &'a mpsc::Sender<Bytes>,
+}
+
+impl Emitter<'_> {
+    /// False when the client left or the byte limit was reached.
+    async fn emit(&mut self, raw: &[u8]) -> bool {
+        let Some(line) = LogLine::parse(raw) else {
+            return true;
+        };
+        if let (Some(since), Some(ts)) = (self.opts.since, line.timestamp) {
+            if ts < since {
+                return true;
+            }
+        }
+        let mut out = Vec::with_capacity(line.content.len() + 40);
+        if self.opts.timestamps && !self.in_line {
+            if let Some(ts) = line.timestamp {
+                out.extend_from_slice(ts.to_string().as_bytes());
+                out.push(b' ');
+            }
+        }
+        out.extend_from_slice(line.content);
+        if !line.partial {
+            out.push(b'\n');
+        }
+        self.in_line = line.partial;
+        if let Some(left) = &mut self.budget {
+            if *left == 0 {
+                return false;
+            }
+            if (out.len() as u64) > *left {
+                out.truncate(*left as usize);
+            }
+            *left -= out.len() as u64;
+        }
+        self.tx.send(Bytes::from(out)).await.is_ok() && self.budget.is_none_or(|b| b > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> k8s_openapi::jiff::Timestamp {
+        "2026-11-23T10:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn options_are_validated_as_upstream() {
+        let o = parse_options("follow=true&tailLines=5&timestamps=1&limitBytes=10", now()).unwrap();
+        assert!(o.follow && o.timestamps);
+        assert_eq!((o.tail_lines, o.limit_bytes), (Some(5), Some(10)));
+        let o = parse_options("sinceSeconds=60", now()).unwrap();
+        assert_eq!(o.since, Some("2026-11-23T09:59:00Z".parse().unwrap()));
+        let o = parse_options("sinceTime=2026-11-23T09%3A00%3A00Z", now()).unwrap();
+        assert_eq!(o.since, Some("2026-11-23T09:00:00Z".parse().unwrap()));
+        for bad in [
+            "tailLines=-1",
+            "limitBytes=0",
+            "sinceSeconds=0",
+            "sinceSeconds=5&sinceTime=2026-11-23T09:00:00Z",
+            "tailLines=x",
+            "follow=maybe",
+            "sinceTime=yesterday",
+        ] {
+            assert!(parse_options(bad, now()).is_err(), "{bad}");
+        }
+    }
+
+    fn log_file(lines: &[&str]) -> (tempfile_path::TempPath, PathBuf) {
+        let dir = tempfile_path::TempPath::new();
+        let p = dir.0.join("0.log");
+        std::fs::write(
+            &p,
+            lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+        )
+        .unwrap();
+        (dir, p)
+    }
+
+    mod tempfile_path {
+        pub struct TempPath(pub std::path::PathBuf);
+        impl TempPath {
+            pub fn new() -> Self {
+                let p = std::env::temp_dir().join(format!(
+                    "rkubelet-logs-test-{}-{}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_nanos()
+                ));
+                std::fs::create_dir_all(&p).unwrap();
+                TempPath(p)
+            }
+        }
+        impl Drop for TempPath {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    async fn collect(path: PathBuf, opts: LogOptions) -> String {
+        let fake = std::sync::Arc::new(crate::cri::fake::FakeRuntime::new());
+        let (tx, mut rx) = mpsc::channel(16);
+        stream_log(
+            Instance {
+                id: "none".into(),
+                log_path: path,
+            },
+            opts,
+            fake,
+            tx,
+        )
+        .await;
+        let mut out = Vec::new();
+        while let Some(b) = rx.recv().await {
+            out.extend_from_slice(&b);
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    #[tokio::test]
+    async fn tail_since_limit_and_timestamps_as_upstream() {
+        let (_d, p) = log_file(&[
+            "2026-11-23T09:00:00.000000001Z stdout F one",
+            "2026-11-23T09:00:01.000000000Z stderr P tw",
+            "2026-11-23T09:00:01.100000000Z stderr F o",
+            "2026-11-23T09:00:02.000000000Z stdout F three",
+        ]);
+        let all = collect(p.clone(), LogOptions::default()).await;
+        assert_eq!(all, "one\ntwo\nthree\n");
+        let tail = collect(
+            p.clone(),
+            LogOptions {
+                tail_lines: Some(1),
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_eq!(tail, "three\n");
+        let since = collect(
+            p.clone(),
+            LogOptions {
+                since: Some("2026-11-23T09:00:01.5Z".parse().unwrap()),
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_eq!(since, "three\n");
+        let ts = collect(
+            p.clone(),
+            LogOptions {
+                timestamps: true,
+                tail_lines: Some(1),
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_eq!(ts, "2026-11-23T09:00:02Z three\n");
+        let limited = collect(
+            p,
+            LogOptions {
+                limit_bytes: Some(6),
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_eq!(limited, "one\ntw");
+    }
 }

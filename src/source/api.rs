@@ -36,6 +36,13 @@ impl MirrorPods {
         self.0.read().values().cloned().collect()
     }
 
+    /// Records a mirror pod this kubelet created or found, before the
+    /// watch reports it: after an outage the watch may still be backing
+    /// off, and the static pod's status must not wait for it.
+    pub fn insert(&self, pod: Pod) {
+        self.0.write().insert(pod_full_name(&pod), pod);
+    }
+
     fn replace(&self, pods: BTreeMap<String, Pod>) {
         *self.0.write() = pods;
     }

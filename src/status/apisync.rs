@@ -273,8 +273,19 @@ impl ApiStatusSync {
                     let ns = mirror.metadata.namespace.clone().unwrap_or_default();
                     let api: Api<Pod> = Api::namespaced(self.api.client().await, &ns);
                     match api.create(&PostParams::default(), &mirror).await {
-                        Ok(_) => info!(pod = %full, "created mirror pod"),
-                        Err(kube::Error::Api(s)) if s.code == 409 => {}
+                        Ok(created) => {
+                            info!(pod = %full, "created mirror pod");
+                            self.mirrors.insert(created);
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 409 => {
+                            // It exists: take it if it mirrors this pod.
+                            let name = mirror.metadata.name.clone().unwrap_or_default();
+                            if let Ok(m) = api.get(&name).await {
+                                if mirrors(&m, pod) {
+                                    self.mirrors.insert(m);
+                                }
+                            }
+                        }
                         Err(e) => warn!(pod = %full, error = %e, "failed creating a mirror pod"),
                     }
                 }
