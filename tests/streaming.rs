@@ -158,6 +158,29 @@ fn exec_path(pod: &str, container: &str, cmd: &[&str], extra: &str) -> String {
     format!("/exec/default/{pod}/{container}?{}&{extra}", c.join("&"))
 }
 
+/// Writes `req` and reads the answer: the head only for a 101 (the
+/// connection then stays open for frames), else until the server closes.
+async fn raw(addr: &str, req: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    loop {
+        let mut b = [0u8; 1];
+        let n = tokio::time::timeout(READ, s.read(&mut b))
+            .await
+            .expect("answer")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        buf.push(b[0]);
+        if buf.ends_with(b"\r\n\r\n") && buf.starts_with(b"HTTP/1.1 101") {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
 struct Served {
     addr: String,
     runtime: Arc<RemoteRuntime>,
@@ -213,7 +236,7 @@ fn exec_and_port_forward_through_the_proxy() {
     k.write_manifest(
         "s.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: s\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n  - name: echo\n    image: {BUSYBOX}\n    command: [sh, -c, 'printf \"#!/bin/sh\\nread x\\necho pong \\$x\\n\" > /pong; chmod +x /pong; while true; do nc -l -p 8080 -e /pong; done']\n"
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: s\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n  - name: att\n    image: {BUSYBOX}\n    stdin: true\n    command: [cat]\n  - name: echo\n    image: {BUSYBOX}\n    command: [sh, -c, 'printf \"#!/bin/sh\\nread x\\necho pong \\$x\\n\" > /pong; chmod +x /pong; while true; do nc -l -p 8080 -e /pong; done']\n"
         ),
     );
     let pod = k.wait_pod("s", "running", T, |p| {
@@ -297,6 +320,41 @@ fn exec_and_port_forward_through_the_proxy() {
         let direct = echo_round_trips(&mut ws, 200).await;
         drop(ws);
         eprintln!("exec echo round trip (mean of 200): through the proxy {proxied:?}, direct to containerd {direct:?}");
+
+        // Attach to a container started with stdin: its `cat` echoes.
+        let path = format!("/attach/default/{name}/att?input=1&output=1");
+        let mut ws = Ws::connect(&sv.addr, &path, "v4.channel.k8s.io").await;
+        ws.send_on(0, b"attached\n").await;
+        let mut got = Vec::new();
+        while !got.ends_with(b"\n") {
+            let m = ws.recv().await.expect("attach output");
+            if m.first() == Some(&1) {
+                got.extend_from_slice(&m[1..]);
+            }
+        }
+        assert_eq!(got, b"attached\n");
+        drop(ws);
+
+        // SPDY: the upgrade and the runtime's protocol choice pass through
+        // the proxy (SPDY framing itself is not exercised here).
+        let path = exec_path(&name, "main", &["true"], "output=1");
+        let head = raw(
+            &sv.addr,
+            &format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\nX-Stream-Protocol-Version: v3.channel.k8s.io\r\nContent-Length: 0\r\n\r\n"),
+        )
+        .await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        let lower = head.to_ascii_lowercase();
+        assert!(lower.contains("upgrade: spdy/3.1"), "{head}");
+        assert!(lower.contains("x-stream-protocol-version: v4.channel.k8s.io"), "{head}");
+
+        // /run: ExecSync, the output as the body; a failure is a 500.
+        let head = raw(&sv.addr, &format!("POST /run/default/{name}/main?cmd=echo%20run%20ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(head.ends_with("\r\n\r\nrun ok\n"), "{head}");
+        let head = raw(&sv.addr, &format!("POST /run/default/{name}/main?cmd=false HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")).await;
+        assert!(head.starts_with("HTTP/1.1 500"), "{head}");
+        assert!(head.contains("command 'false' exited with 1"), "{head}");
 
         // Port-forward over WebSocket: per port a data and an error channel,
         // each opened by the server with the port number (little endian).
