@@ -443,7 +443,7 @@ async fn run(
 
 /// The runtime's URL as host:port and origin-form path. A relative URL
 /// (no authority) cannot be dialled: containerd answers absolute ones.
-fn backend_target(url: &str, client_query: Option<&str>) -> Result<(String, String), StreamError> {
+fn backend_target(url: &str) -> Result<(String, String), StreamError> {
     let bad = |reason: &str| StreamError::BadUrl {
         url: url.to_string(),
         reason: reason.to_string(),
@@ -461,20 +461,12 @@ fn backend_target(url: &str, client_query: Option<&str>) -> Result<(String, Stri
         Some(_) => authority.as_str().to_string(),
         None => format!("{}:80", authority.host()),
     };
-    // As UpgradeAwareHandler: the client's query replaces the location's.
-    let mut path = uri.path().to_string();
-    match client_query {
-        Some(q) if !q.is_empty() => {
-            path.push('?');
-            path.push_str(q);
-        }
-        _ => {
-            if let Some(q) = uri.query() {
-                path.push('?');
-                path.push_str(q);
-            }
-        }
-    }
+    // As UpgradeAwareHandler's upgrade path: the runtime's location as it
+    // is (the client's query only replaces it on the non-upgrade path,
+    // which streaming never takes).
+    let path = uri
+        .path_and_query()
+        .map_or_else(|| "/".to_string(), |p| p.as_str().to_string());
     Ok((hostport, path))
 }
 
@@ -490,7 +482,7 @@ async fn proxy_stream(
     if !is_upgrade_request(req.headers()) {
         return StreamError::UpgradeRequired.into_response();
     }
-    let (hostport, path) = match backend_target(url, req.uri().query()) {
+    let (hostport, path) = match backend_target(url) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
@@ -504,7 +496,8 @@ async fn proxy_stream(
         .method(req.method().clone())
         .uri(path.as_str());
     for (k, v) in req.headers() {
-        if k != header::HOST && k != header::CONTENT_LENGTH {
+        // The upgrade request carries no body; its framing headers go.
+        if k != header::HOST && k != header::CONTENT_LENGTH && k != header::TRANSFER_ENCODING {
             fwd = fwd.header(k, v);
         }
     }
@@ -733,15 +726,15 @@ mod tests {
     #[test]
     fn backend_url() {
         assert_eq!(
-            backend_target("http://127.0.0.1:4321/exec/abc", Some("a=1")).unwrap(),
+            backend_target("http://127.0.0.1:4321/exec/abc?a=1").unwrap(),
             ("127.0.0.1:4321".into(), "/exec/abc?a=1".into())
         );
         assert_eq!(
-            backend_target("http://[::1]/exec/abc", None).unwrap(),
+            backend_target("http://[::1]/exec/abc").unwrap(),
             ("[::1]:80".into(), "/exec/abc".into())
         );
-        assert!(backend_target("/exec/abc", None).is_err());
-        assert!(backend_target("https://127.0.0.1:1/exec/abc", None).is_err());
+        assert!(backend_target("/exec/abc").is_err());
+        assert!(backend_target("https://127.0.0.1:1/exec/abc").is_err());
     }
 
     /// A state with pod default/web (uid "u1"), its sandbox and a running
