@@ -189,9 +189,14 @@ struct Served {
 
 /// Serves the streaming routes on a loopback port, with `pod` (as /pods
 /// shows it) in the pod manager.
-async fn serve(pod: &serde_json::Value) -> Served {
+async fn serve(pod: &serde_json::Value, idle: Option<Duration>) -> Served {
     let runtime = Arc::new(RemoteRuntime::connect_lazy(ENDPOINT, Duration::from_secs(10)).unwrap());
-    let (state, token) = ServerState::for_tests(runtime.clone());
+    let (mut state, token) = ServerState::for_tests(runtime.clone());
+    if let Some(idle) = idle {
+        let mut c = (*state.config).clone();
+        c.streaming_connection_idle_timeout = idle.into();
+        state.config = Arc::new(c);
+    }
     state
         .pods
         .upsert(serde_json::from_value(pod.clone()).unwrap());
@@ -245,7 +250,7 @@ fn exec_and_port_forward_through_the_proxy() {
     let name = format!("s-{}", k.node);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let sv = serve(&pod).await;
+        let sv = serve(&pod, None).await;
 
         // v4: stdin → stdout, stderr on channel 2, exit status on channel 3.
         let path = exec_path(
@@ -277,6 +282,7 @@ fn exec_and_port_forward_through_the_proxy() {
         let path = exec_path(&name, "main", &["cat"], "input=1&output=1");
         let mut ws = Ws::connect(&sv.addr, &path, "v5.channel.k8s.io, v4.channel.k8s.io").await;
         eprintln!("offered v5 and v4; containerd chose {:?}", ws.protocol);
+        assert!(ws.protocol.starts_with("v5.") || ws.protocol.starts_with("v4."), "{}", ws.protocol);
         if ws.protocol == "v5.channel.k8s.io" {
             ws.send_on(0, b"abc").await;
             ws.send(&[255, 0]).await; // close stdin
@@ -348,6 +354,17 @@ fn exec_and_port_forward_through_the_proxy() {
         assert!(lower.contains("upgrade: spdy/3.1"), "{head}");
         assert!(lower.contains("x-stream-protocol-version: v4.channel.k8s.io"), "{head}");
 
+        // A refused upgrade (neither WebSocket nor SPDY) is the runtime's
+        // own answer, relayed.
+        let path = exec_path(&name, "main", &["true"], "output=1");
+        let head = raw(
+            &sv.addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close, Upgrade\r\nUpgrade: foo\r\n\r\n"),
+        )
+        .await;
+        assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+        assert!(head.contains("unable to upgrade"), "{head}");
+
         // /run: ExecSync, the output as the body; a failure is a 500.
         let head = raw(&sv.addr, &format!("POST /run/default/{name}/main?cmd=echo%20run%20ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")).await;
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -355,6 +372,22 @@ fn exec_and_port_forward_through_the_proxy() {
         let head = raw(&sv.addr, &format!("POST /run/default/{name}/main?cmd=false HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")).await;
         assert!(head.starts_with("HTTP/1.1 500"), "{head}");
         assert!(head.contains("command 'false' exited with 1"), "{head}");
+
+        // streamingConnectionIdleTimeout: a silent session is closed.
+        let short = serve(&pod, Some(Duration::from_secs(1))).await;
+        let path = exec_path(&name, "main", &["cat"], "input=1&output=1");
+        let mut ws = Ws::connect(&short.addr, &path, "v4.channel.k8s.io").await;
+        ws.send_on(0, b"x\n").await;
+        // The server opens each channel with an empty message first.
+        let mut m = ws.recv().await.expect("echo");
+        while m.len() == 1 {
+            m = ws.recv().await.expect("echo");
+        }
+        assert_eq!(m, b"\x01x\n");
+        let idle_from = Instant::now();
+        assert_eq!(ws.recv().await, None, "closed once idle");
+        eprintln!("idle session closed after {:?}", idle_from.elapsed());
+        drop(ws);
 
         // Port-forward over WebSocket: per port a data and an error channel,
         // each opened by the server with the port number (little endian).
