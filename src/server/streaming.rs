@@ -37,6 +37,10 @@ const PARAM_TTY: &str = "tty";
 const PARAM_COMMAND: &str = "command";
 const PARAM_PORT: &str = "port";
 
+/// Bound on dialling the runtime's streaming server and reading its answer's
+/// head, so a runtime that never answers does not hold the handler.
+const BACKEND_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Size of each direction's splice buffer.
 const SPLICE_BUF: usize = 32 * 1024;
 
@@ -536,20 +540,20 @@ async fn proxy_stream(
             .await
             .map_err(|e| StreamError::Dial(e.to_string()))?;
         // Ends with the connection: after the upgrade, or when a plain
-        // answer's body has been read.
+        // answer's body has been read; bounded for a runtime gone silent.
         tokio::spawn(async move {
-            let _ = conn.with_upgrades().await;
+            let _ = tokio::time::timeout(2 * BACKEND_TIMEOUT, conn.with_upgrades()).await;
         });
         sender
             .send_request(fwd)
             .await
             .map_err(|e| StreamError::Dial(e.to_string()))
     }
-    .instrument(span.clone())
-    .await;
-    let mut resp = match backend {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
+    .instrument(span.clone());
+    let mut resp = match tokio::time::timeout(BACKEND_TIMEOUT, backend).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return e.into_response(),
+        Err(_) => return StreamError::Dial("timed out".into()).into_response(),
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // A refused upgrade is relayed as it is (status, headers, body).
