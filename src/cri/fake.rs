@@ -471,6 +471,35 @@ impl RuntimeService for FakeRuntime {
         }
     }
 
+    /// Streaming calls answer a URL on a closed port: handler tests check
+    /// the call and the proxy's error, no stream is served.
+    async fn exec(&self, req: v1::ExecRequest) -> CriResult<String> {
+        let mut s = self.state.lock();
+        self.record(
+            &mut s,
+            format!("Exec {} {}", req.container_id, req.cmd.join(" ")),
+        );
+        Ok(format!("http://127.0.0.1:9/exec/{}", req.container_id))
+    }
+
+    async fn attach(&self, req: v1::AttachRequest) -> CriResult<String> {
+        let mut s = self.state.lock();
+        self.record(&mut s, format!("Attach {}", req.container_id));
+        Ok(format!("http://127.0.0.1:9/attach/{}", req.container_id))
+    }
+
+    async fn port_forward(&self, req: v1::PortForwardRequest) -> CriResult<String> {
+        let mut s = self.state.lock();
+        self.record(
+            &mut s,
+            format!("PortForward {} {:?}", req.pod_sandbox_id, req.port),
+        );
+        Ok(format!(
+            "http://127.0.0.1:9/portforward/{}",
+            req.pod_sandbox_id
+        ))
+    }
+
     async fn container_events(
         &self,
         _tx: tokio::sync::mpsc::Sender<v1::ContainerEventResponse>,
