@@ -27,8 +27,11 @@ const T: Duration = Duration::from_secs(60);
 /// Bound on any single read in the client, so a hung stream fails the test.
 const READ: Duration = Duration::from_secs(20);
 
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
 struct Ws {
-    s: TcpStream,
+    s: Box<dyn Io>,
     protocol: String,
 }
 
@@ -36,8 +39,44 @@ impl Ws {
     /// Opens `path` on `addr` as a WebSocket offering `protocols`; panics
     /// unless the answer is 101.
     async fn connect(addr: &str, path: &str, protocols: &str) -> Ws {
-        let mut s = TcpStream::connect(addr).await.unwrap();
+        let s = TcpStream::connect(addr).await.unwrap();
         s.set_nodelay(true).unwrap();
+        Self::handshake(Box::new(s), addr, path, protocols).await
+    }
+
+    /// As `connect`, over TLS to the kubelet's :10250, verifying its
+    /// self-signed serving certificate (chain in `kubelet.crt`) for `name`.
+    async fn connect_tls(
+        addr: &str,
+        crt: &std::path::Path,
+        name: &str,
+        path: &str,
+        protocols: &str,
+    ) -> Ws {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls::pki_types::CertificateDer::pem_file_iter(crt).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(
+                rustls::pki_types::ServerName::try_from(name.to_string()).unwrap(),
+                tcp,
+            )
+            .await
+            .expect("TLS to :10250 with the kubelet's own certificate");
+        Self::handshake(Box::new(tls), addr, path, protocols).await
+    }
+
+    async fn handshake(mut s: Box<dyn Io>, addr: &str, path: &str, protocols: &str) -> Ws {
         let req = format!(
             "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: {protocols}\r\n\r\n"
         );
@@ -270,6 +309,16 @@ fn exec_and_port_forward_through_the_proxy() {
         assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
         let cause = &status["details"]["causes"][0];
         assert_eq!((cause["reason"].as_str(), cause["message"].as_str()), (Some("ExitCode"), Some("3")), "{status}");
+
+        // The same through the kubelet's own :10250 (TLS, the auth filter
+        // and the accept loop's upgrade handling).
+        let crt = k.dir.join("pki/kubelet.crt");
+        let mut ws = Ws::connect_tls(&k.api, &crt, &k.node, &path, "v4.channel.k8s.io").await;
+        ws.send_on(0, b"tls\n").await;
+        let out = ws.drain().await;
+        assert_eq!(String::from_utf8_lossy(&out[1]), "got tls\n");
+        let status: serde_json::Value = serde_json::from_slice(&out[3]).unwrap();
+        assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
 
         // A zero exit: Success on channel 3.
         let path = exec_path(&name, "main", &["true"], "output=1");
