@@ -297,6 +297,12 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             .map_err(|e| KubeletError::Source(e.to_string()))?,
         );
     }
+    if let Some(policy) = crate::logs::rotation::Policy::from_config(cfg) {
+        sources.push(tokio::spawn(tracing::Instrument::instrument(
+            crate::logs::rotation::run(runtime.clone(), policy, token.child_token()),
+            tracing::info_span!("log-rotation"),
+        )));
+    }
     let admission = crate::syncloop::Admission::new(node_cfg.facts.clone());
     let mut deleting = None;
     // Cluster-mode tasks, awaited at shutdown.

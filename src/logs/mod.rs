@@ -5,6 +5,7 @@
 
 pub mod cri_format;
 pub mod files;
+pub mod rotation;
 
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
@@ -286,10 +287,28 @@ async fn stream_log(
     };
     let mut partial: Vec<u8> = Vec::new();
     let mut last_check = tokio::time::Instant::now();
+    // Without follow, the log as it was when the request came: lines
+    // appended meanwhile are not part of the answer (tailLines is exact).
+    let mut left: Option<u64> = if opts.follow {
+        None
+    } else {
+        let mut r = reader;
+        let (r2, end) = tokio::task::spawn_blocking(move || {
+            let end = r.metadata().map(|m| m.len()).unwrap_or(0);
+            let pos = r.stream_position().unwrap_or(0);
+            (r, end.saturating_sub(pos))
+        })
+        .await
+        .unwrap_or_else(|_| unreachable!("metadata and position do not panic"));
+        r = r2;
+        reader = r;
+        Some(end)
+    };
     loop {
         // Read what is there now.
+        let cap = left.map_or(64 * 1024, |l| l.min(64 * 1024) as usize);
         let r = tokio::task::spawn_blocking(move || {
-            let mut buf = vec![0u8; 64 * 1024];
+            let mut buf = vec![0u8; cap];
             let n = reader.read(&mut buf).map(|n| {
                 buf.truncate(n);
                 buf
@@ -303,6 +322,9 @@ async fn stream_log(
             Ok(c) => c,
             Err(_) => return,
         };
+        if let Some(l) = &mut left {
+            *l -= (chunk.len() as u64).min(*l);
+        }
         if !chunk.is_empty() {
             partial.extend_from_slice(&chunk);
             while let Some(nl) = partial.iter().position(|b| *b == b'\n') {

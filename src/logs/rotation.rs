@@ -1,0 +1,259 @@
+//! Container log rotation, as upstream's `pkg/kubelet/logs`
+//! container_log_manager: every `containerLogMonitorInterval` each running
+//! container's log is checked; one at or over `containerLogMaxSize` is
+//! renamed to `<log>.<YYYYMMDD-hhmmss>` and the runtime asked to reopen it
+//! (ReopenContainerLog). Before that, leftovers are cleaned, older rotated
+//! files beyond `containerLogMaxFiles - 2` are removed and the rotated ones
+//! compressed (`.gz`). `containerLogMaxWorkers` containers at once.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::cri::RuntimeService;
+
+/// The rotation policy from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    pub max_size: u64,
+    pub max_files: usize,
+    pub workers: usize,
+    pub period: Duration,
+}
+
+impl Policy {
+    /// From `containerLogMaxSize` (a quantity), `containerLogMaxFiles`,
+    /// `containerLogMaxWorkers` and `containerLogMonitorInterval`.
+    pub fn from_config(cfg: &crate::config::KubeletConfiguration) -> Option<Policy> {
+        let max_size = crate::cm::quantity::parse_bytes(&cfg.container_log_max_size).ok()?;
+        (max_size > 0 && cfg.container_log_max_files >= 2).then(|| Policy {
+            max_size: max_size as u64,
+            max_files: cfg.container_log_max_files as usize,
+            workers: cfg.container_log_max_workers.max(1) as usize,
+            period: cfg
+                .container_log_monitor_interval
+                .0
+                .max(Duration::from_secs(1)),
+        })
+    }
+}
+
+const SUFFIX_GZ: &str = ".gz";
+const SUFFIX_TMP: &str = ".tmp";
+
+/// Runs until cancelled.
+pub async fn run(runtime: Arc<dyn RuntimeService>, policy: Policy, token: CancellationToken) {
+    let mut tick = tokio::time::interval(policy.period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let running = crate::cri::ContainerFilter {
+            state: Some(crate::cri::v1::ContainerStateValue {
+                state: crate::cri::ContainerState::ContainerRunning as i32,
+            }),
+            ..Default::default()
+        };
+        let containers = match runtime.list_containers(Some(running)).await {
+            Ok(c) => c,
+            Err(e) => {
+                debug!(error = %e, "log rotation: listing containers");
+                continue;
+            }
+        };
+        let rt = runtime.clone();
+        let work = futures::stream::iter(containers)
+            .map(|c| {
+                let rt = rt.clone();
+                async move { rotate_one(rt.as_ref(), &c.id, policy).await }
+            })
+            .buffer_unordered(policy.workers);
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = work.collect::<Vec<()>>() => {}
+        }
+    }
+}
+
+async fn rotate_one(runtime: &dyn RuntimeService, id: &str, policy: Policy) {
+    let path = match runtime.container_status(id).await {
+        Ok(st) if !st.log_path.is_empty() => PathBuf::from(st.log_path),
+        _ => return,
+    };
+    let p = path.clone();
+    let size = crate::blocking::run(
+        format!("log size {id}"),
+        Duration::from_secs(10),
+        move || std::fs::metadata(&p).map(|m| m.len()),
+    )
+    .await;
+    match size {
+        Ok(Ok(n)) if n < policy.max_size => return,
+        Ok(Ok(_)) => {}
+        // The file is gone (a failed rotation): ask for it back, as upstream.
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            let _ = runtime.reopen_container_log(id).await;
+            return;
+        }
+        _ => return,
+    }
+    let p = path.clone();
+    let prepared = crate::blocking::run(
+        format!("log rotate {id}"),
+        Duration::from_secs(60),
+        move || prepare(&p, policy.max_files),
+    )
+    .await;
+    match prepared {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(container = %id, error = %e, "log rotation: tidying rotated files"),
+        Err(e) => warn!(container = %id, error = %e, "log rotation: tidying rotated files"),
+    }
+    let stamp = k8s_openapi::jiff::Zoned::now()
+        .strftime("%Y%m%d-%H%M%S")
+        .to_string();
+    let rotated = PathBuf::from(format!("{}.{stamp}", path.display()));
+    let (from, to) = (path.clone(), rotated.clone());
+    let renamed = crate::blocking::run(
+        format!("log rename {id}"),
+        Duration::from_secs(10),
+        move || std::fs::rename(&from, &to),
+    )
+    .await;
+    if !matches!(renamed, Ok(Ok(()))) {
+        warn!(container = %id, "log rotation: renaming the log failed");
+        return;
+    }
+    if let Err(e) = runtime.reopen_container_log(id).await {
+        // Put it back so the runtime keeps writing where we read.
+        warn!(container = %id, error = %e, "log rotation: ReopenContainerLog failed; renaming back");
+        let (from, to) = (rotated, path);
+        let _ = crate::blocking::run(
+            format!("log rename {id}"),
+            Duration::from_secs(10),
+            move || std::fs::rename(&from, &to),
+        )
+        .await;
+        return;
+    }
+    info!(container = %id, "rotated container log");
+}
+
+/// Before a rotation (blocking): temporary leftovers and uncompressed
+/// copies of compressed files go, rotated files beyond `max_files - 2` go
+/// (oldest first), the rest are compressed.
+fn prepare(log: &Path, max_files: usize) -> std::io::Result<()> {
+    let dir = log.parent().unwrap_or(Path::new("/"));
+    let prefix = format!(
+        "{}.",
+        log.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    );
+    let mut rotated: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    rotated.sort();
+    // cleanupUnusedLogs.
+    let compressed: Vec<String> = rotated
+        .iter()
+        .filter(|n| n.ends_with(SUFFIX_GZ))
+        .cloned()
+        .collect();
+    rotated.retain(|n| {
+        let unused = n.ends_with(SUFFIX_TMP)
+            || (!n.ends_with(SUFFIX_GZ) && compressed.contains(&format!("{n}{SUFFIX_GZ}")));
+        if unused {
+            let _ = std::fs::remove_file(dir.join(n));
+        }
+        !unused
+    });
+    // removeExcessLogs: the names sort by time; keep the newest.
+    let keep = max_files.saturating_sub(2);
+    if rotated.len() > keep {
+        for n in rotated.drain(..rotated.len() - keep) {
+            std::fs::remove_file(dir.join(&n))?;
+        }
+    }
+    // compressLog, each through a temporary file.
+    for n in rotated.iter().filter(|n| !n.ends_with(SUFFIX_GZ)) {
+        let src = dir.join(n);
+        let tmp = dir.join(format!("{n}{SUFFIX_GZ}{SUFFIX_TMP}"));
+        let dst = dir.join(format!("{n}{SUFFIX_GZ}"));
+        let mut input = std::fs::File::open(&src)?;
+        let out = std::fs::File::create(&tmp)?;
+        let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+        std::io::copy(&mut input, &mut enc)?;
+        enc.finish()?.sync_all()?;
+        std::fs::rename(&tmp, &dst)?;
+        std::fs::remove_file(&src)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn old_rotated_files_are_pruned_and_compressed_as_upstream() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-rotation-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("0.log");
+        std::fs::write(&log, "current\n").unwrap();
+        for (n, body) in [
+            ("0.log.20261120-000000.gz", "x"),
+            ("0.log.20261121-000000.gz", "x"),
+            ("0.log.20261122-000000", "day 22\n"),
+            ("0.log.20261123-000000", "day 23\n"),
+            ("0.log.20261123-000000.gz.tmp", "leftover"),
+            ("other.log", "not ours"),
+        ] {
+            std::fs::write(dir.join(n), body).unwrap();
+        }
+        // maxFiles 5: at most 3 rotated files, the newest kept.
+        prepare(&log, 5).unwrap();
+        assert_eq!(
+            names(&dir),
+            [
+                "0.log",
+                "0.log.20261121-000000.gz",
+                "0.log.20261122-000000.gz",
+                "0.log.20261123-000000.gz",
+                "other.log"
+            ]
+        );
+        let gz = std::fs::File::open(dir.join("0.log.20261123-000000.gz")).unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz), &mut text).unwrap();
+        assert_eq!(text, "day 23\n");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_policy_follows_the_configuration() {
+        let c = crate::config::KubeletConfiguration::default();
+        let p = Policy::from_config(&c).unwrap();
+        assert_eq!(p.max_size, 10 * 1024 * 1024);
+        assert_eq!(p.max_files, 5);
+        assert_eq!(p.period, Duration::from_secs(10));
+    }
+}
