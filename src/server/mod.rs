@@ -260,7 +260,11 @@ pub fn debugging_routes() -> Router<ServerState> {
 
 /// The read-only port's routes.
 pub fn read_only_router(state: ServerState) -> Router {
-    default_routes().with_state(state)
+    default_routes()
+        .layer(axum::middleware::from_fn(|req, next| {
+            crate::metrics::track_http("readonly", req, next)
+        }))
+        .with_state(state)
 }
 
 /// The healthz port's routes.

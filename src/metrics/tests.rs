@@ -1,0 +1,346 @@
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use tower::ServiceExt;
+
+use super::*;
+use crate::cri::fake::FakeRuntime;
+use crate::pleg::RelistPod;
+
+async fn get_text(router: Router, path: &str) -> (String, String) {
+    let resp = router
+        .oneshot(Request::get(path).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let ct = resp.headers()[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (ct, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// `# TYPE` lines: family name -> type.
+fn types(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| {
+            let (n, t) = l.split_once(' ').unwrap();
+            (n.to_string(), t.to_string())
+        })
+        .collect()
+}
+
+fn parse(text: &str) -> prometheus_parse::Scrape {
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+}
+
+/// Label names of the samples of family `name` (`_total` for counters;
+/// histograms come back from the parser under their family name).
+fn label_sets(scrape: &prometheus_parse::Scrape, sample: &str) -> BTreeSet<Vec<String>> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == sample)
+        .map(|s| {
+            let mut k: Vec<String> = s.labels.keys().cloned().collect();
+            k.sort();
+            k
+        })
+        .collect()
+}
+
+/// Taken from upstream `pkg/kubelet/metrics/metrics.go` (kubelet
+/// subsystem), `pkg/kubelet/server/metrics/metrics.go` (HTTP),
+/// component-base `metrics/prometheus/restclient` (rest_client_requests_total,
+/// labels code, host, method) and component-base's version collector
+/// (kubernetes_build_info): (family, type, label names).
+const EXPECTED: &[(&str, &str, &[&str])] = &[
+    ("kubelet_node_name", "gauge", &["node"]),
+    (
+        "kubelet_pod_worker_duration_seconds",
+        "histogram",
+        &["operation_type"],
+    ),
+    ("kubelet_pod_start_duration_seconds", "histogram", &[]),
+    (
+        "kubelet_pod_start_sli_duration_seconds",
+        "histogram",
+        &["first_with_network"],
+    ),
+    (
+        "kubelet_cgroup_manager_duration_seconds",
+        "histogram",
+        &["operation_type"],
+    ),
+    (
+        "kubelet_pod_worker_start_duration_seconds",
+        "histogram",
+        &[],
+    ),
+    ("kubelet_pleg_relist_duration_seconds", "histogram", &[]),
+    ("kubelet_pleg_discard_events", "counter", &[]),
+    ("kubelet_pleg_relist_interval_seconds", "histogram", &[]),
+    ("kubelet_pleg_last_seen_seconds", "gauge", &[]),
+    ("kubelet_runtime_operations", "counter", &["operation_type"]),
+    (
+        "kubelet_runtime_operations_duration_seconds",
+        "histogram",
+        &["operation_type"],
+    ),
+    (
+        "kubelet_runtime_operations_errors",
+        "counter",
+        &["operation_type"],
+    ),
+    ("kubelet_evictions", "counter", &["eviction_signal"]),
+    ("kubelet_running_pods", "gauge", &[]),
+    ("kubelet_running_containers", "gauge", &["container_state"]),
+    ("kubelet_restarted_pods", "counter", &["static"]),
+    ("kubelet_started_pods", "counter", &[]),
+    ("kubelet_started_pods_errors", "counter", &[]),
+    ("kubelet_started_containers", "counter", &["container_type"]),
+    (
+        "kubelet_started_containers_errors",
+        "counter",
+        &["code", "container_type"],
+    ),
+    (
+        "kubelet_image_pull_duration_seconds",
+        "histogram",
+        &["image_size_in_bytes"],
+    ),
+    (
+        "kubelet_http_requests",
+        "counter",
+        &["host", "long_running", "method", "path", "server_type"],
+    ),
+    (
+        "kubelet_http_requests_duration_seconds",
+        "histogram",
+        &["host", "long_running", "method", "path", "server_type"],
+    ),
+    (
+        "kubelet_http_inflight_requests",
+        "gauge",
+        &["host", "long_running", "method", "path", "server_type"],
+    ),
+    (
+        "rest_client_requests",
+        "counter",
+        &["code", "host", "method"],
+    ),
+    (
+        "kubernetes_build_info",
+        "gauge",
+        &[
+            "build_date",
+            "compiler",
+            "git_commit",
+            "git_tree_state",
+            "git_version",
+            "go_version",
+            "major",
+            "minor",
+            "platform",
+        ],
+    ),
+    ("process_start_time_seconds", "gauge", &[]),
+];
+
+#[tokio::test]
+async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    // Create one series in each labelled family, as the kubelet's paths do.
+    runtime_operation("ListPodSandbox", Duration::from_millis(3), false);
+    pod_worker_duration("sync", Duration::from_millis(20));
+    started_container("container", Some("CreateContainerError"));
+    restarted_pod(true);
+    rest_client_request("200", "GET", "10.0.0.1:6443");
+    METRICS
+        .pod_start_sli_duration
+        .get_or_create(&FirstWithNetwork {
+            first_with_network: "false",
+        })
+        .observe(1.0);
+    METRICS
+        .cgroup_manager_duration
+        .get_or_create(&OperationType {
+            operation_type: "create",
+        })
+        .observe(0.01);
+    let _ = METRICS.evictions.get_or_create(&EvictionSignal {
+        eviction_signal: "memory.available".into(),
+    });
+    METRICS
+        .image_pull_duration
+        .get_or_create(&ImageSizeLabel {
+            image_size_in_bytes: "0-10MB",
+        })
+        .observe(2.0);
+    // Through the read-only router, so the HTTP middleware counts itself.
+    let router = crate::server::read_only_router(state.clone());
+    let _ = get_text(router.clone(), "/metrics").await;
+    let (ct, text) = get_text(router, "/metrics").await;
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    assert!(text.ends_with("# EOF\n"));
+
+    let ty = types(&text);
+    let scrape = parse(&text);
+    for (name, want_ty, labels) in EXPECTED {
+        assert_eq!(ty.get(*name).map(String::as_str), Some(*want_ty), "{name}");
+        let sample = match *want_ty {
+            "counter" => format!("{name}_total"),
+            _ => name.to_string(),
+        };
+        let mut want: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        let got = label_sets(&scrape, &sample);
+        assert_eq!(got, BTreeSet::from([want]), "{name}: {text}");
+    }
+    // Nothing else leaks into the registry.
+    assert_eq!(ty.len(), EXPECTED.len(), "{ty:?}");
+    assert!(text.contains(
+        "kubelet_http_requests_total{method=\"GET\",path=\"metrics\",host=\"\",server_type=\"readonly\",long_running=\"false\"}"
+    ), "{text}");
+    assert!(text
+        .contains("kubelet_runtime_operations_errors_total{operation_type=\"list_podsandbox\"}"));
+    assert!(text.contains(
+        "# HELP kubelet_running_pods [ALPHA] Number of pods that have a running pod sandbox\n"
+    ));
+    token.cancel();
+}
+
+fn bucket_bounds(text: &str, family: &str, label: &str) -> Vec<String> {
+    let prefix = format!("{family}_bucket{{le=");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains(label))
+        .map(|l| {
+            let i = l.find("le=\"").unwrap() + 4;
+            let j = l[i..].find('"').unwrap();
+            l[i..i + j].to_string()
+        })
+        .collect()
+}
+
+fn fmt(v: &[f64]) -> Vec<String> {
+    let mut out: Vec<String> = v.iter().map(|f| format!("{f:?}")).collect();
+    out.push("+Inf".into());
+    out
+}
+
+#[tokio::test]
+async fn histograms_use_upstream_buckets() {
+    runtime_operation("Version", Duration::from_millis(1), true);
+    pod_start(Duration::from_secs(1));
+    pleg_relist(Duration::from_millis(5), Some(Duration::from_secs(1)), true);
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let text = render(&state);
+    // metrics.ExponentialBuckets(.005, 2.5, 14), computed independently.
+    let mut exp = Vec::new();
+    let mut b = 0.005f64;
+    for _ in 0..14 {
+        exp.push(b);
+        b *= 2.5;
+    }
+    assert_eq!(
+        bucket_bounds(
+            &text,
+            "kubelet_runtime_operations_duration_seconds",
+            "operation_type=\"version\""
+        ),
+        fmt(&exp)
+    );
+    // podStartupDurationBuckets, copied from metrics.go.
+    let startup = [
+        0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
+        300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+    ];
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_pod_start_duration_seconds", ""),
+        fmt(&startup)
+    );
+    // DefBuckets.
+    let def = [
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_pleg_relist_duration_seconds", ""),
+        fmt(&def)
+    );
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_pleg_relist_interval_seconds", ""),
+        fmt(&def)
+    );
+    token.cancel();
+}
+
+#[test]
+fn running_counts_come_from_the_pleg_snapshot() {
+    let pod = |sandbox_ready: bool, cs: &[CState]| RelistPod {
+        containers: cs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("c{i}"), *s))
+            .collect(),
+        sandboxes: [("s".to_string(), sandbox_ready)].into(),
+    };
+    let snap: crate::pleg::Snapshot = [
+        (
+            "a".to_string(),
+            pod(true, &[CState::Running, CState::Exited]),
+        ),
+        ("b".to_string(), pod(true, &[CState::Running])),
+        (
+            "c".to_string(),
+            pod(false, &[CState::Exited, CState::Created]),
+        ),
+    ]
+    .into();
+    let _g = SCRAPE.lock();
+    update_running(&snap);
+    let m = &*METRICS;
+    let state = |s: &'static str| {
+        m.running_containers
+            .get_or_create(&ContainerStateLabel { container_state: s })
+            .get()
+    };
+    assert_eq!(m.running_pods.get(), 2);
+    assert_eq!(state("running"), 2);
+    assert_eq!(state("exited"), 2);
+    assert_eq!(state("created"), 1);
+    assert_eq!(state("unknown"), 0);
+}
+
+#[test]
+fn runtime_operations_count_calls_and_errors() {
+    let l = OperationType {
+        operation_type: "remove_image",
+    };
+    let m = &*METRICS;
+    let (n, e) = (
+        m.runtime_operations.get_or_create(&l).get(),
+        m.runtime_operations_errors.get_or_create(&l).get(),
+    );
+    runtime_operation("RemoveImage", Duration::from_millis(1), true);
+    runtime_operation("RemoveImage", Duration::from_millis(1), false);
+    assert_eq!(m.runtime_operations.get_or_create(&l).get(), n + 2);
+    assert_eq!(m.runtime_operations_errors.get_or_create(&l).get(), e + 1);
+}
+
+#[test]
+fn http_paths_fall_into_upstream_buckets() {
+    assert_eq!(http::bucket("/metrics"), "metrics");
+    assert_eq!(http::bucket("/metrics/probes"), "metrics/probes");
+    assert_eq!(http::bucket("/metrics/cadvisor"), "metrics/cadvisor");
+    assert_eq!(http::bucket("/stats/summary"), "stats");
+    assert_eq!(http::bucket("/pods"), "pods");
+    assert_eq!(http::bucket("/exec/ns/pod/c"), "exec");
+    assert_eq!(http::bucket("/nope"), "other");
+    assert_eq!(http::bucket("/"), "other");
+}
