@@ -342,11 +342,12 @@ impl RuntimeManager {
                 attempt = a.attempt,
                 "creating pod sandbox"
             );
-            match self
+            let created = self
                 .runtime
                 .run_pod_sandbox(sandbox_cfg.clone(), self.opts.runtime_handler.clone())
-                .await
-            {
+                .await;
+            crate::metrics::started_pod(created.is_ok());
+            match created {
                 Ok(id) => {
                     if let Ok(s) = self.runtime.pod_sandbox_status(&id).await {
                         pod_ip = SandboxInfo::from_cri(&s)
@@ -533,19 +534,22 @@ impl RuntimeManager {
                 retry,
             )
         })?;
-        let id = self
+        let created = self
             .runtime
             .create_container(ctx.sandbox_id, config, ctx.sandbox_cfg.clone())
-            .await
-            .map_err(|e| {
-                (
-                    Waiting {
-                        reason: "CreateContainerError".into(),
-                        message: e.to_string(),
-                    },
-                    retry,
-                )
-            })?;
+            .await;
+        if let Err(e) = &created {
+            crate::metrics::started_container_result(init, Err(e));
+        }
+        let id = created.map_err(|e| {
+            (
+                Waiting {
+                    reason: "CreateContainerError".into(),
+                    message: e.to_string(),
+                },
+                retry,
+            )
+        })?;
         let ev = Some((c.name.as_str(), init));
         events::pod(
             pod,
@@ -554,7 +558,9 @@ impl RuntimeManager {
             "Created",
             format!("Created container: {}", c.name),
         );
-        if let Err(e) = self.runtime.start_container(&id).await {
+        let started = self.runtime.start_container(&id).await;
+        crate::metrics::started_container_result(init, started.as_ref().map(drop));
+        if let Err(e) = started {
             warn!(pod = pod_name(pod), container = %c.name, error = %e, "failed to start container");
             return Err((
                 Waiting {

@@ -17,6 +17,7 @@
 //! suffix: OpenMetrics requires it.
 
 mod http;
+mod restclient;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::LazyLock;
@@ -41,6 +42,7 @@ use crate::kuberuntime::CState;
 use crate::server::ServerState;
 
 pub use http::track_http;
+pub use restclient::{RestClientLayer, RestClientMetrics};
 
 /// Content type of the OpenMetrics text `prometheus-client` writes.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -55,9 +57,6 @@ pub const POD_STARTUP_BUCKETS: [f64; 25] = [
     0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
     300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
 ];
-
-/// Upstream's image pull duration buckets (`imagePullDurationBuckets`).
-pub const IMAGE_PULL_BUCKETS: [f64; 9] = [1.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0];
 
 type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 type GaugeF = Gauge<f64, AtomicU64>;
@@ -166,22 +165,12 @@ pub struct KubeletMetrics {
     pub started_pods_errors: Counter,
     pub started_containers: Family<ContainerType, Counter>,
     pub started_containers_errors: Family<ContainerTypeCode, Counter>,
-    pub image_pull_duration: HistFamily<ImageSizeLabel>,
     pub http_requests: Family<HttpLabels, Counter>,
     pub http_requests_duration: HistFamily<HttpLabels>,
     pub http_inflight_requests: Family<HttpLabels, Gauge>,
     pub rest_client_requests: Family<RestClientLabels, Counter>,
     pub build_info: Family<BuildInfo, Gauge>,
     pub process_start_time: GaugeF,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ImageSizeLabel {
-    pub image_size_in_bytes: &'static str,
-}
-
-fn image_pull_histogram() -> Histogram {
-    Histogram::new(IMAGE_PULL_BUCKETS)
 }
 
 /// The process-wide metrics (upstream's package-level vars).
@@ -207,7 +196,6 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     started_pods_errors: Counter::default(),
     started_containers: Family::default(),
     started_containers_errors: Family::default(),
-    image_pull_duration: Family::new_with_constructor(image_pull_histogram),
     http_requests: Family::default(),
     http_requests_duration: Family::new_with_constructor(def_histogram),
     http_inflight_requests: Family::default(),
@@ -354,12 +342,6 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         "kubelet_started_containers_errors",
         alpha!("Cumulative number of errors when starting containers"),
         m.started_containers_errors.clone(),
-    );
-    add(
-        &mut v,
-        "kubelet_image_pull_duration_seconds",
-        alpha!("Duration in seconds to pull an image."),
-        m.image_pull_duration.clone(),
     );
     // pkg/kubelet/server/metrics: registered without a stability level,
     // hence no "[ALPHA]" prefix.
@@ -609,6 +591,85 @@ pub fn restarted_pod(is_static: bool) {
             r#static: if is_static { "true" } else { "false" },
         })
         .inc();
+}
+
+/// Go's `codes.Code.String()` for a CRI error (the `code` label of
+/// `kubelet_started_containers_errors_total`).
+pub fn cri_code(e: &crate::cri::CriError) -> &'static str {
+    use crate::cri::CriError;
+    match e {
+        CriError::NotFound { .. } => "NotFound",
+        CriError::DeadlineExceeded { .. } => "DeadlineExceeded",
+        CriError::Unavailable { .. } => "Unavailable",
+        CriError::Status { code, .. } => match code {
+            tonic::Code::Ok => "OK",
+            tonic::Code::Cancelled => "Canceled",
+            tonic::Code::Unknown => "Unknown",
+            tonic::Code::InvalidArgument => "InvalidArgument",
+            tonic::Code::DeadlineExceeded => "DeadlineExceeded",
+            tonic::Code::NotFound => "NotFound",
+            tonic::Code::AlreadyExists => "AlreadyExists",
+            tonic::Code::PermissionDenied => "PermissionDenied",
+            tonic::Code::ResourceExhausted => "ResourceExhausted",
+            tonic::Code::FailedPrecondition => "FailedPrecondition",
+            tonic::Code::Aborted => "Aborted",
+            tonic::Code::OutOfRange => "OutOfRange",
+            tonic::Code::Unimplemented => "Unimplemented",
+            tonic::Code::Internal => "Internal",
+            tonic::Code::Unavailable => "Unavailable",
+            tonic::Code::DataLoss => "DataLoss",
+            tonic::Code::Unauthenticated => "Unauthenticated",
+        },
+        CriError::Endpoint { .. } => "Unknown",
+    }
+}
+
+/// A container start attempt with its result (upstream counts in
+/// `startContainer`: the attempt, and on a failed create or start the
+/// error by gRPC code).
+pub fn started_container_result(init: bool, r: Result<(), &crate::cri::CriError>) {
+    let t = if init { "init_container" } else { "container" };
+    started_container(t, r.err().map(cri_code));
+}
+
+/// Time since the pod's `kubernetes.io/config.seen` annotation (when a
+/// source first saw it), if present and parseable.
+fn since_seen(pod: &k8s_openapi::api::core::v1::Pod) -> Option<Duration> {
+    let seen = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(crate::source::CONFIG_FIRST_SEEN_ANNOTATION)?;
+    let t: k8s_openapi::jiff::Timestamp = seen.parse().ok()?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    Duration::try_from(now.duration_since(t)).ok()
+}
+
+/// A pod worker starts for `pod` (`kubelet_pod_worker_start_duration_seconds`,
+/// measured from config.seen: rkubelet's time of first sight).
+pub fn pod_worker_started(pod: Option<&k8s_openapi::api::core::v1::Pod>) {
+    if let Some(d) = pod.and_then(since_seen) {
+        pod_worker_start(d);
+    }
+}
+
+fn is_first_start(previous: Option<&str>, new: Option<&str>) -> bool {
+    matches!(previous, None | Some("Pending")) && new == Some("Running")
+}
+
+/// A generated status: the first move from Pending (or no status) to
+/// Running observes `kubelet_pod_start_duration_seconds` since config.seen,
+/// as upstream's SyncPod does.
+pub fn pod_phase_changed(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    previous: Option<&str>,
+    new: Option<&str>,
+) {
+    if is_first_start(previous, new) {
+        if let Some(d) = since_seen(pod) {
+            pod_start(d);
+        }
+    }
 }
 
 /// One API request from the kube-rs client.

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use tower::ServiceExt;
+use tower::{Service, ServiceExt};
 
 use super::*;
 use crate::cri::fake::FakeRuntime;
@@ -111,11 +111,6 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         &["code", "container_type"],
     ),
     (
-        "kubelet_image_pull_duration_seconds",
-        "histogram",
-        &["image_size_in_bytes"],
-    ),
-    (
         "kubelet_http_requests",
         "counter",
         &["host", "long_running", "method", "path", "server_type"],
@@ -177,12 +172,6 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     let _ = METRICS.evictions.get_or_create(&EvictionSignal {
         eviction_signal: "memory.available".into(),
     });
-    METRICS
-        .image_pull_duration
-        .get_or_create(&ImageSizeLabel {
-            image_size_in_bytes: "0-10MB",
-        })
-        .observe(2.0);
     // Through the read-only router, so the HTTP middleware counts itself.
     let router = crate::server::read_only_router(state.clone());
     let _ = get_text(router.clone(), "/metrics").await;
@@ -343,4 +332,80 @@ fn http_paths_fall_into_upstream_buckets() {
     assert_eq!(http::bucket("/exec/ns/pod/c"), "exec");
     assert_eq!(http::bucket("/nope"), "other");
     assert_eq!(http::bucket("/"), "other");
+}
+
+#[tokio::test]
+async fn rest_client_layer_counts_by_code_method_and_host() {
+    let svc = tower::service_fn(|_req: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(
+            axum::http::Response::builder()
+                .status(404)
+                .body(())
+                .unwrap(),
+        )
+    });
+    let mut svc = tower::Layer::layer(&RestClientLayer::new("10.9.8.7:6443"), svc);
+    let l = RestClientLabels {
+        code: "404".into(),
+        host: "10.9.8.7:6443".into(),
+        method: "PATCH".into(),
+    };
+    let before = METRICS.rest_client_requests.get_or_create(&l).get();
+    let req = Request::patch("/api/v1/nodes/n")
+        .body(Body::empty())
+        .unwrap();
+    svc.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(
+        METRICS.rest_client_requests.get_or_create(&l).get(),
+        before + 1
+    );
+}
+
+#[test]
+fn container_start_errors_carry_the_grpc_code() {
+    let l = ContainerTypeCode {
+        container_type: "init_container",
+        code: "DeadlineExceeded".into(),
+    };
+    let before = METRICS.started_containers_errors.get_or_create(&l).get();
+    let err = crate::cri::CriError::DeadlineExceeded {
+        op: "CreateContainer",
+    };
+    started_container_result(true, Err(&err));
+    assert_eq!(
+        METRICS.started_containers_errors.get_or_create(&l).get(),
+        before + 1
+    );
+    let unknown = crate::cri::CriError::Status {
+        op: "StartContainer",
+        code: tonic::Code::Cancelled,
+        message: String::new(),
+    };
+    assert_eq!(cri_code(&unknown), "Canceled");
+}
+
+#[test]
+fn pod_start_is_timed_from_config_seen_on_the_first_running_status() {
+    use k8s_openapi::api::core::v1::Pod;
+    let mut pod = Pod::default();
+    let seen =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(2);
+    pod.metadata.annotations = Some(
+        [(
+            crate::source::CONFIG_FIRST_SEEN_ANNOTATION.to_string(),
+            seen.to_string(),
+        )]
+        .into(),
+    );
+    let d = since_seen(&pod).unwrap();
+    assert!(
+        d >= Duration::from_secs(2) && d < Duration::from_secs(60),
+        "{d:?}"
+    );
+    assert!(is_first_start(Some("Pending"), Some("Running")));
+    assert!(is_first_start(None, Some("Running")));
+    assert!(!is_first_start(Some("Running"), Some("Running")));
+    assert!(!is_first_start(Some("Pending"), Some("Pending")));
+    assert!(!is_first_start(Some("Running"), Some("Failed")));
+    assert_eq!(since_seen(&Pod::default()), None);
 }
