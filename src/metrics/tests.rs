@@ -388,12 +388,12 @@ fn container_start_errors_carry_the_grpc_code() {
 fn pod_start_is_timed_from_config_seen_on_the_first_running_status() {
     use k8s_openapi::api::core::v1::Pod;
     let mut pod = Pod::default();
-    let seen =
-        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(2);
+    // As the sources stamp it.
+    let seen = crate::source::format_timestamp(SystemTime::now() - Duration::from_secs(2));
     pod.metadata.annotations = Some(
         [(
             crate::source::CONFIG_FIRST_SEEN_ANNOTATION.to_string(),
-            seen.to_string(),
+            seen,
         )]
         .into(),
     );

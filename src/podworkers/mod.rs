@@ -310,6 +310,9 @@ impl PodWorkers {
             Work::Sync(pod) => {
                 if e.removed {
                     // Same UID back after a kill: waits for the old run to end.
+                    if e.after_termination.is_none() {
+                        crate::metrics::restarted_pod(is_static(&pod));
+                    }
                     e.after_termination = Some(Work::Sync(pod));
                 } else if e.phase == WorkerPhase::Syncing {
                     e.pod = Some(pod.clone());
