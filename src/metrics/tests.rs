@@ -409,3 +409,52 @@ fn pod_start_is_timed_from_config_seen_on_the_first_running_status() {
     assert!(!is_first_start(Some("Running"), Some("Failed")));
     assert_eq!(since_seen(&Pod::default()), None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn pleg_relists_are_timed_and_dropped_events_counted() {
+    use crate::cri::v1::{PodSandboxConfig, PodSandboxMetadata};
+    use crate::cri::RuntimeService;
+    let fake = Arc::new(FakeRuntime::new());
+    for uid in ["pa", "pb", "pc"] {
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: uid.into(),
+                uid: uid.into(),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            labels: [(
+                crate::kuberuntime::labels::POD_UID.to_string(),
+                uid.to_string(),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        fake.run_pod_sandbox(config, String::new()).await.unwrap();
+    }
+    let m = &*METRICS;
+    let relists = || {
+        let mut out = String::new();
+        let _ = encode(&mut out, &REGISTRY);
+        out.lines()
+            .find(|l| l.starts_with("kubelet_pleg_relist_duration_seconds_count"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap()
+    };
+    let (n, discarded) = (relists(), m.pleg_discard_events.get());
+    // Room for one event: the three sandbox starts of the first relist
+    // leave two dropped.
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    let token = tokio_util::sync::CancellationToken::new();
+    let h = crate::pleg::spawn(fake, Duration::from_secs(1), tx, token.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while h.discarded_events() < 2 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(h.discarded_events(), 2);
+    assert!(m.pleg_discard_events.get() >= discarded + 2);
+    assert!(relists() > n);
+    assert!(m.pleg_last_seen.get() > 1.6e9);
+    token.cancel();
+}
