@@ -17,6 +17,7 @@
 //! suffix: OpenMetrics requires it.
 
 mod http;
+mod process;
 mod restclient;
 
 use std::sync::atomic::AtomicU64;
@@ -170,7 +171,6 @@ pub struct KubeletMetrics {
     pub http_inflight_requests: Family<HttpLabels, Gauge>,
     pub rest_client_requests: Family<RestClientLabels, Counter>,
     pub build_info: Family<BuildInfo, Gauge>,
-    pub process_start_time: GaugeF,
 }
 
 /// The process-wide metrics (upstream's package-level vars).
@@ -201,7 +201,6 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     http_inflight_requests: Family::default(),
     rest_client_requests: Family::default(),
     build_info: Family::default(),
-    process_start_time: GaugeF::default(),
 });
 
 /// component-base prefixes the help of ALPHA metrics so.
@@ -375,21 +374,11 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         alpha!("A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running."),
         m.build_info.clone(),
     );
-    add(
-        &mut v,
-        "process_start_time_seconds",
-        alpha!("Start time of the process since unix epoch in seconds."),
-        m.process_start_time.clone(),
-    );
     // Constant series, set once.
     m.build_info.get_or_create(&build_info()).set(1);
-    let start = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64();
-    m.process_start_time.set(start);
     let mut r = Registry::default();
     r.register_collector(Box::new(Exact(v)));
+    r.register_collector(Box::new(process::ProcessCollector));
     r
 });
 
@@ -751,7 +740,14 @@ pub fn routes() -> Router<ServerState> {
 }
 
 async fn metrics(State(s): State<ServerState>) -> Response {
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], render(&s)).into_response()
+    // The process collector reads /proc: off the async threads.
+    match tokio::task::spawn_blocking(move || render(&s)).await {
+        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "rendering /metrics failed");
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
 }
 
 async fn metrics_probes(State(s): State<ServerState>) -> Response {

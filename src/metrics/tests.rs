@@ -145,7 +145,12 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
             "platform",
         ],
     ),
+    ("process_cpu_seconds", "counter", &[]),
+    ("process_max_fds", "gauge", &[]),
+    ("process_open_fds", "gauge", &[]),
+    ("process_resident_memory_bytes", "gauge", &[]),
     ("process_start_time_seconds", "gauge", &[]),
+    ("process_virtual_memory_bytes", "gauge", &[]),
 ];
 
 #[tokio::test]
@@ -457,4 +462,20 @@ async fn pleg_relists_are_timed_and_dropped_events_counted() {
     assert!(relists() > n);
     assert!(m.pleg_last_seen.get() > 1.6e9);
     token.cancel();
+}
+
+#[test]
+fn proc_stat_is_parsed_as_client_golang_does() {
+    // A command name with spaces and a parenthesis, as proc(5) allows.
+    let stat = "4242 (rk (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 150 0 0 20 0 8 0 5000 123456789 2048 18446744073709551615";
+    let s = process::parse_stat(stat, 100.0, 4096.0, 1_700_000_000.0).unwrap();
+    assert_eq!(
+        s,
+        process::Stat {
+            cpu_seconds: 4.0,
+            start_time: 1_700_000_050.0,
+            virtual_bytes: 123456789.0,
+            resident_bytes: 2048.0 * 4096.0,
+        }
+    );
 }
