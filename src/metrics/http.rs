@@ -1,7 +1,8 @@
 //! `kubelet_http_requests_total`, `kubelet_http_requests_duration_seconds`
 //! and `kubelet_http_inflight_requests` (upstream
 //! `pkg/kubelet/server/metrics/metrics.go`, labelled as `server.go`'s
-//! `ServeHTTP` does).
+//! `ServeHTTP` does: method, path bucket, server type, long-running; the
+//! older `host` label is gone upstream).
 
 use axum::extract::Request;
 use axum::http::Method;
@@ -15,15 +16,16 @@ use super::{HttpLabels, METRICS};
 ///
 /// Apply it to a whole router with
 /// `router.layer(axum::middleware::from_fn(|req, next| crate::metrics::track_http("readonly", req, next)))`.
-/// `server_type` is `"readonly"` for the read-only port; upstream labels the
-/// authenticated port `"readwrite"`.
+/// `server_type` is `"readonly"` for the read-only port (:10255) and, as
+/// upstream's `ServeHTTP` labels it, `"readwrite"` for the authenticated
+/// port (:10250). Layer it outermost (after auth layers are added), so
+/// rejected requests are counted too, as upstream counts before its filters.
 pub async fn track_http(server_type: &'static str, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let bucket = bucket(path);
     let labels = HttpLabels {
         method: method_bucket(req.method()),
         path: bucket,
-        host: req.uri().host().unwrap_or_default().to_string(),
         server_type,
         long_running: if is_long_running(bucket) {
             "true"

@@ -118,7 +118,6 @@ pub struct FirstWithNetwork {
 pub struct HttpLabels {
     pub method: &'static str,
     pub path: &'static str,
-    pub host: String,
     pub server_type: &'static str,
     pub long_running: &'static str,
 }

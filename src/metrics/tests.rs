@@ -113,17 +113,17 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
     (
         "kubelet_http_requests",
         "counter",
-        &["host", "long_running", "method", "path", "server_type"],
+        &["long_running", "method", "path", "server_type"],
     ),
     (
         "kubelet_http_requests_duration_seconds",
         "histogram",
-        &["host", "long_running", "method", "path", "server_type"],
+        &["long_running", "method", "path", "server_type"],
     ),
     (
         "kubelet_http_inflight_requests",
         "gauge",
-        &["host", "long_running", "method", "path", "server_type"],
+        &["long_running", "method", "path", "server_type"],
     ),
     (
         "rest_client_requests",
@@ -200,7 +200,7 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     // Nothing else leaks into the registry.
     assert_eq!(ty.len(), EXPECTED.len(), "{ty:?}");
     assert!(text.contains(
-        "kubelet_http_requests_total{method=\"GET\",path=\"metrics\",host=\"\",server_type=\"readonly\",long_running=\"false\"}"
+        "kubelet_http_requests_total{method=\"GET\",path=\"metrics\",server_type=\"readonly\",long_running=\"false\"}"
     ), "{text}");
     assert!(text
         .contains("kubelet_runtime_operations_errors_total{operation_type=\"list_podsandbox\"}"));
