@@ -121,9 +121,9 @@ impl ResultLabel {
 }
 
 const METRIC_NAME: &str = "prober_probe";
-/// As component-base prints it for an ALPHA metric.
+/// As component-base prints it: BETA in current upstream (prober_manager.go).
 const METRIC_HELP: &str =
-    "[ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.";
+    "[BETA] Cumulative number of a liveness, readiness or startup probe for a container by result.";
 const DURATION_NAME: &str = "prober_probe_duration_seconds";
 const DURATION_HELP: &str = "[ALPHA] Duration in seconds for a probe response.";
 

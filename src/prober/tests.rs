@@ -604,7 +604,7 @@ async fn metrics_text_matches_upstream_format() {
     // Upstream's families: prober_probe_total{probe_type,result,container,
     // pod,namespace,pod_uid} and prober_probe_duration_seconds{probe_type,
     // container,pod,namespace} (prober_manager.go).
-    assert!(text.contains("# HELP prober_probe [ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.\n# TYPE prober_probe counter\n"), "{text}");
+    assert!(text.contains("# HELP prober_probe [BETA] Cumulative number of a liveness, readiness or startup probe for a container by result.\n# TYPE prober_probe counter\n"), "{text}");
     assert!(
         text.contains("# TYPE prober_probe_duration_seconds histogram\n"),
         "{text}"
