@@ -102,3 +102,51 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
     assert!(probes.contains("# TYPE prober_probe counter"), "{probes}");
     k.remove_manifest("m.yaml");
 }
+
+/// Cluster mode: the kube-rs client's requests are counted as client-go's
+/// `rest_client_requests_total{code,host,method}`.
+#[test]
+fn cluster_mode_counts_api_requests() {
+    use common::apiserver::{ApiServer, ApiServerOptions, KubeconfigUser};
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-metrics-api";
+    let mut k = Kubelet::new(node);
+    std::fs::create_dir_all(&k.dir).unwrap();
+    let (cert, key) = api.issue_client_cert(
+        &format!("system:node:{node}"),
+        &["system:nodes"],
+        Duration::from_secs(3600),
+    );
+    let (c, kf) = (k.dir.join("client.crt"), k.dir.join("client.key"));
+    std::fs::write(&c, cert).unwrap();
+    std::fs::write(&kf, key).unwrap();
+    let kc = k.dir.join("kubelet.conf");
+    api.write_kubeconfig(&kc, KubeconfigUser::ClientCert { cert: c, key: kf });
+    k.extra_args = vec![
+        "--kubeconfig".into(),
+        kc.display().to_string(),
+        format!("--cert-dir={}", k.dir.join("pki").display()),
+    ];
+    k.extra_config = "nodeStatusUpdateFrequency: 1s\n".into();
+    k.spawn();
+    wait_for("the Node to be registered", T, || {
+        api.get("nodes", None, node)
+    });
+    let s = wait_for("rest_client_requests_total for GET and a write", T, || {
+        let s = scrape(&k)?;
+        let get = value(&s, "rest_client_requests_total", &[("method", "GET")])?;
+        let write = ["POST", "PUT", "PATCH"]
+            .iter()
+            .filter_map(|m| value(&s, "rest_client_requests_total", &[("method", m)]))
+            .sum::<f64>();
+        (get >= 1.0 && write >= 1.0).then_some(s)
+    });
+    let sample = s
+        .samples
+        .iter()
+        .find(|x| x.metric == "rest_client_requests_total")
+        .unwrap();
+    assert!(sample.labels.get("code").is_some_and(|c| !c.is_empty()));
+    let host = sample.labels.get("host").unwrap_or_default();
+    assert!(host.contains(':'), "host:port of the API server: {host:?}");
+}
