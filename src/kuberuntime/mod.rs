@@ -534,22 +534,20 @@ impl RuntimeManager {
                 retry,
             )
         })?;
-        let created = self
+        let id = self
             .runtime
             .create_container(ctx.sandbox_id, config, ctx.sandbox_cfg.clone())
-            .await;
-        if let Err(e) = &created {
-            crate::metrics::started_container_result(init, Err(e));
-        }
-        let id = created.map_err(|e| {
-            (
-                Waiting {
-                    reason: "CreateContainerError".into(),
-                    message: e.to_string(),
-                },
-                retry,
-            )
-        })?;
+            .await
+            .inspect_err(|e| crate::metrics::started_container_result(init, Err(e)))
+            .map_err(|e| {
+                (
+                    Waiting {
+                        reason: "CreateContainerError".into(),
+                        message: e.to_string(),
+                    },
+                    retry,
+                )
+            })?;
         let ev = Some((c.name.as_str(), init));
         events::pod(
             pod,
