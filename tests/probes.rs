@@ -93,6 +93,7 @@ fn http_tcp_and_exec_probes_pass_against_busybox_httpd() {
         };
         (ok("Startup") && ok("Readiness") && ok("Liveness")).then_some(body)
     });
+    // OpenMetrics: the counter family is `prober_probe`, sampled as `_total`.
     assert!(metrics.contains("# TYPE prober_probe_total counter"));
     assert_eq!(
         container_status(&k.pod("web").unwrap(), "httpd").unwrap()["restartCount"],

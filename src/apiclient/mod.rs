@@ -57,10 +57,19 @@ async fn build(path: &Path) -> Result<kube::Client, ApiClientError> {
     // timeout below this.
     config.read_timeout = Some(Duration::from_secs(330));
     config.connect_timeout = Some(Duration::from_secs(10));
-    kube::Client::try_from(config).map_err(|source| ApiClientError::Client {
-        path: path.to_path_buf(),
-        source,
-    })
+    let host = config
+        .cluster_url
+        .authority()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let builder =
+        kube::client::ClientBuilder::try_from(config).map_err(|source| ApiClientError::Client {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(builder
+        .with_layer(&crate::metrics::RestClientLayer::new(&host))
+        .build())
 }
 
 impl ApiClient {

@@ -71,11 +71,14 @@ impl RemoteRuntime {
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        match tokio::time::timeout(timeout, fut).await {
+        let start = tokio::time::Instant::now();
+        let r = match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(resp)) => Ok(resp.into_inner()),
             Ok(Err(status)) => Err(CriError::from_status(op, status)),
             Err(_) => Err(CriError::DeadlineExceeded { op }),
-        }
+        };
+        crate::metrics::runtime_operation(op, start.elapsed(), r.is_ok());
+        r
     }
 }
 

@@ -376,11 +376,12 @@ impl RuntimeManager {
                 attempt = a.attempt,
                 "creating pod sandbox"
             );
-            match self
+            let created = self
                 .runtime
                 .run_pod_sandbox(sandbox_cfg.clone(), self.opts.runtime_handler.clone())
-                .await
-            {
+                .await;
+            crate::metrics::started_pod(created.is_ok());
+            match created {
                 Ok(id) => {
                     if let Ok(s) = self.runtime.pod_sandbox_status(&id).await {
                         pod_ip = SandboxInfo::from_cri(&s)
@@ -571,6 +572,7 @@ impl RuntimeManager {
             .runtime
             .create_container(ctx.sandbox_id, config, ctx.sandbox_cfg.clone())
             .await
+            .inspect_err(|e| crate::metrics::started_container_result(init, Err(e)))
             .map_err(|e| {
                 (
                     Waiting {
@@ -588,7 +590,9 @@ impl RuntimeManager {
             "Created",
             format!("Created container: {}", c.name),
         );
-        if let Err(e) = self.runtime.start_container(&id).await {
+        let started = self.runtime.start_container(&id).await;
+        crate::metrics::started_container_result(init, started.as_ref().map(drop));
+        if let Err(e) = started {
             warn!(pod = pod_name(pod), container = %c.name, error = %e, "failed to start container");
             return Err((
                 Waiting {

@@ -1,27 +1,822 @@
 //! The kubelet's own metrics (`/metrics`, `/metrics/probes`) with
 //! upstream's names, types, labels and buckets
-//! (`pkg/kubelet/metrics/metrics.go`).
+//! (`pkg/kubelet/metrics/metrics.go`, `pkg/kubelet/server/metrics/metrics.go`,
+//! `pkg/kubelet/prober/prober_manager.go`).
+//!
+//! One process-wide registry, like upstream's `legacyregistry`: the
+//! instrumented code calls the small functions below (atomics only, label
+//! sets of `&'static str`, so no allocation per call). Values that describe
+//! the current state (running pods and containers) are computed at scrape
+//! time from the PLEG snapshot.
+//!
+//! Exposition is OpenMetrics text (what `prometheus-client` writes), so a
+//! counter family registered as `kubelet_runtime_operations` is sampled as
+//! `kubelet_runtime_operations_total`, upstream's series name. The two
+//! upstream counters whose names lack `_total` (`kubelet_evictions`,
+//! `kubelet_pleg_discard_events`) therefore appear with a `_total` sample
+//! suffix: OpenMetrics requires it.
+
+mod http;
+mod process;
+mod restclient;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
 
+use crate::kuberuntime::CState;
 use crate::server::ServerState;
+
+pub use http::track_http;
+pub use restclient::{RestClientLayer, RestClientMetrics};
+
+/// The Prometheus text format upstream's endpoints answer with.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Counters whose upstream name has no `_total` (component-base registers
+/// them as they are named; OpenMetrics would force the suffix).
+const COUNTERS_WITHOUT_TOTAL: &[&str] = &["kubelet_evictions", "kubelet_pleg_discard_events"];
+
+/// Rewrites prometheus-client's OpenMetrics text as the Prometheus text
+/// format (0.0.4) upstream's kubelet serves, so series and `# TYPE` names
+/// are upstream's: a counter's HELP/TYPE carry its `_total` sample name
+/// (or the sample loses the suffix for the counters upstream names
+/// without it), `# UNIT` and `# EOF` go. prometheus-client writes only
+/// OpenMetrics; this keeps dashboards and alerts written against upstream
+/// working.
+pub fn to_prometheus_text(open: &str) -> String {
+    let mut out = String::with_capacity(open.len());
+    let mut help: Option<&str> = None;
+    // (family, sample prefix to rename from, rename to)
+    let mut rename: Option<(String, String)> = None;
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = Some(rest);
+            rename = None;
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, ty) = rest.split_once(' ').unwrap_or((rest, ""));
+            let shown = match ty {
+                "counter" if COUNTERS_WITHOUT_TOTAL.contains(&name) => {
+                    rename = Some((format!("{name}_total"), name.to_string()));
+                    name.to_string()
+                }
+                "counter" => format!("{name}_total"),
+                _ => name.to_string(),
+            };
+            let ty = if ty == "info" { "gauge" } else { ty };
+            if let Some(h) = help.take() {
+                let text = h.split_once(' ').map_or("", |(_, t)| t);
+                out.push_str(&format!(
+                    "# HELP {shown} {text}
+"
+                ));
+            }
+            out.push_str(&format!(
+                "# TYPE {shown} {ty}
+"
+            ));
+            continue;
+        }
+        match &rename {
+            Some((from, to)) if line.starts_with(from.as_str()) => {
+                out.push_str(to);
+                out.push_str(&line[from.len()..]);
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// client_golang's `DefBuckets`.
+pub const DEF_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Upstream's `podStartupDurationBuckets` (metrics.go).
+pub const POD_STARTUP_BUCKETS: [f64; 25] = [
+    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
+    300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+];
+
+type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+type GaugeF = Gauge<f64, AtomicU64>;
+
+fn def_histogram() -> Histogram {
+    Histogram::new(DEF_BUCKETS)
+}
+fn startup_histogram() -> Histogram {
+    Histogram::new(POD_STARTUP_BUCKETS)
+}
+fn runtime_op_histogram() -> Histogram {
+    // metrics.ExponentialBuckets(.005, 2.5, 14)
+    Histogram::new(exponential_buckets(0.005, 2.5, 14))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationType {
+    pub operation_type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerStateLabel {
+    pub container_state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerType {
+    pub container_type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerTypeCode {
+    pub container_type: &'static str,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StaticLabel {
+    pub r#static: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionSignal {
+    pub eviction_signal: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FirstWithNetwork {
+    pub first_with_network: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub server_type: &'static str,
+    pub long_running: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestClientLabels {
+    pub code: String,
+    pub host: String,
+    pub method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildInfo {
+    pub build_date: &'static str,
+    pub compiler: &'static str,
+    pub git_commit: &'static str,
+    pub git_tree_state: &'static str,
+    pub git_version: &'static str,
+    pub go_version: &'static str,
+    pub major: &'static str,
+    pub minor: &'static str,
+    pub platform: &'static str,
+}
+
+/// Every metric of `/metrics`; clones share their values.
+pub struct KubeletMetrics {
+    pub node_name: Family<NodeLabel, Gauge>,
+    pub pod_worker_duration: HistFamily<OperationType>,
+    pub pod_start_duration: Histogram,
+    pub pod_start_sli_duration: HistFamily<FirstWithNetwork>,
+    pub pod_worker_start_duration: Histogram,
+    pub cgroup_manager_duration: HistFamily<OperationType>,
+    pub pleg_relist_duration: Histogram,
+    pub pleg_relist_interval: Histogram,
+    pub pleg_discard_events: Counter,
+    pub pleg_last_seen: GaugeF,
+    pub runtime_operations: Family<OperationType, Counter>,
+    pub runtime_operations_duration: HistFamily<OperationType>,
+    pub runtime_operations_errors: Family<OperationType, Counter>,
+    pub evictions: Family<EvictionSignal, Counter>,
+    pub running_pods: Gauge,
+    pub running_containers: Family<ContainerStateLabel, Gauge>,
+    pub restarted_pods: Family<StaticLabel, Counter>,
+    pub started_pods: Counter,
+    pub started_pods_errors: Counter,
+    pub started_containers: Family<ContainerType, Counter>,
+    pub started_containers_errors: Family<ContainerTypeCode, Counter>,
+    pub http_requests: Family<HttpLabels, Counter>,
+    pub http_requests_duration: HistFamily<HttpLabels>,
+    pub http_inflight_requests: Family<HttpLabels, Gauge>,
+    pub rest_client_requests: Family<RestClientLabels, Counter>,
+    pub build_info: Family<BuildInfo, Gauge>,
+}
+
+/// The process-wide metrics (upstream's package-level vars).
+pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
+    node_name: Family::default(),
+    pod_worker_duration: Family::new_with_constructor(def_histogram),
+    pod_start_duration: startup_histogram(),
+    pod_start_sli_duration: Family::new_with_constructor(startup_histogram),
+    pod_worker_start_duration: def_histogram(),
+    cgroup_manager_duration: Family::new_with_constructor(def_histogram),
+    pleg_relist_duration: def_histogram(),
+    pleg_relist_interval: def_histogram(),
+    pleg_discard_events: Counter::default(),
+    pleg_last_seen: GaugeF::default(),
+    runtime_operations: Family::default(),
+    runtime_operations_duration: Family::new_with_constructor(runtime_op_histogram),
+    runtime_operations_errors: Family::default(),
+    evictions: Family::default(),
+    running_pods: Gauge::default(),
+    running_containers: Family::default(),
+    restarted_pods: Family::default(),
+    started_pods: Counter::default(),
+    started_pods_errors: Counter::default(),
+    started_containers: Family::default(),
+    started_containers_errors: Family::default(),
+    http_requests: Family::default(),
+    http_requests_duration: Family::new_with_constructor(def_histogram),
+    http_inflight_requests: Family::default(),
+    rest_client_requests: Family::default(),
+    build_info: Family::default(),
+});
+
+/// component-base prefixes the help of ALPHA metrics so.
+macro_rules! alpha {
+    ($s:literal) => {
+        concat!("[ALPHA] ", $s)
+    };
+}
+
+/// The `/metrics` registry. Names, help and label names follow upstream's
+/// metrics.go (kubelet subsystem), server/metrics/metrics.go (HTTP),
+/// component-base's restclient and version metrics.
+static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
+    let m = &*METRICS;
+    let mut v: Vec<Described> = Vec::new();
+    add(
+        &mut v,
+        "kubelet_node_name",
+        alpha!("The node's name. The count is always 1."),
+        m.node_name.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_pod_worker_duration_seconds",
+        alpha!("Duration in seconds to sync a single pod. Broken down by operation type: create, update, or sync"),
+        m.pod_worker_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_pod_start_duration_seconds",
+        alpha!("Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run"),
+        m.pod_start_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_pod_start_sli_duration_seconds",
+        alpha!("Duration in seconds to start a pod, excluding time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch"),
+        m.pod_start_sli_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_cgroup_manager_duration_seconds",
+        alpha!("Duration in seconds for cgroup manager operations. Broken down by method."),
+        m.cgroup_manager_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_pod_worker_start_duration_seconds",
+        alpha!("Duration in seconds from kubelet seeing a pod to starting a worker."),
+        m.pod_worker_start_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_pleg_relist_duration_seconds",
+        alpha!("Duration in seconds for relisting pods in PLEG."),
+        m.pleg_relist_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_pleg_discard_events",
+        alpha!("The number of discard events in PLEG."),
+        m.pleg_discard_events.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_pleg_relist_interval_seconds",
+        alpha!("Interval in seconds between relisting in PLEG."),
+        m.pleg_relist_interval.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_pleg_last_seen_seconds",
+        alpha!("Timestamp in seconds when PLEG was last seen active."),
+        m.pleg_last_seen.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_runtime_operations",
+        alpha!("Cumulative number of runtime operations by operation type."),
+        m.runtime_operations.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_runtime_operations_duration_seconds",
+        alpha!("Duration in seconds of runtime operations. Broken down by operation type."),
+        m.runtime_operations_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_runtime_operations_errors",
+        alpha!("Cumulative number of runtime operation errors by operation type."),
+        m.runtime_operations_errors.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_evictions",
+        alpha!("Cumulative number of pod evictions by eviction signal"),
+        m.evictions.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_running_pods",
+        alpha!("Number of pods that have a running pod sandbox"),
+        m.running_pods.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_running_containers",
+        alpha!("Number of containers currently running"),
+        m.running_containers.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_restarted_pods",
+        alpha!("Number of pods that have been restarted because they were deleted and recreated with the same UID while the kubelet was watching them (common for static pods, extremely uncommon for API pods)"),
+        m.restarted_pods.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_started_pods",
+        alpha!("Cumulative number of pods started"),
+        m.started_pods.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_started_pods_errors",
+        alpha!("Cumulative number of errors when starting pods"),
+        m.started_pods_errors.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_started_containers",
+        alpha!("Cumulative number of containers started"),
+        m.started_containers.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_started_containers_errors",
+        alpha!("Cumulative number of errors when starting containers"),
+        m.started_containers_errors.clone(),
+    );
+    // pkg/kubelet/server/metrics: registered without a stability level,
+    // hence no "[ALPHA]" prefix.
+    add(
+        &mut v,
+        "kubelet_http_requests",
+        "Number of the http requests received since the server started",
+        m.http_requests.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_http_requests_duration_seconds",
+        "Duration in seconds to serve http requests",
+        m.http_requests_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_http_inflight_requests",
+        "Number of the inflight http requests",
+        m.http_inflight_requests.clone(),
+    );
+    add(
+        &mut v,
+        "rest_client_requests",
+        alpha!("Number of HTTP requests, partitioned by status code, method, and host."),
+        m.rest_client_requests.clone(),
+    );
+    add(
+        &mut v,
+        "kubernetes_build_info",
+        alpha!("A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running."),
+        m.build_info.clone(),
+    );
+    // Constant series, set once.
+    m.build_info.get_or_create(&build_info()).set(1);
+    let mut r = Registry::default();
+    r.register_collector(Box::new(Exact(v)));
+    r.register_collector(Box::new(process::ProcessCollector));
+    r
+});
+
+type Described = (
+    &'static str,
+    &'static str,
+    Box<dyn EncodeMetric + Send + Sync>,
+);
+
+fn add(
+    v: &mut Vec<Described>,
+    name: &'static str,
+    help: &'static str,
+    m: impl EncodeMetric + Send + Sync + 'static,
+) {
+    v.push((name, help, Box::new(m)));
+}
+
+/// Encodes the metrics with their help text as given: `Registry::register`
+/// appends a period, which would change upstream's help strings.
+struct Exact(Vec<Described>);
+
+impl std::fmt::Debug for Exact {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.iter().map(|d| d.0)).finish()
+    }
+}
+
+impl Collector for Exact {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, m) in &self.0 {
+            m.encode(enc.encode_descriptor(name, help, None, m.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+fn build_info() -> BuildInfo {
+    BuildInfo {
+        build_date: "",
+        compiler: "rustc",
+        git_commit: "",
+        git_tree_state: "",
+        git_version: concat!("v", env!("CARGO_PKG_VERSION")),
+        // Not a Go binary: left empty rather than faked.
+        go_version: "",
+        major: env!("CARGO_PKG_VERSION_MAJOR"),
+        minor: env!("CARGO_PKG_VERSION_MINOR"),
+        platform: PLATFORM,
+    }
+}
+
+const PLATFORM: &str = if cfg!(target_arch = "x86_64") {
+    "linux/amd64"
+} else if cfg!(target_arch = "aarch64") {
+    "linux/arm64"
+} else {
+    "linux/unknown"
+};
+
+/// Sets `kubelet_node_name{node}` (once, at startup; upstream does the same).
+pub fn set_node_name(node: &str) {
+    METRICS
+        .node_name
+        .get_or_create(&NodeLabel { node: node.into() })
+        .set(1);
+}
+
+// ------------------------------------------------------------ runtime
+
+/// Upstream's instrumented-service operation names (snake case, as in
+/// `pkg/kubelet/kuberuntime/instrumented_services.go`) for rkubelet's CRI
+/// method names.
+pub fn operation_type(cri_method: &'static str) -> &'static str {
+    match cri_method {
+        "Version" => "version",
+        "Status" => "status",
+        "RunPodSandbox" => "run_podsandbox",
+        "StopPodSandbox" => "stop_podsandbox",
+        "RemovePodSandbox" => "remove_podsandbox",
+        "PodSandboxStatus" => "podsandbox_status",
+        "ListPodSandbox" => "list_podsandbox",
+        "CreateContainer" => "create_container",
+        "StartContainer" => "start_container",
+        "StopContainer" => "stop_container",
+        "RemoveContainer" => "remove_container",
+        "ListContainers" => "list_containers",
+        "ContainerStatus" => "container_status",
+        "ExecSync" => "exec_sync",
+        "Exec" => "exec",
+        "Attach" => "attach",
+        "PortForward" => "port_forward",
+        "ListContainerStats" => "list_container_stats",
+        "ListPodSandboxStats" => "list_podsandbox_stats",
+        "ReopenContainerLog" => "reopen_container_log",
+        "GetContainerEvents" => "get_container_events",
+        "ListImages" => "list_images",
+        "ImageStatus" => "image_status",
+        "PullImage" => "pull_image",
+        "RemoveImage" => "remove_image",
+        "ImageFsInfo" => "image_fs_info",
+        other => other,
+    }
+}
+
+/// One finished CRI call: `kubelet_runtime_operations_total`,
+/// `..._duration_seconds` and, on error, `..._errors_total`.
+pub fn runtime_operation(cri_method: &'static str, took: Duration, ok: bool) {
+    let l = OperationType {
+        operation_type: operation_type(cri_method),
+    };
+    let m = &*METRICS;
+    m.runtime_operations.get_or_create(&l).inc();
+    m.runtime_operations_duration
+        .get_or_create(&l)
+        .observe(took.as_secs_f64());
+    if !ok {
+        m.runtime_operations_errors.get_or_create(&l).inc();
+    }
+}
+
+// ------------------------------------------------------------ pleg
+
+/// One relist: its duration, the interval since the previous relist's
+/// start, and, when it succeeded, the last-seen timestamp.
+pub fn pleg_relist(took: Duration, interval: Option<Duration>, ok: bool) {
+    let m = &*METRICS;
+    m.pleg_relist_duration.observe(took.as_secs_f64());
+    if let Some(i) = interval {
+        m.pleg_relist_interval.observe(i.as_secs_f64());
+    }
+    if ok {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        m.pleg_last_seen.set(now);
+    }
+}
+
+/// A PLEG event dropped because the channel was full.
+pub fn pleg_discarded() {
+    METRICS.pleg_discard_events.inc();
+}
+
+// ------------------------------------------------------------ pods
+
+/// `kubelet_pod_worker_duration_seconds{operation_type}`: create, update,
+/// sync or kill, as upstream's SyncPodType strings.
+pub fn pod_worker_duration(operation: &'static str, took: Duration) {
+    METRICS
+        .pod_worker_duration
+        .get_or_create(&OperationType {
+            operation_type: operation,
+        })
+        .observe(took.as_secs_f64());
+}
+
+pub fn pod_worker_start(took: Duration) {
+    METRICS
+        .pod_worker_start_duration
+        .observe(took.as_secs_f64());
+}
+
+pub fn pod_start(took: Duration) {
+    METRICS.pod_start_duration.observe(took.as_secs_f64());
+}
+
+/// A sandbox creation (`kubelet_started_pods_total`, `..._errors_total`).
+pub fn started_pod(ok: bool) {
+    METRICS.started_pods.inc();
+    if !ok {
+        METRICS.started_pods_errors.inc();
+    }
+}
+
+/// A container start; `container_type` is `container`, `init_container`
+/// or `ephemeral_container`; `code` the error's CRI code on failure.
+pub fn started_container(container_type: &'static str, err_code: Option<&str>) {
+    METRICS
+        .started_containers
+        .get_or_create(&ContainerType { container_type })
+        .inc();
+    if let Some(code) = err_code {
+        METRICS
+            .started_containers_errors
+            .get_or_create(&ContainerTypeCode {
+                container_type,
+                code: code.into(),
+            })
+            .inc();
+    }
+}
+
+pub fn restarted_pod(is_static: bool) {
+    METRICS
+        .restarted_pods
+        .get_or_create(&StaticLabel {
+            r#static: if is_static { "true" } else { "false" },
+        })
+        .inc();
+}
+
+/// Go's `codes.Code.String()` for a CRI error (the `code` label of
+/// `kubelet_started_containers_errors_total`).
+pub fn cri_code(e: &crate::cri::CriError) -> &'static str {
+    use crate::cri::CriError;
+    match e {
+        CriError::NotFound { .. } => "NotFound",
+        CriError::DeadlineExceeded { .. } => "DeadlineExceeded",
+        CriError::Unavailable { .. } => "Unavailable",
+        CriError::Status { code, .. } => match code {
+            tonic::Code::Ok => "OK",
+            tonic::Code::Cancelled => "Canceled",
+            tonic::Code::Unknown => "Unknown",
+            tonic::Code::InvalidArgument => "InvalidArgument",
+            tonic::Code::DeadlineExceeded => "DeadlineExceeded",
+            tonic::Code::NotFound => "NotFound",
+            tonic::Code::AlreadyExists => "AlreadyExists",
+            tonic::Code::PermissionDenied => "PermissionDenied",
+            tonic::Code::ResourceExhausted => "ResourceExhausted",
+            tonic::Code::FailedPrecondition => "FailedPrecondition",
+            tonic::Code::Aborted => "Aborted",
+            tonic::Code::OutOfRange => "OutOfRange",
+            tonic::Code::Unimplemented => "Unimplemented",
+            tonic::Code::Internal => "Internal",
+            tonic::Code::Unavailable => "Unavailable",
+            tonic::Code::DataLoss => "DataLoss",
+            tonic::Code::Unauthenticated => "Unauthenticated",
+        },
+        CriError::Endpoint { .. } => "Unknown",
+    }
+}
+
+/// A container start attempt with its result (upstream counts in
+/// `startContainer`: the attempt, and on a failed create or start the
+/// error by gRPC code).
+pub fn started_container_result(init: bool, r: Result<(), &crate::cri::CriError>) {
+    let t = if init { "init_container" } else { "container" };
+    started_container(t, r.err().map(cri_code));
+}
+
+/// Time since the pod's `kubernetes.io/config.seen` annotation (when a
+/// source first saw it), if present and parseable.
+fn since_seen(pod: &k8s_openapi::api::core::v1::Pod) -> Option<Duration> {
+    let seen = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(crate::source::CONFIG_FIRST_SEEN_ANNOTATION)?;
+    let t: k8s_openapi::jiff::Timestamp = seen.parse().ok()?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    Duration::try_from(now.duration_since(t)).ok()
+}
+
+/// A pod worker starts for `pod` (`kubelet_pod_worker_start_duration_seconds`,
+/// measured from config.seen: rkubelet's time of first sight).
+pub fn pod_worker_started(pod: Option<&k8s_openapi::api::core::v1::Pod>) {
+    if let Some(d) = pod.and_then(since_seen) {
+        pod_worker_start(d);
+    }
+}
+
+fn is_first_start(previous: Option<&str>, new: Option<&str>) -> bool {
+    matches!(previous, None | Some("Pending")) && new == Some("Running")
+}
+
+/// A generated status: the first move from Pending (or no status) to
+/// Running observes `kubelet_pod_start_duration_seconds` since config.seen,
+/// as upstream's SyncPod does.
+pub fn pod_phase_changed(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    previous: Option<&str>,
+    new: Option<&str>,
+) {
+    if is_first_start(previous, new) {
+        if let Some(d) = since_seen(pod) {
+            pod_start(d);
+        }
+    }
+}
+
+/// One API request from the kube-rs client.
+pub fn rest_client_request(code: &str, method: &str, host: &str) {
+    METRICS
+        .rest_client_requests
+        .get_or_create(&RestClientLabels {
+            code: code.into(),
+            host: host.into(),
+            method: method.into(),
+        })
+        .inc();
+}
+
+// ------------------------------------------------------------ scrape
+
+/// Sets the state gauges from the PLEG snapshot, as upstream's PLEG does
+/// after each relist: pods with a ready sandbox, containers by state
+/// (sandboxes not counted as containers).
+fn update_running(snapshot: &crate::pleg::Snapshot) {
+    let mut pods = 0i64;
+    let mut by_state = [0i64; 4];
+    for p in snapshot.values() {
+        if p.sandboxes.values().any(|ready| *ready) {
+            pods += 1;
+        }
+        for s in p.containers.values() {
+            by_state[state_idx(*s)] += 1;
+        }
+    }
+    let m = &*METRICS;
+    m.running_pods.set(pods);
+    for (i, n) in by_state.iter().enumerate() {
+        m.running_containers
+            .get_or_create(&ContainerStateLabel {
+                container_state: STATES[i],
+            })
+            .set(*n);
+    }
+}
+
+/// kubecontainer.State strings.
+const STATES: [&str; 4] = ["created", "running", "exited", "unknown"];
+
+fn state_idx(s: CState) -> usize {
+    match s {
+        CState::Created => 0,
+        CState::Running => 1,
+        CState::Exited => 2,
+        CState::Unknown => 3,
+    }
+}
+
+/// Serialises set-from-snapshot and encode, so one scrape shows one
+/// snapshot's counts.
+static SCRAPE: Mutex<()> = Mutex::new(());
+
+/// The `/metrics` text for `state` (the node name and state gauges are
+/// refreshed from it first).
+pub fn render(state: &ServerState) -> String {
+    let snap = state.pleg.snapshot();
+    let reg = &*REGISTRY;
+    let _g = SCRAPE.lock();
+    update_running(&snap);
+    if !state.node_name.is_empty() {
+        set_node_name(&state.node_name);
+    }
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut out, reg);
+    to_prometheus_text(&out)
+}
 
 /// `/metrics` and `/metrics/probes`.
 pub fn routes() -> Router<ServerState> {
-    Router::new().route("/metrics/probes", get(metrics_probes))
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/metrics/probes", get(metrics_probes))
+}
+
+async fn metrics(State(s): State<ServerState>) -> Response {
+    // The process collector reads /proc: off the async threads.
+    match tokio::task::spawn_blocking(move || render(&s)).await {
+        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "rendering /metrics failed");
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
 }
 
 async fn metrics_probes(State(s): State<ServerState>) -> Response {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        s.probes.metrics_text(),
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        to_prometheus_text(&s.probes.metrics_text()),
     )
         .into_response()
 }
+
+#[cfg(test)]
+mod tests;

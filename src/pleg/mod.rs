@@ -235,12 +235,20 @@ pub fn spawn(
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failures = 0u32;
+        let mut last_start: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = token.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            match relist_once(runtime.as_ref()).await {
+            let started = Instant::now();
+            let res = relist_once(runtime.as_ref()).await;
+            crate::metrics::pleg_relist(
+                started.elapsed(),
+                last_start.replace(started).map(|t| started - t),
+                res.is_ok(),
+            );
+            match res {
                 Ok(snap) => {
                     failures = 0;
                     let old = shared.snapshot.read().clone();
@@ -253,6 +261,7 @@ pub fn spawn(
                             shared
                                 .discarded
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            crate::metrics::pleg_discarded();
                         }
                     }
                 }

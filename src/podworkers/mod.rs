@@ -310,6 +310,9 @@ impl PodWorkers {
             Work::Sync(pod) => {
                 if e.removed {
                     // Same UID back after a kill: waits for the old run to end.
+                    if e.after_termination.is_none() {
+                        crate::metrics::restarted_pod(is_static(&pod));
+                    }
                     e.after_termination = Some(Work::Sync(pod));
                 } else if e.phase == WorkerPhase::Syncing {
                     e.pod = Some(pod.clone());
@@ -363,6 +366,9 @@ impl PodWorkers {
                 .entry(f.clone())
                 .or_default()
                 .push(uid.to_string());
+        }
+        if phase == WorkerPhase::Syncing {
+            crate::metrics::pod_worker_started(pod.as_deref());
         }
         let wake = Arc::new(Notify::new());
         wake.notify_one();
@@ -458,6 +464,7 @@ impl PodWorkers {
         // Why containers waited at the last sync, carried to the next one.
         let mut waiting = HashMap::new();
         let mut terminate_retry = Duration::from_millis(500);
+        let mut first_sync = true;
         loop {
             tokio::select! {
                 _ = self.token.cancelled() => return,
@@ -489,8 +496,16 @@ impl PodWorkers {
                             let o = this.sync(&u, &p, &mut w).await;
                             (o, w)
                         };
+                        let sync_start = tokio::time::Instant::now();
                         match self.step(&cancel, fut).await {
                             Step::Done((o, w)) => {
+                                // Upstream's SyncPodType: the first sync creates.
+                                let op = if std::mem::take(&mut first_sync) {
+                                    "create"
+                                } else {
+                                    "sync"
+                                };
+                                crate::metrics::pod_worker_duration(op, sync_start.elapsed());
                                 waiting = w;
                                 self.deps.queue.enqueue(&uid, o.requeue);
                                 if o.terminal {
@@ -907,6 +922,11 @@ impl PodWorkers {
                 .unwrap_or(Timestamp::UNIX_EPOCH),
             pod_is_terminal,
         });
+        crate::metrics::pod_phase_changed(
+            pod,
+            previous.as_ref().and_then(|p| p.phase.as_deref()),
+            status.phase.as_deref(),
+        );
         self.deps.status.set(uid, status);
     }
 

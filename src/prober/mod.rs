@@ -21,12 +21,18 @@ mod worker;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -114,10 +120,12 @@ impl ResultLabel {
     }
 }
 
-const METRIC_NAME: &str = "prober_probe_total";
-/// As component-base prints it for an ALPHA metric.
+const METRIC_NAME: &str = "prober_probe";
+/// As component-base prints it: BETA in current upstream (prober_manager.go).
 const METRIC_HELP: &str =
-    "[ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.";
+    "[BETA] Cumulative number of a liveness, readiness or startup probe for a container by result.";
+const DURATION_NAME: &str = "prober_probe_duration_seconds";
+const DURATION_HELP: &str = "[ALPHA] Duration in seconds for a probe response.";
 
 struct WorkerHandle {
     gen: u64,
@@ -167,6 +175,10 @@ struct PodProbes {
     containers: HashMap<String, ContainerProbes>,
     /// `prober_probe_total` by (container, probe type, result).
     counts: BTreeMap<(String, usize, ResultLabel), u64>,
+    /// `prober_probe_duration_seconds` of successful probes by (container,
+    /// probe type). Kept per pod so both series go when the pod does, as
+    /// upstream's workers delete theirs on exit.
+    durations: BTreeMap<(String, usize), Histogram>,
 }
 
 struct Inner {
@@ -256,6 +268,7 @@ impl ProbeManager {
                 namespace,
                 containers: HashMap::new(),
                 counts: BTreeMap::new(),
+                durations: BTreeMap::new(),
             });
             entry.containers.retain(|cname, cp| {
                 let keep = containers.iter().any(|c| &c.name == cname);
@@ -427,65 +440,62 @@ impl ProbeManager {
 
     /// Prometheus text for `/metrics/probes`: upstream's
     /// `prober_probe_total` counter. Series are kept for the pod's life.
+    /// The `/metrics/probes` exposition (OpenMetrics text), rendered by
+    /// prometheus-client from this manager's counters at scrape time.
     pub fn metrics_text(&self) -> String {
-        let pods = self.inner.pods.lock();
-        // Label order is alphabetical, as the Prometheus client prints it:
-        // container, namespace, pod, pod_uid, probe_type, result.
-        let mut series: Vec<([&str; 6], u64)> = Vec::new();
-        for (uid, p) in pods.iter() {
-            for ((container, t, result), n) in &p.counts {
-                series.push((
-                    [
-                        container,
-                        &p.namespace,
-                        &p.name,
-                        uid,
-                        PROBE_TYPES[*t].as_str(),
-                        result.as_str(),
-                    ],
-                    *n,
-                ));
-            }
-        }
-        if series.is_empty() {
-            return String::new();
-        }
-        series.sort();
-        let mut out = format!("# HELP {METRIC_NAME} {METRIC_HELP}\n# TYPE {METRIC_NAME} counter\n");
-        const NAMES: [&str; 6] = [
-            "container",
-            "namespace",
-            "pod",
-            "pod_uid",
-            "probe_type",
-            "result",
-        ];
-        for (values, n) in series {
-            out.push_str(METRIC_NAME);
-            out.push('{');
-            for (i, (k, v)) in NAMES.iter().zip(values).enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                let _ = write!(out, "{k}=\"{}\"", escape_label(v));
-            }
-            let _ = writeln!(out, "}} {n}");
-        }
+        let mut reg = Registry::default();
+        reg.register_collector(Box::new(ProbeCollector(self.inner.clone())));
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
         out
     }
 }
 
-fn escape_label(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for ch in v.chars() {
-        match ch {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
+/// Encodes the counts kept in the pod map, so removing a pod removes its
+/// series (upstream deletes them when the workers stop).
+#[derive(Debug)]
+struct ProbeCollector(Arc<Inner>);
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("prober::Inner")
     }
-    s
+}
+
+impl Collector for ProbeCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let pods = self.0.pods.lock();
+        let mut c = enc.encode_descriptor(METRIC_NAME, METRIC_HELP, None, MetricType::Counter)?;
+        for (uid, p) in pods.iter() {
+            for ((container, t, result), n) in &p.counts {
+                // Label order as upstream declares them.
+                let l = [
+                    ("probe_type", PROBE_TYPES[*t].as_str()),
+                    ("result", result.as_str()),
+                    ("container", container.as_str()),
+                    ("pod", p.name.as_str()),
+                    ("namespace", p.namespace.as_str()),
+                    ("pod_uid", uid.as_str()),
+                ];
+                ConstCounter::new(*n).encode(c.encode_family(&l)?)?;
+            }
+        }
+        let mut h =
+            enc.encode_descriptor(DURATION_NAME, DURATION_HELP, None, MetricType::Histogram)?;
+        for p in pods.values() {
+            for ((container, t), hist) in &p.durations {
+                let l = [
+                    ("probe_type", PROBE_TYPES[*t].as_str()),
+                    ("container", container.as_str()),
+                    ("pod", p.name.as_str()),
+                    ("namespace", p.namespace.as_str()),
+                ];
+                hist.encode(h.encode_family(&l)?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether the worker is still current, and the container's startup state.
@@ -523,11 +533,18 @@ impl Inner {
         }
     }
 
-    pub(crate) fn count(&self, ctx: &WorkerCtx, result: ResultLabel) {
+    pub(crate) fn count(&self, ctx: &WorkerCtx, result: ResultLabel, took: Duration) {
         self.with_container(ctx, |p, name| {
             *p.counts
                 .entry((name.to_string(), ctx.probe_type.idx(), result))
                 .or_default() += 1;
+            // Upstream times successful probes only.
+            if result == ResultLabel::Successful {
+                p.durations
+                    .entry((name.to_string(), ctx.probe_type.idx()))
+                    .or_insert_with(|| Histogram::new(crate::metrics::DEF_BUCKETS))
+                    .observe(took.as_secs_f64());
+            }
         });
     }
 

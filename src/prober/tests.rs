@@ -512,11 +512,11 @@ async fn stopped_container_and_removed_pod_stop_probing() {
     e.mgr
         .sync_pod(&p, &running("u1", &[("app", "c2")]), "10.88.0.5");
     assert_eq!(e.next().await, update("c2", ProbeType::Readiness, true));
-    assert!(!e.mgr.metrics_text().is_empty());
+    assert!(!series(&e.mgr.metrics_text()).is_empty());
     e.mgr.remove_pod("u1");
     assert!(e.mgr.readiness("u1").is_empty());
     assert!(e.mgr.started("u1", "app"));
-    assert_eq!(e.mgr.metrics_text(), "");
+    assert_eq!(series(&e.mgr.metrics_text()), Vec::<String>::new());
     let n = e.execs("ready");
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(e.execs("ready"), n);
@@ -600,20 +600,48 @@ async fn metrics_text_matches_upstream_format() {
     let mut got = [e.next().await, e.next().await];
     got.sort_by_key(|u| u.probe.as_str());
     assert_eq!(got[1], update("c1", ProbeType::Readiness, true));
-    assert_eq!(
-        e.mgr.metrics_text(),
-        "# HELP prober_probe_total [ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.\n\
-         # TYPE prober_probe_total counter\n\
-         prober_probe_total{container=\"app\",namespace=\"default\",pod=\"web\",pod_uid=\"u1\",probe_type=\"Liveness\",result=\"successful\"} 1\n\
-         prober_probe_total{container=\"app\",namespace=\"default\",pod=\"web\",pod_uid=\"u1\",probe_type=\"Readiness\",result=\"successful\"} 2\n"
+    let text = crate::metrics::to_prometheus_text(&e.mgr.metrics_text());
+    // Upstream's families: prober_probe_total{probe_type,result,container,
+    // pod,namespace,pod_uid} and prober_probe_duration_seconds{probe_type,
+    // container,pod,namespace} (prober_manager.go).
+    assert!(text.contains("# HELP prober_probe_total [BETA] Cumulative number of a liveness, readiness or startup probe for a container by result.\n# TYPE prober_probe_total counter\n"), "{text}");
+    assert!(
+        text.contains("# TYPE prober_probe_duration_seconds histogram\n"),
+        "{text}"
     );
+    let totals: Vec<String> = series(&text)
+        .into_iter()
+        .filter(|l| l.starts_with("prober_probe_total"))
+        .collect();
+    assert_eq!(
+        totals,
+        [
+            "prober_probe_total{probe_type=\"Liveness\",result=\"successful\",container=\"app\",pod=\"web\",namespace=\"default\",pod_uid=\"u1\"} 1",
+            "prober_probe_total{probe_type=\"Readiness\",result=\"successful\",container=\"app\",pod=\"web\",namespace=\"default\",pod_uid=\"u1\"} 2",
+        ]
+    );
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let hist: Vec<_> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "prober_probe_duration_seconds")
+        .collect();
+    assert_eq!(hist.len(), 2, "{text}");
+    for h in &hist {
+        let mut keys: Vec<&String> = h.labels.keys().collect();
+        keys.sort();
+        assert_eq!(keys, ["container", "namespace", "pod", "probe_type"]);
+        let prometheus_parse::Value::Histogram(b) = &h.value else {
+            panic!("not a histogram: {h:?}");
+        };
+        // DefBuckets plus +Inf.
+        assert_eq!(b.len(), 12);
+    }
     e.fake.set_exec_result("c1", 3);
     tokio::time::sleep(Duration::from_secs(6)).await;
-    assert!(e
-        .mgr
-        .metrics_text()
-        .contains("probe_type=\"Readiness\",result=\"failed\"} 1\n"));
-    assert_eq!(super::escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    assert!(series(&e.mgr.metrics_text()).iter().any(|l| l.starts_with(
+        "prober_probe_total{probe_type=\"Readiness\",result=\"failed\",container=\"app\""
+    ) && l.ends_with("} 1")));
     e.token.cancel();
 }
 
@@ -1051,4 +1079,12 @@ async fn grpc_probe_checks_health_service() {
         handlers::run_probe(&fake, &spec, &ctr("app"), "c1", "127.0.0.1", t).await,
         Ok(Outcome::Success("service healthy".into()))
     );
+}
+
+/// The sample lines of an exposition.
+fn series(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
 }

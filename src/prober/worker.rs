@@ -115,6 +115,7 @@ pub(crate) async fn run(
             (Standing::Current { started: false }, t) if t != ProbeType::Startup => continue,
             _ => {}
         }
+        let probe_start = tokio::time::Instant::now();
         let outcome = tokio::select! {
             _ = token.cancelled() => return,
             o = handlers::run_probe(inner.runtime.as_ref(), &ctx.spec, &ctx.container,
@@ -159,6 +160,7 @@ pub(crate) async fn run(
             } else {
                 ResultLabel::Failed
             },
+            probe_start.elapsed(),
         );
         let Some(decided) = run.observe(success, &params) else {
             continue;

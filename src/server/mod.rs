@@ -340,7 +340,11 @@ async fn running_pods(State(s): State<ServerState>) -> Response {
 
 /// The read-only port's routes.
 pub fn read_only_router(state: ServerState) -> Router {
-    default_routes().with_state(state)
+    default_routes()
+        .layer(axum::middleware::from_fn(|req, next| {
+            crate::metrics::track_http("readonly", req, next)
+        }))
+        .with_state(state)
 }
 
 /// The healthz port's routes.
@@ -365,6 +369,11 @@ pub fn api_router(state: ServerState, auth: Arc<auth::Auth>) -> Router {
     // authorized too (upstream's filter runs before routing).
     r.fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(auth, auth::filter))
+        // Outside the filter, so refused requests are counted too;
+        // upstream's server_type for the authenticated port.
+        .layer(axum::middleware::from_fn(|req, next| {
+            crate::metrics::track_http("readwrite", req, next)
+        }))
         .with_state(state)
 }
 

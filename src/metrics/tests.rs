@@ -1,0 +1,487 @@
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use tower::{Service, ServiceExt};
+
+use super::*;
+use crate::cri::fake::FakeRuntime;
+use crate::pleg::RelistPod;
+
+async fn get_text(router: Router, path: &str) -> (String, String) {
+    let resp = router
+        .oneshot(Request::get(path).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let ct = resp.headers()[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (ct, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// `# TYPE` lines: family name -> type.
+fn types(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| {
+            let (n, t) = l.split_once(' ').unwrap();
+            (n.to_string(), t.to_string())
+        })
+        .collect()
+}
+
+fn parse(text: &str) -> prometheus_parse::Scrape {
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+}
+
+/// Label names of the samples of family `name` (`_total` for counters;
+/// histograms come back from the parser under their family name).
+fn label_sets(scrape: &prometheus_parse::Scrape, sample: &str) -> BTreeSet<Vec<String>> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == sample)
+        .map(|s| {
+            let mut k: Vec<String> = s.labels.keys().cloned().collect();
+            k.sort();
+            k
+        })
+        .collect()
+}
+
+/// Taken from upstream `pkg/kubelet/metrics/metrics.go` (kubelet
+/// subsystem), `pkg/kubelet/server/metrics/metrics.go` (HTTP),
+/// component-base `metrics/prometheus/restclient` (rest_client_requests_total,
+/// labels code, host, method) and component-base's version collector
+/// (kubernetes_build_info): (family, type, label names).
+const EXPECTED: &[(&str, &str, &[&str])] = &[
+    ("kubelet_node_name", "gauge", &["node"]),
+    (
+        "kubelet_pod_worker_duration_seconds",
+        "histogram",
+        &["operation_type"],
+    ),
+    ("kubelet_pod_start_duration_seconds", "histogram", &[]),
+    (
+        "kubelet_pod_start_sli_duration_seconds",
+        "histogram",
+        &["first_with_network"],
+    ),
+    (
+        "kubelet_cgroup_manager_duration_seconds",
+        "histogram",
+        &["operation_type"],
+    ),
+    (
+        "kubelet_pod_worker_start_duration_seconds",
+        "histogram",
+        &[],
+    ),
+    ("kubelet_pleg_relist_duration_seconds", "histogram", &[]),
+    ("kubelet_pleg_discard_events", "counter", &[]),
+    ("kubelet_pleg_relist_interval_seconds", "histogram", &[]),
+    ("kubelet_pleg_last_seen_seconds", "gauge", &[]),
+    ("kubelet_runtime_operations", "counter", &["operation_type"]),
+    (
+        "kubelet_runtime_operations_duration_seconds",
+        "histogram",
+        &["operation_type"],
+    ),
+    (
+        "kubelet_runtime_operations_errors",
+        "counter",
+        &["operation_type"],
+    ),
+    ("kubelet_evictions", "counter", &["eviction_signal"]),
+    ("kubelet_running_pods", "gauge", &[]),
+    ("kubelet_running_containers", "gauge", &["container_state"]),
+    ("kubelet_restarted_pods", "counter", &["static"]),
+    ("kubelet_started_pods", "counter", &[]),
+    ("kubelet_started_pods_errors", "counter", &[]),
+    ("kubelet_started_containers", "counter", &["container_type"]),
+    (
+        "kubelet_started_containers_errors",
+        "counter",
+        &["code", "container_type"],
+    ),
+    (
+        "kubelet_http_requests",
+        "counter",
+        &["long_running", "method", "path", "server_type"],
+    ),
+    (
+        "kubelet_http_requests_duration_seconds",
+        "histogram",
+        &["long_running", "method", "path", "server_type"],
+    ),
+    (
+        "kubelet_http_inflight_requests",
+        "gauge",
+        &["long_running", "method", "path", "server_type"],
+    ),
+    (
+        "rest_client_requests",
+        "counter",
+        &["code", "host", "method"],
+    ),
+    (
+        "kubernetes_build_info",
+        "gauge",
+        &[
+            "build_date",
+            "compiler",
+            "git_commit",
+            "git_tree_state",
+            "git_version",
+            "go_version",
+            "major",
+            "minor",
+            "platform",
+        ],
+    ),
+    ("process_cpu_seconds", "counter", &[]),
+    ("process_max_fds", "gauge", &[]),
+    ("process_open_fds", "gauge", &[]),
+    ("process_resident_memory_bytes", "gauge", &[]),
+    ("process_start_time_seconds", "gauge", &[]),
+    ("process_virtual_memory_bytes", "gauge", &[]),
+];
+
+#[tokio::test]
+async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    // Create one series in each labelled family, as the kubelet's paths do.
+    runtime_operation("ListPodSandbox", Duration::from_millis(3), false);
+    pod_worker_duration("sync", Duration::from_millis(20));
+    started_container("container", Some("CreateContainerError"));
+    restarted_pod(true);
+    rest_client_request("200", "GET", "10.0.0.1:6443");
+    METRICS
+        .pod_start_sli_duration
+        .get_or_create(&FirstWithNetwork {
+            first_with_network: "false",
+        })
+        .observe(1.0);
+    METRICS
+        .cgroup_manager_duration
+        .get_or_create(&OperationType {
+            operation_type: "create",
+        })
+        .observe(0.01);
+    let _ = METRICS.evictions.get_or_create(&EvictionSignal {
+        eviction_signal: "memory.available".into(),
+    });
+    // Through the read-only router, so the HTTP middleware counts itself.
+    let router = crate::server::read_only_router(state.clone());
+    let _ = get_text(router.clone(), "/metrics").await;
+    let (ct, text) = get_text(router, "/metrics").await;
+    assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
+    assert!(!text.contains("# EOF"));
+
+    let ty = types(&text);
+    let scrape = parse(&text);
+    for (name, want_ty, labels) in EXPECTED {
+        // Upstream's sample names: counters end in _total except the two
+        // upstream names without it.
+        let sample = match *want_ty {
+            "counter" if !COUNTERS_WITHOUT_TOTAL.contains(name) => format!("{name}_total"),
+            _ => name.to_string(),
+        };
+        assert_eq!(
+            ty.get(&sample).map(String::as_str),
+            Some(*want_ty),
+            "{name}"
+        );
+        let mut want: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        let got = label_sets(&scrape, &sample);
+        assert_eq!(got, BTreeSet::from([want]), "{name}: {text}");
+    }
+    // Nothing else leaks into the registry.
+    assert_eq!(ty.len(), EXPECTED.len(), "{ty:?}");
+    assert!(text.contains(
+        "kubelet_http_requests_total{method=\"GET\",path=\"metrics\",server_type=\"readonly\",long_running=\"false\"}"
+    ), "{text}");
+    assert!(text
+        .contains("kubelet_runtime_operations_errors_total{operation_type=\"list_podsandbox\"}"));
+    assert!(text.contains(
+        "# HELP kubelet_running_pods [ALPHA] Number of pods that have a running pod sandbox\n"
+    ));
+    token.cancel();
+}
+
+fn bucket_bounds(text: &str, family: &str, label: &str) -> Vec<String> {
+    let prefix = format!("{family}_bucket{{le=");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains(label))
+        .map(|l| {
+            let i = l.find("le=\"").unwrap() + 4;
+            let j = l[i..].find('"').unwrap();
+            l[i..i + j].to_string()
+        })
+        .collect()
+}
+
+fn fmt(v: &[f64]) -> Vec<String> {
+    let mut out: Vec<String> = v.iter().map(|f| format!("{f:?}")).collect();
+    out.push("+Inf".into());
+    out
+}
+
+#[tokio::test]
+async fn histograms_use_upstream_buckets() {
+    runtime_operation("Version", Duration::from_millis(1), true);
+    pod_start(Duration::from_secs(1));
+    pleg_relist(Duration::from_millis(5), Some(Duration::from_secs(1)), true);
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let text = render(&state);
+    // metrics.ExponentialBuckets(.005, 2.5, 14), computed independently.
+    let mut exp = Vec::new();
+    let mut b = 0.005f64;
+    for _ in 0..14 {
+        exp.push(b);
+        b *= 2.5;
+    }
+    assert_eq!(
+        bucket_bounds(
+            &text,
+            "kubelet_runtime_operations_duration_seconds",
+            "operation_type=\"version\""
+        ),
+        fmt(&exp)
+    );
+    // podStartupDurationBuckets, copied from metrics.go.
+    let startup = [
+        0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
+        300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+    ];
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_pod_start_duration_seconds", ""),
+        fmt(&startup)
+    );
+    // DefBuckets.
+    let def = [
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_pleg_relist_duration_seconds", ""),
+        fmt(&def)
+    );
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_pleg_relist_interval_seconds", ""),
+        fmt(&def)
+    );
+    token.cancel();
+}
+
+#[test]
+fn running_counts_come_from_the_pleg_snapshot() {
+    let pod = |sandbox_ready: bool, cs: &[CState]| RelistPod {
+        containers: cs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("c{i}"), *s))
+            .collect(),
+        sandboxes: [("s".to_string(), sandbox_ready)].into(),
+    };
+    let snap: crate::pleg::Snapshot = [
+        (
+            "a".to_string(),
+            pod(true, &[CState::Running, CState::Exited]),
+        ),
+        ("b".to_string(), pod(true, &[CState::Running])),
+        (
+            "c".to_string(),
+            pod(false, &[CState::Exited, CState::Created]),
+        ),
+    ]
+    .into();
+    let _g = SCRAPE.lock();
+    update_running(&snap);
+    let m = &*METRICS;
+    let state = |s: &'static str| {
+        m.running_containers
+            .get_or_create(&ContainerStateLabel { container_state: s })
+            .get()
+    };
+    assert_eq!(m.running_pods.get(), 2);
+    assert_eq!(state("running"), 2);
+    assert_eq!(state("exited"), 2);
+    assert_eq!(state("created"), 1);
+    assert_eq!(state("unknown"), 0);
+}
+
+#[test]
+fn runtime_operations_count_calls_and_errors() {
+    let l = OperationType {
+        operation_type: "remove_image",
+    };
+    let m = &*METRICS;
+    let (n, e) = (
+        m.runtime_operations.get_or_create(&l).get(),
+        m.runtime_operations_errors.get_or_create(&l).get(),
+    );
+    runtime_operation("RemoveImage", Duration::from_millis(1), true);
+    runtime_operation("RemoveImage", Duration::from_millis(1), false);
+    assert_eq!(m.runtime_operations.get_or_create(&l).get(), n + 2);
+    assert_eq!(m.runtime_operations_errors.get_or_create(&l).get(), e + 1);
+}
+
+#[test]
+fn http_paths_fall_into_upstream_buckets() {
+    assert_eq!(http::bucket("/metrics"), "metrics");
+    assert_eq!(http::bucket("/metrics/probes"), "metrics/probes");
+    assert_eq!(http::bucket("/metrics/cadvisor"), "metrics/cadvisor");
+    assert_eq!(http::bucket("/stats/summary"), "stats");
+    assert_eq!(http::bucket("/pods"), "pods");
+    assert_eq!(http::bucket("/exec/ns/pod/c"), "exec");
+    assert_eq!(http::bucket("/nope"), "other");
+    assert_eq!(http::bucket("/"), "other");
+}
+
+#[tokio::test]
+async fn rest_client_layer_counts_by_code_method_and_host() {
+    let svc = tower::service_fn(|_req: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(
+            axum::http::Response::builder()
+                .status(404)
+                .body(())
+                .unwrap(),
+        )
+    });
+    let mut svc = tower::Layer::layer(&RestClientLayer::new("10.9.8.7:6443"), svc);
+    let l = RestClientLabels {
+        code: "404".into(),
+        host: "10.9.8.7:6443".into(),
+        method: "PATCH".into(),
+    };
+    let before = METRICS.rest_client_requests.get_or_create(&l).get();
+    let req = Request::patch("/api/v1/nodes/n")
+        .body(Body::empty())
+        .unwrap();
+    svc.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(
+        METRICS.rest_client_requests.get_or_create(&l).get(),
+        before + 1
+    );
+}
+
+#[test]
+fn container_start_errors_carry_the_grpc_code() {
+    let l = ContainerTypeCode {
+        container_type: "init_container",
+        code: "DeadlineExceeded".into(),
+    };
+    let before = METRICS.started_containers_errors.get_or_create(&l).get();
+    let err = crate::cri::CriError::DeadlineExceeded {
+        op: "CreateContainer",
+    };
+    started_container_result(true, Err(&err));
+    assert_eq!(
+        METRICS.started_containers_errors.get_or_create(&l).get(),
+        before + 1
+    );
+    let unknown = crate::cri::CriError::Status {
+        op: "StartContainer",
+        code: tonic::Code::Cancelled,
+        message: String::new(),
+    };
+    assert_eq!(cri_code(&unknown), "Canceled");
+}
+
+#[test]
+fn pod_start_is_timed_from_config_seen_on_the_first_running_status() {
+    use k8s_openapi::api::core::v1::Pod;
+    let mut pod = Pod::default();
+    // As the sources stamp it.
+    let seen = crate::source::format_timestamp(SystemTime::now() - Duration::from_secs(2));
+    pod.metadata.annotations = Some(
+        [(
+            crate::source::CONFIG_FIRST_SEEN_ANNOTATION.to_string(),
+            seen,
+        )]
+        .into(),
+    );
+    let d = since_seen(&pod).unwrap();
+    assert!(
+        d >= Duration::from_secs(2) && d < Duration::from_secs(60),
+        "{d:?}"
+    );
+    assert!(is_first_start(Some("Pending"), Some("Running")));
+    assert!(is_first_start(None, Some("Running")));
+    assert!(!is_first_start(Some("Running"), Some("Running")));
+    assert!(!is_first_start(Some("Pending"), Some("Pending")));
+    assert!(!is_first_start(Some("Running"), Some("Failed")));
+    assert_eq!(since_seen(&Pod::default()), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pleg_relists_are_timed_and_dropped_events_counted() {
+    use crate::cri::v1::{PodSandboxConfig, PodSandboxMetadata};
+    use crate::cri::RuntimeService;
+    let fake = Arc::new(FakeRuntime::new());
+    for uid in ["pa", "pb", "pc"] {
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: uid.into(),
+                uid: uid.into(),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            labels: [(
+                crate::kuberuntime::labels::POD_UID.to_string(),
+                uid.to_string(),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        fake.run_pod_sandbox(config, String::new()).await.unwrap();
+    }
+    let m = &*METRICS;
+    let relists = || {
+        let mut out = String::new();
+        let _ = encode(&mut out, &REGISTRY);
+        out.lines()
+            .find(|l| l.starts_with("kubelet_pleg_relist_duration_seconds_count"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap()
+    };
+    let (n, discarded) = (relists(), m.pleg_discard_events.get());
+    // Room for one event: the three sandbox starts of the first relist
+    // leave two dropped.
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    let token = tokio_util::sync::CancellationToken::new();
+    let h = crate::pleg::spawn(fake, Duration::from_secs(1), tx, token.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while h.discarded_events() < 2 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(h.discarded_events(), 2);
+    assert!(m.pleg_discard_events.get() >= discarded + 2);
+    assert!(relists() > n);
+    assert!(m.pleg_last_seen.get() > 1.6e9);
+    token.cancel();
+}
+
+#[test]
+fn proc_stat_is_parsed_as_client_golang_does() {
+    // A command name with spaces and a parenthesis, as proc(5) allows.
+    let stat = "4242 (rk (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 150 0 0 20 0 8 0 5000 123456789 2048 18446744073709551615";
+    let s = process::parse_stat(stat, 100.0, 4096.0, 1_700_000_000.0).unwrap();
+    assert_eq!(
+        s,
+        process::Stat {
+            cpu_seconds: 4.0,
+            start_time: 1_700_000_050.0,
+            virtual_bytes: 123456789.0,
+            resident_bytes: 2048.0 * 4096.0,
+        }
+    );
+}

@@ -1,0 +1,155 @@
+//! `/metrics` on real containerd: after a static pod runs, the kubelet's
+//! own metrics show it (running pods, runtime operations, started pods and
+//! containers, pod start and worker durations). Needs root and containerd
+//! (scripts/setup.sh); fails, never skips, when containerd is missing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const T: Duration = Duration::from_secs(60);
+
+/// The value of the first sample named `name` whose labels include all of
+/// `labels`.
+fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .find(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        })
+}
+
+fn scrape(k: &Kubelet) -> Option<prometheus_parse::Scrape> {
+    let (code, body) = http_get(&k.read_only, "/metrics")?;
+    assert_eq!(code, 200, "{body}");
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).ok()
+}
+
+#[test]
+fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
+    let k = Kubelet::start("it-metrics");
+    k.write_manifest("m.yaml", &simple_pod("m", "sleep 3600", "Always"));
+    k.wait_pod("m", "Running", T, |p| running(p, "main"));
+
+    // The running gauges come from the PLEG snapshot, which may lag the
+    // status by one relist.
+    let s = wait_for("kubelet_running_pods >= 1", T, || {
+        let s = scrape(&k)?;
+        let pods = value(&s, "kubelet_running_pods", &[])?;
+        let ctrs = value(
+            &s,
+            "kubelet_running_containers",
+            &[("container_state", "running")],
+        )?;
+        (pods >= 1.0 && ctrs >= 1.0).then_some(s)
+    });
+    for op in [
+        "run_podsandbox",
+        "create_container",
+        "start_container",
+        "list_podsandbox",
+        "list_containers",
+    ] {
+        let n = value(
+            &s,
+            "kubelet_runtime_operations_total",
+            &[("operation_type", op)],
+        );
+        assert!(n.is_some_and(|n| n >= 1.0), "{op}: {n:?}");
+    }
+    assert_eq!(
+        value(&s, "kubelet_node_name", &[("node", "it-metrics")]),
+        Some(1.0)
+    );
+    assert!(value(&s, "kubelet_started_pods_total", &[]).is_some_and(|n| n >= 1.0));
+    assert!(value(
+        &s,
+        "kubelet_started_containers_total",
+        &[("container_type", "container")]
+    )
+    .is_some_and(|n| n >= 1.0));
+    assert!(value(&s, "kubelet_pod_start_duration_seconds_count", &[]).is_some_and(|n| n >= 1.0));
+    assert!(value(
+        &s,
+        "kubelet_pod_worker_duration_seconds_count",
+        &[("operation_type", "create")]
+    )
+    .is_some_and(|n| n >= 1.0));
+    assert!(value(&s, "kubelet_pleg_relist_duration_seconds_count", &[]).is_some_and(|n| n >= 1.0));
+    assert!(value(&s, "kubelet_pleg_last_seen_seconds", &[]).is_some_and(|n| n > 1.6e9));
+    // Earlier scrapes went through the read-only port's middleware.
+    assert!(value(
+        &s,
+        "kubelet_http_requests_total",
+        &[
+            ("path", "metrics"),
+            ("server_type", "readonly"),
+            ("method", "GET")
+        ]
+    )
+    .is_some_and(|n| n >= 1.0));
+
+    let (code, probes) = http_get(&k.read_only, "/metrics/probes").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        probes.contains("# TYPE prober_probe_total counter"),
+        "{probes}"
+    );
+    k.remove_manifest("m.yaml");
+}
+
+/// Cluster mode: the kube-rs client's requests are counted as client-go's
+/// `rest_client_requests_total{code,host,method}`.
+#[test]
+fn cluster_mode_counts_api_requests() {
+    use common::apiserver::{ApiServer, ApiServerOptions, KubeconfigUser};
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-metrics-api";
+    let mut k = Kubelet::new(node);
+    std::fs::create_dir_all(&k.dir).unwrap();
+    let (cert, key) = api.issue_client_cert(
+        &format!("system:node:{node}"),
+        &["system:nodes"],
+        Duration::from_secs(3600),
+    );
+    let (c, kf) = (k.dir.join("client.crt"), k.dir.join("client.key"));
+    std::fs::write(&c, cert).unwrap();
+    std::fs::write(&kf, key).unwrap();
+    let kc = k.dir.join("kubelet.conf");
+    api.write_kubeconfig(&kc, KubeconfigUser::ClientCert { cert: c, key: kf });
+    k.extra_args = vec![
+        "--kubeconfig".into(),
+        kc.display().to_string(),
+        format!("--cert-dir={}", k.dir.join("pki").display()),
+    ];
+    k.extra_config = "nodeStatusUpdateFrequency: 1s\n".into();
+    k.spawn();
+    wait_for("the Node to be registered", T, || {
+        api.get("nodes", None, node)
+    });
+    let s = wait_for("rest_client_requests_total for GET and a write", T, || {
+        let s = scrape(&k)?;
+        let get = value(&s, "rest_client_requests_total", &[("method", "GET")])?;
+        let write = ["POST", "PUT", "PATCH"]
+            .iter()
+            .filter_map(|m| value(&s, "rest_client_requests_total", &[("method", m)]))
+            .sum::<f64>();
+        (get >= 1.0 && write >= 1.0).then_some(s)
+    });
+    let sample = s
+        .samples
+        .iter()
+        .find(|x| x.metric == "rest_client_requests_total")
+        .unwrap();
+    assert!(sample.labels.get("code").is_some_and(|c| !c.is_empty()));
+    let host = sample.labels.get("host").unwrap_or_default();
+    assert!(host.contains(':'), "host:port of the API server: {host:?}");
+}
