@@ -9,7 +9,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path as FsPath, PathBuf};
 
 use axum::body::{Body, Bytes};
-use axum::extract::Path;
+use axum::extract::{Path, State};
+
+use crate::server::ServerState;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
@@ -17,11 +19,18 @@ use tokio::sync::mpsc;
 /// Upstream's root for `/logs/`.
 pub const LOG_ROOT: &str = "/var/log";
 
-pub async fn root() -> Response {
+/// Upstream installs `/logs/` only with `enableSystemLogHandler`.
+pub async fn root(State(s): State<ServerState>) -> Response {
+    if !s.config.enable_system_log_handler {
+        return not_found();
+    }
     serve(PathBuf::from(LOG_ROOT), String::new()).await
 }
 
-pub async fn path(Path(rel): Path<String>) -> Response {
+pub async fn path(State(s): State<ServerState>, Path(rel): Path<String>) -> Response {
+    if !s.config.enable_system_log_handler {
+        return not_found();
+    }
     serve(PathBuf::from(LOG_ROOT), rel).await
 }
 
