@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::apiserver::{ApiServer, ApiServerOptions, KubeconfigUser};
+use common::apiserver::{ApiServer, ApiServerOptions};
 use common::*;
 
 const T: Duration = Duration::from_secs(90);
@@ -68,18 +68,8 @@ fn kubectl_meets_upstreams_authentication_and_authorization() {
     let api = ApiServer::start(ApiServerOptions::default());
     let node = "it-api";
     let mut k = Kubelet::new(node);
-    std::fs::create_dir_all(&k.dir).unwrap();
     // The kubelet's own client certificate for the API server.
-    let (cert, key) = api.issue_client_cert(
-        &format!("system:node:{node}"),
-        &["system:nodes"],
-        Duration::from_secs(3600),
-    );
-    let (c, kf) = (k.dir.join("node.crt"), k.dir.join("node.key"));
-    std::fs::write(&c, cert).unwrap();
-    std::fs::write(&kf, key).unwrap();
-    let kc = k.dir.join("kubelet.conf");
-    api.write_kubeconfig(&kc, KubeconfigUser::ClientCert { cert: c, key: kf });
+    let kc = api.node_kubeconfig(&k.dir, node);
     let ca = k.dir.join("client-ca.crt");
     std::fs::write(&ca, api.ca_pem()).unwrap();
     k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];

@@ -20,18 +20,7 @@ const T: Duration = Duration::from_secs(90);
 /// A kubeconfig with a client certificate for `system:node:<node>`, as a
 /// bootstrapped kubelet has.
 fn kubeconfig(api: &ApiServer, dir: &std::path::Path, node: &str) -> std::path::PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let (cert, key) = api.issue_client_cert(
-        &format!("system:node:{node}"),
-        &["system:nodes"],
-        Duration::from_secs(3600),
-    );
-    let (c, k) = (dir.join("client.crt"), dir.join("client.key"));
-    std::fs::write(&c, cert).unwrap();
-    std::fs::write(&k, key).unwrap();
-    let path = dir.join("kubelet.conf");
-    api.write_kubeconfig(&path, KubeconfigUser::ClientCert { cert: c, key: k });
-    path
+    api.node_kubeconfig(dir, node)
 }
 
 fn cond<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {

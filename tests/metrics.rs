@@ -110,21 +110,11 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
 /// `rest_client_requests_total{code,host,method}`.
 #[test]
 fn cluster_mode_counts_api_requests() {
-    use common::apiserver::{ApiServer, ApiServerOptions, KubeconfigUser};
+    use common::apiserver::{ApiServer, ApiServerOptions};
     let api = ApiServer::start(ApiServerOptions::default());
     let node = "it-metrics-api";
     let mut k = Kubelet::new(node);
-    std::fs::create_dir_all(&k.dir).unwrap();
-    let (cert, key) = api.issue_client_cert(
-        &format!("system:node:{node}"),
-        &["system:nodes"],
-        Duration::from_secs(3600),
-    );
-    let (c, kf) = (k.dir.join("client.crt"), k.dir.join("client.key"));
-    std::fs::write(&c, cert).unwrap();
-    std::fs::write(&kf, key).unwrap();
-    let kc = k.dir.join("kubelet.conf");
-    api.write_kubeconfig(&kc, KubeconfigUser::ClientCert { cert: c, key: kf });
+    let kc = api.node_kubeconfig(&k.dir, node);
     k.extra_args = vec![
         "--kubeconfig".into(),
         kc.display().to_string(),

@@ -568,6 +568,24 @@ impl ApiServer {
         ]);
     }
 
+    /// A kubeconfig in `dir` with a client certificate for
+    /// `system:node:<node>` (group `system:nodes`), as a bootstrapped
+    /// kubelet has; returns its path.
+    pub fn node_kubeconfig(&self, dir: &Path, node: &str) -> PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        let (cert, key) = self.issue_client_cert(
+            &format!("system:node:{node}"),
+            &["system:nodes"],
+            Duration::from_secs(3600),
+        );
+        let (c, k) = (dir.join("client.crt"), dir.join("client.key"));
+        std::fs::write(&c, cert).unwrap();
+        std::fs::write(&k, key).unwrap();
+        let path = dir.join("kubelet.conf");
+        self.write_kubeconfig(&path, KubeconfigUser::ClientCert { cert: c, key: k });
+        path
+    }
+
     /// A test client for this server (anonymous; see [`Client`]).
     pub fn client(&self) -> Client {
         Client::new(self)
