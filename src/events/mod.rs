@@ -141,6 +141,31 @@ struct Seen {
     at: tokio::time::Instant,
 }
 
+/// Upstream's recorder tries an event this many times in all...
+const MAX_TRIES: u32 = 12;
+/// ...sleeping this long between tries (the first sleep jittered).
+const RETRY_SLEEP: Duration = Duration::from_secs(10);
+
+/// Whether a failed post is tried again, and after how long (client-go's
+/// recordToSink/recordEvent): an answer from the API server (the event
+/// is rejected, or already exists) is final; a transport error is retried
+/// up to `MAX_TRIES` in all. Meanwhile new events wait in the bounded
+/// queue, and are dropped when it is full.
+fn retry_after(err: &kube::Error, tries: u32) -> Option<Duration> {
+    if matches!(err, kube::Error::Api(_)) || tries >= MAX_TRIES {
+        return None;
+    }
+    if tries == 1 {
+        let jitter = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0) as f64
+            / 1e9;
+        return Some(RETRY_SLEEP.mul_f64(jitter));
+    }
+    Some(RETRY_SLEEP)
+}
+
 async fn post_loop(
     api: ApiClient,
     node: String,
@@ -220,9 +245,24 @@ async fn post_loop(
             reporting_instance: Some(node.clone()),
             ..Default::default()
         };
-        let events: Api<Event> = Api::namespaced(api.client().await, &namespace);
-        match events.create(&PostParams::default(), &ev).await {
-            Ok(_) => {
+        let mut tries = 0;
+        let created = loop {
+            tries += 1;
+            let events: Api<Event> = Api::namespaced(api.client().await, &namespace);
+            let err = match events.create(&PostParams::default(), &ev).await {
+                Ok(_) => break Ok(()),
+                Err(e) => e,
+            };
+            match retry_after(&err, tries) {
+                Some(wait) => {
+                    debug!(reason = %p.reason, error = %err, retry_in = ?wait, "unable to write event; may retry after sleeping");
+                    tokio::time::sleep(wait).await;
+                }
+                None => break Err(err),
+            }
+        };
+        match created {
+            Ok(()) => {
                 seen.insert(
                     key,
                     Seen {
@@ -243,6 +283,22 @@ async fn post_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transport_errors_are_retried_a_bounded_number_of_times_api_answers_never() {
+        let transport = kube::Error::Service(Box::new(std::io::Error::other("connection refused")));
+        assert!(retry_after(&transport, 1).is_some_and(|d| d <= RETRY_SLEEP));
+        assert_eq!(retry_after(&transport, 2), Some(RETRY_SLEEP));
+        assert_eq!(retry_after(&transport, MAX_TRIES - 1), Some(RETRY_SLEEP));
+        assert_eq!(retry_after(&transport, MAX_TRIES), None);
+        let rejected = kube::Error::Api(Box::new(
+            serde_json::from_value(serde_json::json!({
+                "status": "Failure", "message": "invalid", "reason": "Invalid", "code": 422
+            }))
+            .unwrap(),
+        ));
+        assert_eq!(retry_after(&rejected, 1), None);
+    }
 
     #[test]
     fn container_events_carry_upstreams_field_paths() {
