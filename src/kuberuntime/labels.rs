@@ -23,6 +23,19 @@ pub const CONTAINER_PORTS: &str = "io.kubernetes.container.ports";
 /// The preStop handler as JSON, so an orphan found after a restart (no spec
 /// any more) still gets its hook run before it is stopped, as upstream.
 pub const CONTAINER_PRE_STOP_HANDLER: &str = "io.kubernetes.container.preStopHandler";
+
+/// The CRI label selector for a pod's sandboxes and containers.
+pub fn pod_selector(uid: &str) -> HashMap<String, String> {
+    HashMap::from([(POD_UID.to_string(), uid.to_string())])
+}
+
+/// The CRI label selector for the instances of one container of a pod.
+pub fn container_selector(uid: &str, container: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (POD_UID.to_string(), uid.to_string()),
+        (CONTAINER_NAME.to_string(), container.to_string()),
+    ])
+}
 /// rkubelet's own field-set hash (`hash::container_hash`). Containers written
 /// before this key existed carry it under `CONTAINER_HASH` instead, beside
 /// `CONTAINER_SPEC_VERSION`.

@@ -136,10 +136,6 @@ fn pod_name(pod: &Pod) -> &str {
     pod.metadata.name.as_deref().unwrap_or_default()
 }
 
-fn uid_filter(uid: &str) -> HashMap<String, String> {
-    HashMap::from([(labels::POD_UID.to_string(), uid.to_string())])
-}
-
 impl RuntimeManager {
     pub fn new(
         runtime: Arc<dyn RuntimeService>,
@@ -197,14 +193,14 @@ impl RuntimeManager {
         let sandboxes = self
             .runtime
             .list_pod_sandbox(Some(cri::PodSandboxFilter {
-                label_selector: uid_filter(uid),
+                label_selector: labels::pod_selector(uid),
                 ..Default::default()
             }))
             .await?;
         let containers = self
             .runtime
             .list_containers(Some(cri::ContainerFilter {
-                label_selector: uid_filter(uid),
+                label_selector: labels::pod_selector(uid),
                 ..Default::default()
             }))
             .await?;

@@ -66,9 +66,8 @@ fn parse_bool(k: &str, v: &str) -> Result<bool, String> {
 pub fn parse_options(query: &str, now: k8s_openapi::jiff::Timestamp) -> Result<LogOptions, String> {
     let mut o = LogOptions::default();
     let (mut since_seconds, mut since_time) = (None, None);
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = percent_decode(v);
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        let k = k.as_ref();
         let int = |v: &str| {
             v.parse::<i64>()
                 .map_err(|_| format!("{k}: invalid integer {v:?}"))
@@ -112,31 +111,6 @@ pub fn parse_options(query: &str, now: k8s_openapi::jiff::Timestamp) -> Result<L
         o.since = since_time;
     }
     Ok(o)
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(c) => {
-                        out.push(c);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The container instance whose log is read: its log file and whether it
@@ -212,12 +186,7 @@ async fn find_instance(
     previous: bool,
 ) -> Result<Instance, String> {
     let filter = crate::cri::ContainerFilter {
-        label_selector: [
-            (labels::POD_UID.to_string(), uid.to_string()),
-            (labels::CONTAINER_NAME.to_string(), container.to_string()),
-        ]
-        .into_iter()
-        .collect(),
+        label_selector: labels::container_selector(uid, container),
         ..Default::default()
     };
     let mut list = s
@@ -276,7 +245,7 @@ async fn stream_log(
     let path = inst.log_path.clone();
     let tail = opts.tail_lines;
     let start = tokio::task::spawn_blocking(move || start_offset(&path, tail)).await;
-    let Ok(Ok((mut reader, mut ino))) = start else {
+    let Ok(Ok((mut reader, mut ino, to_end))) = start else {
         let _ = tx
             .send(Bytes::from(format!(
                 "failed to open log file {:?}\n",
@@ -289,21 +258,7 @@ async fn stream_log(
     let mut last_check = tokio::time::Instant::now();
     // Without follow, the log as it was when the request came: lines
     // appended meanwhile are not part of the answer (tailLines is exact).
-    let mut left: Option<u64> = if opts.follow {
-        None
-    } else {
-        let mut r = reader;
-        let (r2, end) = tokio::task::spawn_blocking(move || {
-            let end = r.metadata().map(|m| m.len()).unwrap_or(0);
-            let pos = r.stream_position().unwrap_or(0);
-            (r, end.saturating_sub(pos))
-        })
-        .await
-        .unwrap_or_else(|_| unreachable!("metadata and position do not panic"));
-        r = r2;
-        reader = r;
-        Some(end)
-    };
+    let mut left: Option<u64> = (!opts.follow).then_some(to_end);
     loop {
         // Read what is there now.
         let cap = left.map_or(64 * 1024, |l| l.min(64 * 1024) as usize);
@@ -393,17 +348,18 @@ async fn stream_log(
     }
 }
 
-/// Opens the log and seeks to where `tail` lines before the end start.
+/// Opens the log and seeks to where `tail` lines before the end start;
+/// also returns the inode and the bytes from there to the current end.
 fn start_offset(
     path: &std::path::Path,
     tail: Option<i64>,
-) -> std::io::Result<(std::fs::File, u64)> {
+) -> std::io::Result<(std::fs::File, u64, u64)> {
     let mut f = std::fs::File::open(path)?;
     let ino = f.metadata()?.ino();
-    let Some(n) = tail else {
-        return Ok((f, ino));
-    };
     let len = f.metadata()?.len();
+    let Some(n) = tail else {
+        return Ok((f, ino, len));
+    };
     // Read backwards in blocks until n+1 newlines are seen (the last line
     // ends with one), keeping memory to one block.
     let mut pos = len;
@@ -426,7 +382,7 @@ fn start_offset(
         }
     }
     f.seek(SeekFrom::Start(start))?;
-    Ok((f, ino))
+    Ok((f, ino, len - start))
 }
 
 /// Formats CRI log lines as upstream's log writer does and sends them:

@@ -665,10 +665,12 @@ where
             // The guard lives as long as the response body is streamed.
             resp.map(|r| {
                 r.map(|b| {
-                    axum::body::Body::new(http_body_util_guard::Guarded {
-                        body: b,
-                        _guard: guard,
-                    })
+                    use http_body_util::BodyExt;
+                    // The closure owns the guard: dropped with the body.
+                    axum::body::Body::new(b.map_frame(move |f| {
+                        let _held = &guard;
+                        f
+                    }))
                 })
             })
         }
@@ -703,37 +705,6 @@ where
                     conn.as_mut().graceful_shutdown();
                 }
             }
-        }
-    }
-}
-
-/// A response body that holds a guard until it is dropped.
-mod http_body_util_guard {
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
-    use axum::body::Body;
-    use hyper::body::{Body as HttpBody, Bytes, Frame, SizeHint};
-
-    pub struct Guarded<G> {
-        pub body: Body,
-        pub _guard: G,
-    }
-
-    impl<G: Unpin + Send + 'static> HttpBody for Guarded<G> {
-        type Data = Bytes;
-        type Error = axum::Error;
-        fn poll_frame(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            Pin::new(&mut self.get_mut().body).poll_frame(cx)
-        }
-        fn is_end_stream(&self) -> bool {
-            self.body.is_end_stream()
-        }
-        fn size_hint(&self) -> SizeHint {
-            self.body.size_hint()
         }
     }
 }

@@ -296,29 +296,31 @@ async fn running_pods(State(s): State<ServerState>) -> Response {
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     };
     let mut pods: std::collections::BTreeMap<String, serde_json::Value> = Default::default();
-    let label = |l: &std::collections::HashMap<String, String>, k: &str| {
+    type Labels = std::collections::HashMap<String, String>;
+    fn label(l: &Labels, k: &str) -> String {
         l.get(k).cloned().unwrap_or_default()
-    };
+    }
+    /// A pod's entry, keyed by UID, from the labels of any of its objects.
+    fn entry<'a>(
+        pods: &'a mut std::collections::BTreeMap<String, serde_json::Value>,
+        l: &Labels,
+    ) -> &'a mut serde_json::Value {
+        let uid = label(l, labels::POD_UID);
+        pods.entry(uid.clone()).or_insert_with(|| {
+            serde_json::json!({"metadata": {"name": label(l, labels::POD_NAME),
+                "namespace": label(l, labels::POD_NAMESPACE), "uid": uid,
+                "creationTimestamp": null},
+                "spec": {"containers": []}, "status": {}})
+        })
+    }
     for sb in sandboxes
         .iter()
         .filter(|sb| sb.state == crate::cri::PodSandboxState::SandboxReady as i32)
     {
-        let uid = label(&sb.labels, labels::POD_UID);
-        pods.entry(uid.clone()).or_insert_with(|| {
-            serde_json::json!({"metadata": {"name": label(&sb.labels, labels::POD_NAME),
-                "namespace": label(&sb.labels, labels::POD_NAMESPACE), "uid": uid,
-                "creationTimestamp": null},
-                "spec": {"containers": []}, "status": {}})
-        });
+        entry(&mut pods, &sb.labels);
     }
     for c in &containers {
-        let uid = label(&c.labels, labels::POD_UID);
-        let pod = pods.entry(uid.clone()).or_insert_with(|| {
-            serde_json::json!({"metadata": {"name": label(&c.labels, labels::POD_NAME),
-                "namespace": label(&c.labels, labels::POD_NAMESPACE), "uid": uid,
-                "creationTimestamp": null},
-                "spec": {"containers": []}, "status": {}})
-        });
+        let pod = entry(&mut pods, &c.labels);
         let image = c
             .image
             .as_ref()

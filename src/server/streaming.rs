@@ -218,12 +218,7 @@ async fn find_container(
         state: Some(v1::ContainerStateValue {
             state: v1::ContainerState::ContainerRunning as i32,
         }),
-        label_selector: [
-            (labels::POD_UID.to_string(), uid.to_string()),
-            (labels::CONTAINER_NAME.to_string(), container.to_string()),
-        ]
-        .into_iter()
-        .collect(),
+        label_selector: labels::container_selector(uid, container),
         ..Default::default()
     };
     runtime
@@ -247,9 +242,7 @@ async fn find_sandbox(
         state: Some(v1::PodSandboxStateValue {
             state: v1::PodSandboxState::SandboxReady as i32,
         }),
-        label_selector: [(labels::POD_UID.to_string(), uid.to_string())]
-            .into_iter()
-            .collect(),
+        label_selector: labels::pod_selector(uid),
         ..Default::default()
     };
     runtime
