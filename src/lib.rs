@@ -16,6 +16,7 @@ pub mod logs;
 pub mod memtrim;
 pub mod metrics;
 pub mod nodestatus;
+pub mod objects;
 pub mod pleg;
 pub mod pod;
 pub mod podworkers;

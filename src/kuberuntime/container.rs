@@ -76,7 +76,7 @@ pub fn expand(input: &str, env: &HashMap<String, String>) -> String {
 }
 
 /// A downward-API fieldRef value (upstream podFieldSelectorRuntimeValue).
-fn field_ref(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<String> {
+pub(crate) fn field_ref(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<String> {
     let m = &pod.metadata;
     let spec = pod.spec.as_ref();
     // metadata.labels['key'] / metadata.annotations['key']
@@ -120,7 +120,7 @@ fn field_ref(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<Strin
 /// A resourceFieldRef value: the container's limit or request divided by the
 /// divisor and rounded up; an unset limit reads as the node's capacity
 /// (upstream ExtractContainerResourceValue with allocatable defaults).
-fn resource_ref(
+pub(crate) fn resource_ref(
     opts: &RuntimeOptions,
     c: &Container,
     resource: &str,

@@ -127,6 +127,8 @@ pub struct RuntimeManager {
     pub runtime: Arc<dyn RuntimeService>,
     pub images: ImageManager,
     pub opts: RuntimeOptions,
+    /// ConfigMaps, Secrets, tokens and Services the pod's env and volumes read.
+    pub objects: crate::objects::ObjectManager,
     backoff: Mutex<Backoff>,
     /// The last actions computed per pod UID and when, for `/debug/pods`.
     last_actions: Mutex<HashMap<String, (std::time::SystemTime, actions::PodActions)>>,
@@ -146,9 +148,16 @@ impl RuntimeManager {
             runtime,
             images,
             opts,
+            objects: crate::objects::ObjectManager::default(),
             backoff: Mutex::new(Backoff::container()),
             last_actions: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Reads API objects through `objects` (cluster mode).
+    pub fn with_objects(mut self, objects: crate::objects::ObjectManager) -> Self {
+        self.objects = objects;
+        self
     }
 
     /// The last actions computed for the pod, and when.
