@@ -168,7 +168,20 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     };
     let max_parallel = cfg.max_parallel_image_pulls.map(|n| n.max(1) as usize);
     let image_manager = ImageManager::new(images, cfg.serialize_image_pulls, max_parallel);
-    let manager = Arc::new(RuntimeManager::new(runtime.clone(), image_manager, rt_opts));
+    // Cluster mode fills this once its API client exists; :10250's webhook
+    // authentication and authorization and the object manager use it.
+    let api_slot = Arc::new(std::sync::OnceLock::new());
+    // Manager and cluster-mode tasks, awaited at shutdown.
+    let cluster_tasks = tokio_util::task::TaskTracker::new();
+    let objects = crate::objects::ObjectManager::new(
+        api_slot.clone(),
+        cluster_tasks.clone(),
+        token.child_token(),
+    );
+    let manager = Arc::new(
+        RuntimeManager::new(runtime.clone(), image_manager, rt_opts).with_objects(objects.clone()),
+    );
+    manager.volumes.start(&cluster_tasks, token.child_token());
     let gc_manager = manager.clone();
 
     let (runtime_state, runtime_state_task) = crate::runtimestate::spawn(
@@ -176,7 +189,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         crate::runtimestate::POLL_PERIOD,
         token.child_token(),
     );
-    let pods = PodManager::new();
+    let pods = PodManager::new().with_objects(objects);
     let status = StatusManager::new();
     let queue = Arc::new(WorkQueue::default());
     let (probe_tx, probe_rx) = mpsc::channel(1000);
@@ -255,9 +268,6 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         );
     }
     let node_cfg = node_config(&opts, &node_ip, &machine_for_node);
-    // Cluster mode fills this once its API client exists; :10250's webhook
-    // authentication and authorization use it.
-    let api_slot = Arc::new(std::sync::OnceLock::new());
     if cfg.enable_server && cfg.port > 0 {
         let (tls, auth, reload) = serving_tls(&opts, &node_cfg, api_slot.clone(), &token).await?;
         servers.push(reload);
@@ -305,8 +315,6 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     }
     let admission = crate::syncloop::Admission::new(node_cfg.facts.clone());
     let mut deleting = None;
-    // Cluster-mode tasks, awaited at shutdown.
-    let cluster_tasks = tokio_util::task::TaskTracker::new();
     if let Some(path) = opts.kubeconfig.as_deref() {
         let c = ClusterParts {
             opts: &opts,

@@ -129,6 +129,8 @@ pub struct RuntimeManager {
     pub opts: RuntimeOptions,
     /// ConfigMaps, Secrets, tokens and Services the pod's env and volumes read.
     pub objects: crate::objects::ObjectManager,
+    /// Sets up the pods' volumes; pod syncs wait for it.
+    pub volumes: volume::manager::VolumeManager,
     backoff: Mutex<Backoff>,
     /// The last actions computed per pod UID and when, for `/debug/pods`.
     last_actions: Mutex<HashMap<String, (std::time::SystemTime, actions::PodActions)>>,
@@ -147,8 +149,12 @@ impl RuntimeManager {
         RuntimeManager {
             runtime,
             images,
-            opts,
+            opts: opts.clone(),
             objects: crate::objects::ObjectManager::default(),
+            volumes: volume::manager::VolumeManager::new(
+                crate::objects::ObjectManager::default(),
+                opts.clone(),
+            ),
             backoff: Mutex::new(Backoff::container()),
             last_actions: Mutex::new(HashMap::new()),
         }
@@ -156,6 +162,7 @@ impl RuntimeManager {
 
     /// Reads API objects through `objects` (cluster mode).
     pub fn with_objects(mut self, objects: crate::objects::ObjectManager) -> Self {
+        self.volumes = volume::manager::VolumeManager::new(objects.clone(), self.opts.clone());
         self.objects = objects;
         self
     }
@@ -309,18 +316,9 @@ impl RuntimeManager {
             }
         }
 
-        // Off the async threads: a hostPath on a hung mount stalls only
-        // this pod (the deadline turns it into a retried FailedMount).
-        let (root, owned) = (self.opts.root_dir.clone(), pod.clone());
-        let set_up = crate::blocking::try_run(
-            format!(
-                "volume setup for pod {}",
-                pod.metadata.uid.as_deref().unwrap_or_default()
-            ),
-            FS_DEADLINE,
-            move || volume::setup_pod_volumes(&root, &owned),
-        )
-        .await;
+        // The volume manager sets them up; a hung mount or a missing object
+        // delays this pod only, and a kill cancels the wait.
+        let set_up = self.volumes.wait_for_attach_and_mount(pod).await;
         let volumes = match set_up {
             Ok(v) => v,
             Err(e) => {

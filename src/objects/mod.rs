@@ -5,7 +5,18 @@
 //! them: every getter answers `NoApiServer` until cluster mode fills the
 //! client slot.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::runtime::{watcher, WatchStreamExt};
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, warn};
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
@@ -63,6 +74,47 @@ pub struct ObjectKey {
 #[derive(Clone, Default)]
 pub struct ObjectManager {
     api: Arc<OnceLock<ApiClient>>,
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    state: Mutex<State>,
+    changes: OnceLock<broadcast::Sender<ObjectKey>>,
+    /// Where reflector tasks are tracked and cancelled (set by `new`).
+    tasks: OnceLock<(TaskTracker, CancellationToken)>,
+}
+
+#[derive(Default)]
+struct State {
+    config_maps: HashMap<(String, String), Item<ConfigMap>>,
+    secrets: HashMap<(String, String), Item<Secret>>,
+    /// What each registered pod references: (namespace, configmaps, secrets).
+    pods: HashMap<String, PodRefs>,
+    tokens: HashMap<String, (Token, Option<String>)>,
+}
+
+#[derive(Default, Clone)]
+struct PodRefs {
+    namespace: String,
+    config_maps: BTreeSet<String>,
+    secrets: BTreeSet<String>,
+}
+
+/// What a watched object's cache holds.
+#[derive(Clone)]
+enum Slot<K> {
+    /// The first list has not answered yet.
+    Unsynced,
+    /// The object as the watch last saw it; None when it does not exist.
+    Synced(Option<Arc<K>>),
+}
+
+/// One object watched for as long as a pod references it.
+struct Item<K> {
+    refs: usize,
+    slot: watch::Receiver<Slot<K>>,
+    cancel: CancellationToken,
 }
 
 fn api_err(kind: &'static str, name: &str, e: kube::Error) -> ObjectError {
@@ -79,9 +131,52 @@ fn api_err(kind: &'static str, name: &str, e: kube::Error) -> ObjectError {
     }
 }
 
+/// How long a getter waits for a newly started watch's first list
+/// (upstream's watch-based manager polls for one second).
+const SYNC_WAIT: Duration = Duration::from_secs(1);
+
+/// A kind the manager watches per object.
+trait Watched: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    const KIND: &'static str;
+    fn items(state: &mut State) -> &mut HashMap<(String, String), Item<Self>>;
+}
+
+impl Watched for ConfigMap {
+    const KIND: &'static str = "configmap";
+    fn items(state: &mut State) -> &mut HashMap<(String, String), Item<Self>> {
+        &mut state.config_maps
+    }
+}
+
+impl Watched for Secret {
+    const KIND: &'static str = "secret";
+    fn items(state: &mut State) -> &mut HashMap<(String, String), Item<Self>> {
+        &mut state.secrets
+    }
+}
+
 impl ObjectManager {
-    pub fn new(api: Arc<OnceLock<ApiClient>>) -> Self {
-        ObjectManager { api }
+    /// `tasks` and `token` own the per-object watch tasks: cancelled and
+    /// awaited with the rest at shutdown.
+    pub fn new(
+        api: Arc<OnceLock<ApiClient>>,
+        tasks: TaskTracker,
+        token: CancellationToken,
+    ) -> Self {
+        let inner = Inner::default();
+        let _ = inner.tasks.set((tasks, token));
+        let _ = inner.changes.set(broadcast::channel(256).0);
+        ObjectManager {
+            api,
+            inner: Arc::new(inner),
+        }
     }
 
     fn client(&self, kind: &'static str, name: &str) -> Result<&ApiClient, ObjectError> {
@@ -91,27 +186,149 @@ impl ObjectManager {
         })
     }
 
-    /// Starts watching what the pod references (upstream's RegisterPod).
-    pub fn register_pod(&self, _pod: &Pod) {}
+    /// Starts watching what the pod references (upstream's RegisterPod):
+    /// one watch per object, shared by every pod that references it. The
+    /// references of an earlier version of the pod are released after the
+    /// new ones are taken, so an object both reference keeps its watch.
+    pub fn register_pod(&self, pod: &Pod) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let refs = pod_refs(pod);
+        let mut st = self.inner.state.lock();
+        for name in &refs.config_maps {
+            self.add_ref::<ConfigMap>(&mut st, &refs.namespace, name);
+        }
+        for name in &refs.secrets {
+            self.add_ref::<Secret>(&mut st, &refs.namespace, name);
+        }
+        if let Some(old) = st.pods.insert(uid, refs) {
+            self.release(&mut st, &old);
+        }
+    }
 
-    /// Stops watching what only this pod referenced (UnregisterPod).
-    pub fn unregister_pod(&self, _uid: &str) {}
+    /// Stops watching what only this pod referenced (UnregisterPod) and
+    /// forgets the tokens bound to it.
+    pub fn unregister_pod(&self, uid: &str) {
+        let mut st = self.inner.state.lock();
+        if let Some(old) = st.pods.remove(uid) {
+            self.release(&mut st, &old);
+        }
+        st.tokens.retain(|_, (_, bound)| bound.as_deref() != Some(uid));
+    }
 
-    pub async fn config_map(&self, ns: &str, name: &str) -> Result<Arc<ConfigMap>, ObjectError> {
-        let api: Api<ConfigMap> =
-            Api::namespaced(self.client("configmap", name)?.client().await, ns);
+    /// Objects watched now: (configmaps, secrets).
+    pub fn watched(&self) -> (usize, usize) {
+        let st = self.inner.state.lock();
+        (st.config_maps.len(), st.secrets.len())
+    }
+
+    fn release(&self, st: &mut State, refs: &PodRefs) {
+        for name in &refs.config_maps {
+            Self::drop_ref::<ConfigMap>(st, &refs.namespace, name);
+        }
+        for name in &refs.secrets {
+            Self::drop_ref::<Secret>(st, &refs.namespace, name);
+        }
+    }
+
+    fn drop_ref<K: Watched>(st: &mut State, ns: &str, name: &str) {
+        let key = (ns.to_string(), name.to_string());
+        let items = K::items(st);
+        if let Some(item) = items.get_mut(&key) {
+            item.refs -= 1;
+            if item.refs == 0 {
+                item.cancel.cancel();
+                items.remove(&key);
+            }
+        }
+    }
+
+    fn add_ref<K: Watched>(&self, st: &mut State, ns: &str, name: &str) {
+        let key = (ns.to_string(), name.to_string());
+        if let Some(item) = K::items(st).get_mut(&key) {
+            item.refs += 1;
+            return;
+        }
+        // Without a runtime of tasks (unit tests) or an API client (static
+        // pods) there is nothing to watch: getters fall back to a GET.
+        let (Some((tasks, token)), Some(api)) = (self.inner.tasks.get(), self.api.get()) else {
+            return;
+        };
+        let (tx, rx) = watch::channel(Slot::Unsynced);
+        let cancel = token.child_token();
+        let object = ObjectKey {
+            kind: K::KIND,
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        };
+        let changes = self.inner.changes.get().cloned();
+        let (api, c) = (api.clone(), cancel.clone());
+        let span = tracing::debug_span!("object-watch", kind = K::KIND, namespace = %ns, name = %name);
+        tasks.spawn(tracing::Instrument::instrument(
+            async move {
+                tokio::select! {
+                    _ = c.cancelled() => {}
+                    _ = reflect::<K>(api, object, tx, changes) => {}
+                }
+            },
+            span,
+        ));
+        K::items(st).insert(
+            key,
+            Item {
+                refs: 1,
+                slot: rx,
+                cancel,
+            },
+        );
+    }
+
+    /// From the object's watch when a pod references it, else one GET.
+    async fn get<K: Watched>(&self, ns: &str, name: &str) -> Result<Arc<K>, ObjectError> {
+        let slot = {
+            let mut st = self.inner.state.lock();
+            K::items(&mut st)
+                .get(&(ns.to_string(), name.to_string()))
+                .map(|i| i.slot.clone())
+        };
+        let not_found = || ObjectError::NotFound {
+            kind: K::KIND,
+            name: name.to_string(),
+        };
+        if let Some(mut slot) = slot {
+            let synced = tokio::time::timeout(
+                SYNC_WAIT,
+                slot.wait_for(|s| matches!(s, Slot::Synced(_))),
+            )
+            .await;
+            return match synced {
+                Ok(Ok(s)) => match &*s {
+                    Slot::Synced(Some(o)) => Ok(o.clone()),
+                    _ => Err(not_found()),
+                },
+                // Upstream's words for a watch that has not listed yet.
+                _ => Err(ObjectError::Api {
+                    kind: K::KIND,
+                    name: name.to_string(),
+                    message: format!(
+                        "failed to sync {} cache: timed out waiting for the condition",
+                        K::KIND
+                    ),
+                }),
+            };
+        }
+        let api: Api<K> = Api::namespaced(self.client(K::KIND, name)?.client().await, ns);
         api.get(name)
             .await
             .map(Arc::new)
-            .map_err(|e| api_err("configmap", name, e))
+            .map_err(|e| api_err(K::KIND, name, e))
+    }
+
+    pub async fn config_map(&self, ns: &str, name: &str) -> Result<Arc<ConfigMap>, ObjectError> {
+        self.get::<ConfigMap>(ns, name).await
     }
 
     pub async fn secret(&self, ns: &str, name: &str) -> Result<Arc<Secret>, ObjectError> {
-        let api: Api<Secret> = Api::namespaced(self.client("secret", name)?.client().await, ns);
-        api.get(name)
-            .await
-            .map(Arc::new)
-            .map_err(|e| api_err("secret", name, e))
+        self.get::<Secret>(ns, name).await
     }
 
     /// A token for `serviceaccounts/<sa>/token` in `ns`; `spec` carries the
@@ -121,6 +338,44 @@ impl ObjectManager {
         ns: &str,
         sa: &str,
         spec: TokenRequestSpec,
+    ) -> Result<Token, ObjectError> {
+        let now = crate::kuberuntime::wall_now().as_secs() as i64;
+        let bound = spec.bound_object_ref.as_ref().and_then(|r| r.uid.clone());
+        let key = format!(
+            "{ns}/{sa}/{:?}/{:?}/{:?}",
+            spec.audiences, spec.expiration_seconds, bound
+        );
+        let cached = self.inner.state.lock().tokens.get(&key).map(|t| t.0.clone());
+        if let Some(t) = &cached {
+            if now < t.refresh_at {
+                return Ok(t.clone());
+            }
+        }
+        match self.request_token(ns, sa, spec, now).await {
+            Ok(t) => {
+                let mut st = self.inner.state.lock();
+                st.tokens.retain(|_, (t, _)| t.expires_at > now);
+                st.tokens.insert(key, (t.clone(), bound));
+                Ok(t)
+            }
+            // A token that still works is better than none (upstream's
+            // token manager serves it and logs).
+            Err(e) => match cached.filter(|t| t.expires_at > now) {
+                Some(t) => {
+                    warn!(namespace = %ns, serviceaccount = %sa, error = %e, "couldn't refresh a service account token; the current one stays until it expires");
+                    Ok(t)
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    async fn request_token(
+        &self,
+        ns: &str,
+        sa: &str,
+        spec: TokenRequestSpec,
+        now: i64,
     ) -> Result<Token, ObjectError> {
         let c = self.client("serviceaccount", sa)?.client().await;
         let api: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(c, ns);
@@ -137,8 +392,9 @@ impl ObjectManager {
             name: sa.to_string(),
             message: "TokenRequest answered without a status".into(),
         })?;
-        let now = crate::kuberuntime::wall_now().as_secs() as i64;
         let expires_at = status.expiration_timestamp.0.as_second();
+        // Refreshed at 80 % of the life the server granted (which may be
+        // shorter than asked for), or after 24 h, as upstream.
         Ok(Token {
             token: status.token,
             expires_at,
@@ -190,7 +446,150 @@ impl ObjectManager {
     }
 
     /// Changes to watched ConfigMaps and Secrets.
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<ObjectKey> {
-        tokio::sync::broadcast::channel(1).1
+    pub fn subscribe(&self) -> broadcast::Receiver<ObjectKey> {
+        match self.inner.changes.get() {
+            Some(tx) => tx.subscribe(),
+            None => broadcast::channel(1).1,
+        }
     }
+}
+
+/// Follows one object with a `metadata.name` field selector (upstream's
+/// watch-based change detection): list, then watch, re-list on 410 Gone,
+/// retry with backoff. A lost API server keeps the last state served.
+async fn reflect<K: Watched>(
+    api: ApiClient,
+    key: ObjectKey,
+    tx: watch::Sender<Slot<K>>,
+    changes: Option<broadcast::Sender<ObjectKey>>,
+) {
+    let mut generation = api.generation();
+    loop {
+        generation.borrow_and_update();
+        let objects: Api<K> = Api::namespaced(api.client().await, &key.namespace);
+        let cfg = watcher::Config::default()
+            .fields(&format!("metadata.name={}", key.name))
+            .timeout(290);
+        let mut stream = watcher(objects, cfg).default_backoff().boxed();
+        let follow = async {
+            let mut listed: Option<Option<K>> = None;
+            while let Some(ev) = stream.next().await {
+                let now = match ev {
+                    Ok(watcher::Event::Init) => {
+                        listed = Some(None);
+                        continue;
+                    }
+                    Ok(watcher::Event::InitApply(o)) => {
+                        listed = Some(Some(o));
+                        continue;
+                    }
+                    Ok(watcher::Event::InitDone) => listed.take().flatten(),
+                    Ok(watcher::Event::Apply(o)) => Some(o),
+                    Ok(watcher::Event::Delete(_)) => None,
+                    Err(e) => {
+                        warn!(kind = key.kind, namespace = %key.namespace, name = %key.name, error = %e, "watch failed; retrying with backoff");
+                        continue;
+                    }
+                };
+                let rv = |s: &Slot<K>| match s {
+                    Slot::Synced(Some(o)) => o.meta().resource_version.clone(),
+                    _ => None,
+                };
+                let was = rv(&tx.borrow());
+                let first = matches!(*tx.borrow(), Slot::Unsynced);
+                let new = Slot::Synced(now.map(Arc::new));
+                let changed = was != rv(&new);
+                tx.send_replace(new);
+                if changed && !first {
+                    debug!(kind = key.kind, namespace = %key.namespace, name = %key.name, "object changed");
+                    if let Some(c) = &changes {
+                        let _ = c.send(key.clone());
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            _ = generation.changed() => continue,
+            _ = follow => return,
+        }
+    }
+}
+
+/// The ConfigMaps and Secrets a pod reads, as upstream's
+/// VisitPodConfigmapNames / VisitPodSecretNames find them: volumes
+/// (configMap, secret, projected sources, CSI node-publish secrets),
+/// env and envFrom of every container, init and ephemeral container, and
+/// imagePullSecrets.
+fn pod_refs(pod: &Pod) -> PodRefs {
+    let mut r = PodRefs {
+        namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        ..Default::default()
+    };
+    let Some(spec) = pod.spec.as_ref() else {
+        return r;
+    };
+    for s in spec.image_pull_secrets.iter().flatten() {
+        r.secrets.insert(s.name.clone());
+    }
+    for v in spec.volumes.iter().flatten() {
+        if let Some(c) = &v.config_map {
+            r.config_maps.insert(c.name.clone());
+        }
+        if let Some(s) = v.secret.as_ref().and_then(|s| s.secret_name.clone()) {
+            r.secrets.insert(s);
+        }
+        if let Some(s) = v
+            .csi
+            .as_ref()
+            .and_then(|c| c.node_publish_secret_ref.as_ref())
+        {
+            r.secrets.insert(s.name.clone());
+        }
+        for p in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+            if let Some(c) = &p.config_map {
+                r.config_maps.insert(c.name.clone());
+            }
+            if let Some(s) = &p.secret {
+                r.secrets.insert(s.name.clone());
+            }
+        }
+    }
+    let envs = spec
+        .containers
+        .iter()
+        .map(|c| (&c.env, &c.env_from))
+        .chain(
+            spec.init_containers
+                .iter()
+                .flatten()
+                .map(|c| (&c.env, &c.env_from)),
+        )
+        .chain(
+            spec.ephemeral_containers
+                .iter()
+                .flatten()
+                .map(|c| (&c.env, &c.env_from)),
+        );
+    for (env, env_from) in envs {
+        for e in env.iter().flatten() {
+            let Some(vf) = &e.value_from else { continue };
+            if let Some(k) = &vf.config_map_key_ref {
+                r.config_maps.insert(k.name.clone());
+            }
+            if let Some(k) = &vf.secret_key_ref {
+                r.secrets.insert(k.name.clone());
+            }
+        }
+        for f in env_from.iter().flatten() {
+            if let Some(c) = &f.config_map_ref {
+                r.config_maps.insert(c.name.clone());
+            }
+            if let Some(s) = &f.secret_ref {
+                r.secrets.insert(s.name.clone());
+            }
+        }
+    }
+    r.config_maps.retain(|n| !n.is_empty());
+    r.secrets.retain(|n| !n.is_empty());
+    r
 }

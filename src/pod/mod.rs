@@ -11,6 +11,9 @@ use parking_lot::RwLock;
 #[derive(Default, Clone)]
 pub struct PodManager {
     pods: Arc<RwLock<HashMap<String, Arc<Pod>>>>,
+    /// Told of each pod's references, as upstream's pod manager tells the
+    /// secret and configmap managers.
+    objects: Option<crate::objects::ObjectManager>,
 }
 
 impl PodManager {
@@ -18,7 +21,15 @@ impl PodManager {
         Self::default()
     }
 
+    pub fn with_objects(mut self, objects: crate::objects::ObjectManager) -> Self {
+        self.objects = Some(objects);
+        self
+    }
+
     pub fn upsert(&self, pod: Pod) -> Arc<Pod> {
+        if let Some(o) = &self.objects {
+            o.register_pod(&pod);
+        }
         let pod = Arc::new(pod);
         self.pods
             .write()
@@ -27,6 +38,9 @@ impl PodManager {
     }
 
     pub fn remove(&self, uid: &str) -> Option<Arc<Pod>> {
+        if let Some(o) = &self.objects {
+            o.unregister_pod(uid);
+        }
         self.pods.write().remove(uid)
     }
 

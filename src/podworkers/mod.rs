@@ -934,6 +934,17 @@ impl PodWorkers {
     /// log directory, on a blocking thread with a deadline: a hung file
     /// system stalls this pod's cleanup, never the async threads.
     async fn cleanup_dirs(&self, uid: &str, pod: Option<&Pod>) {
+        // Volumes first (upstream: the pod is not gone until they are
+        // unmounted); what is left mounted is unmounted with the directory.
+        if let Err(e) = self
+            .deps
+            .runtime
+            .volumes
+            .unmount_pod(uid, CLEANUP_DEADLINE)
+            .await
+        {
+            warn!(pod_uid = uid, error = %e, "volumes not torn down in time");
+        }
         let opts = &self.deps.runtime.opts;
         let root = opts.root_dir.clone();
         let logs = pod.map(|p| crate::kuberuntime::sandbox::pod_log_dir(opts, p));

@@ -99,6 +99,20 @@ pub async fn pod(
             .into_iter()
             .map(|(image, for_)| json!({"image": image, "for": go(for_)}))
             .collect();
+        let vm = &d.runtime.volumes;
+        out["volumes"] = vm
+            .pod_volumes(&uid)
+            .into_iter()
+            .map(|(name, path)| json!({"name": name, "path": path}))
+            .collect();
+        // What the pod's containers wait for: volumes failing to set up.
+        out["volumesWaitedOn"] = vm
+            .failing(&uid)
+            .into_iter()
+            .map(|(name, error, retry)| {
+                json!({"name": name, "error": error, "nextAttemptIn": go(retry)})
+            })
+            .collect();
     }
     out["probes"] = s
         .probes

@@ -1,15 +1,17 @@
-//! The two simplest volume plugins, emptyDir and hostPath, prepared on the
-//! host and handed to CRI as bind mounts (upstream `pkg/volume/emptydir`,
-//! `pkg/volume/hostpath`; the full volume manager comes later).
+//! Volumes (upstream `pkg/volume`, `pkg/kubelet/volumemanager`): the
+//! manager (`manager.rs`) sets them up under the pod's directory, and
+//! `container_mounts` hands them to CRI as bind mounts with readOnly,
+//! subPath and mountPropagation.
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Container;
 
 use crate::cri::v1::{Mount, MountPropagation};
 
+pub mod manager;
 pub mod subpath;
 
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +29,8 @@ pub enum VolumeError {
         path: PathBuf,
         kind: String,
     },
+    #[error("{message}{}", if errors.is_empty() { String::new() } else { format!(" ({errors})") })]
+    Timeout { message: String, errors: String },
     #[error("volume {volume}: this volume type is not supported yet")]
     Unsupported { volume: String },
     #[error("container {container}: volumeMount {volume:?} names no volume of the pod")]
@@ -53,43 +57,7 @@ fn io_err(volume: &str, path: &Path) -> impl FnOnce(std::io::Error) -> VolumeErr
     }
 }
 
-/// Creates the host side of each volume; returns volume name → host path.
-pub fn setup_pod_volumes(root: &Path, pod: &Pod) -> Result<HashMap<String, PathBuf>, VolumeError> {
-    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let mut out = HashMap::new();
-    for v in pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.volumes.as_ref())
-        .into_iter()
-        .flatten()
-    {
-        let path = if let Some(hp) = &v.host_path {
-            let p = PathBuf::from(&hp.path);
-            check_host_path(&v.name, &p, hp.type_.as_deref().unwrap_or(""))?;
-            p
-        } else if v.empty_dir.is_some() {
-            // Medium "Memory" would be a tmpfs; until the volume manager
-            // mounts one, a plain directory keeps the pod working.
-            let p = pod_dir(root, uid)
-                .join("volumes/kubernetes.io~empty-dir")
-                .join(&v.name);
-            std::fs::create_dir_all(&p).map_err(io_err(&v.name, &p))?;
-            // Upstream makes emptyDir world-writable so any container user can use it.
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777))
-                .map_err(io_err(&v.name, &p))?;
-            p
-        } else {
-            return Err(VolumeError::Unsupported {
-                volume: v.name.clone(),
-            });
-        };
-        out.insert(v.name.clone(), path);
-    }
-    Ok(out)
-}
-
-fn check_host_path(volume: &str, p: &Path, kind: &str) -> Result<(), VolumeError> {
+pub(crate) fn check_host_path(volume: &str, p: &Path, kind: &str) -> Result<(), VolumeError> {
     let meta = std::fs::metadata(p);
     let bad = |k: &str| VolumeError::HostPathType {
         volume: volume.into(),
@@ -220,11 +188,11 @@ pub fn cleanup_pod_dir(root: &Path, uid: &str) -> Result<(), subpath::SubPathErr
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        EmptyDirVolumeSource, HostPathVolumeSource, PodSpec, Volume, VolumeMount,
+        EmptyDirVolumeSource, HostPathVolumeSource, Pod, PodSpec, Volume, VolumeMount,
     };
 
-    #[test]
-    fn empty_dir_and_host_path_become_mounts_with_read_only_and_sub_path() {
+    #[tokio::test]
+    async fn empty_dir_and_host_path_become_mounts_with_read_only_and_sub_path() {
         let root = std::env::temp_dir().join(format!("rkubelet-vol-{}", std::process::id()));
         let host = root.join("host");
         let pod = Pod {
@@ -252,7 +220,14 @@ mod tests {
             }),
             ..Default::default()
         };
-        let vols = setup_pod_volumes(&root, &pod).unwrap();
+        let vm = manager::VolumeManager::new(
+            Default::default(),
+            crate::kuberuntime::RuntimeOptions {
+                root_dir: root.clone(),
+                ..Default::default()
+            },
+        );
+        let vols = vm.wait_for_attach_and_mount(&pod).await.unwrap();
         assert!(vols["scratch"].is_dir() && host.is_dir());
         let c = Container {
             name: "a".into(),
@@ -290,6 +265,11 @@ mod tests {
             container_mounts(&bad, &vols, &sp, &|s| s.to_string()),
             Err(VolumeError::UnknownVolume { .. })
         ));
+        vm.unmount_pod("u1", std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(!vols["scratch"].exists(), "the emptyDir is torn down");
+        assert!(host.is_dir(), "a hostPath is the host's: left alone");
         cleanup_pod_dir(&root, "u1").unwrap();
         std::fs::remove_dir_all(&root).unwrap();
     }

@@ -276,7 +276,13 @@ pub fn remove_tree(dir: &Path) -> Result<(), SubPathError> {
     for m in mounts_below(dir) {
         unmount(&m);
     }
-    remove_same_dev(dir, root.dev())
+    // Stat again: when `dir` itself was a mount (a tmpfs volume), the
+    // device to stay on is the one under it.
+    let dev = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m.dev(),
+        Err(_) => root.dev(),
+    };
+    remove_same_dev(dir, dev)
 }
 
 fn remove_same_dev(path: &Path, dev: u64) -> Result<(), SubPathError> {

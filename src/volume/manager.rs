@@ -1,0 +1,823 @@
+//! The volume manager (upstream `pkg/kubelet/volumemanager`): a desired
+//! state of the world (the pods whose volumes should be set up, written by
+//! pod workers), an actual state of the world (what is set up), and a
+//! reconciler task that makes the second follow the first. Pod workers
+//! wait for a pod's volumes before its containers start, and hand a
+//! terminated pod back so its volumes are torn down.
+//!
+//! Each mount or unmount is one operation per (pod, volume) in its own
+//! task, so a slow API server or a hung file system delays that volume
+//! only. ConfigMap, Secret, downwardAPI and projected volumes are written
+//! again when the pod syncs, when an object they read changes, and before a
+//! token in them is due for refresh.
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Volume};
+use parking_lot::Mutex;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use super::{pod_dir, VolumeError};
+use crate::kuberuntime::RuntimeOptions;
+use crate::objects::ObjectManager;
+
+/// How long a pod worker waits for its volumes (upstream
+/// podAttachAndMountTimeout: 2m3s).
+pub const MOUNT_TIMEOUT: Duration = Duration::from_secs(123);
+/// One operation's file-system part may take this long.
+const FS_DEADLINE: Duration = Duration::from_secs(30);
+/// Upstream's operation backoff: 500 ms doubling to 2m2s.
+const RETRY_INITIAL: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(122);
+/// The reconciler looks again at least this often.
+const RECONCILE_MAX_IDLE: Duration = Duration::from_secs(10);
+
+/// A volume as it is set up.
+#[derive(Debug, Clone)]
+pub struct Mounted {
+    /// What containers bind.
+    pub path: PathBuf,
+    /// The directory rkubelet made for it (removed at teardown); None for
+    /// hostPath and persistent volumes, which belong to the host.
+    owned: Option<PathBuf>,
+    /// Written from API data: rewritten on remount.
+    remountable: bool,
+    /// Unix seconds when a token in it is due for refresh.
+    refresh_at: Option<i64>,
+}
+
+struct Desired {
+    pod: Arc<Pod>,
+    /// Remount requested (a pod sync, an object change).
+    remount: bool,
+}
+
+struct Failure {
+    error: String,
+    attempts: u32,
+    retry_at: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    desired: HashMap<String, Desired>,
+    actual: HashMap<String, HashMap<String, Mounted>>,
+    in_flight: HashSet<(String, String)>,
+    failures: HashMap<(String, String), Failure>,
+}
+
+struct Inner {
+    root: PathBuf,
+    objects: ObjectManager,
+    opts: RuntimeOptions,
+    state: Mutex<State>,
+    wake: Notify,
+    /// Bumped on every change of the actual state; waiters watch it.
+    changed: watch::Sender<u64>,
+    started: std::sync::atomic::AtomicBool,
+}
+
+/// The handle pod workers and servers hold; cheap to clone.
+#[derive(Clone)]
+pub struct VolumeManager {
+    inner: Arc<Inner>,
+}
+
+/// What to do for one (pod, volume).
+enum Op {
+    Mount {
+        pod: Arc<Pod>,
+        volume: Volume,
+        uid: String,
+    },
+    Unmount {
+        uid: String,
+        name: String,
+        mounted: Mounted,
+    },
+}
+
+impl VolumeManager {
+    pub fn new(objects: ObjectManager, opts: RuntimeOptions) -> Self {
+        VolumeManager {
+            inner: Arc::new(Inner {
+                root: opts.root_dir.clone(),
+                objects,
+                opts,
+                state: Mutex::new(State::default()),
+                wake: Notify::new(),
+                changed: watch::channel(0).0,
+                started: Default::default(),
+            }),
+        }
+    }
+
+    /// Spawns the reconciler. Without it (unit tests), waiters run the
+    /// operations of their own pod themselves.
+    pub fn start(&self, tasks: &TaskTracker, token: CancellationToken) {
+        self.inner
+            .started
+            .store(true, std::sync::atomic::Ordering::Release);
+        let me = self.clone();
+        let t = tasks.clone();
+        tasks.spawn(tracing::Instrument::instrument(
+            async move { me.reconcile_loop(t, token).await },
+            tracing::info_span!("volume-manager"),
+        ));
+    }
+
+    /// Adds the pod to the desired state (or updates it, asking for its
+    /// API-data volumes to be written again) and waits until every volume
+    /// is set up: upstream WaitForAttachAndMount. Returns volume name →
+    /// host path. A volume still failing at the timeout fails the wait
+    /// with upstream's message, and a FailedMount event.
+    pub async fn wait_for_attach_and_mount(
+        &self,
+        pod: &Pod,
+    ) -> Result<HashMap<String, PathBuf>, VolumeError> {
+        self.wait_with_timeout(pod, MOUNT_TIMEOUT).await
+    }
+
+    async fn wait_with_timeout(
+        &self,
+        pod: &Pod,
+        timeout: Duration,
+    ) -> Result<HashMap<String, PathBuf>, VolumeError> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let names = volume_names(pod);
+        {
+            let mut st = self.inner.state.lock();
+            st.desired.insert(
+                uid.clone(),
+                Desired {
+                    pod: Arc::new(pod.clone()),
+                    remount: true,
+                },
+            );
+        }
+        self.inner.wake.notify_one();
+        let deadline = Instant::now() + timeout;
+        let mut changed = self.inner.changed.subscribe();
+        loop {
+            changed.borrow_and_update();
+            if let Some(paths) = self.mounted_paths(&uid, &names) {
+                return Ok(paths);
+            }
+            if !self.inner.started.load(std::sync::atomic::Ordering::Acquire) {
+                // No reconciler: run this pod's operations here.
+                for op in self.plan(Some(&uid)) {
+                    self.execute(op).await;
+                }
+                if let Some(paths) = self.mounted_paths(&uid, &names) {
+                    return Ok(paths);
+                }
+                let next = self.next_due().unwrap_or(deadline).min(deadline);
+                if Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep_until(next).await;
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, changed.changed())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        let (unmounted, errors) = {
+            let st = self.inner.state.lock();
+            let got = st.actual.get(&uid);
+            let unmounted: Vec<String> = names
+                .iter()
+                .filter(|n| got.is_none_or(|g| !g.contains_key(*n)))
+                .cloned()
+                .collect();
+            let errors: Vec<String> = unmounted
+                .iter()
+                .filter_map(|n| {
+                    st.failures
+                        .get(&(uid.clone(), n.clone()))
+                        .map(|f| format!("{n}: {}", f.error))
+                })
+                .collect();
+            (unmounted, errors)
+        };
+        let message = format!(
+            "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[{}]: timed out waiting for the condition",
+            unmounted.join(" "),
+            names.join(" ")
+        );
+        crate::events::pod(
+            pod,
+            None,
+            crate::events::WARNING,
+            "FailedMount",
+            message.clone(),
+        );
+        Err(VolumeError::Timeout {
+            message,
+            errors: errors.join("; "),
+        })
+    }
+
+    /// Removes the pod from the desired state and waits (up to `deadline`)
+    /// until its volumes are torn down.
+    pub async fn unmount_pod(&self, uid: &str, deadline: Duration) -> Result<(), VolumeError> {
+        self.inner.state.lock().desired.remove(uid);
+        self.inner.wake.notify_one();
+        let until = Instant::now() + deadline;
+        let mut changed = self.inner.changed.subscribe();
+        loop {
+            changed.borrow_and_update();
+            if !self.inner.state.lock().actual.contains_key(uid) {
+                return Ok(());
+            }
+            if !self.inner.started.load(std::sync::atomic::Ordering::Acquire) {
+                for op in self.plan(Some(uid)) {
+                    self.execute(op).await;
+                }
+                if !self.inner.state.lock().actual.contains_key(uid) {
+                    return Ok(());
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+                let next = self.next_due().unwrap_or(until).min(until);
+                tokio::time::sleep_until(next).await;
+                continue;
+            }
+            if tokio::time::timeout_at(until, changed.changed())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        Err(VolumeError::Timeout {
+            message: format!("volumes of pod {uid} are still set up"),
+            errors: String::new(),
+        })
+    }
+
+    /// The pod's volumes as set up: name → host path.
+    pub fn pod_volumes(&self, uid: &str) -> Vec<(String, PathBuf)> {
+        let st = self.inner.state.lock();
+        let mut v: Vec<_> = st
+            .actual
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .map(|(n, m)| (n.clone(), m.path.clone()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Volumes of the pod that failed to set up, with the last error and
+    /// when the next attempt is (for `/debug/pods`).
+    pub fn failing(&self, uid: &str) -> Vec<(String, String, Duration)> {
+        let st = self.inner.state.lock();
+        let now = Instant::now();
+        let mut v: Vec<_> = st
+            .failures
+            .iter()
+            .filter(|((u, _), _)| u == uid)
+            .map(|((_, n), f)| {
+                (
+                    n.clone(),
+                    f.error.clone(),
+                    f.retry_at.saturating_duration_since(now),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn mounted_paths(&self, uid: &str, names: &[String]) -> Option<HashMap<String, PathBuf>> {
+        let st = self.inner.state.lock();
+        let got = match st.actual.get(uid) {
+            Some(g) => g,
+            None if names.is_empty() => return Some(HashMap::new()),
+            None => return None,
+        };
+        names
+            .iter()
+            .map(|n| got.get(n).map(|m| (n.clone(), m.path.clone())))
+            .collect()
+    }
+
+    /// The earliest retry or token refresh.
+    fn next_due(&self) -> Option<Instant> {
+        let st = self.inner.state.lock();
+        let now_wall = crate::kuberuntime::wall_now().as_secs() as i64;
+        let now = Instant::now();
+        let retries = st.failures.values().map(|f| f.retry_at);
+        let refreshes = st
+            .actual
+            .values()
+            .flat_map(|m| m.values())
+            .filter_map(|m| m.refresh_at)
+            .map(|at| now + Duration::from_secs((at - now_wall).max(0) as u64));
+        retries.chain(refreshes).min()
+    }
+
+    /// The operations due now, for one pod or all.
+    fn plan(&self, only: Option<&str>) -> Vec<Op> {
+        let mut st = self.inner.state.lock();
+        let st = &mut *st;
+        let now = Instant::now();
+        let now_wall = crate::kuberuntime::wall_now().as_secs() as i64;
+        let mut ops = Vec::new();
+        for (uid, d) in st.desired.iter_mut() {
+            if only.is_some_and(|o| o != uid) {
+                continue;
+            }
+            let remount = std::mem::take(&mut d.remount);
+            let got = st.actual.get(uid);
+            for v in d.pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+                let key = (uid.clone(), v.name.clone());
+                if st.in_flight.contains(&key) {
+                    continue;
+                }
+                let due = match got.and_then(|g| g.get(&v.name)) {
+                    None => st.failures.get(&key).is_none_or(|f| f.retry_at <= now),
+                    Some(m) => {
+                        m.remountable
+                            && (remount || m.refresh_at.is_some_and(|at| at <= now_wall))
+                    }
+                };
+                if due {
+                    st.in_flight.insert(key);
+                    ops.push(Op::Mount {
+                        pod: d.pod.clone(),
+                        volume: v.clone(),
+                        uid: uid.clone(),
+                    });
+                }
+            }
+        }
+        // Set up but no longer desired: the pod is gone, or the volume left
+        // its spec.
+        for (uid, vols) in &st.actual {
+            if only.is_some_and(|o| o != uid) {
+                continue;
+            }
+            let wanted = st.desired.get(uid).map(|d| volume_names(&d.pod));
+            for (name, m) in vols {
+                if wanted.as_ref().is_some_and(|w| w.contains(name)) {
+                    continue;
+                }
+                let key = (uid.clone(), name.clone());
+                if st.in_flight.contains(&key) {
+                    continue;
+                }
+                st.in_flight.insert(key);
+                ops.push(Op::Unmount {
+                    uid: uid.clone(),
+                    name: name.clone(),
+                    mounted: m.clone(),
+                });
+            }
+        }
+        st.failures.retain(|(u, _), _| st.desired.contains_key(u));
+        ops
+    }
+
+    async fn execute(&self, op: Op) {
+        match op {
+            Op::Mount { pod, volume, uid } => {
+                let had = self
+                    .inner
+                    .state
+                    .lock()
+                    .actual
+                    .get(&uid)
+                    .and_then(|g| g.get(&volume.name))
+                    .is_some();
+                let r = set_up(&self.inner, &pod, &volume).await;
+                let mut st = self.inner.state.lock();
+                let key = (uid.clone(), volume.name.clone());
+                st.in_flight.remove(&key);
+                match r {
+                    Ok(m) => {
+                        st.failures.remove(&key);
+                        if !had {
+                            debug!(pod_uid = %uid, volume = %volume.name, path = %m.path.display(), "volume set up");
+                        }
+                        st.actual
+                            .entry(uid)
+                            .or_default()
+                            .insert(volume.name.clone(), m);
+                    }
+                    Err(e) => {
+                        let attempts = st.failures.get(&key).map_or(0, |f| f.attempts) + 1;
+                        let wait = RETRY_INITIAL
+                            .saturating_mul(1 << (attempts - 1).min(16))
+                            .min(RETRY_MAX);
+                        warn!(pod_uid = %uid, volume = %volume.name, error = %e, retry_in = ?wait, "volume set-up failed");
+                        // Upstream's event for a failed SetUp.
+                        crate::events::pod(
+                            &pod,
+                            None,
+                            crate::events::WARNING,
+                            "FailedMount",
+                            format!(
+                                "MountVolume.SetUp failed for volume {:?} : {e}",
+                                volume.name
+                            ),
+                        );
+                        st.failures.insert(
+                            key,
+                            Failure {
+                                error: e,
+                                attempts,
+                                retry_at: Instant::now() + wait,
+                            },
+                        );
+                    }
+                }
+            }
+            Op::Unmount { uid, name, mounted } => {
+                let r = match mounted.owned.clone() {
+                    Some(dir) => crate::blocking::try_run(
+                        format!("tear down volume {name} of pod {uid}"),
+                        FS_DEADLINE,
+                        move || super::subpath::remove_tree(&dir),
+                    )
+                    .await
+                    .map_err(|e| e.to_string()),
+                    None => Ok(()),
+                };
+                let mut st = self.inner.state.lock();
+                st.in_flight.remove(&(uid.clone(), name.clone()));
+                match r {
+                    Ok(()) => {
+                        debug!(pod_uid = %uid, volume = %name, "volume torn down");
+                        if let Some(g) = st.actual.get_mut(&uid) {
+                            g.remove(&name);
+                            if g.is_empty() {
+                                st.actual.remove(&uid);
+                            }
+                        }
+                    }
+                    // Tried again on the next pass.
+                    Err(e) => warn!(pod_uid = %uid, volume = %name, error = %e, "volume tear-down failed"),
+                }
+            }
+        }
+        self.inner.changed.send_modify(|g| *g += 1);
+        // Its pod may have more to do (a remount asked for meanwhile).
+        self.inner.wake.notify_one();
+    }
+
+    /// Pods whose API-data volumes read the changed object get them
+    /// written again.
+    fn object_changed(&self, key: &crate::objects::ObjectKey) {
+        let mut st = self.inner.state.lock();
+        for d in st.desired.values_mut() {
+            if d.pod.metadata.namespace.as_deref().unwrap_or("default") != key.namespace {
+                continue;
+            }
+            let reads = d
+                .pod
+                .spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .any(|v| volume_reads(v, key.kind, &key.name));
+            if reads {
+                d.remount = true;
+            }
+        }
+    }
+
+    async fn reconcile_loop(self, tasks: TaskTracker, token: CancellationToken) {
+        let mut changes = self.inner.objects.subscribe();
+        loop {
+            for op in self.plan(None) {
+                let me = self.clone();
+                tasks.spawn(async move { me.execute(op).await });
+            }
+            let idle = Instant::now() + RECONCILE_MAX_IDLE;
+            let next = self.next_due().map_or(idle, |n| n.min(idle));
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = self.inner.wake.notified() => {}
+                _ = tokio::time::sleep_until(next) => {}
+                c = changes.recv() => match c {
+                    Ok(key) => self.object_changed(&key),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        // Missed some: rewrite every API-data volume.
+                        for d in self.inner.state.lock().desired.values_mut() {
+                            d.remount = true;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        changes = tokio::sync::broadcast::channel(1).1;
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn volume_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .map(|v| v.name.clone())
+        .collect()
+}
+
+/// Whether the volume reads the object (`kind` "configmap" or "secret").
+fn volume_reads(v: &Volume, kind: &str, name: &str) -> bool {
+    let (cms, secrets) = super::payload::refs(v);
+    match kind {
+        "configmap" => cms.iter().any(|n| n == name),
+        "secret" => secrets.iter().any(|n| n == name),
+        _ => false,
+    }
+}
+
+/// `<pod dir>/volumes/kubernetes.io~<plugin>/<name>`.
+fn plugin_dir(root: &Path, uid: &str, plugin: &str, name: &str) -> PathBuf {
+    pod_dir(root, uid)
+        .join("volumes")
+        .join(format!("kubernetes.io~{plugin}"))
+        .join(name)
+}
+
+/// Sets up (or writes again) one volume.
+async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let root = &inner.root;
+    if let Some(hp) = &v.host_path {
+        let (p, kind, name) = (
+            PathBuf::from(&hp.path),
+            hp.type_.clone().unwrap_or_default(),
+            v.name.clone(),
+        );
+        let path = p.clone();
+        crate::blocking::try_run(
+            format!("hostPath {}", p.display()),
+            FS_DEADLINE,
+            move || super::check_host_path(&name, &p, &kind),
+        )
+        .await?;
+        return Ok(Mounted {
+            path,
+            owned: None,
+            remountable: false,
+            refresh_at: None,
+        });
+    }
+    if let Some(ed) = &v.empty_dir {
+        let dir = plugin_dir(root, uid, "empty-dir", &v.name);
+        let tmpfs = match ed.medium.as_deref().unwrap_or("") {
+            "" => None,
+            "Memory" => Some(memory_volume_size(
+                pod,
+                ed.size_limit.as_ref(),
+                inner.opts.memory_capacity,
+            )),
+            other => return Err(format!("emptyDir medium {other:?} is not supported")),
+        };
+        let d = dir.clone();
+        crate::blocking::try_run(
+            format!("emptyDir {}", dir.display()),
+            FS_DEADLINE,
+            move || -> Result<(), std::io::Error> {
+                std::fs::create_dir_all(&d)?;
+                if let Some(size) = tmpfs {
+                    mount_tmpfs(&d, size)?;
+                }
+                // Upstream makes emptyDir world-writable so any container
+                // user can use it.
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777))
+            },
+        )
+        .await?;
+        return Ok(Mounted {
+            path: dir.clone(),
+            owned: Some(dir),
+            remountable: false,
+            refresh_at: None,
+        });
+    }
+    if let Some(claim) = pvc_name(pod, v) {
+        let path = persistent_path(&inner.objects, pod, v, &claim).await?;
+        return Ok(Mounted {
+            path,
+            owned: None,
+            remountable: false,
+            refresh_at: None,
+        });
+    }
+    let plugin = if v.config_map.is_some() {
+        "configmap"
+    } else if v.secret.is_some() {
+        "secret"
+    } else if v.downward_api.is_some() {
+        "downward-api"
+    } else if v.projected.is_some() {
+        "projected"
+    } else {
+        return Err(VolumeError::Unsupported {
+            volume: v.name.clone(),
+        }
+        .to_string());
+    };
+    let built = super::payload::build(&inner.objects, &inner.opts, pod, v)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Secrets and tokens never touch a disk (upstream wraps them in a
+    // memory-backed emptyDir).
+    let on_tmpfs = matches!(plugin, "secret" | "projected");
+    let dir = plugin_dir(root, uid, plugin, &v.name);
+    let d = dir.clone();
+    let size = inner.opts.memory_capacity;
+    let refresh_at = built.refresh_at;
+    let changed = crate::blocking::try_run(
+        format!("{plugin} volume {}", dir.display()),
+        FS_DEADLINE,
+        move || -> Result<bool, String> {
+            std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
+            if on_tmpfs {
+                mount_tmpfs(&d, size).map_err(|e| e.to_string())?;
+            }
+            super::atomic_writer::write(&d, &built.files).map_err(|e| e.to_string())
+        },
+    )
+    .await?;
+    if changed {
+        info!(pod_uid = %uid, volume = %v.name, "volume contents written");
+    }
+    Ok(Mounted {
+        path: dir.clone(),
+        owned: Some(dir),
+        remountable: true,
+        refresh_at,
+    })
+}
+
+/// Upstream's SizeMemoryBackedVolumes: the node's memory, or the pod's
+/// memory limit when smaller, or the volume's sizeLimit when smaller still.
+fn memory_volume_size(
+    pod: &Pod,
+    limit: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    node_memory: i64,
+) -> i64 {
+    let mut size = node_memory;
+    let spec = pod.spec.as_ref();
+    let limits: Option<Vec<i64>> = spec
+        .map(|s| s.containers.iter())
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            c.resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref())
+                .and_then(|l| l.get("memory"))
+                .and_then(|q| crate::cm::quantity::parse_bytes(&q.0).ok())
+        })
+        .collect();
+    if let Some(total) = limits.map(|l| l.iter().sum::<i64>()).filter(|t| *t > 0) {
+        if size <= 0 || total < size {
+            size = total;
+        }
+    }
+    if let Some(l) = limit.and_then(|q| crate::cm::quantity::parse_bytes(&q.0).ok()) {
+        if l > 0 && (size <= 0 || l < size) {
+            size = l;
+        }
+    }
+    size
+}
+
+/// Whether `dir` is a mount point: on another device than its parent.
+fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
+    let m = std::fs::symlink_metadata(dir)?;
+    let parent = dir.parent().unwrap_or(Path::new("/"));
+    let p = std::fs::symlink_metadata(parent)?;
+    Ok(m.dev() != p.dev() || m.ino() == p.ino())
+}
+
+/// Mounts a tmpfs on `dir` unless one is there already (a volume set up
+/// before a restart is reused).
+fn mount_tmpfs(dir: &Path, size: i64) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    if is_mount_point(dir)? {
+        return Ok(());
+    }
+    let target = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))?;
+    let opts = if size > 0 {
+        format!("size={size}")
+    } else {
+        String::new()
+    };
+    let data = std::ffi::CString::new(opts).expect("no NUL");
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The claim a volume uses: a persistentVolumeClaim's, or the generic
+/// ephemeral volume's `<pod>-<volume>`.
+fn pvc_name(pod: &Pod, v: &Volume) -> Option<String> {
+    if let Some(c) = &v.persistent_volume_claim {
+        return Some(c.claim_name.clone());
+    }
+    v.ephemeral.as_ref().map(|_| {
+        format!(
+            "{}-{}",
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            v.name
+        )
+    })
+}
+
+/// The host path behind a claim bound to a hostPath or local PV, with
+/// upstream's checks: the claim is Bound to a PV that names it back, and
+/// an ephemeral volume's claim is owned by this pod.
+async fn persistent_path(
+    objects: &ObjectManager,
+    pod: &Pod,
+    v: &Volume,
+    claim: &str,
+) -> Result<PathBuf, String> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let pvc = objects
+        .persistent_volume_claim(ns, claim)
+        .await
+        .map_err(|e| e.to_string())?;
+    if v.ephemeral.is_some() {
+        let owned = pvc
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && Some(&o.uid) == pod.metadata.uid.as_ref());
+        if !owned {
+            return Err(format!(
+                "PVC {ns}/{claim} was not created for pod {ns}/{} (pod is not owner)",
+                pod.metadata.name.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    let phase = pvc.status.as_ref().and_then(|s| s.phase.as_deref());
+    let pv_name = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .filter(|n| !n.is_empty() && phase == Some("Bound"))
+        .ok_or_else(|| format!("PVC {ns}/{claim} has non-bound phase (\"{}\") or empty pvc.Spec.VolumeName (\"\")", phase.unwrap_or("")))?;
+    let pv = objects
+        .persistent_volume(&pv_name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let spec = pv.spec.as_ref().ok_or("the PV has no spec")?;
+    let back = spec.claim_ref.as_ref();
+    if back.and_then(|r| r.uid.as_ref()) != pvc.metadata.uid.as_ref() {
+        return Err(format!(
+            "PV {pv_name} is not bound to claim {ns}/{claim}"
+        ));
+    }
+    let (path, kind) = if let Some(hp) = &spec.host_path {
+        (PathBuf::from(&hp.path), hp.type_.clone().unwrap_or_default())
+    } else if let Some(l) = &spec.local {
+        (PathBuf::from(&l.path), "Directory".to_string())
+    } else {
+        return Err(format!(
+            "PV {pv_name}: only hostPath and local persistent volumes are supported"
+        ));
+    };
+    let (p, name) = (path.clone(), v.name.clone());
+    crate::blocking::try_run(
+        format!("persistent volume {}", path.display()),
+        FS_DEADLINE,
+        move || super::check_host_path(&name, &p, &kind),
+    )
+    .await?;
+    Ok(path)
+}
