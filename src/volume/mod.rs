@@ -10,6 +10,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::cri::v1::{Mount, MountPropagation};
 
+pub mod atomic_writer;
+pub mod payload;
 pub mod subpath;
 
 #[derive(Debug, thiserror::Error)]
