@@ -11,7 +11,9 @@ use k8s_openapi::api::core::v1::Container;
 
 use crate::cri::v1::{Mount, MountPropagation};
 
+pub mod atomic_writer;
 pub mod manager;
+pub mod payload;
 pub mod subpath;
 
 #[derive(Debug, thiserror::Error)]
