@@ -337,6 +337,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         deleting = Some(d);
     }
     info!(node = %opts.node_name, static_pod_path = %cfg.static_pod_path, cluster = opts.kubeconfig.is_some(), "rkubelet started");
+    let (pods_for_gc, workers_for_gc) = (pods.clone(), workers.clone());
     let sync_loop = SyncLoop {
         pods,
         status,
@@ -346,9 +347,16 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         health,
         expected_sources: expected.iter().map(|s| s.to_string()).collect(),
         sources_ready: Box::new(move || pod_config.seen_all_sources(&expected)),
-        gc: Some(Box::new(move || {
-            gc_manager.gc_backoff();
-        })),
+        gc: Some({
+            let (p, w) = (pods_for_gc, workers_for_gc);
+            Box::new(move || {
+                gc_manager.gc_backoff();
+                let (p, w) = (p.clone(), w.clone());
+                gc_manager
+                    .volumes
+                    .cleanup_orphaned_pod_dirs(move |uid| p.contains(uid) || w.is_known(uid));
+            })
+        }),
         deleting,
         admission: Some(admission),
     };

@@ -136,7 +136,8 @@ fn api_err(kind: &'static str, name: &str, e: kube::Error) -> ObjectError {
 const SYNC_WAIT: Duration = Duration::from_secs(1);
 
 /// A kind the manager watches per object.
-trait Watched: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+trait Watched:
+    kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
     + Clone
     + DeserializeOwned
     + std::fmt::Debug
@@ -212,7 +213,8 @@ impl ObjectManager {
         if let Some(old) = st.pods.remove(uid) {
             self.release(&mut st, &old);
         }
-        st.tokens.retain(|_, (_, bound)| bound.as_deref() != Some(uid));
+        st.tokens
+            .retain(|_, (_, bound)| bound.as_deref() != Some(uid));
     }
 
     /// Objects watched now: (configmaps, secrets).
@@ -262,7 +264,8 @@ impl ObjectManager {
         };
         let changes = self.inner.changes.get().cloned();
         let (api, c) = (api.clone(), cancel.clone());
-        let span = tracing::debug_span!("object-watch", kind = K::KIND, namespace = %ns, name = %name);
+        let span =
+            tracing::debug_span!("object-watch", kind = K::KIND, namespace = %ns, name = %name);
         tasks.spawn(tracing::Instrument::instrument(
             async move {
                 tokio::select! {
@@ -295,11 +298,9 @@ impl ObjectManager {
             name: name.to_string(),
         };
         if let Some(mut slot) = slot {
-            let synced = tokio::time::timeout(
-                SYNC_WAIT,
-                slot.wait_for(|s| matches!(s, Slot::Synced(_))),
-            )
-            .await;
+            let synced =
+                tokio::time::timeout(SYNC_WAIT, slot.wait_for(|s| matches!(s, Slot::Synced(_))))
+                    .await;
             return match synced {
                 Ok(Ok(s)) => match &*s {
                     Slot::Synced(Some(o)) => Ok(o.clone()),
@@ -345,7 +346,13 @@ impl ObjectManager {
             "{ns}/{sa}/{:?}/{:?}/{:?}",
             spec.audiences, spec.expiration_seconds, bound
         );
-        let cached = self.inner.state.lock().tokens.get(&key).map(|t| t.0.clone());
+        let cached = self
+            .inner
+            .state
+            .lock()
+            .tokens
+            .get(&key)
+            .map(|t| t.0.clone());
         if let Some(t) = &cached {
             if now < t.refresh_at {
                 return Ok(t.clone());
@@ -522,7 +529,11 @@ async fn reflect<K: Watched>(
 /// imagePullSecrets.
 fn pod_refs(pod: &Pod) -> PodRefs {
     let mut r = PodRefs {
-        namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        namespace: pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
         ..Default::default()
     };
     let Some(spec) = pod.spec.as_ref() else {
@@ -592,4 +603,62 @@ fn pod_refs(pod: &Pod) -> PodRefs {
     r.config_maps.retain(|n| !n.is_empty());
     r.secrets.retain(|n| !n.is_empty());
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_references_cover_volumes_env_env_from_and_pull_secrets() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {
+                "imagePullSecrets": [{"name": "pull"}],
+                "volumes": [
+                    {"name": "a", "configMap": {"name": "cm-vol"}},
+                    {"name": "b", "secret": {"secretName": "sec-vol"}},
+                    {"name": "c", "projected": {"sources": [
+                        {"configMap": {"name": "kube-root-ca.crt"}},
+                        {"secret": {"name": "sec-proj"}},
+                        {"serviceAccountToken": {"path": "token"}}]}}
+                ],
+                "initContainers": [{"name": "i", "envFrom": [{"secretRef": {"name": "sec-init"}}]}],
+                "containers": [{"name": "c", "env": [
+                    {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm-env", "key": "k"}}},
+                    {"name": "Y", "valueFrom": {"secretKeyRef": {"name": "sec-env", "key": "k"}}}],
+                    "envFrom": [{"configMapRef": {"name": "cm-from"}}]}]
+            }
+        }))
+        .unwrap();
+        let r = pod_refs(&pod);
+        assert_eq!(r.namespace, "ns");
+        assert_eq!(
+            r.config_maps.into_iter().collect::<Vec<_>>(),
+            ["cm-env", "cm-from", "cm-vol", "kube-root-ca.crt"]
+        );
+        assert_eq!(
+            r.secrets.into_iter().collect::<Vec<_>>(),
+            ["pull", "sec-env", "sec-init", "sec-proj", "sec-vol"]
+        );
+    }
+
+    #[tokio::test]
+    async fn without_an_api_server_getters_say_so_and_registration_watches_nothing() {
+        let m = ObjectManager::new(
+            Arc::new(OnceLock::new()),
+            TaskTracker::new(),
+            CancellationToken::new(),
+        );
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {"containers": [], "volumes": [{"name": "a", "configMap": {"name": "x"}}]}
+        }))
+        .unwrap();
+        m.register_pod(&pod);
+        assert_eq!(m.watched(), (0, 0));
+        let e = m.config_map("ns", "x").await.unwrap_err();
+        assert!(matches!(e, ObjectError::NoApiServer { .. }), "{e}");
+        m.unregister_pod("u");
+    }
 }

@@ -83,6 +83,10 @@ struct Inner {
     /// Bumped on every change of the actual state; waiters watch it.
     changed: watch::Sender<u64>,
     started: std::sync::atomic::AtomicBool,
+    /// Where `start` put the reconciler; orphan cleanups run there too.
+    tasks: std::sync::OnceLock<TaskTracker>,
+    /// An orphan cleanup is running; and when each orphan was last logged.
+    orphans: Mutex<(bool, HashMap<String, Instant>)>,
 }
 
 /// The handle pod workers and servers hold; cheap to clone.
@@ -95,7 +99,7 @@ pub struct VolumeManager {
 enum Op {
     Mount {
         pod: Arc<Pod>,
-        volume: Volume,
+        volume: Box<Volume>,
         uid: String,
     },
     Unmount {
@@ -116,6 +120,8 @@ impl VolumeManager {
                 wake: Notify::new(),
                 changed: watch::channel(0).0,
                 started: Default::default(),
+                tasks: Default::default(),
+                orphans: Default::default(),
             }),
         }
     }
@@ -126,6 +132,7 @@ impl VolumeManager {
         self.inner
             .started
             .store(true, std::sync::atomic::Ordering::Release);
+        let _ = self.inner.tasks.set(tasks.clone());
         let me = self.clone();
         let t = tasks.clone();
         tasks.spawn(tracing::Instrument::instrument(
@@ -171,7 +178,11 @@ impl VolumeManager {
             if let Some(paths) = self.mounted_paths(&uid, &names) {
                 return Ok(paths);
             }
-            if !self.inner.started.load(std::sync::atomic::Ordering::Acquire) {
+            if !self
+                .inner
+                .started
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
                 // No reconciler: run this pod's operations here.
                 for op in self.plan(Some(&uid)) {
                     self.execute(op).await;
@@ -241,7 +252,11 @@ impl VolumeManager {
             if !self.inner.state.lock().actual.contains_key(uid) {
                 return Ok(());
             }
-            if !self.inner.started.load(std::sync::atomic::Ordering::Acquire) {
+            if !self
+                .inner
+                .started
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
                 for op in self.plan(Some(uid)) {
                     self.execute(op).await;
                 }
@@ -266,6 +281,80 @@ impl VolumeManager {
             message: format!("volumes of pod {uid} are still set up"),
             errors: String::new(),
         })
+    }
+
+    /// Removes pod directories no pod owns any more (upstream
+    /// cleanupOrphanedPodDirs, run at housekeeping): volumes and subPath
+    /// binds are unmounted first, symlinks never followed. `known` says
+    /// which pod UIDs are still wanted or running. A directory that cannot
+    /// go is logged once per 10 minutes, not at every housekeeping pass.
+    pub fn cleanup_orphaned_pod_dirs(&self, known: impl Fn(&str) -> bool + Send + 'static) {
+        let Some(tasks) = self.inner.tasks.get() else {
+            return;
+        };
+        {
+            let mut o = self.inner.orphans.lock();
+            if o.0 {
+                return;
+            }
+            o.0 = true;
+        }
+        let me = self.clone();
+        tasks.spawn(tracing::Instrument::instrument(
+            async move {
+                let pods = me.inner.root.join("pods");
+                let listed = crate::blocking::try_run(
+                    format!("list {}", pods.display()),
+                    FS_DEADLINE,
+                    move || -> std::io::Result<Vec<String>> {
+                        let mut out = Vec::new();
+                        for e in std::fs::read_dir(&pods)? {
+                            out.push(e?.file_name().to_string_lossy().into_owned());
+                        }
+                        Ok(out)
+                    },
+                )
+                .await
+                .unwrap_or_default();
+                let orphans: Vec<String> = {
+                    let st = me.inner.state.lock();
+                    listed
+                        .into_iter()
+                        .filter(|u| {
+                            !known(u) && !st.desired.contains_key(u) && !st.actual.contains_key(u)
+                        })
+                        .collect()
+                };
+                for uid in orphans {
+                    let (root, u) = (me.inner.root.clone(), uid.clone());
+                    let r = crate::blocking::try_run(
+                        format!("cleanup of orphaned pod {uid}"),
+                        FS_DEADLINE,
+                        move || super::cleanup_pod_dir(&root, &u),
+                    )
+                    .await;
+                    let mut o = me.inner.orphans.lock();
+                    match r {
+                        Ok(()) => {
+                            info!(pod_uid = %uid, "removed the directory of an orphaned pod");
+                            o.1.remove(&uid);
+                        }
+                        Err(e) => {
+                            let now = Instant::now();
+                            let quiet = o.1.get(&uid).is_some_and(|t| {
+                                now.duration_since(*t) < Duration::from_secs(600)
+                            });
+                            if !quiet {
+                                warn!(pod_uid = %uid, error = %e, "orphaned pod found, but its directory could not be removed; retrying quietly");
+                                o.1.insert(uid, now);
+                            }
+                        }
+                    }
+                }
+                me.inner.orphans.lock().0 = false;
+            },
+            tracing::debug_span!("orphaned-pod-dirs"),
+        ));
     }
 
     /// The pod's volumes as set up: name → host path.
@@ -352,15 +441,14 @@ impl VolumeManager {
                 let due = match got.and_then(|g| g.get(&v.name)) {
                     None => st.failures.get(&key).is_none_or(|f| f.retry_at <= now),
                     Some(m) => {
-                        m.remountable
-                            && (remount || m.refresh_at.is_some_and(|at| at <= now_wall))
+                        m.remountable && (remount || m.refresh_at.is_some_and(|at| at <= now_wall))
                     }
                 };
                 if due {
                     st.in_flight.insert(key);
                     ops.push(Op::Mount {
                         pod: d.pod.clone(),
-                        volume: v.clone(),
+                        volume: Box::new(v.clone()),
                         uid: uid.clone(),
                     });
                 }
@@ -471,7 +559,9 @@ impl VolumeManager {
                         }
                     }
                     // Tried again on the next pass.
-                    Err(e) => warn!(pod_uid = %uid, volume = %name, error = %e, "volume tear-down failed"),
+                    Err(e) => {
+                        warn!(pod_uid = %uid, volume = %name, error = %e, "volume tear-down failed")
+                    }
                 }
             }
         }
@@ -791,7 +881,12 @@ async fn persistent_path(
         .as_ref()
         .and_then(|s| s.volume_name.clone())
         .filter(|n| !n.is_empty() && phase == Some("Bound"))
-        .ok_or_else(|| format!("PVC {ns}/{claim} has non-bound phase (\"{}\") or empty pvc.Spec.VolumeName (\"\")", phase.unwrap_or("")))?;
+        .ok_or_else(|| {
+            format!(
+                "PVC {ns}/{claim} has non-bound phase (\"{}\") or empty pvc.Spec.VolumeName (\"\")",
+                phase.unwrap_or("")
+            )
+        })?;
     let pv = objects
         .persistent_volume(&pv_name)
         .await
@@ -799,12 +894,13 @@ async fn persistent_path(
     let spec = pv.spec.as_ref().ok_or("the PV has no spec")?;
     let back = spec.claim_ref.as_ref();
     if back.and_then(|r| r.uid.as_ref()) != pvc.metadata.uid.as_ref() {
-        return Err(format!(
-            "PV {pv_name} is not bound to claim {ns}/{claim}"
-        ));
+        return Err(format!("PV {pv_name} is not bound to claim {ns}/{claim}"));
     }
     let (path, kind) = if let Some(hp) = &spec.host_path {
-        (PathBuf::from(&hp.path), hp.type_.clone().unwrap_or_default())
+        (
+            PathBuf::from(&hp.path),
+            hp.type_.clone().unwrap_or_default(),
+        )
     } else if let Some(l) = &spec.local {
         (PathBuf::from(&l.path), "Directory".to_string())
     } else {
@@ -820,4 +916,226 @@ async fn persistent_path(
     )
     .await?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource, HostPathVolumeSource,
+        ObjectFieldSelector, PodSpec,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn root(tag: &str) -> PathBuf {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        std::env::temp_dir().join(format!(
+            "rkubelet-vm-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ))
+    }
+
+    fn manager(root: &Path) -> VolumeManager {
+        VolumeManager::new(
+            ObjectManager::default(),
+            RuntimeOptions {
+                root_dir: root.to_path_buf(),
+                memory_capacity: 1 << 30,
+                ..Default::default()
+            },
+        )
+    }
+
+    fn pod(uid: &str, volumes: Vec<Volume>) -> Pod {
+        let mut p = Pod {
+            spec: Some(PodSpec {
+                volumes: Some(volumes),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        p.metadata.uid = Some(uid.into());
+        p.metadata.name = Some("p".into());
+        p.metadata.namespace = Some("default".into());
+        p
+    }
+
+    fn mount_options(dir: &Path) -> Option<String> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        info.lines()
+            .find(|l| l.split(' ').nth(4) == Some(dir.to_str().unwrap()))
+            .map(|l| l.rsplit(' ').next().unwrap_or("").to_string())
+    }
+
+    #[tokio::test]
+    async fn a_memory_empty_dir_is_a_tmpfs_of_its_size_limit_and_goes_with_the_pod() {
+        let root = root("mem");
+        let vm = manager(&root);
+        let p = pod(
+            "u-mem",
+            vec![Volume {
+                name: "cache".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".into()),
+                    size_limit: Some(Quantity("8Mi".into())),
+                }),
+                ..Default::default()
+            }],
+        );
+        let got = vm.wait_for_attach_and_mount(&p).await.unwrap();
+        let dir = &got["cache"];
+        assert!(dir.ends_with("pods/u-mem/volumes/kubernetes.io~empty-dir/cache"));
+        let opts = mount_options(dir).expect("a tmpfs is mounted there");
+        assert!(opts.contains("size=8192k"), "{opts}");
+        // A second sync reuses the mount rather than stacking another.
+        vm.wait_for_attach_and_mount(&p).await.unwrap();
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let n = info
+            .lines()
+            .filter(|l| l.split(' ').nth(4) == dir.to_str())
+            .count();
+        assert_eq!(n, 1);
+        vm.unmount_pod("u-mem", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(mount_options(dir).is_none() && !dir.exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn memory_volumes_are_sized_by_the_smallest_of_node_pod_and_limit() {
+        let mut p = pod("u", vec![]);
+        assert_eq!(memory_volume_size(&p, None, 1000), 1000);
+        let c = |mem: &str| k8s_openapi::api::core::v1::Container {
+            resources: Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                limits: Some([("memory".to_string(), Quantity(mem.into()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        p.spec.as_mut().unwrap().containers = vec![c("300"), c("200")];
+        assert_eq!(memory_volume_size(&p, None, 1000), 500);
+        assert_eq!(
+            memory_volume_size(&p, Some(&Quantity("100".into())), 1000),
+            100
+        );
+        assert_eq!(
+            memory_volume_size(&p, Some(&Quantity("2k".into())), 1000),
+            500
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_volume_times_out_with_upstreams_message_then_mounts_on_retry() {
+        let root = root("retry");
+        let vm = manager(&root);
+        vm.start(&TaskTracker::new(), CancellationToken::new());
+        let file = root.join("needed");
+        let p = pod(
+            "u-retry",
+            vec![Volume {
+                name: "f".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: file.to_string_lossy().into(),
+                    type_: Some("File".into()),
+                }),
+                ..Default::default()
+            }],
+        );
+        std::fs::create_dir_all(&root).unwrap();
+        let e = vm
+            .wait_with_timeout(&p, Duration::from_millis(300))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("Unable to attach or mount volumes: unmounted volumes=[f], unattached volumes=[f]: timed out waiting for the condition"),
+            "{e}"
+        );
+        assert!(
+            e.contains("is not a file"),
+            "the volume's own error is kept: {e}"
+        );
+        assert_eq!(vm.failing("u-retry").len(), 1);
+        std::fs::write(&file, "x").unwrap();
+        // Retried by the reconciler with upstream's backoff (0.5 s, 1 s, ...).
+        let got = vm
+            .wait_with_timeout(&p, Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert_eq!(got["f"], file);
+        assert!(vm.failing("u-retry").is_empty());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[tokio::test]
+    async fn downward_api_files_follow_the_pods_labels() {
+        let root = root("dw");
+        let vm = manager(&root);
+        vm.start(&TaskTracker::new(), CancellationToken::new());
+        let mut p = pod(
+            "u-dw",
+            vec![Volume {
+                name: "info".into(),
+                downward_api: Some(DownwardAPIVolumeSource {
+                    items: Some(vec![DownwardAPIVolumeFile {
+                        path: "labels".into(),
+                        field_ref: Some(ObjectFieldSelector {
+                            field_path: "metadata.labels".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+        );
+        p.metadata.labels = Some([("tier".to_string(), "a".to_string())].into());
+        let got = vm.wait_for_attach_and_mount(&p).await.unwrap();
+        let file = got["info"].join("labels");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "tier=\"a\"");
+        assert!(std::fs::symlink_metadata(&file).unwrap().is_symlink());
+        p.metadata.labels = Some([("tier".to_string(), "b".to_string())].into());
+        // A sync with the new pod asks for a rewrite; the reconciler does it.
+        vm.wait_for_attach_and_mount(&p).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&file).unwrap() != "tier=\"b\"" {
+            assert!(Instant::now() < deadline, "labels never rewritten");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        vm.unmount_pod("u-dw", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(!got["info"].exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[tokio::test]
+    async fn orphaned_pod_dirs_are_unmounted_and_removed_known_ones_kept() {
+        let root = root("orphan");
+        let vm = manager(&root);
+        let tasks = TaskTracker::new();
+        vm.start(&tasks, CancellationToken::new());
+        let orphan = root.join("pods/u-gone/volumes/kubernetes.io~empty-dir/m");
+        let kept = root.join("pods/u-here/volumes/kubernetes.io~empty-dir/m");
+        std::fs::create_dir_all(&orphan).unwrap();
+        std::fs::create_dir_all(&kept).unwrap();
+        mount_tmpfs(&orphan, 1 << 20).unwrap();
+        // A link out of the pod directory must not be followed.
+        let outside = root.join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "x").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("pods/u-gone/link")).unwrap();
+        vm.cleanup_orphaned_pod_dirs(|uid| uid == "u-here");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while root.join("pods/u-gone").exists() {
+            assert!(Instant::now() < deadline, "orphan never removed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(mount_options(&orphan).is_none());
+        assert!(kept.is_dir() && outside.join("keep").exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
