@@ -3,13 +3,16 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::cm;
 use crate::cri::v1;
+use crate::objects::ObjectError;
 use crate::volume;
 
+use super::envvars::{self, EnvSources};
 use super::{hash, labels, sandbox, RuntimeOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +31,29 @@ pub enum ConfigError {
     },
     #[error("couldn't resolve env {name}: {reason}")]
     Env { name: String, reason: String },
+    /// A referenced object that is missing or unreadable: upstream's own
+    /// message (`configmap "x" not found`).
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+    /// Static pods (no API server) cannot read API objects.
+    #[error("couldn't get {kind} {namespace}/{name}, no kubeClient defined")]
+    NoApiServer {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
+    #[error("couldn't find key {key} in {kind} {namespace}/{name}")]
+    MissingKey {
+        kind: &'static str,
+        key: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("failed to list services when setting up env vars")]
+    ServiceList {
+        #[source]
+        source: ObjectError,
+    },
     #[error("kubelet-managed file {path}: {source}")]
     ManagedFile {
         path: PathBuf,
@@ -155,22 +181,159 @@ pub(crate) fn resource_ref(
     Some(out.to_string())
 }
 
-/// The container's env as name/value pairs, in order, with `$(VAR)`
-/// references to earlier entries expanded and downward-API references
-/// resolved. configMap/secret references cannot occur: static pods may not
-/// use API objects (the file source rejects them).
-fn env_pairs(
+/// A container's environment as built, with what upstream reports as
+/// events rather than errors.
+#[derive(Debug, Default)]
+pub(crate) struct Env {
+    pub pairs: Vec<(String, String)>,
+    /// InvalidEnvironmentVariableNames messages, one per envFrom source.
+    pub invalid_names: Vec<String>,
+}
+
+/// Upstream's relaxed env var name rule (RelaxedEnvironmentVariableValidation,
+/// locked on since 1.34): printable ASCII but `=`.
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| (0x20..=0x7e).contains(&b) && b != b'=')
+}
+
+/// A referenced ConfigMap or Secret from what was fetched: `None` when it
+/// is missing and the reference is optional (upstream skips it then).
+fn fetched<'s, T>(
+    map: &'s HashMap<String, Result<Arc<T>, ObjectError>>,
+    kind: &'static str,
+    ns: &str,
+    name: &str,
+    optional: bool,
+) -> Result<Option<&'s T>, ConfigError> {
+    let no_api = || ConfigError::NoApiServer {
+        kind,
+        namespace: ns.to_string(),
+        name: name.to_string(),
+    };
+    match map.get(name) {
+        Some(Ok(v)) => Ok(Some(v)),
+        // Upstream fails before looking at `optional` without a client.
+        Some(Err(ObjectError::NoApiServer { .. })) | None => Err(no_api()),
+        Some(Err(e)) if e.is_not_found() && optional => Ok(None),
+        Some(Err(e)) => Err(e.clone().into()),
+    }
+}
+
+/// Ordered name/value pairs where a later value for a name replaces the
+/// earlier one in place (upstream keeps a map; this keeps it stable).
+#[derive(Default)]
+struct OrderedEnv {
+    pairs: Vec<(String, String)>,
+    index: HashMap<String, usize>,
+    /// What `$(VAR)` expands from: the pairs so far over the service links.
+    ctx: HashMap<String, String>,
+}
+
+impl OrderedEnv {
+    fn set(&mut self, name: String, value: String) {
+        self.ctx.insert(name.clone(), value.clone());
+        match self.index.get(&name) {
+            Some(&i) => self.pairs[i].1 = value,
+            None => {
+                self.index.insert(name.clone(), self.pairs.len());
+                self.pairs.push((name, value));
+            }
+        }
+    }
+
+    /// A service link, unless the container already set that name.
+    fn add_unset(&mut self, name: String, value: String) {
+        if !self.index.contains_key(&name) {
+            self.index.insert(name.clone(), self.pairs.len());
+            self.pairs.push((name, value));
+        }
+    }
+}
+
+/// The container's env in upstream makeEnvironmentVariables' order and
+/// precedence: envFrom sources first, then `env` entries (replacing
+/// envFrom values of the same name), then service-link variables for
+/// names still unset. `$(VAR)` in values expands from what is set so far,
+/// then from the service links.
+pub(crate) fn env_pairs(
     opts: &RuntimeOptions,
     pod: &Pod,
     c: &Container,
     pod_ip: &str,
-) -> Result<Vec<(String, String)>, ConfigError> {
-    let mut map: HashMap<String, String> = HashMap::new();
-    let mut out = Vec::new();
+    sources: &EnvSources,
+) -> Result<Env, ConfigError> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let services = sources
+        .services
+        .as_ref()
+        .map_err(|e| ConfigError::ServiceList { source: e.clone() })?;
+    let service_env = envvars::service_env(ns, envvars::service_links_enabled(pod), services);
+    let mut env = OrderedEnv::default();
+    // Service links are expandable but shadowed by anything the container
+    // sets; the first of duplicate link names wins, as when adding them.
+    for (k, v) in service_env.iter().rev() {
+        env.ctx.insert(k.clone(), v.clone());
+    }
+    let mut invalid_names = Vec::new();
+
+    for from in c.env_from.iter().flatten() {
+        let prefix = from.prefix.as_deref().unwrap_or_default();
+        let (what, name, data): (&str, &str, Vec<(&String, String)>) =
+            if let Some(r) = &from.config_map_ref {
+                let Some(cm) = fetched(
+                    &sources.config_maps,
+                    "configMap",
+                    ns,
+                    &r.name,
+                    r.optional.unwrap_or(false),
+                )?
+                else {
+                    continue;
+                };
+                let data = cm.data.iter().flatten().map(|(k, v)| (k, v.clone()));
+                ("configMap", &r.name, data.collect())
+            } else if let Some(r) = &from.secret_ref {
+                let Some(s) = fetched(
+                    &sources.secrets,
+                    "secret",
+                    ns,
+                    &r.name,
+                    r.optional.unwrap_or(false),
+                )?
+                else {
+                    continue;
+                };
+                let data = s
+                    .data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()));
+                ("secret", &r.name, data.collect())
+            } else {
+                continue;
+            };
+        let mut invalid = Vec::new();
+        for (k, v) in data {
+            let k = format!("{prefix}{k}");
+            if valid_env_name(&k) {
+                env.set(k, v);
+            } else {
+                invalid.push(k);
+            }
+        }
+        if !invalid.is_empty() {
+            invalid.sort();
+            invalid_names.push(format!(
+                "Keys [{}] from the EnvFrom {what} {ns}/{name} were skipped since they are considered invalid environment variable names.",
+                invalid.join(", ")
+            ));
+        }
+    }
+
     for e in c.env.iter().flatten() {
         let from = e.value_from.as_ref();
-        let value = if let Some(v) = &e.value {
-            expand(v, &map)
+        let value = if let Some(v) = e.value.as_deref().filter(|v| !v.is_empty()) {
+            expand(v, &env.ctx)
         } else if let Some(fr) = from.and_then(|vf| vf.field_ref.as_ref()) {
             field_ref(pod, &fr.field_path, pod_ip, &opts.node_ip).ok_or_else(|| {
                 ConfigError::Env {
@@ -189,18 +352,56 @@ fn env_pairs(
                 name: e.name.clone(),
                 reason: format!("unsupported resource {:?}", rr.resource),
             })?
-        } else if from.is_some() {
-            return Err(ConfigError::Env {
-                name: e.name.clone(),
-                reason: "configMap and secret references need an API server".into(),
-            });
+        } else if let Some(r) = from.and_then(|vf| vf.config_map_key_ref.as_ref()) {
+            let optional = r.optional.unwrap_or(false);
+            let Some(cm) = fetched(&sources.config_maps, "configMap", ns, &r.name, optional)?
+            else {
+                continue;
+            };
+            match cm.data.as_ref().and_then(|d| d.get(&r.key)) {
+                Some(v) => v.clone(),
+                None if optional => continue,
+                None => {
+                    return Err(ConfigError::MissingKey {
+                        kind: "ConfigMap",
+                        key: r.key.clone(),
+                        namespace: ns.to_string(),
+                        name: r.name.clone(),
+                    })
+                }
+            }
+        } else if let Some(r) = from.and_then(|vf| vf.secret_key_ref.as_ref()) {
+            let optional = r.optional.unwrap_or(false);
+            let Some(s) = fetched(&sources.secrets, "secret", ns, &r.name, optional)? else {
+                continue;
+            };
+            match s.data.as_ref().and_then(|d| d.get(&r.key)) {
+                Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
+                None if optional => continue,
+                None => {
+                    return Err(ConfigError::MissingKey {
+                        kind: "Secret",
+                        key: r.key.clone(),
+                        namespace: ns.to_string(),
+                        name: r.name.clone(),
+                    })
+                }
+            }
         } else {
+            // No value and no source upstream knows (or none at all): set
+            // empty, as upstream does.
             String::new()
         };
-        map.insert(e.name.clone(), value.clone());
-        out.push((e.name.clone(), value));
+        env.set(e.name.clone(), value);
     }
-    Ok(out)
+
+    for (k, v) in service_env {
+        env.add_unset(k, v);
+    }
+    Ok(Env {
+        pairs: env.pairs,
+        invalid_names,
+    })
 }
 
 /// The file behind terminationMessagePath: one per container instance under
@@ -313,6 +514,8 @@ pub struct ContainerContext<'a> {
     pub image: &'a crate::images::ReadyImage,
     pub pod_ip: &'a str,
     pub volumes: &'a HashMap<String, PathBuf>,
+    /// The ConfigMaps, Secrets and Services the env reads, fetched before.
+    pub env: &'a EnvSources,
 }
 
 pub fn container_config(
@@ -320,7 +523,19 @@ pub fn container_config(
     ctx: &ContainerContext<'_>,
 ) -> Result<v1::ContainerConfig, ConfigError> {
     let (pod, c) = (ctx.pod, ctx.container);
-    let envs = env_pairs(opts, pod, c, ctx.pod_ip)?;
+    let Env {
+        pairs: envs,
+        invalid_names,
+    } = env_pairs(opts, pod, c, ctx.pod_ip, ctx.env)?;
+    for message in invalid_names {
+        crate::events::pod(
+            pod,
+            None,
+            crate::events::WARNING,
+            "InvalidEnvironmentVariableNames",
+            message,
+        );
+    }
     let env_map: HashMap<String, String> = envs.iter().cloned().collect();
     let ex = |v: &Option<Vec<String>>| {
         v.iter()
