@@ -143,7 +143,11 @@ fn service_vars(s: &Service, out: &mut Vec<(String, String)>) {
         }
     }
     for (i, p) in ports.iter().enumerate() {
-        let proto = p.protocol.as_deref().filter(|p| !p.is_empty()).unwrap_or("TCP");
+        let proto = p
+            .protocol
+            .as_deref()
+            .filter(|p| !p.is_empty())
+            .unwrap_or("TCP");
         let lower = proto.to_lowercase();
         let url = format!("{lower}://{ip}:{}", p.port);
         if i == 0 {
@@ -187,7 +191,12 @@ pub fn service_env(ns: &str, links: bool, services: &[Arc<Service>]) -> Vec<(Str
 /// A Service for tests: namespace, name, cluster IP, (port name, port,
 /// protocol or "").
 #[cfg(test)]
-pub(crate) fn test_service(ns: &str, name: &str, ip: &str, ports: &[(Option<&str>, i32, &str)]) -> Arc<Service> {
+pub(crate) fn test_service(
+    ns: &str,
+    name: &str,
+    ip: &str,
+    ports: &[(Option<&str>, i32, &str)],
+) -> Arc<Service> {
     use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
     let mut s = Service {
         spec: Some(ServiceSpec {
@@ -250,14 +259,23 @@ mod tests {
         }
         assert_eq!(env.len(), expect.len(), "{env:?}");
         // A name starting with a digit gets a leading underscore.
-        let env = service_env("ns", true, &[svc("ns", "3d", "10.0.0.8", &[(None, 80, "")])]);
+        let env = service_env(
+            "ns",
+            true,
+            &[svc("ns", "3d", "10.0.0.8", &[(None, 80, "")])],
+        );
         assert_eq!(get(&env, "_3D_SERVICE_HOST"), Some("10.0.0.8"));
     }
 
     #[test]
     fn headless_and_foreign_services_are_skipped_and_the_namespace_wins() {
         let services = [
-            svc("default", "kubernetes", "10.96.0.1", &[(Some("https"), 443, "")]),
+            svc(
+                "default",
+                "kubernetes",
+                "10.96.0.1",
+                &[(Some("https"), 443, "")],
+            ),
             svc("default", "other", "10.96.0.9", &[(None, 80, "")]),
             svc("ns", "headless", "None", &[(None, 80, "")]),
             svc("ns", "pending", "", &[(None, 80, "")]),
@@ -352,7 +370,7 @@ mod tests {
 
     #[tokio::test]
     async fn without_an_api_server_references_fail_and_services_are_empty() {
-        use k8s_openapi::api::core::v1::{PodSpec, SecretEnvSource, EnvFromSource};
+        use k8s_openapi::api::core::v1::{EnvFromSource, PodSpec, SecretEnvSource};
         let pod = Pod {
             spec: Some(PodSpec::default()),
             ..Default::default()
