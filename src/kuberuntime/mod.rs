@@ -521,9 +521,10 @@ impl RuntimeManager {
             }
             self.backoff.lock().next(&key, finished, now);
         }
+        let pull_secrets = crate::images::keyring::fetch_pull_secrets(&self.objects, pod).await;
         let image_ref = self
             .images
-            .ensure_image(pod, c, ctx.sandbox_cfg, now)
+            .ensure_image(pod, c, ctx.sandbox_cfg, &pull_secrets, now)
             .await
             .map_err(|e| {
                 (
