@@ -345,7 +345,6 @@ mod tests {
                         }),
                         ..Default::default()
                     }),
-                    ..Default::default()
                 },
                 EnvVar {
                     name: "Z".into(),
@@ -392,5 +391,67 @@ mod tests {
             Some(Err(ObjectError::NoApiServer { .. }))
         ));
         assert!(got.services.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_missing_reference_leaves_the_container_waiting_with_its_message() {
+        use crate::cri::fake::FakeRuntime;
+        use crate::images::ImageManager;
+        use crate::kuberuntime::{RuntimeManager, RuntimeOptions};
+        use k8s_openapi::api::core::v1::{ConfigMapKeySelector, EnvVar, EnvVarSource, PodSpec};
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let root = std::env::temp_dir().join(format!("rkubelet-env-{}", std::process::id()));
+        let opts = RuntimeOptions {
+            root_dir: root.clone(),
+            pod_logs_dir: root.join("logs"),
+            container_logs_dir: root.join("containers"),
+            resolv_conf: std::path::PathBuf::new(),
+            ..RuntimeOptions::default()
+        };
+        let rm = Arc::new(RuntimeManager::new(
+            fake.clone(),
+            ImageManager::new(fake.clone(), true, None),
+            opts,
+        ));
+        let mut pod = Pod {
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "app".into(),
+                    image: Some("busybox:1.36".into()),
+                    env: Some(vec![EnvVar {
+                        name: "X".into(),
+                        value_from: Some(EnvVarSource {
+                            config_map_key_ref: Some(ConfigMapKeySelector {
+                                name: "cfg".into(),
+                                key: "k".into(),
+                                optional: Some(true),
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        pod.metadata.name = Some("p".into());
+        pod.metadata.namespace = Some("ns".into());
+        pod.metadata.uid = Some("uid-env".into());
+        let rt = rm.pod_status("uid-env").await.unwrap();
+        let r = rm.sync_pod(&pod, &rt, &Default::default()).await;
+        let w = &r.waiting["app"];
+        assert_eq!(w.reason, "CreateContainerConfigError");
+        assert_eq!(
+            w.message,
+            "couldn't get configMap ns/cfg, no kubeClient defined"
+        );
+        assert!(r.requeue_after.is_some());
+        assert!(!fake
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("CreateContainer")));
     }
 }
