@@ -375,6 +375,7 @@ impl ImageService for RemoteRuntime {
     async fn pull_image(
         &self,
         image: &str,
+        auth: Option<v1::AuthConfig>,
         sandbox: Option<PodSandboxConfig>,
     ) -> CriResult<String> {
         let mut c = self.images.clone();
@@ -383,7 +384,7 @@ impl ImageService for RemoteRuntime {
                 image: image.into(),
                 ..Default::default()
             }),
-            auth: None,
+            auth,
             sandbox_config: sandbox,
         };
         Ok(self

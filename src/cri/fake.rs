@@ -21,6 +21,10 @@ struct State {
     exec_results: BTreeMap<String, Option<i32>>,
     /// (container name, timeout) of every StopContainer call.
     stop_timeouts: Vec<(String, i64)>,
+    /// Images the scripted registry serves only to this (user, password).
+    pull_auth: BTreeMap<String, (String, String)>,
+    /// (image, user or `None` for anonymous) of every PullImage call.
+    pull_logins: Vec<(String, Option<String>)>,
     /// Scripted ListContainerStats figures by container ID: (cpu ns,
     /// working set bytes, writable layer bytes).
     container_stats: BTreeMap<String, (u64, u64, u64)>,
@@ -56,6 +60,20 @@ impl FakeRuntime {
             ..Default::default()
         };
         self.state.lock().images.insert(name.to_string(), img);
+    }
+
+    /// Makes pulls of `image` fail as unauthorized unless they log in as
+    /// `user` with `password`.
+    pub fn require_pull_auth(&self, image: &str, user: &str, password: &str) {
+        self.state
+            .lock()
+            .pull_auth
+            .insert(image.to_string(), (user.to_string(), password.to_string()));
+    }
+
+    /// (image, user or `None` for anonymous) of every PullImage call.
+    pub fn pull_logins(&self) -> Vec<(String, Option<String>)> {
+        self.state.lock().pull_logins.clone()
     }
 
     /// (container name, timeout seconds) of every StopContainer call.
@@ -523,10 +541,27 @@ impl ImageService for FakeRuntime {
         Ok(self.state.lock().images.get(image).cloned())
     }
 
-    async fn pull_image(&self, image: &str, _sb: Option<PodSandboxConfig>) -> CriResult<String> {
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<v1::AuthConfig>,
+        _sb: Option<PodSandboxConfig>,
+    ) -> CriResult<String> {
         {
             let mut s = self.state.lock();
             self.record(&mut s, format!("PullImage {image}"));
+            let login = auth.map(|a| (a.username, a.password));
+            s.pull_logins
+                .push((image.to_string(), login.as_ref().map(|l| l.0.clone())));
+            if let Some(want) = s.pull_auth.get(image) {
+                if login.as_ref() != Some(want) {
+                    return Err(CriError::Status {
+                        op: "PullImage",
+                        code: tonic::Code::Unknown,
+                        message: format!("{image}: unauthorized"),
+                    });
+                }
+            }
             if !s.images.contains_key(image) && image.contains("missing") {
                 return Err(CriError::NotFound {
                     op: "PullImage",

@@ -149,9 +149,14 @@ pub trait ImageService: Send + Sync + 'static {
     async fn list_images(&self) -> CriResult<Vec<Image>>;
     /// `None` when the image is not present.
     async fn image_status(&self, image: &str) -> CriResult<Option<Image>>;
-    /// Returns the image reference (digest) the runtime pulled.
-    async fn pull_image(&self, image: &str, sandbox: Option<PodSandboxConfig>)
-        -> CriResult<String>;
+    /// Returns the image reference (digest) the runtime pulled; `auth` is
+    /// the registry login to use, `None` for an anonymous pull.
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<v1::AuthConfig>,
+        sandbox: Option<PodSandboxConfig>,
+    ) -> CriResult<String>;
     async fn remove_image(&self, image: &str) -> CriResult<()>;
     /// The image filesystems' usage (CRI ImageFsInfo).
     async fn image_fs_info(&self) -> CriResult<v1::ImageFsInfoResponse> {

@@ -1,11 +1,13 @@
 //! Image manager: pull policies, pull backoff and pull serialization
 //! (upstream `pkg/kubelet/images/image_manager.go`, `puller.go`).
 
+pub mod keyring;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Secret};
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
@@ -213,17 +215,57 @@ impl ImageManager {
         v
     }
 
+    /// One pull as upstream's PullImage: anonymous when no pull secret has
+    /// credentials for the image's registry, else each matching credential
+    /// in turn until one works (no anonymous attempt after them); the
+    /// errors of all attempts when none does.
+    async fn pull(
+        &self,
+        image: &str,
+        pull_secrets: &[Arc<Secret>],
+        sandbox: &PodSandboxConfig,
+    ) -> Result<String, String> {
+        let ring = keyring::Keyring::from_secrets(pull_secrets).map_err(|e| e.to_string())?;
+        let creds = ring.lookup(&keyring::repo_to_pull(image));
+        if creds.is_empty() {
+            return self
+                .svc
+                .pull_image(image, None, Some(sandbox.clone()))
+                .await
+                .map_err(|e| e.to_string());
+        }
+        let mut errs = Vec::new();
+        for cred in &creds {
+            match self
+                .svc
+                .pull_image(image, Some(cred.auth_config()), Some(sandbox.clone()))
+                .await
+            {
+                Ok(r) => return Ok(r),
+                Err(e) => errs.push(e.to_string()),
+            }
+        }
+        // Upstream's error aggregate: one error as is, several bracketed.
+        Err(if errs.len() == 1 {
+            errs.remove(0)
+        } else {
+            format!("[{}]", errs.join(", "))
+        })
+    }
+
     pub fn backoff_entries(&self) -> usize {
         self.backoff.lock().len()
     }
 
     /// Makes sure the container's image is present; returns the image
-    /// reference to create the container from.
+    /// reference to create the container from. `pull_secrets` are the pod's
+    /// imagePullSecrets as fetched (missing ones already left out).
     pub async fn ensure_image(
         &self,
         pod: &Pod,
         c: &Container,
         sandbox: &PodSandboxConfig,
+        pull_secrets: &[Arc<Secret>],
         now: Duration,
     ) -> Result<ReadyImage, ImageError> {
         let image = c.image.as_deref().unwrap_or_default();
@@ -315,21 +357,20 @@ impl ImageManager {
             format!("Pulling image {image:?}"),
         );
         let started = tokio::time::Instant::now();
-        let pulled = tokio::time::timeout(
-            self.pull_deadline,
-            self.svc.pull_image(image, Some(sandbox.clone())),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(crate::cri::CriError::Status {
-                op: "PullImage",
-                code: tonic::Code::DeadlineExceeded,
-                message: format!(
-                    "pull did not finish within {}",
-                    crate::config::duration::format_go_duration(self.pull_deadline)
-                ),
-            })
-        });
+        let pulled =
+            tokio::time::timeout(self.pull_deadline, self.pull(image, pull_secrets, sandbox))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(crate::cri::CriError::Status {
+                        op: "PullImage",
+                        code: tonic::Code::DeadlineExceeded,
+                        message: format!(
+                            "pull did not finish within {}",
+                            crate::config::duration::format_go_duration(self.pull_deadline)
+                        ),
+                    }
+                    .to_string())
+                });
         match pulled {
             Ok(image_ref) => {
                 self.backoff.lock().reset(&key);
@@ -442,16 +483,16 @@ mod tests {
         let sb = PodSandboxConfig::default();
         let now = Duration::from_secs(1000);
         assert!(m
-            .ensure_image(&pod, &ctr("busybox:1.36", Some("Never")), &sb, now)
+            .ensure_image(&pod, &ctr("busybox:1.36", Some("Never")), &sb, &[], now)
             .await
             .is_ok());
         let e = m
-            .ensure_image(&pod, &ctr("other:1", Some("Never")), &sb, now)
+            .ensure_image(&pod, &ctr("other:1", Some("Never")), &sb, &[], now)
             .await
             .unwrap_err();
         assert_eq!(e.reason, "ErrImageNeverPull");
         let e = m
-            .ensure_image(&pod, &ctr("missing:1", None), &sb, now)
+            .ensure_image(&pod, &ctr("missing:1", None), &sb, &[], now)
             .await
             .unwrap_err();
         assert_eq!(e.reason, "ErrImagePull");
@@ -460,6 +501,7 @@ mod tests {
                 &pod,
                 &ctr("missing:1", None),
                 &sb,
+                &[],
                 now + Duration::from_secs(1),
             )
             .await
@@ -482,13 +524,13 @@ mod tests {
         let (pod, sb) = (Pod::default(), PodSandboxConfig::default());
         let c = ctr("missing:1", None);
         let t0 = Duration::from_secs(1000);
-        let e = m.ensure_image(&pod, &c, &sb, t0).await.unwrap_err();
+        let e = m.ensure_image(&pod, &c, &sb, &[], t0).await.unwrap_err();
         assert_eq!(
             (e.reason, e.retry_after),
             ("ErrImagePull", Some(Duration::from_secs(10)))
         );
         let e = m
-            .ensure_image(&pod, &c, &sb, t0 + Duration::from_secs(9))
+            .ensure_image(&pod, &c, &sb, &[], t0 + Duration::from_secs(9))
             .await
             .unwrap_err();
         assert_eq!(e.reason, "ImagePullBackOff");
@@ -496,7 +538,7 @@ mod tests {
         assert_eq!(pulls(&fake, "missing:1"), 1);
         // Past the first window: a second attempt, and the window doubles.
         let t1 = t0 + Duration::from_secs(11);
-        let e = m.ensure_image(&pod, &c, &sb, t1).await.unwrap_err();
+        let e = m.ensure_image(&pod, &c, &sb, &[], t1).await.unwrap_err();
         assert_eq!(e.reason, "ErrImagePull");
         assert_eq!(pulls(&fake, "missing:1"), 2);
         assert_eq!(e.retry_after, Some(Duration::from_secs(20)));
@@ -519,7 +561,7 @@ mod tests {
         let (p2, s2) = (pod.clone(), sb.clone());
         let hung = tokio::spawn(async move {
             let c = ctr("registry.example/hang:1", None);
-            m2.ensure_image(&p2, &c, &s2, now).await
+            m2.ensure_image(&p2, &c, &s2, &[], now).await
         });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while pulls(&fake, "registry.example/hang:1") == 0 {
@@ -531,7 +573,7 @@ mod tests {
         let _ = hung.await;
         let ok = tokio::time::timeout(
             Duration::from_secs(10),
-            m.ensure_image(&pod, &ctr("other:1", None), &sb, now),
+            m.ensure_image(&pod, &ctr("other:1", None), &sb, &[], now),
         )
         .await
         .expect("the slot was released");
@@ -539,7 +581,7 @@ mod tests {
         // A pull that hangs past the deadline fails and backs off.
         tokio::time::pause();
         let e = m
-            .ensure_image(&pod, &ctr("registry.example/hang:2", None), &sb, now)
+            .ensure_image(&pod, &ctr("registry.example/hang:2", None), &sb, &[], now)
             .await
             .unwrap_err();
         assert_eq!(e.reason, "ErrImagePull");
@@ -548,5 +590,67 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    #[tokio::test]
+    async fn pulls_log_in_with_each_matching_pull_secret_in_turn() {
+        use keyring::test_pull_secret;
+        let fake = Arc::new(FakeRuntime::new());
+        fake.require_pull_auth("reg.example.com/team/app:1", "good", "pw");
+        let m = ImageManager::new(fake.clone(), true, None);
+        let (pod, sb) = (Pod::default(), PodSandboxConfig::default());
+        let json = r#"{"auths": {
+            "reg.example.com": {"username": "good", "password": "pw"},
+            "reg.example.com/team": {"username": "stale", "password": "old"},
+            "other.example.com": {"username": "unrelated", "password": "x"}
+        }}"#;
+        let secrets = [test_pull_secret(
+            "regcred",
+            "kubernetes.io/dockerconfigjson",
+            ".dockerconfigjson",
+            json,
+        )];
+        let now = Duration::from_secs(1000);
+        let c = ctr("reg.example.com/team/app:1", None);
+        m.ensure_image(&pod, &c, &sb, &secrets, now).await.unwrap();
+        // The most specific location first, then the registry's own.
+        let image = "reg.example.com/team/app:1".to_string();
+        assert_eq!(
+            fake.pull_logins(),
+            vec![
+                (image.clone(), Some("stale".to_string())),
+                (image.clone(), Some("good".to_string())),
+            ]
+        );
+
+        // No matching credential: one anonymous pull.
+        let c = ctr("public.example.com/app:1", None);
+        m.ensure_image(&pod, &c, &sb, &secrets, now).await.unwrap();
+        assert_eq!(
+            fake.pull_logins().last(),
+            Some(&("public.example.com/app:1".to_string(), None))
+        );
+
+        // All matching credentials rejected: the pull fails with every
+        // error, and no anonymous attempt follows (upstream).
+        fake.require_pull_auth("reg.example.com/team/locked:1", "nobody", "-");
+        let before = fake.pull_logins().len();
+        let e = m
+            .ensure_image(
+                &pod,
+                &ctr("reg.example.com/team/locked:1", None),
+                &sb,
+                &secrets,
+                now,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason, "ErrImagePull");
+        assert!(
+            e.message.contains(": [") && e.message.matches("unauthorized").count() == 2,
+            "{}",
+            e.message
+        );
+        assert_eq!(fake.pull_logins().len() - before, 2);
     }
 }

@@ -3,13 +3,16 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::cm;
 use crate::cri::v1;
+use crate::objects::ObjectError;
 use crate::volume;
 
+use super::envvars::{self, EnvSources};
 use super::{hash, labels, sandbox, RuntimeOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +31,29 @@ pub enum ConfigError {
     },
     #[error("couldn't resolve env {name}: {reason}")]
     Env { name: String, reason: String },
+    /// A referenced object that is missing or unreadable: upstream's own
+    /// message (`configmap "x" not found`).
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+    /// Static pods (no API server) cannot read API objects.
+    #[error("couldn't get {kind} {namespace}/{name}, no kubeClient defined")]
+    NoApiServer {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
+    #[error("couldn't find key {key} in {kind} {namespace}/{name}")]
+    MissingKey {
+        kind: &'static str,
+        key: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("failed to list services when setting up env vars")]
+    ServiceList {
+        #[source]
+        source: ObjectError,
+    },
     #[error("kubelet-managed file {path}: {source}")]
     ManagedFile {
         path: PathBuf,
@@ -155,22 +181,162 @@ pub(crate) fn resource_ref(
     Some(out.to_string())
 }
 
-/// The container's env as name/value pairs, in order, with `$(VAR)`
-/// references to earlier entries expanded and downward-API references
-/// resolved. configMap/secret references cannot occur: static pods may not
-/// use API objects (the file source rejects them).
-fn env_pairs(
+/// A container's environment as built, with what upstream reports as
+/// events rather than errors.
+#[derive(Debug, Default)]
+pub(crate) struct Env {
+    pub pairs: Vec<(String, String)>,
+    /// InvalidEnvironmentVariableNames messages, one per envFrom source.
+    pub invalid_names: Vec<String>,
+}
+
+/// Upstream's relaxed env var name rule (RelaxedEnvironmentVariableValidation,
+/// locked on since 1.34): printable ASCII but `=`.
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b'=')
+}
+
+/// A referenced ConfigMap or Secret from what was fetched: `None` when it
+/// is missing and the reference is optional (upstream skips it then).
+fn fetched<'s, T>(
+    map: &'s HashMap<String, Result<Arc<T>, ObjectError>>,
+    kind: &'static str,
+    ns: &str,
+    name: &str,
+    optional: bool,
+) -> Result<Option<&'s T>, ConfigError> {
+    let no_api = || ConfigError::NoApiServer {
+        kind,
+        namespace: ns.to_string(),
+        name: name.to_string(),
+    };
+    match map.get(name) {
+        Some(Ok(v)) => Ok(Some(v)),
+        // Upstream fails before looking at `optional` without a client.
+        Some(Err(ObjectError::NoApiServer { .. })) | None => Err(no_api()),
+        Some(Err(e)) if e.is_not_found() && optional => Ok(None),
+        Some(Err(e)) => Err(e.clone().into()),
+    }
+}
+
+/// Ordered name/value pairs where a later value for a name replaces the
+/// earlier one in place (upstream keeps a map; this keeps it stable).
+#[derive(Default)]
+struct OrderedEnv {
+    pairs: Vec<(String, String)>,
+    index: HashMap<String, usize>,
+    /// What `$(VAR)` expands from: the pairs so far over the service links.
+    ctx: HashMap<String, String>,
+}
+
+impl OrderedEnv {
+    fn set(&mut self, name: String, value: String) {
+        self.ctx.insert(name.clone(), value.clone());
+        match self.index.get(&name) {
+            Some(&i) => self.pairs[i].1 = value,
+            None => {
+                self.index.insert(name.clone(), self.pairs.len());
+                self.pairs.push((name, value));
+            }
+        }
+    }
+
+    /// A service link, unless the container already set that name.
+    fn add_unset(&mut self, name: String, value: String) {
+        if !self.index.contains_key(&name) {
+            self.index.insert(name.clone(), self.pairs.len());
+            self.pairs.push((name, value));
+        }
+    }
+}
+
+/// The container's env in upstream makeEnvironmentVariables' order and
+/// precedence: envFrom sources first, then `env` entries (replacing
+/// envFrom values of the same name), then service-link variables for
+/// names still unset. `$(VAR)` in values expands from what is set so far,
+/// then from the service links.
+pub(crate) fn env_pairs(
     opts: &RuntimeOptions,
     pod: &Pod,
     c: &Container,
     pod_ip: &str,
-) -> Result<Vec<(String, String)>, ConfigError> {
-    let mut map: HashMap<String, String> = HashMap::new();
-    let mut out = Vec::new();
+    sources: &EnvSources,
+) -> Result<Env, ConfigError> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let services = sources
+        .services
+        .as_ref()
+        .map_err(|e| ConfigError::ServiceList { source: e.clone() })?;
+    let service_env = envvars::service_env(ns, envvars::service_links_enabled(pod), services);
+    let mut env = OrderedEnv::default();
+    // Service links are expandable but shadowed by anything the container
+    // sets; the first of duplicate link names wins, as when adding them.
+    for (k, v) in service_env.iter().rev() {
+        env.ctx.insert(k.clone(), v.clone());
+    }
+    let mut invalid_names = Vec::new();
+
+    for from in c.env_from.iter().flatten() {
+        let prefix = from.prefix.as_deref().unwrap_or_default();
+        let (what, name, data): (&str, &str, Vec<(&String, String)>) =
+            if let Some(r) = &from.config_map_ref {
+                let Some(cm) = fetched(
+                    &sources.config_maps,
+                    "configMap",
+                    ns,
+                    &r.name,
+                    r.optional.unwrap_or(false),
+                )?
+                else {
+                    continue;
+                };
+                let data = cm.data.iter().flatten().map(|(k, v)| (k, v.clone()));
+                ("configMap", &r.name, data.collect())
+            } else if let Some(r) = &from.secret_ref {
+                let Some(s) = fetched(
+                    &sources.secrets,
+                    "secret",
+                    ns,
+                    &r.name,
+                    r.optional.unwrap_or(false),
+                )?
+                else {
+                    continue;
+                };
+                let data = s
+                    .data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()));
+                ("secret", &r.name, data.collect())
+            } else {
+                continue;
+            };
+        let mut invalid = Vec::new();
+        for (k, v) in data {
+            let k = format!("{prefix}{k}");
+            if valid_env_name(&k) {
+                env.set(k, v);
+            } else {
+                invalid.push(k);
+            }
+        }
+        if !invalid.is_empty() {
+            invalid.sort();
+            invalid_names.push(format!(
+                "Keys [{}] from the EnvFrom {what} {ns}/{name} were skipped since they are considered invalid environment variable names.",
+                invalid.join(", ")
+            ));
+        }
+    }
+
     for e in c.env.iter().flatten() {
         let from = e.value_from.as_ref();
-        let value = if let Some(v) = &e.value {
-            expand(v, &map)
+        let value = if let Some(v) = e.value.as_deref().filter(|v| !v.is_empty()) {
+            expand(v, &env.ctx)
         } else if let Some(fr) = from.and_then(|vf| vf.field_ref.as_ref()) {
             field_ref(pod, &fr.field_path, pod_ip, &opts.node_ip).ok_or_else(|| {
                 ConfigError::Env {
@@ -189,18 +355,56 @@ fn env_pairs(
                 name: e.name.clone(),
                 reason: format!("unsupported resource {:?}", rr.resource),
             })?
-        } else if from.is_some() {
-            return Err(ConfigError::Env {
-                name: e.name.clone(),
-                reason: "configMap and secret references need an API server".into(),
-            });
+        } else if let Some(r) = from.and_then(|vf| vf.config_map_key_ref.as_ref()) {
+            let optional = r.optional.unwrap_or(false);
+            let Some(cm) = fetched(&sources.config_maps, "configMap", ns, &r.name, optional)?
+            else {
+                continue;
+            };
+            match cm.data.as_ref().and_then(|d| d.get(&r.key)) {
+                Some(v) => v.clone(),
+                None if optional => continue,
+                None => {
+                    return Err(ConfigError::MissingKey {
+                        kind: "ConfigMap",
+                        key: r.key.clone(),
+                        namespace: ns.to_string(),
+                        name: r.name.clone(),
+                    })
+                }
+            }
+        } else if let Some(r) = from.and_then(|vf| vf.secret_key_ref.as_ref()) {
+            let optional = r.optional.unwrap_or(false);
+            let Some(s) = fetched(&sources.secrets, "secret", ns, &r.name, optional)? else {
+                continue;
+            };
+            match s.data.as_ref().and_then(|d| d.get(&r.key)) {
+                Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
+                None if optional => continue,
+                None => {
+                    return Err(ConfigError::MissingKey {
+                        kind: "Secret",
+                        key: r.key.clone(),
+                        namespace: ns.to_string(),
+                        name: r.name.clone(),
+                    })
+                }
+            }
         } else {
+            // No value and no source upstream knows (or none at all): set
+            // empty, as upstream does.
             String::new()
         };
-        map.insert(e.name.clone(), value.clone());
-        out.push((e.name.clone(), value));
+        env.set(e.name.clone(), value);
     }
-    Ok(out)
+
+    for (k, v) in service_env {
+        env.add_unset(k, v);
+    }
+    Ok(Env {
+        pairs: env.pairs,
+        invalid_names,
+    })
 }
 
 /// The file behind terminationMessagePath: one per container instance under
@@ -313,6 +517,8 @@ pub struct ContainerContext<'a> {
     pub image: &'a crate::images::ReadyImage,
     pub pod_ip: &'a str,
     pub volumes: &'a HashMap<String, PathBuf>,
+    /// The ConfigMaps, Secrets and Services the env reads, fetched before.
+    pub env: &'a EnvSources,
 }
 
 pub fn container_config(
@@ -320,7 +526,19 @@ pub fn container_config(
     ctx: &ContainerContext<'_>,
 ) -> Result<v1::ContainerConfig, ConfigError> {
     let (pod, c) = (ctx.pod, ctx.container);
-    let envs = env_pairs(opts, pod, c, ctx.pod_ip)?;
+    let Env {
+        pairs: envs,
+        invalid_names,
+    } = env_pairs(opts, pod, c, ctx.pod_ip, ctx.env)?;
+    for message in invalid_names {
+        crate::events::pod(
+            pod,
+            None,
+            crate::events::WARNING,
+            "InvalidEnvironmentVariableNames",
+            message,
+        );
+    }
     let env_map: HashMap<String, String> = envs.iter().cloned().collect();
     let ex = |v: &Option<Vec<String>>| {
         v.iter()
@@ -498,7 +716,10 @@ mod tests {
             }),
             ..Default::default()
         };
-        let env = env_pairs(&RuntimeOptions::default(), &pod, &c, "10.0.0.1").unwrap();
+        let none = EnvSources::default();
+        let env = env_pairs(&RuntimeOptions::default(), &pod, &c, "10.0.0.1", &none)
+            .unwrap()
+            .pairs;
         let get = |k: &str| env.iter().find(|(n, _)| n == k).unwrap().1.clone();
         assert_eq!(
             (get("APP"), get("NAME"), get("CPU"), get("MEM"), get("X")),
@@ -516,7 +737,7 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            env_pairs(&RuntimeOptions::default(), &pod, &bad, ""),
+            env_pairs(&RuntimeOptions::default(), &pod, &bad, "", &none),
             Err(ConfigError::Env { .. })
         ));
     }
@@ -543,5 +764,378 @@ mod tests {
             verify_non_root(&pod, &c, None, &ImageUser::Name("app".into())),
             Err(ConfigError::NonNumericUser { .. })
         ));
+    }
+
+    mod sources {
+        use super::super::*;
+        use crate::kuberuntime::envvars::test_service;
+        use k8s_openapi::api::core::v1::{
+            ConfigMap, ConfigMapEnvSource, ConfigMapKeySelector, EnvFromSource, EnvVar,
+            EnvVarSource, PodSpec, Secret, SecretEnvSource, SecretKeySelector,
+        };
+        use k8s_openapi::ByteString;
+
+        fn pod(links: Option<bool>) -> Pod {
+            let mut p = Pod {
+                spec: Some(PodSpec {
+                    enable_service_links: links,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            p.metadata.namespace = Some("ns".into());
+            p
+        }
+
+        fn cm(data: &[(&str, &str)]) -> Result<Arc<ConfigMap>, ObjectError> {
+            Ok(Arc::new(ConfigMap {
+                data: Some(
+                    data.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            }))
+        }
+
+        fn secret(data: &[(&str, &str)]) -> Result<Arc<Secret>, ObjectError> {
+            Ok(Arc::new(Secret {
+                data: Some(
+                    data.iter()
+                        .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                        .collect(),
+                ),
+                ..Default::default()
+            }))
+        }
+
+        fn missing(kind: &'static str, name: &str) -> ObjectError {
+            ObjectError::NotFound {
+                kind,
+                name: name.into(),
+            }
+        }
+
+        fn from_cm(name: &str, prefix: Option<&str>, optional: bool) -> EnvFromSource {
+            EnvFromSource {
+                prefix: prefix.map(String::from),
+                config_map_ref: Some(ConfigMapEnvSource {
+                    name: name.into(),
+                    optional: Some(optional),
+                }),
+                ..Default::default()
+            }
+        }
+
+        fn from_secret(name: &str, prefix: Option<&str>, optional: bool) -> EnvFromSource {
+            EnvFromSource {
+                prefix: prefix.map(String::from),
+                secret_ref: Some(SecretEnvSource {
+                    name: name.into(),
+                    optional: Some(optional),
+                }),
+                ..Default::default()
+            }
+        }
+
+        fn val(name: &str, v: &str) -> EnvVar {
+            EnvVar {
+                name: name.into(),
+                value: Some(v.into()),
+                ..Default::default()
+            }
+        }
+
+        fn cm_key(name: &str, cm: &str, key: &str, optional: bool) -> EnvVar {
+            EnvVar {
+                name: name.into(),
+                value_from: Some(EnvVarSource {
+                    config_map_key_ref: Some(ConfigMapKeySelector {
+                        name: cm.into(),
+                        key: key.into(),
+                        optional: Some(optional),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        }
+
+        fn secret_key(name: &str, s: &str, key: &str, optional: bool) -> EnvVar {
+            EnvVar {
+                name: name.into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: s.into(),
+                        key: key.into(),
+                        optional: Some(optional),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        }
+
+        fn container(env_from: Vec<EnvFromSource>, env: Vec<EnvVar>) -> Container {
+            Container {
+                name: "c".into(),
+                env_from: Some(env_from),
+                env: Some(env),
+                ..Default::default()
+            }
+        }
+
+        fn run(pod: &Pod, c: &Container, src: &EnvSources) -> Result<Env, ConfigError> {
+            env_pairs(&RuntimeOptions::default(), pod, c, "10.1.0.5", src)
+        }
+
+        #[test]
+        fn env_from_then_env_then_service_links_with_upstream_precedence() {
+            let src = EnvSources {
+                config_maps: [("cfg".to_string(), cm(&[("b", "cm-b"), ("a", "cm-a")]))].into(),
+                secrets: [(
+                    "sec".to_string(),
+                    secret(&[("a", "secret-a"), ("tok", "t0k")]),
+                )]
+                .into(),
+                services: Ok(vec![
+                    test_service(
+                        "default",
+                        "kubernetes",
+                        "10.96.0.1",
+                        &[(Some("https"), 443, "")],
+                    ),
+                    test_service("ns", "web", "10.0.0.2", &[(None, 80, "")]),
+                ]),
+            };
+            let c = container(
+                vec![
+                    from_cm("cfg", None, false),
+                    from_secret("sec", Some("S_"), false),
+                ],
+                vec![
+                    // Replaces the envFrom value in place.
+                    val("a", "env-a:$(b):$(S_tok)"),
+                    val("WEB_SERVICE_HOST", "mine"),
+                    val(
+                        "URL",
+                        "http://$(WEB_SERVICE_HOST):$(WEB_SERVICE_PORT)/$(LATER)",
+                    ),
+                    cm_key("FROM_CM", "cfg", "b", false),
+                    secret_key("FROM_SECRET", "sec", "tok", false),
+                    val("LATER", "x"),
+                ],
+            );
+            let env = run(&pod(None), &c, &src).unwrap();
+            assert!(env.invalid_names.is_empty());
+            let names: Vec<&str> = env.pairs.iter().map(|(k, _)| k.as_str()).collect();
+            // envFrom keys in source order, env entries after, then links.
+            assert_eq!(
+                &names[..8],
+                [
+                    "a",
+                    "b",
+                    "S_a",
+                    "S_tok",
+                    "WEB_SERVICE_HOST",
+                    "URL",
+                    "FROM_CM",
+                    "FROM_SECRET"
+                ]
+            );
+            assert_eq!(names[8], "LATER");
+            let get = |k: &str| {
+                env.pairs
+                    .iter()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, v)| v.as_str())
+            };
+            assert_eq!(get("a"), Some("env-a:cm-b:t0k"));
+            assert_eq!(get("S_a"), Some("secret-a"));
+            // Set by the container: kept, and what $(…) sees; an unset
+            // later entry is not expanded; other links expand.
+            assert_eq!(get("WEB_SERVICE_HOST"), Some("mine"));
+            assert_eq!(get("URL"), Some("http://mine:80/$(LATER)"));
+            assert_eq!(get("FROM_CM"), Some("cm-b"));
+            assert_eq!(get("FROM_SECRET"), Some("t0k"));
+            assert_eq!(get("KUBERNETES_SERVICE_HOST"), Some("10.96.0.1"));
+            assert_eq!(get("WEB_PORT_80_TCP_ADDR"), Some("10.0.0.2"));
+            assert_eq!(
+                names.iter().filter(|n| **n == "WEB_SERVICE_HOST").count(),
+                1,
+                "{names:?}"
+            );
+
+            // Links off: the master service's variables stay.
+            let env = run(&pod(Some(false)), &c, &src).unwrap();
+            let get = |k: &str| {
+                env.pairs
+                    .iter()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, v)| v.as_str())
+            };
+            assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("443"));
+            assert_eq!(get("WEB_SERVICE_PORT"), None);
+        }
+
+        #[test]
+        fn missing_objects_and_keys_fail_with_upstream_messages_unless_optional() {
+            let src = EnvSources {
+                config_maps: [
+                    ("cfg".to_string(), cm(&[("k", "v")])),
+                    ("gone".to_string(), Err(missing("configmap", "gone"))),
+                ]
+                .into(),
+                secrets: [
+                    ("sec".to_string(), secret(&[("k", "v")])),
+                    ("nosec".to_string(), Err(missing("secret", "nosec"))),
+                ]
+                .into(),
+                services: Ok(vec![]),
+            };
+            let msg = |c: Container| run(&pod(None), &c, &src).unwrap_err().to_string();
+            assert_eq!(
+                msg(container(vec![from_cm("gone", None, false)], vec![])),
+                r#"configmap "gone" not found"#
+            );
+            assert_eq!(
+                msg(container(
+                    vec![],
+                    vec![secret_key("X", "nosec", "k", false)]
+                )),
+                r#"secret "nosec" not found"#
+            );
+            assert_eq!(
+                msg(container(vec![], vec![cm_key("X", "cfg", "nope", false)])),
+                "couldn't find key nope in ConfigMap ns/cfg"
+            );
+            assert_eq!(
+                msg(container(
+                    vec![],
+                    vec![secret_key("X", "sec", "nope", false)]
+                )),
+                "couldn't find key nope in Secret ns/sec"
+            );
+
+            // Optional: the variable is left out, nothing fails.
+            let c = container(
+                vec![
+                    from_cm("gone", None, true),
+                    from_secret("nosec", None, true),
+                ],
+                vec![
+                    cm_key("A", "gone", "k", true),
+                    cm_key("B", "cfg", "nope", true),
+                    secret_key("C", "nosec", "k", true),
+                    secret_key("D", "sec", "nope", true),
+                    cm_key("E", "cfg", "k", true),
+                ],
+            );
+            let env = run(&pod(None), &c, &src).unwrap();
+            assert_eq!(env.pairs, vec![("E".to_string(), "v".to_string())]);
+
+            // An API error other than NotFound fails even when optional.
+            let src = EnvSources {
+                config_maps: [(
+                    "cfg".to_string(),
+                    Err(ObjectError::Api {
+                        kind: "configmap",
+                        name: "cfg".into(),
+                        message: "forbidden".into(),
+                    }),
+                )]
+                .into(),
+                ..Default::default()
+            };
+            let e = run(
+                &pod(None),
+                &container(vec![from_cm("cfg", None, true)], vec![]),
+                &src,
+            );
+            assert_eq!(e.unwrap_err().to_string(), r#"configmap "cfg": forbidden"#);
+        }
+
+        #[test]
+        fn without_an_api_server_references_report_it_and_service_errors_fail() {
+            // A static pod: nothing could be fetched, optional or not.
+            let src = EnvSources {
+                config_maps: [(
+                    "cfg".to_string(),
+                    Err(ObjectError::NoApiServer {
+                        kind: "configmap",
+                        name: "cfg".into(),
+                    }),
+                )]
+                .into(),
+                ..Default::default()
+            };
+            let e = run(
+                &pod(None),
+                &container(vec![from_cm("cfg", None, true)], vec![]),
+                &src,
+            );
+            assert_eq!(
+                e.unwrap_err().to_string(),
+                "couldn't get configMap ns/cfg, no kubeClient defined"
+            );
+            let e = run(
+                &pod(None),
+                &container(vec![], vec![secret_key("X", "s", "k", false)]),
+                &EnvSources::default(),
+            );
+            assert_eq!(
+                e.unwrap_err().to_string(),
+                "couldn't get secret ns/s, no kubeClient defined"
+            );
+            let src = EnvSources {
+                services: Err(ObjectError::Api {
+                    kind: "service",
+                    name: "ns".into(),
+                    message: "timeout".into(),
+                }),
+                ..Default::default()
+            };
+            let e = run(&pod(None), &container(vec![], vec![val("A", "1")]), &src);
+            assert_eq!(
+                e.unwrap_err().to_string(),
+                "failed to list services when setting up env vars"
+            );
+        }
+
+        #[test]
+        fn env_from_prefixes_keys_and_skips_invalid_names_with_a_report() {
+            let src = EnvSources {
+                config_maps: [(
+                    "cfg".to_string(),
+                    cm(&[("ok", "1"), ("b=d", "2"), ("1st.key-x", "3"), ("a=c", "4")]),
+                )]
+                .into(),
+                secrets: [("sec".to_string(), secret(&[("tab\tkey", "5"), ("s", "6")]))].into(),
+                services: Ok(vec![]),
+            };
+            let c = container(
+                vec![
+                    from_cm("cfg", Some("P_"), false),
+                    from_secret("sec", None, false),
+                ],
+                vec![],
+            );
+            let env = run(&pod(None), &c, &src).unwrap();
+            assert_eq!(
+                env.pairs,
+                vec![
+                    ("P_1st.key-x".to_string(), "3".to_string()),
+                    ("P_ok".to_string(), "1".to_string()),
+                    ("s".to_string(), "6".to_string()),
+                ]
+            );
+            assert_eq!(
+                env.invalid_names,
+                vec![
+                    "Keys [P_a=c, P_b=d] from the EnvFrom configMap ns/cfg were skipped since they are considered invalid environment variable names.".to_string(),
+                    "Keys [tab\tkey] from the EnvFrom secret ns/sec were skipped since they are considered invalid environment variable names.".to_string(),
+                ]
+            );
+        }
     }
 }

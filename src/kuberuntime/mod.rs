@@ -4,6 +4,7 @@
 pub mod actions;
 pub mod backoff;
 pub mod container;
+pub mod envvars;
 pub mod hash;
 pub mod labels;
 pub mod lifecycle;
@@ -518,9 +519,10 @@ impl RuntimeManager {
             }
             self.backoff.lock().next(&key, finished, now);
         }
+        let pull_secrets = crate::images::keyring::fetch_pull_secrets(&self.objects, pod).await;
         let image_ref = self
             .images
-            .ensure_image(pod, c, ctx.sandbox_cfg, now)
+            .ensure_image(pod, c, ctx.sandbox_cfg, &pull_secrets, now)
             .await
             .map_err(|e| {
                 (
@@ -533,6 +535,9 @@ impl RuntimeManager {
             })?;
         let restart_count = latest.map(|l| l.restart_count + 1).unwrap_or(0);
         let retry = Some(Duration::from_secs(2));
+        // API objects are read here, off the blocking thread that builds
+        // the config; a missing one fails the build with upstream's message.
+        let env = envvars::fetch(&self.objects, pod, c).await;
         // Building the config writes files (hosts, termination log) and
         // binds subPaths: on a blocking thread, with a deadline.
         let (opts, owned_pod, owned_c) = (self.opts.clone(), pod.clone(), c.clone());
@@ -557,6 +562,7 @@ impl RuntimeManager {
                     image: &image,
                     pod_ip: &pod_ip,
                     volumes: &volumes,
+                    env: &env,
                 };
                 container::container_config(&opts, &cctx)
             },
