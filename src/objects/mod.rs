@@ -83,7 +83,11 @@ struct Inner {
     changes: OnceLock<broadcast::Sender<ObjectKey>>,
     /// Where reflector tasks are tracked and cancelled (set by `new`).
     tasks: OnceLock<(TaskTracker, CancellationToken)>,
+    /// Every Service by (namespace, name); None until the first list.
+    services: OnceLock<watch::Receiver<Option<Arc<ServiceMap>>>>,
 }
+
+type ServiceMap = std::collections::BTreeMap<(String, String), Arc<Service>>;
 
 #[derive(Default)]
 struct State {
@@ -409,22 +413,53 @@ impl ObjectManager {
         })
     }
 
-    /// Services for service-link env vars: those of `ns` and of `default`.
+    /// Services for service-link env vars: those of `ns` and of `default`,
+    /// from a cluster-wide watch of Services started on first use (upstream's
+    /// service informer; the node authorizer allows it). Until its first list
+    /// answers, upstream's error.
     pub async fn services(&self, ns: &str) -> Result<Vec<Arc<Service>>, ObjectError> {
-        let c = self.client("service", ns)?.client().await;
-        let mut out = Vec::new();
-        for n in [ns, "default"] {
-            let api: Api<Service> = Api::namespaced(c.clone(), n);
-            let l = api
-                .list(&Default::default())
-                .await
-                .map_err(|e| api_err("service", n, e))?;
-            out.extend(l.items.into_iter().map(Arc::new));
-            if ns == "default" {
-                break;
+        self.client("service", ns)?;
+        let mut rx = self.services_watch();
+        let synced = tokio::time::timeout(SYNC_WAIT, rx.wait_for(|s| s.is_some())).await;
+        let all = match synced {
+            Ok(Ok(s)) => s.clone().unwrap_or_default(),
+            _ => {
+                return Err(ObjectError::Api {
+                    kind: "service",
+                    name: ns.to_string(),
+                    message: "services have not yet been read at least once, cannot construct envvars"
+                        .into(),
+                })
             }
-        }
-        Ok(out)
+        };
+        Ok(all
+            .iter()
+            .filter(|((n, _), _)| n == ns || n == "default")
+            .map(|(_, s)| s.clone())
+            .collect())
+    }
+
+    fn services_watch(&self) -> watch::Receiver<Option<Arc<ServiceMap>>> {
+        self.inner
+            .services
+            .get_or_init(|| {
+                let (tx, rx) = watch::channel(None);
+                if let (Some((tasks, token)), Some(api)) = (self.inner.tasks.get(), self.api.get())
+                {
+                    let (api, token) = (api.clone(), token.clone());
+                    tasks.spawn(tracing::Instrument::instrument(
+                        async move {
+                            tokio::select! {
+                                _ = token.cancelled() => {}
+                                _ = reflect_services(api, tx) => {}
+                            }
+                        },
+                        tracing::info_span!("service-watch"),
+                    ));
+                }
+                rx
+            })
+            .clone()
     }
 
     pub async fn persistent_volume_claim(
@@ -513,6 +548,63 @@ async fn reflect<K: Watched>(
                         let _ = c.send(key.clone());
                     }
                 }
+            }
+        };
+        tokio::select! {
+            _ = generation.changed() => continue,
+            _ = follow => return,
+        }
+    }
+}
+
+/// Keeps `tx` equal to every Service in the cluster: list, watch, re-list
+/// on 410 Gone, retry with backoff; the last set stays while the API
+/// server is away.
+async fn reflect_services(api: ApiClient, tx: watch::Sender<Option<Arc<ServiceMap>>>) {
+    let mut generation = api.generation();
+    let key = |s: &Service| {
+        (
+            s.metadata.namespace.clone().unwrap_or_default(),
+            s.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    loop {
+        generation.borrow_and_update();
+        let all: Api<Service> = Api::all(api.client().await);
+        let cfg = watcher::Config::default().timeout(290);
+        let mut stream = watcher(all, cfg).default_backoff().boxed();
+        let follow = async {
+            let mut listing: Option<ServiceMap> = None;
+            while let Some(ev) = stream.next().await {
+                let current = || tx.borrow().as_deref().cloned().unwrap_or_default();
+                let next = match ev {
+                    Ok(watcher::Event::Init) => {
+                        listing = Some(ServiceMap::new());
+                        continue;
+                    }
+                    Ok(watcher::Event::InitApply(s)) => {
+                        if let Some(l) = listing.as_mut() {
+                            l.insert(key(&s), Arc::new(s));
+                        }
+                        continue;
+                    }
+                    Ok(watcher::Event::InitDone) => listing.take().unwrap_or_default(),
+                    Ok(watcher::Event::Apply(s)) => {
+                        let mut m = current();
+                        m.insert(key(&s), Arc::new(s));
+                        m
+                    }
+                    Ok(watcher::Event::Delete(s)) => {
+                        let mut m = current();
+                        m.remove(&key(&s));
+                        m
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "watch of Services failed; retrying with backoff");
+                        continue;
+                    }
+                };
+                tx.send_replace(Some(Arc::new(next)));
             }
         };
         tokio::select! {
