@@ -421,17 +421,17 @@ impl ObjectManager {
         self.client("service", ns)?;
         let mut rx = self.services_watch();
         let synced = tokio::time::timeout(SYNC_WAIT, rx.wait_for(|s| s.is_some())).await;
-        let all = match synced {
-            Ok(Ok(s)) => s.clone().unwrap_or_default(),
-            _ => {
-                return Err(ObjectError::Api {
+        let all =
+            match synced {
+                Ok(Ok(s)) => s.clone().unwrap_or_default(),
+                _ => return Err(ObjectError::Api {
                     kind: "service",
                     name: ns.to_string(),
-                    message: "services have not yet been read at least once, cannot construct envvars"
-                        .into(),
-                })
-            }
-        };
+                    message:
+                        "services have not yet been read at least once, cannot construct envvars"
+                            .into(),
+                }),
+            };
         Ok(all
             .iter()
             .filter(|((n, _), _)| n == ns || n == "default")

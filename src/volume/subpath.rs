@@ -109,6 +109,22 @@ pub fn bind_subpath(
     // (hostPath): it may be reached through links; what is below may not.
     let mut cur = open_path(None, volume_root, true)
         .map_err(io(format!("open volume {}", volume_root.display())))?;
+    // Links that stay inside the volume are followed, as upstream's
+    // EvalSymlinks-then-check does (a configMap's `key -> ..data/key`);
+    // the kernel refuses any resolution that leaves it (RESOLVE_BENEATH:
+    // absolute links, `..` above the root, /proc magic links).
+    match open_beneath(&cur, rel) {
+        Ok(fd) => return bind_fd(fd, sub_path, target),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EXDEV) | Some(libc::ELOOP)) => {
+            return Err(SubPathError::Symlink {
+                sub_path: sub_path.into(),
+                component: sub_path.into(),
+            })
+        }
+        // Missing parts are created below, one component at a time.
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+        Err(e) => return Err(io("open".into())(e)),
+    }
     let parts: Vec<_> = rel
         .components()
         .filter_map(|c| match c {
@@ -156,6 +172,41 @@ pub fn bind_subpath(
         }
         cur = next;
     }
+    bind_fd(cur, sub_path, target)
+}
+
+/// openat2 with RESOLVE_BENEATH: `rel` resolved inside `root` or not at all.
+fn open_beneath(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
+    let c = cstr(rel)?;
+    // SAFETY: plain data; zeroed is a valid open_how.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: a live descriptor, a NUL-terminated path and a valid open_how
+    // of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    check_fd(fd as libc::c_int)
+}
+
+/// Bind-mounts what `cur` opened onto `target` (through /proc/self/fd, so
+/// no path is resolved again).
+fn bind_fd(cur: OwnedFd, sub_path: &str, target: &Path) -> Result<PathBuf, SubPathError> {
+    let io = |what: String| {
+        let sub_path = sub_path.to_string();
+        move |source| SubPathError::Io {
+            sub_path,
+            what,
+            source,
+        }
+    };
     let is_dir = fstat_mode(&cur).map_err(io("stat".into()))? == libc::S_IFDIR;
     // A mount left by an earlier start of the container goes: the subPath
     // is resolved afresh each time.
@@ -353,6 +404,27 @@ mod tests {
             assert!(matches!(e, SubPathError::Symlink { .. }), "{sub}: {e}");
         }
         assert!(!target.exists() || std::fs::read_dir(&target).unwrap().next().is_none());
+        remove_tree(&d).unwrap();
+    }
+
+    #[test]
+    fn links_inside_the_volume_are_followed_links_out_are_not() {
+        // A configMap volume: `key -> ..data/key`, `..data -> ..2026_x`.
+        let d = tmp("inner");
+        let vol = d.join("vol");
+        std::fs::create_dir_all(vol.join("..2026_x")).unwrap();
+        std::fs::write(vol.join("..2026_x/key"), "v1").unwrap();
+        std::os::unix::fs::symlink("..2026_x", vol.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/key", vol.join("key")).unwrap();
+        std::os::unix::fs::symlink("../../..", vol.join("up")).unwrap();
+        let target = d.join("pod/t");
+        bind_subpath(&vol, "key", &target).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "v1");
+        for sub in ["up", "up/etc/passwd"] {
+            let e = bind_subpath(&vol, sub, &d.join("pod/t2")).unwrap_err();
+            assert!(matches!(e, SubPathError::Symlink { .. }), "{sub}: {e}");
+        }
+        remove_tree(&d.join("pod")).unwrap();
         remove_tree(&d).unwrap();
     }
 
