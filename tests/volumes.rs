@@ -1,0 +1,322 @@
+//! Pod data in cluster mode, against the in-process double of the API
+//! server (`common::apiserver`: a double, not a real kube-apiserver), with
+//! rkubelet on the machine's real containerd: the service-account volume
+//! the API server's admission adds, ConfigMap and Secret volumes and env,
+//! live updates, token refresh, tmpfs for secrets and Memory emptyDirs,
+//! hostPath types, a PVC on a hostPath PV, and nothing left behind.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::apiserver::{ApiServer, ApiServerOptions};
+use common::*;
+use rkubelet::cri::RuntimeService;
+use serde_json::{json, Value};
+
+const T: Duration = Duration::from_secs(90);
+
+fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
+    let mut k = Kubelet::new(node);
+    let kc = api.node_kubeconfig(&k.dir, node);
+    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+    k.extra_config = "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\n".into();
+    k.spawn();
+    k
+}
+
+fn container_id(p: &Value, i: usize) -> String {
+    p["status"]["containerStatuses"][i]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_string()
+}
+
+/// Runs `sh -c cmd` in the container through CRI ExecSync: stdout, trimmed.
+fn sh(k: &Kubelet, id: &str, cmd: &str) -> String {
+    let r = k
+        .cri
+        .rt
+        .block_on(
+            k.cri
+                .client
+                .exec_sync(id, vec!["sh".into(), "-c".into(), cmd.into()], 10),
+        )
+        .unwrap();
+    String::from_utf8_lossy(&r.stdout).trim().to_string()
+}
+
+/// The mount at `path` in this process's view: (fs type, super options).
+fn mount_at(path: &Path) -> Option<(String, String)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.get(4) != Some(&path.to_str().unwrap()) {
+            return None;
+        }
+        let sep = f.iter().position(|x| *x == "-")?;
+        Some((f[sep + 1].to_string(), f[sep + 3].to_string()))
+    })
+}
+
+fn running_pod(api: &ApiServer, name: &str) -> Value {
+    wait_for(&format!("pod {name} Running in the API"), T, || {
+        api.get("pods", Some("default"), name).filter(|p| {
+            p["status"]["phase"] == "Running"
+                && p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().all(|c| c["state"]["running"].is_object()))
+        })
+    })
+}
+
+#[test]
+fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
+    let api = ApiServer::start(ApiServerOptions {
+        service_account_admission: true,
+        ..Default::default()
+    });
+    // Short-lived tokens (upstream's --service-account-max-token-expiration)
+    // so the refresh at 80 % of their life happens within the test.
+    api.set_max_token_expiration(Duration::from_secs(20));
+    let node = "it-vol";
+    api.create(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": "default"}}));
+    api.publish_root_ca("default");
+    api.create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "cfg", "namespace": "default"},
+        "data": {"key": "v1", "other": "o"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "sec", "namespace": "default"},
+        "type": "Opaque", "data": {"pw": "czNjcmV0"}}));
+    let k = cluster_kubelet(node, &api);
+    let name = format!("data-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "data"}},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "volumes": [
+                {"name": "cfg", "configMap": {"name": "cfg"}},
+                {"name": "sec", "secret": {"secretName": "sec"}},
+                {"name": "sec2", "secret": {"secretName": "sec", "defaultMode": 256}},
+                {"name": "mem", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+                {"name": "info", "downwardAPI": {"items": [
+                    {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}
+            ],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "env": [{"name": "FROM_CM", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "key"}}}],
+                "envFrom": [{"prefix": "P_", "configMapRef": {"name": "cfg"}}],
+                "volumeMounts": [
+                    {"name": "cfg", "mountPath": "/cfg"},
+                    {"name": "cfg", "mountPath": "/cfg-sub/key", "subPath": "key"},
+                    {"name": "sec", "mountPath": "/sec"},
+                    {"name": "sec2", "mountPath": "/sec2"},
+                    {"name": "mem", "mountPath": "/mem"},
+                    {"name": "info", "mountPath": "/info"}
+                ]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let id = container_id(&p, 0);
+
+    // The API server's admission added kube-api-access-*: token, CA and
+    // namespace where every client library looks for them.
+    let sa = "/var/run/secrets/kubernetes.io/serviceaccount";
+    assert_eq!(sh(&k, &id, &format!("cat {sa}/namespace")), "default");
+    assert_eq!(
+        sh(&k, &id, &format!("cat {sa}/ca.crt")),
+        api.ca_pem().trim()
+    );
+    let token1 = sh(&k, &id, &format!("cat {sa}/token"));
+    assert_eq!(token1.split('.').count(), 3, "a JWT: {token1}");
+    let reqs = api.token_requests();
+    let (ns, sa_name, spec) = reqs.last().expect("a TokenRequest was made");
+    assert_eq!((ns.as_str(), sa_name.as_str()), ("default", "default"));
+    assert_eq!(spec["boundObjectRef"]["kind"], "Pod");
+    assert_eq!(spec["boundObjectRef"]["uid"], uid.as_str());
+    assert_eq!(spec["expirationSeconds"], 3607);
+
+    // ConfigMap as files and env; Secret files 0644 by default, defaultMode
+    // honoured; the downward API.
+    assert_eq!(sh(&k, &id, "cat /cfg/key /cfg/other"), "v1o");
+    assert_eq!(sh(&k, &id, "cat /cfg-sub/key"), "v1");
+    assert_eq!(sh(&k, &id, "echo $FROM_CM $P_key $P_other"), "v1 v1 o");
+    assert_eq!(sh(&k, &id, "cat /sec/pw"), "s3cret");
+    assert_eq!(sh(&k, &id, "stat -L -c %a /sec/pw"), "644");
+    assert_eq!(sh(&k, &id, "stat -L -c %a /sec2/pw"), "400");
+    assert_eq!(sh(&k, &id, "cat /info/labels"), "app=\"data\"");
+
+    // On the host: secrets and the Memory emptyDir on tmpfs (the latter of
+    // its sizeLimit), the configMap on disk.
+    let vols = k.dir.join("root/pods").join(&uid).join("volumes");
+    let sec = mount_at(&vols.join("kubernetes.io~secret/sec")).expect("the secret volume is a mount");
+    assert_eq!(sec.0, "tmpfs");
+    let proj = std::fs::read_dir(vols.join("kubernetes.io~projected"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(proj.file_name().unwrap().to_string_lossy().starts_with("kube-api-access-"));
+    assert_eq!(mount_at(&proj).expect("the token volume is a mount").0, "tmpfs");
+    let mem = mount_at(&vols.join("kubernetes.io~empty-dir/mem")).expect("tmpfs");
+    assert_eq!(mem.0, "tmpfs");
+    assert!(mem.1.contains("size=16384k"), "{mem:?}");
+    assert!(mount_at(&vols.join("kubernetes.io~configmap/cfg")).is_none());
+
+    // An update reaches the file within the sync period; the subPath mount
+    // keeps the content it was started with, as upstream.
+    let mut cm = api.get("configmaps", Some("default"), "cfg").unwrap();
+    cm["data"]["key"] = json!("v2");
+    api.update(cm);
+    wait_for("the configMap file to change in the container", T, || {
+        (sh(&k, &id, "cat /cfg/key") == "v2").then_some(())
+    });
+    assert_eq!(sh(&k, &id, "cat /cfg-sub/key"), "v1");
+    assert_eq!(sh(&k, &id, "echo $FROM_CM"), "v1", "env is fixed at start");
+
+    // The token file is replaced before the token expires (20 s life,
+    // refreshed at 80 %).
+    let token2 = wait_for("a fresh token in the volume", T, || {
+        let t = sh(&k, &id, &format!("cat {sa}/token"));
+        (t != token1 && !t.is_empty()).then_some(t)
+    });
+    assert_eq!(token2.split('.').count(), 3);
+
+    // Deleting the pod leaves no mount and no directory behind.
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the pod to be gone from the API", T, || {
+        api.get("pods", Some("default"), &name).is_none().then_some(())
+    });
+    let pod_dir = k.dir.join("root/pods").join(&uid);
+    wait_for("the pod directory to be removed", T, || {
+        (!path_exists(&pod_dir)).then_some(())
+    });
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !info.contains(&uid),
+        "mounts of the pod are left: {}",
+        info.lines().filter(|l| l.contains(&uid)).collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[test]
+fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-vol2";
+    let k = cluster_kubelet(node, &api);
+
+    // A Secret referenced by env that does not exist yet.
+    let name = format!("later-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "env": [{"name": "PW", "valueFrom": {"secretKeyRef": {"name": "later", "key": "pw"}}}]
+            }]
+        }
+    }));
+    wait_for("CreateContainerConfigError in the API", T, || {
+        api.get("pods", Some("default"), &name).filter(|p| {
+            let w = &p["status"]["containerStatuses"][0]["state"]["waiting"];
+            w["reason"] == "CreateContainerConfigError" && w["message"] == "secret \"later\" not found"
+        })
+    });
+    api.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "later", "namespace": "default"}, "data": {"pw": "eA=="}}));
+    let p = running_pod(&api, &name);
+    assert_eq!(sh(&k, &container_id(&p, 0), "echo $PW"), "x");
+
+    // hostPath types: File on a missing path fails with a FailedMount
+    // naming the volume; DirectoryOrCreate creates it.
+    let host = k.dir.join("host");
+    let made = host.join("made");
+    let hp = format!("hp-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": hp, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [
+                {"name": "made", "hostPath": {"path": made.to_str().unwrap(), "type": "DirectoryOrCreate"}},
+                {"name": "file", "hostPath": {"path": host.join("nofile").to_str().unwrap(), "type": "File"}}
+            ],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "made", "mountPath": "/made"}, {"name": "file", "mountPath": "/file"}]
+            }]
+        }
+    }));
+    wait_for("a FailedMount event for the File hostPath", T, || {
+        api.list("events").into_iter().find(|e| {
+            e["reason"] == "FailedMount"
+                && e["involvedObject"]["name"] == hp.as_str()
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("MountVolume.SetUp failed for volume \"file\"") && m.contains("is not a file"))
+        })
+    });
+    assert!(made.is_dir(), "DirectoryOrCreate made the directory");
+    std::fs::write(host.join("nofile"), "f").unwrap();
+    let p = running_pod(&api, &hp);
+    assert_eq!(sh(&k, &container_id(&p, 0), "cat /file"), "f");
+
+    // A claim bound to a hostPath PV.
+    let pv_dir = k.dir.join("pv");
+    std::fs::create_dir_all(&pv_dir).unwrap();
+    std::fs::write(pv_dir.join("data"), "persistent").unwrap();
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "pv1"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "pv1"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "hostPath": {"path": pv_dir.to_str().unwrap()},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api.get("persistentvolumeclaims", Some("default"), "claim").unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+    let pv = format!("pv-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pv, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &pv);
+    assert_eq!(sh(&k, &container_id(&p, 0), "cat /data/data"), "persistent");
+    for n in [&name, &hp, &pv] {
+        api.delete("pods", Some("default"), n, Some(0));
+    }
+    wait_for("the pods to be gone", T, || {
+        [&name, &hp, &pv]
+            .iter()
+            .all(|n| api.get("pods", Some("default"), n).is_none())
+            .then_some(())
+    });
+    assert_eq!(
+        std::fs::read_to_string(pv_dir.join("data")).unwrap(),
+        "persistent",
+        "a persistent volume's data stays"
+    );
+}
