@@ -54,6 +54,7 @@ struct Args {
     cluster: Vec<usize>,
     scrape: Vec<usize>,
     scrapes: usize,
+    volumes: Vec<usize>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -70,6 +71,7 @@ fn parse_args() -> Result<Args> {
         cluster: Vec::new(),
         scrape: Vec::new(),
         scrapes: 10,
+        volumes: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -116,8 +118,16 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_, _>>()?
             }
             "--scrapes" => a.scrapes = val()?.parse()?,
+            "--volumes" => {
+                a.volumes = val()?
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse())
+                    .collect::<Result<_, _>>()?
+            }
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -548,6 +558,9 @@ fn main() -> Result<()> {
     for &n in &args.scrape {
         scrape_bench(&args, &cri, n)?;
     }
+    for &n in &args.volumes {
+        volumes_bench(&args, &cri, n)?;
+    }
 
     for &n in &args.pods {
         println!("\n== {n} pod(s) ==");
@@ -970,6 +983,137 @@ fn cluster_bench(
         "graceful deletion of {n} pod(s) (grace 2 s) until the objects are gone: {:.2}s",
         t1.elapsed().as_secs_f64()
     );
+    drop(k);
+    let _ = std::fs::remove_dir_all(&dir);
+    wait_runtime_clean(cri)?;
+    Ok(())
+}
+
+/// Pod data (issue 9's benchmark): bound-to-Running time of a pod with 10
+/// configMap/secret volumes beside one with none, then `n` pods each with
+/// a projected token volume and a shared configMap: rkubelet's RSS and the
+/// object watches it holds (one per distinct object, not per pod).
+fn volumes_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
+    use apiserver::{ApiServer, ApiServerOptions};
+    use serde_json::json;
+    println!("\n== pod data: 10 configMap/secret volumes vs none; {n} pods with a token and a configMap ==");
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "bench";
+    api.create(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": "default"}}));
+    api.publish_root_ca("default");
+    for i in 0..5 {
+        api.create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("cm{i}"), "namespace": "default"},
+            "data": {"a": "1", "b": "2"}}));
+        api.create(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("s{i}"), "namespace": "default"},
+            "data": {"a": "MQ==", "b": "Mg=="}}));
+    }
+    api.create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "shared", "namespace": "default"}, "data": {"k": "v"}}));
+    let dir = std::env::temp_dir().join(format!("rkubelet-bench-vol-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let kc = api.node_kubeconfig(&dir, node);
+    let k = Kubelet::start_with(&args.rkubelet, &[format!("--kubeconfig={}", kc.display())])?;
+    wait(Duration::from_secs(60), || api.get("nodes", None, node))
+        .context("the node never registered")?;
+    let container = |mounts: Value| {
+        json!([{"name": "main", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+            "command": ["sleep", "3600"], "volumeMounts": mounts}])
+    };
+    let running = |name: &str| -> Result<f64> {
+        let t0 = Instant::now();
+        wait(Duration::from_secs(120), || {
+            api.get("pods", Some("default"), name)
+                .filter(|p| p["status"]["phase"] == "Running" && running_main(p).is_some())
+        })?;
+        Ok(t0.elapsed().as_secs_f64())
+    };
+    let gone = |names: &[String]| -> Result<()> {
+        for name in names {
+            api.delete("pods", Some("default"), name, Some(0));
+        }
+        wait(Duration::from_secs(120), || {
+            names
+                .iter()
+                .all(|n| api.get("pods", Some("default"), n).is_none())
+                .then_some(())
+        })
+    };
+    let (mut plain, mut vols) = (Vec::new(), Vec::new());
+    for r in 0..5 {
+        let name = format!("plain{r}");
+        api.create(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                "containers": container(json!([]))}}));
+        plain.push(running(&name)?);
+        let name10 = format!("vols{r}");
+        let mut volumes = Vec::new();
+        let mut mounts = Vec::new();
+        for i in 0..5 {
+            volumes.push(json!({"name": format!("c{i}"), "configMap": {"name": format!("cm{i}")}}));
+            volumes.push(json!({"name": format!("s{i}"), "secret": {"secretName": format!("s{i}")}}));
+            mounts.push(json!({"name": format!("c{i}"), "mountPath": format!("/c{i}")}));
+            mounts.push(json!({"name": format!("s{i}"), "mountPath": format!("/s{i}")}));
+        }
+        api.create(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name10, "namespace": "default"},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                "volumes": volumes, "containers": container(json!(mounts))}}));
+        vols.push(running(&name10)?);
+        gone(&[name, name10])?;
+    }
+    let (p50, v50) = (pct(&mut plain, 50.0), pct(&mut vols, 50.0));
+    println!(
+        "bound -> Running: no volumes p50 {p50:.3}s; 10 configMap/secret volumes p50 {v50:.3}s; difference {:+.0} ms",
+        (v50 - p50) * 1000.0
+    );
+
+    // n pods, each with the projected token volume the API server's
+    // admission adds and a configMap every pod shares.
+    let before = api.requests().len();
+    let names: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+    for name in &names {
+        api.create(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                "volumes": [
+                    {"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}},
+                    {"name": "shared", "configMap": {"name": "shared"}}],
+                "containers": container(json!([
+                    {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true},
+                    {"name": "shared", "mountPath": "/shared"}]))}}));
+    }
+    let t0 = Instant::now();
+    wait(Duration::from_secs(600), || {
+        let all = api.list("pods");
+        (all.iter()
+            .filter(|p| p["status"]["phase"] == "Running" && running_main(p).is_some())
+            .count()
+            >= n)
+            .then_some(())
+    })?;
+    println!("{n} pods with a token and a configMap Running after {:.2}s", t0.elapsed().as_secs_f64());
+    std::thread::sleep(Duration::from_secs(5));
+    let (rss, _) = proc_usage(k.child.id());
+    let reqs: Vec<_> = api.requests().into_iter().skip(before).collect();
+    let watches: std::collections::BTreeSet<String> = reqs
+        .iter()
+        .filter(|r| r.path.contains("watch=true") && r.path.contains("metadata.name"))
+        .filter_map(|r| r.path.split('?').next().map(str::to_string))
+        .collect();
+    let tokens = reqs.iter().filter(|r| r.path.ends_with("/token")).count();
+    println!(
+        "{n} pods: RSS {:.1} MiB; object watches opened {} (distinct objects referenced: 2); TokenRequests {tokens}",
+        rss as f64 / 1048576.0,
+        watches.len()
+    );
+    gone(&names)?;
     drop(k);
     let _ = std::fs::remove_dir_all(&dir);
     wait_runtime_clean(cri)?;
