@@ -100,6 +100,7 @@ mod client;
 mod patch;
 mod pki;
 mod server;
+mod serviceaccount;
 mod store;
 
 #[allow(unused_imports)]
@@ -133,6 +134,12 @@ pub struct ApiServerOptions {
     /// How often watches with `allowWatchBookmarks` get a BOOKMARK (the
     /// real server: about a minute).
     pub bookmark_interval: Duration,
+    /// Run the ServiceAccount admission plugin on pod creates (default
+    /// off: the double runs no admission unless asked). On: pods get
+    /// `serviceAccountName: default` if unset, are rejected (403) if that
+    /// ServiceAccount does not exist, and get the `kube-api-access-*`
+    /// projected token volume and its mount unless automounting is off.
+    pub service_account_admission: bool,
 }
 
 impl Default for ApiServerOptions {
@@ -143,6 +150,7 @@ impl Default for ApiServerOptions {
             require_client_cert: false,
             bootstrap_tokens: Vec::new(),
             bookmark_interval: Duration::from_secs(1),
+            service_account_admission: false,
         }
     }
 }
@@ -207,8 +215,10 @@ impl ApiServer {
             .tls
             .then(|| tokio_rustls::TlsAcceptor::from(pki::server_config(&pki)));
         let (partition, _) = tokio::sync::watch::channel(false);
+        let mut store = store::Store::new(pki);
+        store.sa_admission = opts.service_account_admission;
         let shared = Arc::new(server::Shared {
-            store: Mutex::new(store::Store::new(pki)),
+            store: Mutex::new(store),
             tls,
             require_user: opts.require_client_cert,
             bootstrap_tokens: opts.bootstrap_tokens.clone(),
@@ -555,6 +565,30 @@ impl ApiServer {
                 groups.iter().map(|g| g.to_string()).collect(),
             ),
         );
+    }
+
+    /// Caps the expiration of issued service account tokens, as
+    /// `--service-account-max-token-expiration`: a TokenRequest asking for
+    /// more gets this much (`spec.expirationSeconds` and
+    /// `status.expirationTimestamp` say so, with a Warning header). Whole
+    /// seconds, at least 1; upstream's flag must be at least 1 h, the
+    /// double takes any value so that tests can see short-lived tokens.
+    pub fn set_max_token_expiration(&self, d: Duration) {
+        self.shared.store.lock().tokens.max_expiration = Some(serviceaccount::secs(d));
+    }
+
+    /// Every TokenRequest so far: (namespace, service account, `spec` as
+    /// sent), failed ones included.
+    pub fn token_requests(&self) -> Vec<(String, String, Value)> {
+        self.shared.store.lock().tokens.requests.clone()
+    }
+
+    /// The root CA publisher for one namespace: creates (or brings back)
+    /// the ConfigMap `kube-root-ca.crt` with `ca.crt` = the double's CA
+    /// PEM. Returns it.
+    pub fn publish_root_ca(&self, ns: &str) -> Value {
+        serviceaccount::publish_root_ca(&mut self.shared.store.lock(), ns)
+            .expect("publish kube-root-ca.crt")
     }
 
     /// SubjectAccessReview allows `user` to `verb` `resource`/`subresource`
