@@ -12,7 +12,8 @@
 //! - Resources: core v1 `pods` (+`/status`), `nodes` (+`/status`),
 //!   `namespaces` (default, kube-system, kube-node-lease, kube-public exist
 //!   at start), `events`, `configmaps`, `secrets`, `services`,
-//!   `serviceaccounts`; `coordination.k8s.io/v1` `leases`;
+//!   `serviceaccounts` (+`/token`), `persistentvolumes` (+`/status`),
+//!   `persistentvolumeclaims` (+`/status`); `coordination.k8s.io/v1` `leases`;
 //!   `events.k8s.io/v1` `events` (stored apart from core events; tests name
 //!   it `events.events.k8s.io`); `certificates.k8s.io/v1`
 //!   `certificatesigningrequests` (+`/status`, `/approval`). Discovery:
@@ -22,9 +23,33 @@
 //!   on spec change and when deletion starts). A write that changes nothing
 //!   does not bump the resourceVersion and sends no event. Pods get
 //!   `status.phase: Pending` and `spec.terminationGracePeriodSeconds: 30`
-//!   (if unset) at create; CSRs get `spec.username`/`groups` of the creator.
+//!   (if unset) at create; CSRs get `spec.username`/`groups` of the creator;
+//!   PVs get status phase Pending (+`lastPhaseTransitionTime`, kept or
+//!   renewed on `/status` writes as upstream), reclaim policy Retain and
+//!   volumeMode Filesystem; PVCs status phase Pending and volumeMode
+//!   Filesystem.
+//! - TokenRequest (`POST .../serviceaccounts/{name}/token`, 201, nothing
+//!   stored): the ServiceAccount must exist; body name/namespace must match;
+//!   `expirationSeconds` defaults to 3600 and must be 600..=2^32 (422);
+//!   `boundObjectRef` Pod/Secret/Node must exist with the given uid (a pod
+//!   must run as the ServiceAccount); empty audiences are the server's
+//!   (`https://kubernetes.default.svc.cluster.local`);
+//!   [`ApiServer::set_max_token_expiration`] caps the expiration (Warning
+//!   header); pod-bound 3607 s tokens are extended to a year (`warnafter`).
+//!   Tokens are JWT-shaped with upstream's claims but NOT signed; TokenReview
+//!   authenticates them (expiry, audiences, ServiceAccount and bound object
+//!   still there) as the service account. [`ApiServer::token_requests`]
+//!   records the requests.
+//! - [`ApiServer::publish_root_ca`]: the root CA publisher's
+//!   `kube-root-ca.crt` ConfigMap for one namespace.
+//! - ServiceAccount admission on pod creates, opt-in
+//!   ([`ApiServerOptions::service_account_admission`]): default service
+//!   account, 403 if it does not exist, the `kube-api-access-*` projected
+//!   volume and mounts, image pull secrets, mirror pod rules.
 //! - GET/list with `labelSelector` (`=`, `==`, `!=`, `key`, `!key`),
-//!   `fieldSelector` (`=`, `==`, `!=` on any dotted field path), `limit` +
+//!   `fieldSelector` (`=`, `==`, `!=`; the field labels each kind accepts,
+//!   400 otherwise with upstream's message; CSRs and events.k8s.io events
+//!   accept any dotted path), `limit` +
 //!   `continue` (pages of the current state; a token older than the last
 //!   compaction gets 410 Expired), `resourceVersionMatch=Exact` older than
 //!   the last compaction gets 410; lists are otherwise always served from
@@ -87,7 +112,12 @@
 //! snapshots (pages come from the current state), lists at an old exact
 //! resourceVersion (served from the current state unless compacted), a
 //! resourceVersion newer than the current one (no wait, no 504), field
-//! selector validation (any path is accepted), validation and defaulting
+//! label checks for CSRs and events.k8s.io events, token signatures (no
+//! keys; TokenReview works by lookup), bearer authentication of requests
+//! with issued service account tokens, the TokenRequest uid precondition,
+//! the admission plugin's wait for a missing `default` ServiceAccount and
+//! its checks of volume plugins' secretRefs on mirror pods, validation and
+//! defaulting
 //! beyond the fields named above (e.g. pod spec immutability), namespace
 //! lifecycle (objects may be created in any namespace), deletecollection,
 //! garbage collection of owned objects, CSR signer policy checks (subjects,
