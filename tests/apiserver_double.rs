@@ -1385,3 +1385,770 @@ fn subject_access_reviews_follow_the_rules_and_validation() {
         json!({"spec": {"user": "a", "resourceAttributes": {}, "nonResourceAttributes": {}}});
     assert_eq!(c.post(path, &both).unwrap().status, 422);
 }
+
+// --- Service accounts, tokens, volumes ---
+
+fn sa(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": ns}})
+}
+
+fn token_path(ns: &str, name: &str) -> String {
+    format!("/api/v1/namespaces/{ns}/serviceaccounts/{name}/token")
+}
+
+fn token_request(spec: Value) -> Value {
+    json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+}
+
+/// The JWT payload of a token (base64url, no padding).
+fn claims(token: &str) -> Value {
+    use base64::Engine;
+    let parts: Vec<&str> = token.split('.').collect();
+    assert_eq!(parts.len(), 3, "JWT shape: {token}");
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let header: Value = serde_json::from_slice(&b64.decode(parts[0]).unwrap()).unwrap();
+    assert_eq!(header["alg"], "RS256");
+    assert!(!parts[2].is_empty());
+    serde_json::from_slice(&b64.decode(parts[1]).unwrap()).unwrap()
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+fn ts(v: &Value) -> i64 {
+    v.as_str()
+        .unwrap()
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .unwrap()
+        .as_second()
+}
+
+// pkg/registry/core/serviceaccount/storage/token.go (TokenREST.Create): a
+// create on serviceaccounts/{name}/token answers 201 with the TokenRequest
+// (metadata from the ServiceAccount, audiences defaulted to the API
+// server's, expirationSeconds defaulted to 3600 by
+// pkg/apis/authentication/v1 SetDefaults_TokenRequestSpec) and
+// status.token/expirationTimestamp; nothing is stored; a missing
+// ServiceAccount is the Get's 404. Claims as pkg/serviceaccount/claims.go.
+#[test]
+fn token_request_issues_a_token_for_an_existing_service_account() {
+    let s = plain();
+    let c = s.client();
+    let created = s.create(sa("default", "builder"));
+    let rv_before = s.resource_version();
+    let t0 = unix_now();
+    let r = c
+        .post(&token_path("default", "builder"), &token_request(json!({})))
+        .unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert_eq!(r.body["kind"], "TokenRequest");
+    assert_eq!(r.body["apiVersion"], "authentication.k8s.io/v1");
+    assert_eq!(r.body["metadata"]["name"], "builder");
+    assert_eq!(r.body["metadata"]["namespace"], "default");
+    assert_eq!(r.body["spec"]["expirationSeconds"], 3600);
+    assert_eq!(
+        r.body["spec"]["audiences"],
+        json!(["https://kubernetes.default.svc.cluster.local"])
+    );
+    let exp = ts(&r.body["status"]["expirationTimestamp"]);
+    assert!((t0 + 3600..=unix_now() + 3600).contains(&exp), "{exp}");
+    let cl = claims(r.body["status"]["token"].as_str().unwrap());
+    assert_eq!(cl["sub"], "system:serviceaccount:default:builder");
+    assert_eq!(
+        cl["aud"],
+        json!(["https://kubernetes.default.svc.cluster.local"])
+    );
+    assert!(cl["iss"].as_str().unwrap().starts_with("https://"));
+    assert_eq!(cl["iat"], cl["nbf"]);
+    assert_eq!(
+        cl["exp"].as_i64().unwrap() - cl["iat"].as_i64().unwrap(),
+        3600
+    );
+    assert_eq!(cl["kubernetes.io"]["namespace"], "default");
+    assert_eq!(cl["kubernetes.io"]["serviceaccount"]["name"], "builder");
+    assert_eq!(
+        cl["kubernetes.io"]["serviceaccount"]["uid"],
+        created["metadata"]["uid"]
+    );
+    assert!(cl["kubernetes.io"].get("pod").is_none());
+    // Not stored: no write happened.
+    assert_eq!(s.resource_version(), rv_before);
+    // Audiences as asked.
+    let r = c
+        .post(
+            &token_path("default", "builder"),
+            &token_request(json!({"audiences": ["vault"], "expirationSeconds": 7200})),
+        )
+        .unwrap();
+    assert_eq!(
+        claims(r.body["status"]["token"].as_str().unwrap())["aud"],
+        json!(["vault"])
+    );
+    assert_eq!(r.body["spec"]["expirationSeconds"], 7200);
+    // Missing ServiceAccount: 404 NotFound.
+    let r = c
+        .post(&token_path("default", "nope"), &token_request(json!({})))
+        .unwrap();
+    assert_eq!(r.status, 404, "{:?}", r.body);
+    assert_eq!(r.body["message"], "serviceaccounts \"nope\" not found");
+    // Every request is recorded, failed ones too.
+    let reqs = s.token_requests();
+    assert_eq!(reqs.len(), 3);
+    assert_eq!(
+        (reqs[1].0.as_str(), reqs[1].1.as_str()),
+        ("default", "builder")
+    );
+    assert_eq!(reqs[1].2["audiences"], json!(["vault"]));
+    assert_eq!(reqs[2].1, "nope");
+}
+
+// pkg/apis/authentication/validation ValidateTokenRequest: expirationSeconds
+// under 10 minutes (or over 2^32) is 422 Invalid, named "" (token.go calls
+// errors.NewInvalid(gvk.GroupKind(), "", errs)); a body name or namespace
+// other than the URL's is Invalid too (token.go).
+#[test]
+fn token_request_validation() {
+    let s = plain();
+    let c = s.client();
+    s.create(sa("default", "builder"));
+    let path = token_path("default", "builder");
+    let r = c
+        .post(&path, &token_request(json!({"expirationSeconds": 599})))
+        .unwrap();
+    assert_eq!(r.status, 422, "{:?}", r.body);
+    assert_eq!(r.body["reason"], "Invalid");
+    assert_eq!(
+        r.body["message"],
+        "TokenRequest.authentication.k8s.io \"\" is invalid: spec.expirationSeconds: Invalid value: 599: may not specify a duration less than 10 minutes"
+    );
+    assert_eq!(
+        r.body["details"]["causes"][0]["field"],
+        "spec.expirationSeconds"
+    );
+    let r = c
+        .post(&path, &token_request(json!({"expirationSeconds": 600})))
+        .unwrap();
+    assert_eq!(r.status, 201, "600 s is the minimum: {:?}", r.body);
+    let r = c
+        .post(
+            &path,
+            &token_request(json!({"expirationSeconds": (1i64 << 32) + 1})),
+        )
+        .unwrap();
+    assert_eq!(r.status, 422);
+    assert!(r.body["message"]
+        .as_str()
+        .unwrap()
+        .ends_with("may not specify a duration larger than 2^32 seconds"));
+    let mut other = token_request(json!({}));
+    other["metadata"] = json!({"name": "someone-else"});
+    let r = c.post(&path, &other).unwrap();
+    assert_eq!(r.status, 422);
+    assert_eq!(
+        r.body["message"],
+        "TokenRequest.authentication.k8s.io \"builder\" is invalid: metadata.name: Invalid value: \"someone-else\": must match the service account name if specified"
+    );
+}
+
+// token.go boundObjectRef: Pod, Secret or Node (core group) must exist (the
+// Get's 404); a pod must run as this ServiceAccount (400); a given uid must
+// match (409 Conflict); other kinds are 400. claims.go: the pod (and its
+// node, ServiceAccountTokenPodNodeInfo), secret or node go into the
+// kubernetes.io claim.
+#[test]
+fn token_request_bound_objects() {
+    let s = plain();
+    let c = s.client();
+    s.create(sa("default", "builder"));
+    let node = s.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let mut p = pod("web", Some("n1"));
+    p["spec"]["serviceAccountName"] = json!("builder");
+    let p = s.create(p);
+    let path = token_path("default", "builder");
+    let bound = |kind: &str, name: &str, uid: Option<&Value>| {
+        let mut r = json!({"apiVersion": "v1", "kind": kind, "name": name});
+        if let Some(u) = uid {
+            r["uid"] = u.clone();
+        }
+        token_request(json!({"boundObjectRef": r}))
+    };
+    let r = c
+        .post(&path, &bound("Pod", "web", Some(&p["metadata"]["uid"])))
+        .unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let k = &claims(r.body["status"]["token"].as_str().unwrap())["kubernetes.io"];
+    assert_eq!(
+        k["pod"],
+        json!({"name": "web", "uid": p["metadata"]["uid"]})
+    );
+    assert_eq!(
+        k["node"],
+        json!({"name": "n1", "uid": node["metadata"]["uid"]})
+    );
+    assert_eq!(r.body["spec"]["boundObjectRef"]["name"], "web");
+
+    let r = c.post(&path, &bound("Pod", "gone", None)).unwrap();
+    assert_eq!(r.status, 404);
+    assert_eq!(r.body["message"], "pods \"gone\" not found");
+    let r = c
+        .post(&path, &bound("Pod", "web", Some(&json!("not-the-uid"))))
+        .unwrap();
+    assert_eq!(r.status, 409, "{:?}", r.body);
+    assert_eq!(
+        r.body["message"],
+        "Operation cannot be fulfilled on Pod \"web\": the UID in the bound object reference (not-the-uid) does not match the UID in record. The object might have been deleted and then recreated"
+    );
+    s.create(pod("other-sa", None));
+    let r = c.post(&path, &bound("Pod", "other-sa", None)).unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.body["message"],
+        "cannot bind token for serviceaccount \"builder\" to pod running with different serviceaccount name."
+    );
+    let r = c.post(&path, &bound("ConfigMap", "x", None)).unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.body["message"],
+        "cannot bind token to object of type /v1, Kind=ConfigMap"
+    );
+    let sec = s.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s1", "namespace": "default"}}));
+    let r = c.post(&path, &bound("Secret", "s1", None)).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let k = &claims(r.body["status"]["token"].as_str().unwrap())["kubernetes.io"];
+    assert_eq!(k["secret"]["uid"], sec["metadata"]["uid"]);
+    let r = c.post(&path, &bound("Node", "n1", None)).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let k = &claims(r.body["status"]["token"].as_str().unwrap())["kubernetes.io"];
+    assert_eq!(k["node"]["uid"], node["metadata"]["uid"]);
+    assert!(k.get("pod").is_none());
+}
+
+// token.go: --service-account-max-token-expiration caps
+// spec.expirationSeconds (and so status.expirationTimestamp and exp); and
+// with --service-account-extend-token-expiration (default on) a pod-bound
+// token asked for 3607 s (WarnOnlyBoundTokenExpirationSeconds) with the
+// API server's audiences lives a year, with warnafter at 3607 s, while the
+// status says 3607 s.
+#[test]
+fn token_expiration_cap_and_extension() {
+    let s = plain();
+    let c = s.client();
+    s.create(sa("default", "default"));
+    s.create(pod("web", Some("n1")));
+    let mut p = s.get("pods", Some("default"), "web").unwrap();
+    p["spec"]["serviceAccountName"] = json!("default");
+    s.update(p);
+    let path = token_path("default", "default");
+    let pod_ref = json!({"apiVersion": "v1", "kind": "Pod", "name": "web"});
+
+    let t0 = unix_now();
+    let r = c
+        .post(
+            &path,
+            &token_request(json!({"expirationSeconds": 3607, "boundObjectRef": pod_ref})),
+        )
+        .unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let exp = ts(&r.body["status"]["expirationTimestamp"]);
+    assert!((t0 + 3607..=unix_now() + 3607).contains(&exp));
+    let cl = claims(r.body["status"]["token"].as_str().unwrap());
+    let iat = cl["iat"].as_i64().unwrap();
+    assert_eq!(cl["exp"].as_i64().unwrap() - iat, 24 * 365 * 3600);
+    assert_eq!(
+        cl["kubernetes.io"]["warnafter"].as_i64().unwrap() - iat,
+        3607
+    );
+
+    s.set_max_token_expiration(Duration::from_secs(120));
+    let t0 = unix_now();
+    let r = c
+        .post(
+            &path,
+            &token_request(json!({"expirationSeconds": 3607, "boundObjectRef": pod_ref})),
+        )
+        .unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert_eq!(r.body["spec"]["expirationSeconds"], 120);
+    let exp = ts(&r.body["status"]["expirationTimestamp"]);
+    assert!((t0 + 120..=unix_now() + 120).contains(&exp));
+    let cl = claims(r.body["status"]["token"].as_str().unwrap());
+    assert_eq!(
+        cl["exp"].as_i64().unwrap() - cl["iat"].as_i64().unwrap(),
+        120
+    );
+    assert!(cl["kubernetes.io"].get("warnafter").is_none());
+    // The cap applies after validation: asking under 600 s is still 422.
+    let r = c
+        .post(&path, &token_request(json!({"expirationSeconds": 60})))
+        .unwrap();
+    assert_eq!(r.status, 422, "validation comes before the cap");
+}
+
+// pkg/serviceaccount/claims.go validator + the TokenReview REST: an issued
+// token authenticates as system:serviceaccount:<ns>:<name> in
+// system:serviceaccounts, system:serviceaccounts:<ns> and
+// system:authenticated, with the pod in extra; it stops authenticating
+// when its bound pod is gone or the audiences do not meet.
+#[test]
+fn token_review_authenticates_issued_tokens() {
+    let s = plain();
+    let c = s.client();
+    let account = s.create(sa("kube-system", "robot"));
+    let mut p = pod("web", None);
+    p["metadata"]["namespace"] = json!("kube-system");
+    p["spec"]["serviceAccountName"] = json!("robot");
+    let p = s.create(p);
+    let r = c
+        .post(
+            &token_path("kube-system", "robot"),
+            &token_request(
+                json!({"boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "web"}}),
+            ),
+        )
+        .unwrap();
+    let token = r.body["status"]["token"].as_str().unwrap().to_string();
+    let review = |token: &str, auds: Value| {
+        c.post(
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token, "audiences": auds}}),
+        )
+        .unwrap()
+        .body
+    };
+    let r = review(&token, json!([]));
+    assert_eq!(r["status"]["authenticated"], true, "{r}");
+    let user = &r["status"]["user"];
+    assert_eq!(user["username"], "system:serviceaccount:kube-system:robot");
+    assert_eq!(user["uid"], account["metadata"]["uid"]);
+    assert_eq!(
+        user["groups"],
+        json!([
+            "system:serviceaccounts",
+            "system:serviceaccounts:kube-system",
+            "system:authenticated"
+        ])
+    );
+    assert_eq!(
+        user["extra"]["authentication.kubernetes.io/pod-name"],
+        json!(["web"])
+    );
+    assert_eq!(
+        user["extra"]["authentication.kubernetes.io/pod-uid"],
+        json!([p["metadata"]["uid"]])
+    );
+    assert_eq!(
+        r["status"]["audiences"],
+        json!(["https://kubernetes.default.svc.cluster.local"])
+    );
+    let r = review(&token, json!(["vault"]));
+    assert_ne!(r["status"]["authenticated"], true);
+    assert!(r["status"]["error"].as_str().unwrap().contains("audiences"));
+    s.delete("pods", Some("kube-system"), "web", Some(0));
+    let r = review(&token, json!([]));
+    assert_ne!(r["status"]["authenticated"], true, "{r}");
+    assert!(r["status"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("service account token has been invalidated"));
+}
+
+// pkg/registry/core/persistentvolume and persistentvolumeclaim strategies
+// with pkg/apis/core/v1 defaults: PVs are cluster-scoped, PVCs namespaced,
+// both with a status subresource; create resets status to phase Pending
+// (PVs with lastPhaseTransitionTime), defaults reclaim policy Retain and
+// volumeMode Filesystem; a PV status write that changes the phase without
+// a new transition time gets one (PersistentVolumeLastPhaseTransitionTime).
+#[test]
+fn persistent_volumes_and_claims() {
+    let s = plain();
+    let c = s.client();
+    let r = c
+        .post(
+            "/api/v1/persistentvolumes",
+            &json!({"metadata": {"name": "pv1"},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                    "hostPath": {"path": "/tmp/pv1"}},
+                "status": {"phase": "Bound"}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let pv = r.body;
+    assert_eq!(pv["kind"], "PersistentVolume");
+    assert!(pv["metadata"].get("namespace").is_none());
+    assert_eq!(pv["status"]["phase"], "Pending");
+    assert!(pv["status"]["lastPhaseTransitionTime"].is_string());
+    assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Retain");
+    assert_eq!(pv["spec"]["volumeMode"], "Filesystem");
+    // Main resource writes keep the status; /status writes only status.
+    let mut upd = pv.clone();
+    upd["status"]["phase"] = json!("Available");
+    upd["metadata"]["labels"] = json!({"a": "b"});
+    let r = c.put("/api/v1/persistentvolumes/pv1", &upd).unwrap().body;
+    assert_eq!(r["status"]["phase"], "Pending");
+    let mut st = r.clone();
+    st["status"] = json!({"phase": "Available", "lastPhaseTransitionTime": "2020-01-01T00:00:00Z"});
+    let r = c
+        .put("/api/v1/persistentvolumes/pv1/status", &st)
+        .unwrap()
+        .body;
+    assert_eq!(r["status"]["phase"], "Available");
+    assert_eq!(
+        r["status"]["lastPhaseTransitionTime"],
+        "2020-01-01T00:00:00Z"
+    );
+    // Same phase, no time: the stored time stays.
+    let mut st = r.clone();
+    st["status"] = json!({"phase": "Available", "message": "m"});
+    let r = c
+        .put("/api/v1/persistentvolumes/pv1/status", &st)
+        .unwrap()
+        .body;
+    assert_eq!(
+        r["status"]["lastPhaseTransitionTime"],
+        "2020-01-01T00:00:00Z"
+    );
+    // New phase, same time as stored: now.
+    let mut st = r.clone();
+    st["status"]["phase"] = json!("Bound");
+    let r = c
+        .put("/api/v1/persistentvolumes/pv1/status", &st)
+        .unwrap()
+        .body;
+    assert!(ts(&r["status"]["lastPhaseTransitionTime"]) >= unix_now() - 5);
+
+    let claims_path = "/api/v1/namespaces/default/persistentvolumeclaims";
+    let r = c
+        .post(
+            claims_path,
+            &json!({"metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+                "status": {"phase": "Bound"}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert_eq!(r.body["kind"], "PersistentVolumeClaim");
+    assert_eq!(r.body["status"], json!({"phase": "Pending"}));
+    assert_eq!(r.body["spec"]["volumeMode"], "Filesystem");
+    let mut st = r.body.clone();
+    st["status"] = json!({"phase": "Bound", "capacity": {"storage": "1Gi"}});
+    st["spec"]["volumeName"] = json!("pv1");
+    let r = c
+        .put(&format!("{claims_path}/data/status"), &st)
+        .unwrap()
+        .body;
+    assert_eq!(r["status"]["phase"], "Bound");
+    assert!(
+        r["spec"].get("volumeName").is_none(),
+        "status writes keep spec"
+    );
+    assert_eq!(s.list("persistentvolumeclaims").len(), 1);
+    let d = c.get("/api/v1").unwrap().body;
+    let names: Vec<&str> = d["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    for n in [
+        "persistentvolumes",
+        "persistentvolumes/status",
+        "persistentvolumeclaims",
+        "persistentvolumeclaims/status",
+    ] {
+        assert!(names.contains(&n), "{n} in {names:?}");
+    }
+}
+
+// pkg/controller/certificates/rootcacertpublisher (syncNamespace): the
+// ConfigMap kube-root-ca.crt holds the CA bundle under ca.crt with the
+// kubernetes.io/description annotation; a changed one is put back; an
+// unchanged one is not written again.
+#[test]
+fn root_ca_configmap_is_published() {
+    let s = plain();
+    let cm = s.publish_root_ca("default");
+    assert_eq!(cm["metadata"]["name"], "kube-root-ca.crt");
+    assert_eq!(cm["data"], json!({"ca.crt": s.ca_pem()}));
+    assert!(cm["metadata"]["annotations"]["kubernetes.io/description"]
+        .as_str()
+        .unwrap()
+        .starts_with("Contains a CA bundle"));
+    let got = s
+        .get("configmaps", Some("default"), "kube-root-ca.crt")
+        .unwrap();
+    assert_eq!(got["data"]["ca.crt"], s.ca_pem());
+    let rv_now = s.resource_version();
+    s.publish_root_ca("default");
+    assert_eq!(s.resource_version(), rv_now, "no write when unchanged");
+    let mut changed = got.clone();
+    changed["data"]["ca.crt"] = json!("tampered");
+    s.update(changed);
+    let back = s.publish_root_ca("default");
+    assert_eq!(back["data"]["ca.crt"], s.ca_pem());
+    assert_eq!(
+        s.publish_root_ca("kube-system")["metadata"]["namespace"],
+        "kube-system"
+    );
+}
+
+fn admission_server() -> ApiServer {
+    ApiServer::start(ApiServerOptions {
+        tls: false,
+        service_account_admission: true,
+        ..Default::default()
+    })
+}
+
+// plugin/pkg/admission/serviceaccount/admission.go: off by default (the
+// double runs no admission); on, a pod without serviceAccountName gets
+// "default"; a missing ServiceAccount is 403 Forbidden ("error looking up
+// service account ns/name: serviceaccount "name" not found"); otherwise
+// the kube-api-access-<5 chars> projected volume (TokenVolumeSource:
+// token 3607 s, kube-root-ca.crt's ca.crt, the namespace, mode 0644) and a
+// read-only mount at /var/run/secrets/kubernetes.io/serviceaccount in
+// every init container and container that has nothing mounted there; the
+// ServiceAccount's imagePullSecrets when the pod has none.
+#[test]
+fn service_account_admission_mounts_the_token_volume() {
+    let off = plain();
+    let p = off.create(pod("a", None));
+    assert!(p["spec"].get("serviceAccountName").is_none());
+    assert!(p["spec"].get("volumes").is_none());
+
+    let s = admission_server();
+    let c = s.client();
+    let r = c.post(PODS, &pod("a", None)).unwrap();
+    assert_eq!(r.status, 403, "{:?}", r.body);
+    assert_eq!(r.body["reason"], "Forbidden");
+    assert_eq!(
+        r.body["message"],
+        "pods \"a\" is forbidden: error looking up service account default/default: serviceaccount \"default\" not found"
+    );
+    let mut account = sa("default", "default");
+    account["imagePullSecrets"] = json!([{"name": "regcred"}]);
+    s.create(account);
+    let mut p = pod("a", None);
+    p["spec"]["initContainers"] = json!([{"name": "init", "image": "busybox"}]);
+    p["spec"]["containers"] = json!([
+        {"name": "c", "image": "busybox"},
+        {"name": "own", "image": "busybox", "volumeMounts": [
+            {"name": "mine", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]},
+    ]);
+    p["spec"]["volumes"] = json!([{"name": "mine", "emptyDir": {}}]);
+    let r = c.post(PODS, &p).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let spec = &r.body["spec"];
+    assert_eq!(spec["serviceAccountName"], "default");
+    assert_eq!(spec["imagePullSecrets"], json!([{"name": "regcred"}]));
+    let vols = spec["volumes"].as_array().unwrap();
+    assert_eq!(vols.len(), 2);
+    let name = vols[1]["name"].as_str().unwrap();
+    let suffix = name.strip_prefix("kube-api-access-").expect(name);
+    assert_eq!(suffix.len(), 5);
+    assert!(suffix
+        .chars()
+        .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit()));
+    assert_eq!(
+        vols[1]["projected"],
+        json!({"defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace",
+                "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+        ]})
+    );
+    let mount = json!({"name": name, "readOnly": true,
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"});
+    assert_eq!(spec["initContainers"][0]["volumeMounts"], json!([mount]));
+    assert_eq!(spec["containers"][0]["volumeMounts"], json!([mount]));
+    assert_eq!(
+        spec["containers"][1]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "a container with its own mount at the path is left alone"
+    );
+}
+
+// admission.go shouldAutomount (the pod's automountServiceAccountToken
+// wins, then the ServiceAccount's, default true) and the mirror pod rules
+// (not mutated; may not name a service account or reference secrets).
+#[test]
+fn service_account_admission_automount_and_mirror_pods() {
+    let s = admission_server();
+    let c = s.client();
+    let mut quiet = sa("default", "quiet");
+    quiet["automountServiceAccountToken"] = json!(false);
+    s.create(quiet);
+    s.create(sa("default", "default"));
+    let mut p = pod("pod-off", None);
+    p["spec"]["automountServiceAccountToken"] = json!(false);
+    let r = c.post(PODS, &p).unwrap().body;
+    assert_eq!(r["spec"]["serviceAccountName"], "default");
+    assert!(r["spec"].get("volumes").is_none(), "{r}");
+    let mut p = pod("sa-off", None);
+    p["spec"]["serviceAccountName"] = json!("quiet");
+    let r = c.post(PODS, &p).unwrap().body;
+    assert!(r["spec"].get("volumes").is_none(), "{r}");
+    let mut p = pod("pod-wins", None);
+    p["spec"]["serviceAccountName"] = json!("quiet");
+    p["spec"]["automountServiceAccountToken"] = json!(true);
+    let r = c.post(PODS, &p).unwrap().body;
+    assert_eq!(r["spec"]["volumes"].as_array().unwrap().len(), 1, "{r}");
+    let mut p = pod("missing-sa", None);
+    p["spec"]["serviceAccountName"] = json!("ghost");
+    let r = c.post(PODS, &p).unwrap();
+    assert_eq!(r.status, 403);
+    assert!(r.body["message"].as_str().unwrap().ends_with(
+        "error looking up service account default/ghost: serviceaccount \"ghost\" not found"
+    ));
+
+    let mirror = |name: &str| {
+        let mut p = pod(name, Some("n1"));
+        p["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "hash"});
+        p
+    };
+    let r = c.post(PODS, &mirror("static-n1")).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert!(r.body["spec"].get("serviceAccountName").is_none());
+    assert!(r.body["spec"].get("volumes").is_none());
+    let mut m = mirror("static-sa");
+    m["spec"]["serviceAccountName"] = json!("default");
+    let r = c.post(PODS, &m).unwrap();
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.body["message"],
+        "pods \"static-sa\" is forbidden: a mirror pod may not reference service accounts"
+    );
+    let mut m = mirror("static-secret");
+    m["spec"]["volumes"] = json!([{"name": "s", "secret": {"secretName": "x"}}]);
+    let r = c.post(PODS, &m).unwrap();
+    assert_eq!(r.status, 403);
+    assert!(r.body["message"]
+        .as_str()
+        .unwrap()
+        .ends_with("a mirror pod may not reference secrets"));
+}
+
+// Single-object watches as the kubelet's ConfigMap/Secret managers use them
+// (k8s.io/apiserver watch with fieldSelector metadata.name, via the watch
+// cache's per-event filter): only that object, from its creation after the
+// watch started, through updates, to its deletion; lists with the same
+// selector.
+#[test]
+fn single_object_watches_on_configmaps_and_secrets() {
+    let s = plain();
+    let c = s.client();
+    for (plural, kind) in [("configmaps", "ConfigMap"), ("secrets", "Secret")] {
+        let base = format!("/api/v1/namespaces/default/{plural}");
+        let obj = |name: &str, v: &str| {
+            json!({"apiVersion": "v1", "kind": kind,
+                "metadata": {"name": name, "namespace": "default"}, "data": {"k": v}})
+        };
+        let mut w = c
+            .watch(&format!(
+                "{base}?watch=true&fieldSelector=metadata.name%3Dx&resourceVersion={}",
+                s.resource_version()
+            ))
+            .unwrap();
+        s.create(obj("y", "eXk="));
+        let x = s.create(obj("x", "MQ=="));
+        let e = w.next_event().unwrap().unwrap();
+        assert_eq!(
+            (e["type"].as_str(), e["object"]["metadata"]["name"].as_str()),
+            (Some("ADDED"), Some("x")),
+            "{plural}"
+        );
+        let mut y = s.get(plural, Some("default"), "y").unwrap();
+        y["data"]["k"] = json!("eXl5");
+        s.update(y);
+        let mut x2 = x.clone();
+        x2["data"]["k"] = json!("Mg==");
+        s.update(x2);
+        let e = w.next_event().unwrap().unwrap();
+        assert_eq!(e["type"], "MODIFIED", "{plural}: {e}");
+        assert_eq!(e["object"]["metadata"]["name"], "x");
+        assert_eq!(e["object"]["data"]["k"], "Mg==");
+        s.delete(plural, Some("default"), "y", None);
+        s.delete(plural, Some("default"), "x", None);
+        let e = w.next_event().unwrap().unwrap();
+        assert_eq!(e["type"], "DELETED", "{plural}: {e}");
+        assert_eq!(e["object"]["metadata"]["name"], "x");
+        // Recreated: seen again.
+        s.create(obj("x", "Mw=="));
+        assert_eq!(w.next_event().unwrap().unwrap()["type"], "ADDED");
+        // Lists with the same selector; resourceVersion=0 watches start
+        // with it.
+        s.create(obj("z", "eg=="));
+        let l = c
+            .get(&format!("{base}?fieldSelector=metadata.name%3Dx"))
+            .unwrap()
+            .body;
+        assert_eq!(l["items"].as_array().unwrap().len(), 1, "{l}");
+        assert_eq!(l["items"][0]["metadata"]["name"], "x");
+        let mut w0 = c
+            .watch(&format!(
+                "{base}?watch=true&fieldSelector=metadata.name%3Dx&resourceVersion=0"
+            ))
+            .unwrap();
+        let e = w0.next_event().unwrap().unwrap();
+        assert_eq!(e["object"]["metadata"]["name"], "x");
+    }
+}
+
+// Field selectors are checked against the kind's field labels before
+// listing or watching (handlers ListResource: FieldSelector.Transform with
+// Scheme.ConvertFieldLabel, error as 400 BadRequest): Secret, Pod, Node...
+// have conversion funcs in pkg/apis/core/v1/conversion.go ("field label
+// not supported: X"); ConfigMap has none, so
+// runtime.DefaultMetaV1FieldSelectorConversion answers ("\"X\" is not a
+// known field selector: only \"metadata.name\", \"metadata.namespace\"").
+// Pods' legacy spec.host means spec.nodeName.
+#[test]
+fn unsupported_field_labels_are_bad_requests() {
+    let s = plain();
+    let c = s.client();
+    let r = c
+        .get("/api/v1/namespaces/default/configmaps?fieldSelector=data.k%3Dv")
+        .unwrap();
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    assert_eq!(r.body["reason"], "BadRequest");
+    assert_eq!(
+        r.body["message"],
+        "\"data.k\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+    );
+    let r = c
+        .get("/api/v1/namespaces/default/secrets?watch=true&fieldSelector=data.k%3Dv")
+        .unwrap();
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    assert_eq!(r.body["message"], "field label not supported: data.k");
+    s.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "t", "namespace": "default"}, "type": "kubernetes.io/tls"}));
+    let r = c
+        .get("/api/v1/secrets?fieldSelector=type%3Dkubernetes.io%2Ftls")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 1);
+    let r = c.get("/api/v1/pods?fieldSelector=spec.foo%3Dx").unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body["message"], "field label not supported: spec.foo");
+    let r = c
+        .get("/api/v1/nodes?fieldSelector=metadata.namespace%3Dx")
+        .unwrap();
+    assert_eq!(r.status, 400, "nodes have no metadata.namespace label");
+    s.create(pod("a", Some("n1")));
+    s.create(pod("b", Some("n2")));
+    let r = c.get("/api/v1/pods?fieldSelector=spec.host%3Dn1").unwrap();
+    assert_eq!(r.status, 200);
+    let items = r.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["metadata"]["name"], "a");
+}

@@ -12,7 +12,8 @@
 //! - Resources: core v1 `pods` (+`/status`), `nodes` (+`/status`),
 //!   `namespaces` (default, kube-system, kube-node-lease, kube-public exist
 //!   at start), `events`, `configmaps`, `secrets`, `services`,
-//!   `serviceaccounts`; `coordination.k8s.io/v1` `leases`;
+//!   `serviceaccounts` (+`/token`), `persistentvolumes` (+`/status`),
+//!   `persistentvolumeclaims` (+`/status`); `coordination.k8s.io/v1` `leases`;
 //!   `events.k8s.io/v1` `events` (stored apart from core events; tests name
 //!   it `events.events.k8s.io`); `certificates.k8s.io/v1`
 //!   `certificatesigningrequests` (+`/status`, `/approval`). Discovery:
@@ -22,9 +23,33 @@
 //!   on spec change and when deletion starts). A write that changes nothing
 //!   does not bump the resourceVersion and sends no event. Pods get
 //!   `status.phase: Pending` and `spec.terminationGracePeriodSeconds: 30`
-//!   (if unset) at create; CSRs get `spec.username`/`groups` of the creator.
+//!   (if unset) at create; CSRs get `spec.username`/`groups` of the creator;
+//!   PVs get status phase Pending (+`lastPhaseTransitionTime`, kept or
+//!   renewed on `/status` writes as upstream), reclaim policy Retain and
+//!   volumeMode Filesystem; PVCs status phase Pending and volumeMode
+//!   Filesystem.
+//! - TokenRequest (`POST .../serviceaccounts/{name}/token`, 201, nothing
+//!   stored): the ServiceAccount must exist; body name/namespace must match;
+//!   `expirationSeconds` defaults to 3600 and must be 600..=2^32 (422);
+//!   `boundObjectRef` Pod/Secret/Node must exist with the given uid (a pod
+//!   must run as the ServiceAccount); empty audiences are the server's
+//!   (`https://kubernetes.default.svc.cluster.local`);
+//!   [`ApiServer::set_max_token_expiration`] caps the expiration (Warning
+//!   header); pod-bound 3607 s tokens are extended to a year (`warnafter`).
+//!   Tokens are JWT-shaped with upstream's claims but NOT signed; TokenReview
+//!   authenticates them (expiry, audiences, ServiceAccount and bound object
+//!   still there) as the service account. [`ApiServer::token_requests`]
+//!   records the requests.
+//! - [`ApiServer::publish_root_ca`]: the root CA publisher's
+//!   `kube-root-ca.crt` ConfigMap for one namespace.
+//! - ServiceAccount admission on pod creates, opt-in
+//!   ([`ApiServerOptions::service_account_admission`]): default service
+//!   account, 403 if it does not exist, the `kube-api-access-*` projected
+//!   volume and mounts, image pull secrets, mirror pod rules.
 //! - GET/list with `labelSelector` (`=`, `==`, `!=`, `key`, `!key`),
-//!   `fieldSelector` (`=`, `==`, `!=` on any dotted field path), `limit` +
+//!   `fieldSelector` (`=`, `==`, `!=`; the field labels each kind accepts,
+//!   400 otherwise with upstream's message; CSRs and events.k8s.io events
+//!   accept any dotted path), `limit` +
 //!   `continue` (pages of the current state; a token older than the last
 //!   compaction gets 410 Expired), `resourceVersionMatch=Exact` older than
 //!   the last compaction gets 410; lists are otherwise always served from
@@ -87,7 +112,12 @@
 //! snapshots (pages come from the current state), lists at an old exact
 //! resourceVersion (served from the current state unless compacted), a
 //! resourceVersion newer than the current one (no wait, no 504), field
-//! selector validation (any path is accepted), validation and defaulting
+//! label checks for CSRs and events.k8s.io events, token signatures (no
+//! keys; TokenReview works by lookup), bearer authentication of requests
+//! with issued service account tokens, the TokenRequest uid precondition,
+//! the admission plugin's wait for a missing `default` ServiceAccount and
+//! its checks of volume plugins' secretRefs on mirror pods, validation and
+//! defaulting
 //! beyond the fields named above (e.g. pod spec immutability), namespace
 //! lifecycle (objects may be created in any namespace), deletecollection,
 //! garbage collection of owned objects, CSR signer policy checks (subjects,
@@ -100,6 +130,7 @@ mod client;
 mod patch;
 mod pki;
 mod server;
+mod serviceaccount;
 mod store;
 
 #[allow(unused_imports)]
@@ -133,6 +164,12 @@ pub struct ApiServerOptions {
     /// How often watches with `allowWatchBookmarks` get a BOOKMARK (the
     /// real server: about a minute).
     pub bookmark_interval: Duration,
+    /// Run the ServiceAccount admission plugin on pod creates (default
+    /// off: the double runs no admission unless asked). On: pods get
+    /// `serviceAccountName: default` if unset, are rejected (403) if that
+    /// ServiceAccount does not exist, and get the `kube-api-access-*`
+    /// projected token volume and its mount unless automounting is off.
+    pub service_account_admission: bool,
 }
 
 impl Default for ApiServerOptions {
@@ -143,6 +180,7 @@ impl Default for ApiServerOptions {
             require_client_cert: false,
             bootstrap_tokens: Vec::new(),
             bookmark_interval: Duration::from_secs(1),
+            service_account_admission: false,
         }
     }
 }
@@ -207,8 +245,10 @@ impl ApiServer {
             .tls
             .then(|| tokio_rustls::TlsAcceptor::from(pki::server_config(&pki)));
         let (partition, _) = tokio::sync::watch::channel(false);
+        let mut store = store::Store::new(pki);
+        store.sa_admission = opts.service_account_admission;
         let shared = Arc::new(server::Shared {
-            store: Mutex::new(store::Store::new(pki)),
+            store: Mutex::new(store),
             tls,
             require_user: opts.require_client_cert,
             bootstrap_tokens: opts.bootstrap_tokens.clone(),
@@ -555,6 +595,30 @@ impl ApiServer {
                 groups.iter().map(|g| g.to_string()).collect(),
             ),
         );
+    }
+
+    /// Caps the expiration of issued service account tokens, as
+    /// `--service-account-max-token-expiration`: a TokenRequest asking for
+    /// more gets this much (`spec.expirationSeconds` and
+    /// `status.expirationTimestamp` say so, with a Warning header). Whole
+    /// seconds, at least 1; upstream's flag must be at least 1 h, the
+    /// double takes any value so that tests can see short-lived tokens.
+    pub fn set_max_token_expiration(&self, d: Duration) {
+        self.shared.store.lock().tokens.max_expiration = Some(serviceaccount::secs(d));
+    }
+
+    /// Every TokenRequest so far: (namespace, service account, `spec` as
+    /// sent), failed ones included.
+    pub fn token_requests(&self) -> Vec<(String, String, Value)> {
+        self.shared.store.lock().tokens.requests.clone()
+    }
+
+    /// The root CA publisher for one namespace: creates (or brings back)
+    /// the ConfigMap `kube-root-ca.crt` with `ca.crt` = the double's CA
+    /// PEM. Returns it.
+    pub fn publish_root_ca(&self, ns: &str) -> Value {
+        serviceaccount::publish_root_ca(&mut self.shared.store.lock(), ns)
+            .expect("publish kube-root-ca.crt")
     }
 
     /// SubjectAccessReview allows `user` to `verb` `resource`/`subresource`

@@ -19,6 +19,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::serviceaccount;
 use super::store::{self, ApiError, DeleteOpts, Deleted, ResourceInfo, Selector, Store, Sub};
 use super::RequestRecord;
 
@@ -427,6 +428,30 @@ async fn route(
                     .ok_or_else(|| store::ApiError::not_found(t.res, name))
             }
         }
+        ("POST", Some(name))
+            if t.res.plural == "serviceaccounts" && t.sub.as_deref() == Some("token") =>
+        {
+            let Some(ns) = t.ns.clone() else {
+                return error_response(&not_found_path());
+            };
+            let issued = parse_json(&content_type, &body).and_then(|obj| {
+                serviceaccount::token_request(&mut shared.store.lock(), &ns, name, obj)
+            });
+            match issued {
+                Ok((v, warning)) => {
+                    let mut resp = json_response(201, &v);
+                    if let Some(w) = warning {
+                        // As warning.AddWarning: a 299 Warning header.
+                        let value = format!("299 - {w:?}");
+                        if let Ok(h) = hyper::header::HeaderValue::from_str(&value) {
+                            resp.headers_mut().insert("warning", h);
+                        }
+                    }
+                    return resp;
+                }
+                Err(e) => Err(e),
+            }
+        }
         ("POST", None) => parse_json(&content_type, &body).and_then(|obj| {
             let ns = t.ns.clone().unwrap_or_default();
             if t.res.namespaced && ns.is_empty() {
@@ -525,7 +550,7 @@ fn list_kind(res: &ResourceInfo) -> String {
 }
 
 fn list(shared: &Shared, t: &Target, q: &Query) -> Result<(u16, Value), ApiError> {
-    let sel = Selector::parse(q.get("labelSelector"), q.get("fieldSelector"))?;
+    let sel = Selector::parse(t.res, q.get("labelSelector"), q.get("fieldSelector"))?;
     let st = shared.store.lock();
     let mut list_rv = st.resource_version();
     if let (Some(rv), Some("Exact")) = (q.get("resourceVersion"), q.get("resourceVersionMatch")) {
@@ -659,7 +684,7 @@ fn start_watch(
     q: &Query,
     kill: CancellationToken,
 ) -> Response<RespBody> {
-    let sel = match Selector::parse(q.get("labelSelector"), q.get("fieldSelector")) {
+    let sel = match Selector::parse(t.res, q.get("labelSelector"), q.get("fieldSelector")) {
         Ok(s) => s,
         Err(e) => return error_response(&e),
     };
@@ -828,13 +853,28 @@ fn token_review(shared: &Shared, mut obj: Value) -> Result<Value, ApiError> {
             "token is required for TokenReview in authentication",
         ));
     }
-    let status = match shared.reviews.lock().tokens.get(&token) {
-        Some((user, uid, groups)) => json!({
+    let audiences: Vec<String> = obj
+        .pointer("/spec/audiences")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let issued = serviceaccount::review(&shared.store.lock(), &token, &audiences);
+    let added = shared.reviews.lock().tokens.get(&token).cloned();
+    let status = match (issued, added) {
+        (Some(status), _) => status,
+        (None, Some((user, uid, groups))) => json!({
             "authenticated": true,
             "user": {"username": user, "uid": uid, "groups": groups},
-            "audiences": ["https://kubernetes.default.svc.cluster.local"],
+            "audiences": [serviceaccount::API_AUDIENCE],
         }),
-        None => json!({"user": {}, "error": "[invalid bearer token, token lookup failed]"}),
+        (None, None) => {
+            json!({"user": {}, "error": "[invalid bearer token, token lookup failed]"})
+        }
     };
     obj["status"] = status;
     obj["metadata"] = json!({"creationTimestamp": null});

@@ -13,6 +13,7 @@ use tokio::sync::broadcast;
 
 use super::patch;
 use super::pki::Pki;
+use super::serviceaccount::{self, Tokens};
 
 /// One API resource the double serves.
 #[derive(Debug)]
@@ -74,6 +75,24 @@ pub static RESOURCES: &[ResourceInfo] = &[
     res!("configmaps", "", "v1", "ConfigMap", true, false, false),
     res!("secrets", "", "v1", "Secret", true, false, false),
     res!("services", "", "v1", "Service", true, true, false),
+    res!(
+        "persistentvolumes",
+        "",
+        "v1",
+        "PersistentVolume",
+        false,
+        true,
+        false
+    ),
+    res!(
+        "persistentvolumeclaims",
+        "",
+        "v1",
+        "PersistentVolumeClaim",
+        true,
+        true,
+        false
+    ),
     res!(
         "serviceaccounts",
         "",
@@ -368,11 +387,87 @@ fn parse_reqs(s: &str, allow_exists: bool) -> Result<Vec<Req>, ApiError> {
     Ok(out)
 }
 
+/// The field labels a kind's field selectors accept, as the conversion
+/// funcs the handler applies before listing (Scheme.ConvertFieldLabel:
+/// pkg/apis/core/v1/conversion.go for Pod, Node, Namespace, Event, Secret
+/// and Service, runtime.DefaultMetaV1FieldSelectorConversion for every
+/// kind without one). Returns the label to match (pods' `spec.host` is
+/// `spec.nodeName`) or the error text. CSRs and events.k8s.io events are
+/// not checked.
+fn convert_field_label(res: &ResourceInfo, label: &str) -> Result<String, String> {
+    let unsupported = || Err(format!("field label not supported: {label}"));
+    let ok = |l: &str| Ok(l.to_string());
+    let core = res.group.is_empty();
+    match (core, res.plural) {
+        (true, "pods") => match label {
+            "metadata.name" | "metadata.namespace" | "spec.nodeName" | "spec.restartPolicy"
+            | "spec.schedulerName" | "spec.serviceAccountName" | "spec.hostNetwork"
+            | "status.phase" | "status.podIP" | "status.podIPs" | "status.nominatedNodeName" => {
+                ok(label)
+            }
+            "spec.host" => ok("spec.nodeName"),
+            _ => unsupported(),
+        },
+        (true, "nodes") => match label {
+            "metadata.name" | "spec.unschedulable" => ok(label),
+            _ => unsupported(),
+        },
+        (true, "namespaces") => match label {
+            "metadata.name" | "status.phase" => ok(label),
+            _ => unsupported(),
+        },
+        (true, "events") => match label {
+            "involvedObject.kind"
+            | "involvedObject.namespace"
+            | "involvedObject.name"
+            | "involvedObject.uid"
+            | "involvedObject.apiVersion"
+            | "involvedObject.resourceVersion"
+            | "involvedObject.fieldPath"
+            | "reason"
+            | "reportingComponent"
+            | "source"
+            | "type"
+            | "metadata.namespace"
+            | "metadata.name" => ok(label),
+            _ => unsupported(),
+        },
+        (true, "secrets") => match label {
+            "type" | "metadata.namespace" | "metadata.name" => ok(label),
+            _ => unsupported(),
+        },
+        (true, "services") => match label {
+            "metadata.namespace" | "metadata.name" | "spec.clusterIP" | "spec.type" => ok(label),
+            _ => unsupported(),
+        },
+        (false, "certificatesigningrequests") | (false, "events") => ok(label),
+        _ => match label {
+            "metadata.name" | "metadata.namespace" => ok(label),
+            _ => Err(format!(
+                "{label:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+            )),
+        },
+    }
+}
+
 impl Selector {
-    pub fn parse(labels: Option<&str>, fields: Option<&str>) -> Result<Selector, ApiError> {
+    /// Parses the selectors of a list or watch of `res`; an unknown field
+    /// label is a 400 BadRequest, as the list handler's
+    /// `FieldSelector.Transform` error.
+    pub fn parse(
+        res: &ResourceInfo,
+        labels: Option<&str>,
+        fields: Option<&str>,
+    ) -> Result<Selector, ApiError> {
+        let mut fields = parse_reqs(fields.unwrap_or(""), false)?;
+        for r in &mut fields {
+            if let Req::Eq(k, _) | Req::NotEq(k, _) = r {
+                *k = convert_field_label(res, k).map_err(ApiError::bad_request)?;
+            }
+        }
         Ok(Selector {
             labels: parse_reqs(labels.unwrap_or(""), true)?,
-            fields: parse_reqs(fields.unwrap_or(""), false)?,
+            fields,
         })
     }
 
@@ -408,6 +503,32 @@ fn field_value(obj: &Value, path: &str) -> String {
         Value::String(s) => s.clone(),
         Value::Null => String::new(),
         other => other.to_string(),
+    }
+}
+
+/// The PersistentVolume status strategy's PrepareForUpdate
+/// (PersistentVolumeLastPhaseTransitionTime): an unchanged phase keeps the
+/// stored transition time unless the write sets one; a changed phase gets
+/// now unless the write sets a new time.
+fn pv_phase_transition(old: &Value, next: &mut Value) {
+    let key = "lastPhaseTransitionTime";
+    let old_phase = old.pointer("/status/phase").cloned();
+    let old_time = old.pointer("/status/lastPhaseTransitionTime").cloned();
+    if !next["status"].is_object() {
+        next["status"] = json!({});
+    }
+    let new_time = next["status"].get(key).filter(|t| !t.is_null()).cloned();
+    if next["status"].get("phase").cloned() == old_phase {
+        if new_time.is_none() {
+            match old_time {
+                Some(t) => next["status"][key] = t,
+                None => {
+                    next["status"].as_object_mut().expect("status").remove(key);
+                }
+            }
+        }
+    } else if new_time.is_none() || new_time == old_time {
+        next["status"][key] = json!(now_rfc3339());
     }
 }
 
@@ -454,6 +575,10 @@ pub struct Store {
     tx: broadcast::Sender<Arc<StoredEvent>>,
     pub pki: Arc<Pki>,
     pub csr: CsrConfig,
+    /// TokenRequest knobs, requests and issued tokens.
+    pub tokens: Tokens,
+    /// The ServiceAccount admission plugin runs on pod creates.
+    pub sa_admission: bool,
 }
 
 fn key(res: &ResourceInfo, ns: &str, name: &str) -> Key {
@@ -482,7 +607,8 @@ fn finalizers_empty(obj: &Value) -> bool {
         .is_none_or(|f| f.is_empty())
 }
 
-fn random_suffix() -> String {
+/// names.SimpleNameGenerator's 5-character suffix.
+pub fn random_suffix() -> String {
     const ALPHA: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let uid = new_uid().replace('-', "");
     let n = u64::from_str_radix(&uid[..16], 16).unwrap_or(0);
@@ -505,6 +631,8 @@ impl Store {
                 auto_approve: false,
                 lifetime: Duration::from_secs(365 * 24 * 3600),
             },
+            tokens: Tokens::default(),
+            sa_admission: false,
         };
         let ns = by_name("namespaces");
         for name in ["default", "kube-system", "kube-node-lease", "kube-public"] {
@@ -606,6 +734,12 @@ impl Store {
         } else {
             meta.remove("namespace");
         }
+        // Mutating and validating admission run before the name is
+        // generated and before the store sees the object.
+        if res.plural == "pods" && self.sa_admission {
+            serviceaccount::admit_pod(self, ns, &mut obj)?;
+        }
+        let meta = meta_mut(&mut obj);
         let mut name = meta
             .get("name")
             .and_then(Value::as_str)
@@ -661,6 +795,35 @@ impl Store {
                 if status.get("phase").is_none() {
                     status["phase"] = json!("Pending");
                 }
+            }
+            "persistentvolumes" => {
+                // SetDefaults_PersistentVolume; the strategy's
+                // PrepareForCreate resets status to phase Pending with
+                // lastPhaseTransitionTime now.
+                if !obj["spec"].is_object() {
+                    obj["spec"] = json!({});
+                }
+                for (k, v) in [
+                    ("persistentVolumeReclaimPolicy", "Retain"),
+                    ("volumeMode", "Filesystem"),
+                ] {
+                    if obj["spec"].get(k).is_none_or(Value::is_null) {
+                        obj["spec"][k] = json!(v);
+                    }
+                }
+                obj["status"] =
+                    json!({"phase": "Pending", "lastPhaseTransitionTime": now_rfc3339()});
+            }
+            "persistentvolumeclaims" => {
+                // PrepareForCreate clears status; SetDefaults_* give phase
+                // Pending and spec.volumeMode Filesystem.
+                if !obj["spec"].is_object() {
+                    obj["spec"] = json!({});
+                }
+                if obj["spec"].get("volumeMode").is_none_or(Value::is_null) {
+                    obj["spec"]["volumeMode"] = json!("Filesystem");
+                }
+                obj["status"] = json!({"phase": "Pending"});
             }
             "certificatesigningrequests" => {
                 obj["status"] = json!({});
@@ -726,6 +889,9 @@ impl Store {
                     None => {
                         next.as_object_mut().expect("object").remove("status");
                     }
+                }
+                if res.plural == "persistentvolumes" {
+                    pv_phase_transition(&old, &mut next);
                 }
                 next
             }
