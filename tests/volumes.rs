@@ -157,7 +157,8 @@ fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
     // On the host: secrets and the Memory emptyDir on tmpfs (the latter of
     // its sizeLimit), the configMap on disk.
     let vols = k.dir.join("root/pods").join(&uid).join("volumes");
-    let sec = mount_at(&vols.join("kubernetes.io~secret/sec")).expect("the secret volume is a mount");
+    let sec =
+        mount_at(&vols.join("kubernetes.io~secret/sec")).expect("the secret volume is a mount");
     assert_eq!(sec.0, "tmpfs");
     let proj = std::fs::read_dir(vols.join("kubernetes.io~projected"))
         .unwrap()
@@ -165,8 +166,15 @@ fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
         .unwrap()
         .unwrap()
         .path();
-    assert!(proj.file_name().unwrap().to_string_lossy().starts_with("kube-api-access-"));
-    assert_eq!(mount_at(&proj).expect("the token volume is a mount").0, "tmpfs");
+    assert!(proj
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("kube-api-access-"));
+    assert_eq!(
+        mount_at(&proj).expect("the token volume is a mount").0,
+        "tmpfs"
+    );
     let mem = mount_at(&vols.join("kubernetes.io~empty-dir/mem")).expect("tmpfs");
     assert_eq!(mem.0, "tmpfs");
     assert!(mem.1.contains("size=16384k"), "{mem:?}");
@@ -194,7 +202,9 @@ fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
     // Deleting the pod leaves no mount and no directory behind.
     api.delete("pods", Some("default"), &name, Some(0));
     wait_for("the pod to be gone from the API", T, || {
-        api.get("pods", Some("default"), &name).is_none().then_some(())
+        api.get("pods", Some("default"), &name)
+            .is_none()
+            .then_some(())
     });
     let pod_dir = k.dir.join("root/pods").join(&uid);
     wait_for("the pod directory to be removed", T, || {
@@ -204,7 +214,10 @@ fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
     assert!(
         !info.contains(&uid),
         "mounts of the pod are left: {}",
-        info.lines().filter(|l| l.contains(&uid)).collect::<Vec<_>>().join("\n")
+        info.lines()
+            .filter(|l| l.contains(&uid))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
 
@@ -231,7 +244,8 @@ fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
     wait_for("CreateContainerConfigError in the API", T, || {
         api.get("pods", Some("default"), &name).filter(|p| {
             let w = &p["status"]["containerStatuses"][0]["state"]["waiting"];
-            w["reason"] == "CreateContainerConfigError" && w["message"] == "secret \"later\" not found"
+            w["reason"] == "CreateContainerConfigError"
+                && w["message"] == "secret \"later\" not found"
         })
     });
     api.create(json!({"apiVersion": "v1", "kind": "Secret",
@@ -264,9 +278,10 @@ fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
         api.list("events").into_iter().find(|e| {
             e["reason"] == "FailedMount"
                 && e["involvedObject"]["name"] == hp.as_str()
-                && e["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("MountVolume.SetUp failed for volume \"file\"") && m.contains("is not a file"))
+                && e["message"].as_str().is_some_and(|m| {
+                    m.contains("MountVolume.SetUp failed for volume \"file\"")
+                        && m.contains("is not a file")
+                })
         })
     });
     assert!(made.is_dir(), "DirectoryOrCreate made the directory");
@@ -286,7 +301,9 @@ fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
             "hostPath": {"path": pv_dir.to_str().unwrap()},
             "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
-    let mut bound = api.get("persistentvolumeclaims", Some("default"), "claim").unwrap();
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
     bound["status"] = json!({"phase": "Bound"});
     api.update_status(bound);
     let pv = format!("pv-{node}");

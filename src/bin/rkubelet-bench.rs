@@ -1054,7 +1054,8 @@ fn volumes_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
         let mut mounts = Vec::new();
         for i in 0..5 {
             volumes.push(json!({"name": format!("c{i}"), "configMap": {"name": format!("cm{i}")}}));
-            volumes.push(json!({"name": format!("s{i}"), "secret": {"secretName": format!("s{i}")}}));
+            volumes
+                .push(json!({"name": format!("s{i}"), "secret": {"secretName": format!("s{i}")}}));
             mounts.push(json!({"name": format!("c{i}"), "mountPath": format!("/c{i}")}));
             mounts.push(json!({"name": format!("s{i}"), "mountPath": format!("/s{i}")}));
         }
@@ -1098,7 +1099,10 @@ fn volumes_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
             >= n)
             .then_some(())
     })?;
-    println!("{n} pods with a token and a configMap Running after {:.2}s", t0.elapsed().as_secs_f64());
+    println!(
+        "{n} pods with a token and a configMap Running after {:.2}s",
+        t0.elapsed().as_secs_f64()
+    );
     std::thread::sleep(Duration::from_secs(5));
     let (rss, _) = proc_usage(k.child.id());
     let reqs: Vec<_> = api.requests().into_iter().skip(before).collect();

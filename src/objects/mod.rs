@@ -754,3 +754,53 @@ mod tests {
         m.unregister_pod("u");
     }
 }
+
+#[cfg(test)]
+mod refcount_tests {
+    use super::*;
+
+    fn pod(uid: &str, cms: &[&str]) -> Pod {
+        let vols: Vec<serde_json::Value> = cms
+            .iter()
+            .map(|c| serde_json::json!({"name": c, "configMap": {"name": c}}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [], "volumes": vols,
+                "imagePullSecrets": [{"name": "pull"}]}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn one_watch_per_object_shared_by_pods_and_closed_with_the_last() {
+        // An API server nobody answers at: the watches start (and retry);
+        // only their bookkeeping is looked at.
+        let cfg = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(cfg).unwrap();
+        let slot = Arc::new(OnceLock::new());
+        let _ = slot.set(ApiClient::new(client, 50, 100));
+        let (tasks, token) = (TaskTracker::new(), CancellationToken::new());
+        let m = ObjectManager::new(slot, tasks.clone(), token.clone());
+        m.register_pod(&pod("a", &["shared", "only-a"]));
+        m.register_pod(&pod("b", &["shared"]));
+        assert_eq!(
+            m.watched(),
+            (2, 1),
+            "shared once, only-a once, one pull secret"
+        );
+        // An update of a pod that drops a reference releases it.
+        m.register_pod(&pod("a", &["shared"]));
+        assert_eq!(m.watched(), (1, 1));
+        m.unregister_pod("a");
+        assert_eq!(m.watched(), (1, 1), "b still references them");
+        m.unregister_pod("b");
+        assert_eq!(m.watched(), (0, 0));
+        // Every watch task ends once released (cancelled), none is leaked.
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+            .await
+            .expect("released watches stop");
+        token.cancel();
+    }
+}
