@@ -1080,6 +1080,8 @@ fn volumes_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
         api.create(json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default"},
             "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                // What admission sets; a token is bound to the pod's account.
+                "serviceAccountName": "default",
                 "volumes": [
                     {"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
                         {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
