@@ -223,7 +223,7 @@ fn layer(s: &v1::ContainerStats) -> Option<(Option<u64>, Option<u64>)> {
 struct ImageCache {
     at: Instant,
     /// Image ID → its first tag.
-    names: HashMap<String, String>,
+    names: Arc<HashMap<String, String>>,
     sandbox_image: String,
 }
 
@@ -503,17 +503,18 @@ async fn image_names(
                     .any(|c2| !c.names.contains_key(&c2.image))
             };
             (age < IMAGES_PERIOD && (age < IMAGES_MIN_GAP || !unknown()))
-                .then(|| (Arc::new(c.names.clone()), c.sandbox_image.clone()))
+                .then(|| (c.names.clone(), c.sandbox_image.clone()))
         })
     };
     if let Some(v) = fresh {
         return v;
     }
     let list = src.images.list_images().await.unwrap_or_default();
-    let names: HashMap<String, String> = list
-        .iter()
-        .filter_map(|i| Some((i.id.clone(), i.repo_tags.first()?.clone())))
-        .collect();
+    let names: Arc<HashMap<String, String>> = Arc::new(
+        list.iter()
+            .filter_map(|i| Some((i.id.clone(), i.repo_tags.first()?.clone())))
+            .collect(),
+    );
     // The sandbox (pause) image: the runtime pins it (containerd 1.7 does).
     // The CRI's sandbox list names no image; with other pinned images
     // around it stays unknown rather than guessed.
@@ -531,7 +532,7 @@ async fn image_names(
         names: names.clone(),
         sandbox_image: sandbox_image.clone(),
     });
-    (Arc::new(names), sandbox_image)
+    (names, sandbox_image)
 }
 
 /// Clears `DiskCache::refreshing` however the refresh ends.
