@@ -104,7 +104,10 @@ impl Hierarchy {
 
     /// Reads everything for one cgroup (blocking); see `read_with`.
     pub fn read(&self, name: &str) -> CgroupSample {
-        self.read_with(name, Detail::Full, &mut FileReader::new())
+        let mut r = FileReader::new();
+        let mut s = self.read_with(name, Detail::Full, &mut r);
+        s.pids = self.pids_with(name, &mut r);
+        s
     }
 
     /// Reads the files `detail` needs for one cgroup (blocking), through
@@ -207,8 +210,12 @@ impl Hierarchy {
                 s.cpu_shares = r.value_u64(&d, "cpu.shares");
                 s.cpu_period = r.value_u64(&d, "cpu.cfs_period_us");
                 s.cpu_quota = r.value_i64(&d, "cpu.cfs_quota_us").filter(|q| *q > 0);
-                if let Some(t) = r.value(&d, "cpu.stat") {
-                    s.throttling = throttling(t);
+                // Throttling is reported only under a quota (cAdvisor's
+                // container_cpu_cfs_* families).
+                if s.cpu_quota.is_some() {
+                    if let Some(t) = r.value(&d, "cpu.stat") {
+                        s.throttling = throttling(t);
+                    }
                 }
             }
         }
@@ -248,12 +255,14 @@ impl Hierarchy {
                 });
             }
         }
-        if full {
-            if let Some(d) = self.dir("pids", &path_of("pids")) {
-                s.pids = r.value_u64(&d, "pids.current");
-            }
-        }
         s
+    }
+
+    /// The number of tasks in cgroup `name` (the summary's pod process
+    /// count; no other figure needs it, so `read_with` leaves it out).
+    pub fn pids_with(&self, name: &str, r: &mut FileReader) -> Option<u64> {
+        let d = self.dir("pids", name)?;
+        r.value_u64(&d, "pids.current")
     }
 }
 
@@ -479,9 +488,6 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
             limit,
             swap,
         });
-    }
-    if full {
-        s.pids = r.value_u64(d, "pids.current");
     }
     if detail >= Detail::CpuMemory {
         s.psi = read_psi_dir(d, detail, r);

@@ -192,11 +192,14 @@ struct Lists {
     plans: Arc<Vec<PodPlan>>,
 }
 
+/// A writable layer: (used bytes, inodes used).
+type Layer = (Option<u64>, Option<u64>);
+
 #[derive(Default)]
 struct DiskCache {
     /// Writable layer by container id: (used bytes, inodes used); `None`
     /// when the runtime reported none.
-    layers: HashMap<String, Option<(Option<u64>, Option<u64>)>>,
+    layers: HashMap<String, Option<Layer>>,
     layers_at: Option<Instant>,
     image_fs: Option<v1::FilesystemUsage>,
     image_fs_at: Option<Instant>,
@@ -214,7 +217,7 @@ impl DiskCache {
     }
 }
 
-fn layer(s: &v1::ContainerStats) -> Option<(Option<u64>, Option<u64>)> {
+fn layer(s: &v1::ContainerStats) -> Option<Layer> {
     s.writable_layer
         .as_ref()
         .map(|w| (opt_u64(&w.used_bytes), opt_u64(&w.inodes_used)))
@@ -1006,6 +1009,9 @@ fn read_files(
         });
         if let Some((cg, sample)) = found {
             pod.sample = sample;
+            if full {
+                pod.sample.pids = h.pids_with(&cg, &mut r);
+            }
             // The sandbox's cgroup and netns: cAdvisor's text only.
             if full {
                 seen_ctrs.insert(plan.sandbox_id.as_str());
