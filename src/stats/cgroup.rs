@@ -281,15 +281,17 @@ pub enum Detail {
     Full,
 }
 
-/// Reads small kernel files into one buffer reused from file to file, and
-/// builds their paths in one reused `PathBuf`. A cgroupfs value file is
-/// one seq_file record, which the kernel hands over whole to a read with
-/// room for it: one open and one read per file (`std::fs::read_to_string`
-/// also stats the file and reads again to see the end). Files of many
-/// records (`/proc/.../net/dev`, `cgroup.procs`) are read to the end.
+/// Reads small kernel files into one buffer reused from file to file. A
+/// cgroupfs value file is one seq_file record, which the kernel hands over
+/// whole to a read with room for it: one open and one read per file
+/// (`std::fs::read_to_string` also stats the file and reads again to see
+/// the end). Files of many records (`/proc/.../net/dev`, `cgroup.procs`)
+/// are read to the end. The directory last read from is held open and the
+/// next file in it opened relative to it, so the kernel walks a long cgroup
+/// path once per directory rather than once per file.
 pub struct FileReader {
     buf: Vec<u8>,
-    path: PathBuf,
+    dir: Option<(PathBuf, std::os::fd::OwnedFd)>,
     /// Files opened (profiling and tests).
     pub opened: u64,
 }
@@ -306,7 +308,7 @@ impl FileReader {
     pub fn new() -> Self {
         FileReader {
             buf: vec![0; Self::INITIAL],
-            path: PathBuf::new(),
+            dir: None,
             opened: 0,
         }
     }
@@ -314,17 +316,21 @@ impl FileReader {
     /// A single-record file (`dir/file`): one read unless it fills the
     /// buffer.
     pub fn value(&mut self, dir: &Path, file: &str) -> Option<&str> {
-        self.read_at(dir, file, true)
+        let f = self.open_in(dir, file)?;
+        self.read_from(f, true)
     }
 
     /// A file of many records, read to its end.
     pub fn whole(&mut self, dir: &Path, file: &str) -> Option<&str> {
-        self.read_at(dir, file, false)
+        let f = self.open_in(dir, file)?;
+        self.read_from(f, false)
     }
 
     /// `whole` for a full path.
     pub fn whole_path(&mut self, path: &Path) -> Option<&str> {
-        self.read_at(path, "", false)
+        self.opened += 1;
+        let f = std::fs::File::open(path).ok()?;
+        self.read_from(f, false)
     }
 
     fn value_u64(&mut self, dir: &Path, file: &str) -> Option<u64> {
@@ -335,15 +341,54 @@ impl FileReader {
         self.value(dir, file)?.trim().parse().ok()
     }
 
-    fn read_at(&mut self, dir: &Path, file: &str, single: bool) -> Option<&str> {
-        use std::io::Read;
-        self.path.clear();
-        self.path.push(dir);
-        if !file.is_empty() {
-            self.path.push(file);
-        }
+    /// Opens `file` in `dir` through the held directory descriptor.
+    fn open_in(&mut self, dir: &Path, file: &str) -> Option<std::fs::File> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::unix::ffi::OsStrExt;
         self.opened += 1;
-        let mut f = std::fs::File::open(&self.path).ok()?;
+        let held = self
+            .dir
+            .as_ref()
+            .is_some_and(|(p, _)| p.as_os_str() == dir.as_os_str());
+        if !held {
+            self.dir = None;
+            let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+            // SAFETY: `c` is a NUL-terminated path; a descriptor returned is
+            // ours alone and handed to an OwnedFd, which closes it.
+            let fd = unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                return None;
+            }
+            // SAFETY: `fd` was just opened and is owned by nothing else.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            self.dir = Some((dir.to_path_buf(), fd));
+        }
+        let (_, dfd) = self.dir.as_ref()?;
+        let c = std::ffi::CString::new(file).ok()?;
+        // SAFETY: `dfd` is an open directory descriptor and `c` a
+        // NUL-terminated name; a descriptor returned is ours alone and
+        // handed to a File, which closes it.
+        let fd = unsafe {
+            libc::openat(
+                dfd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        Some(unsafe { std::fs::File::from_raw_fd(fd) })
+    }
+
+    fn read_from(&mut self, mut f: std::fs::File, single: bool) -> Option<&str> {
+        use std::io::Read;
         let mut len = 0;
         loop {
             if len == self.buf.len() {
