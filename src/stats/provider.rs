@@ -3,7 +3,10 @@
 //! writable layers, the image filesystem) and from cgroup and /proc files
 //! (everything else). Concurrent scrapes within `CACHE_TTL` share one
 //! snapshot; the previous CPU sample per cgroup is kept so usageNanoCores
-//! is a rate over two samples, as cAdvisor computes it.
+//! is a rate over two samples, as cAdvisor computes it. Each scrape reads
+//! only the cgroup files its output shows (`Detail`); the CRI answers that
+//! change slowly (lists, writable layers, image figures) are cached, see
+//! `LIST_MAX_AGE`, `DISK_PERIOD` and `IMAGES_PERIOD`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -143,7 +146,9 @@ const LIST_MAX_AGE: Duration = Duration::from_secs(30);
 /// upstream's cAdvisor measures it on its own one-minute period
 /// (`common.DefaultPeriod` of its fs handler) rather than per scrape; here
 /// a refresh costs containerd a metrics round trip to every container's
-/// shim, which is most of what a full scrape cost it. A container the
+/// shim, which is most of what a full scrape cost it (ImageFsInfo is cheap,
+/// under 1 ms, as containerd answers it from its own snapshot usage; it
+/// rides along so a full scrape makes no CRI call at all). A container the
 /// cache has not seen yet is asked about at once (filtered by its id), so
 /// a new container has its rootfs from its first scrape on.
 pub const DISK_PERIOD: Duration = Duration::from_secs(60);
@@ -157,8 +162,7 @@ const IMAGES_MIN_GAP: Duration = Duration::from_secs(10);
 /// cgroup) are asked about one by one; more, and one full list is cheaper.
 const MAX_FILTERED_STATS: usize = 8;
 
-/// What a scrape needs: the cgroup detail, and whether the CRI's disk and
-/// image figures are wanted (the full form).
+/// Whether a snapshot of `d` carries the CRI's disk and image figures.
 fn is_full(d: Detail) -> bool {
     d == Detail::Full
 }
