@@ -610,15 +610,6 @@ pub struct CgroupSample {
     pub psi: Option<Psi>,
 }
 
-pub fn parse_kv(text: &str) -> HashMap<String, u64> {
-    text.lines()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            Some((it.next()?.to_string(), it.next()?.parse().ok()?))
-        })
-        .collect()
-}
-
 /// `some avg10=0.00 avg60=0.00 avg300=0.00 total=0` (and `full ...`).
 pub fn parse_psi(text: &str) -> Option<PsiPair> {
     let mut out = PsiPair::default();
