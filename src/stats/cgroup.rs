@@ -277,7 +277,12 @@ pub enum Detail {
     /// `/stats/summary?only_cpu_and_memory=true`: also the memory limit
     /// (for availableBytes) and the CPU and memory pressure.
     CpuMemory,
-    /// `/stats/summary` and `/metrics/cadvisor`: every figure.
+    /// `/stats/summary`: also the IO pressure (and, in the provider, file
+    /// systems, networks and pod process counts).
+    Summary,
+    /// `/metrics/cadvisor`: every figure (CPU spec and throttling, user and
+    /// system time, peak usage and failures; the sandboxes' and QoS
+    /// cgroups).
     Full,
 }
 
@@ -543,7 +548,7 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
 fn read_psi_dir(d: &Path, detail: Detail, r: &mut FileReader) -> Option<Psi> {
     let cpu = r.value(d, "cpu.pressure").and_then(parse_psi);
     let memory = r.value(d, "memory.pressure").and_then(parse_psi);
-    let io = if detail == Detail::Full {
+    let io = if detail >= Detail::Summary {
         r.value(d, "io.pressure").and_then(parse_psi)
     } else {
         None
@@ -783,7 +788,10 @@ mod tests {
         };
         let (res, n_res) = read(Detail::Resource);
         let (cm, n_cm) = read(Detail::CpuMemory);
+        let (sum, n_sum) = read(Detail::Summary);
         let (full, n_full) = read(Detail::Full);
+        assert_eq!(n_sum, n_cm, "no unified mount: no more to read");
+        assert_eq!(sum, cm);
         // usage, memory usage, memory.stat, memsw.
         assert_eq!(n_res, 4);
         assert_eq!(n_cm, 5, "and the limit");

@@ -162,9 +162,10 @@ const IMAGES_MIN_GAP: Duration = Duration::from_secs(10);
 /// cgroup) are asked about one by one; more, and one full list is cheaper.
 const MAX_FILTERED_STATS: usize = 8;
 
-/// Whether a snapshot of `d` carries the CRI's disk and image figures.
+/// Whether a snapshot of `d` carries file-system and network figures (the
+/// full summary's and cAdvisor's).
 fn is_full(d: Detail) -> bool {
-    d == Detail::Full
+    d >= Detail::Summary
 }
 
 /// One pod as the lists show it: what the snapshot needs of a ready
@@ -593,7 +594,7 @@ async fn collect(
     let plans = pod_plans(&inner, &src).await?;
     // The runtime lists a container's image as the ID the kubelet created
     // it with; cAdvisor labels it with the image's name.
-    let (names, sandbox_image) = if full {
+    let (names, sandbox_image) = if detail == Detail::Full {
         image_names(&inner, &src, &plans).await
     } else {
         Default::default()
@@ -640,7 +641,8 @@ async fn collect(
     .map_err(|e| StatsError::Read(e.to_string()))?;
     snap.sandbox_image = sandbox_image;
     cri_figures(&inner, &src, &mut snap).await;
-    if full {
+    // OOM counts are cAdvisor's; only its snapshot names every cgroup.
+    if detail == Detail::Full {
         if let Some(counts) = &inner.oom {
             let names: std::collections::HashSet<&str> = snap
                 .hierarchy
@@ -955,7 +957,8 @@ fn read_files(
                 system.push(("runtime".to_string(), c));
             }
         }
-        if full {
+        let cadvisor = detail == Detail::Full;
+        if cadvisor {
             hier.push(CgroupRaw {
                 name: "/".into(),
                 sample: node.root.clone(),
@@ -968,11 +971,11 @@ fn read_files(
                 sample: h.read_with(&kp, detail, &mut r),
                 cpu_nano_cores: None,
             };
-            if full {
+            if cadvisor {
                 hier.push(pods.clone());
             }
             system.push(("pods".to_string(), pods));
-            if full {
+            if cadvisor {
                 for q in ["burstable", "besteffort"] {
                     let name = if cfg.systemd {
                         format!("{kp}/kubepods-{q}.slice")
@@ -1016,23 +1019,31 @@ fn read_files(
             if full {
                 pod.sample.pids = h.pids_with(&cg, &mut r);
             }
-            // The sandbox's cgroup and netns: cAdvisor's text only.
+            // The sandbox's cgroup (its figures are cAdvisor's only) and
+            // netns.
             if full {
                 seen_ctrs.insert(plan.sandbox_id.as_str());
-                if let Some((sc, s)) = read_cached(
-                    &mut paths.containers,
-                    &plan.sandbox_id,
-                    &h,
-                    detail,
-                    &mut r,
-                    || container_cgroup(&h, &cg, &plan.sandbox_id),
-                ) {
-                    pod.sandbox_cgroup = Some(sc);
-                    pod.sandbox_sample = s;
-                }
+                let sandbox = if detail == Detail::Full {
+                    read_cached(
+                        &mut paths.containers,
+                        &plan.sandbox_id,
+                        &h,
+                        detail,
+                        &mut r,
+                        || container_cgroup(&h, &cg, &plan.sandbox_id),
+                    )
+                    .map(|(sc, s)| {
+                        pod.sandbox_sample = s;
+                        pod.sandbox_cgroup = Some(sc.clone());
+                        sc
+                    })
+                } else {
+                    resolve(&mut paths.containers, &plan.sandbox_id, || {
+                        container_cgroup(&h, &cg, &plan.sandbox_id)
+                    })
+                };
                 // The pause process holds the pod's network namespace.
-                let pid = pod
-                    .sandbox_cgroup
+                let pid = sandbox
                     .as_deref()
                     .and_then(|sc| h.procs_with(sc, &mut r).into_iter().next())
                     .or_else(|| h.procs_with(&cg, &mut r).into_iter().next());
@@ -1063,7 +1074,7 @@ fn read_files(
                     )
                 })
                 .flatten();
-            let image = if full {
+            let image = if detail == Detail::Full {
                 image_names.get(&c.image).unwrap_or(&c.image).clone()
             } else {
                 c.image.clone()
