@@ -17,7 +17,9 @@
 //!
 //! With `--scrape 1,30`, the stats endpoints with N pods: latency, body
 //! size and the CPU rkubelet and containerd spend per `/metrics/cadvisor`,
-//! `/metrics/resource` and `/stats/summary` scrape (each past the 1 s cache).
+//! `/metrics/resource` and `/stats/summary` scrape (each past the 1 s cache),
+//! then a minute of `/metrics/resource` every 15 s (metrics-server) and one
+//! with `/metrics/cadvisor` beside it (Prometheus): CPU per minute.
 //!
 //! Needs root and containerd set up by scripts/setup.sh; stop any other
 //! kubelet first (scripts/stop-rkubelet.sh).
@@ -127,7 +129,7 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_, _>>()?
             }
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired; then CPU per minute with\n    /metrics/resource (and /metrics/cadvisor) scraped every 15 s\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -802,6 +804,53 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
             bytes as f64 / 1024.0,
             1000.0 * cpu.max(0.0) / args.scrapes as f64,
             1000.0 * rcpu.max(0.0) / args.scrapes as f64,
+        );
+    }
+    // Steady state as a cluster scrapes: one minute with metrics-server's
+    // /metrics/resource every 15 s, then one with Prometheus'
+    // /metrics/cadvisor beside it. Whole-minute CPU (background refreshes
+    // included), total and above idle.
+    let idle_per_sec = (
+        idle_kubelet / window.as_secs_f64(),
+        idle_runtime / window.as_secs_f64(),
+    );
+    for paths in [
+        &["/metrics/resource"][..],
+        &["/metrics/resource", "/metrics/cadvisor"][..],
+    ] {
+        let minute = Duration::from_secs(60);
+        let every = Duration::from_secs(15);
+        let (_, c0) = proc_usage(pid);
+        let r0 = runtime_cpu();
+        let start = Instant::now();
+        let mut lat = Vec::new();
+        for i in 0..4u32 {
+            let next = start + every * i;
+            if let Some(d) = next.checked_duration_since(Instant::now()) {
+                std::thread::sleep(d);
+            }
+            for path in paths {
+                let t = Instant::now();
+                http_get(&k.ro, path).with_context(|| format!("GET {path}"))?;
+                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        if let Some(d) = (start + minute).checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let cpu = proc_usage(pid).1 - c0;
+        let rcpu = runtime_cpu() - r0;
+        println!(
+            "{} every 15 s for {secs:.0} s: p50 {:.1} ms  p99 {:.1} ms; rkubelet CPU {:.0} ms/min = {:.2}% of a core ({:.0} ms/min above idle); containerd {:.0} ms/min ({:.0} above idle)",
+            paths.join(" + "),
+            pct(&mut lat, 50.0),
+            pct(&mut lat, 99.0),
+            1000.0 * cpu * 60.0 / secs,
+            100.0 * cpu / secs,
+            1000.0 * (cpu / secs - idle_per_sec.0).max(0.0) * 60.0,
+            1000.0 * rcpu * 60.0 / secs,
+            1000.0 * (rcpu / secs - idle_per_sec.1).max(0.0) * 60.0,
         );
     }
     // Scrapes that meet a fresh snapshot: five at once share one collection.

@@ -90,27 +90,44 @@ impl Hierarchy {
 
     /// The pids in cgroup `name` (for finding a sandbox's netns).
     pub fn procs(&self, name: &str) -> Vec<u32> {
+        self.procs_with(name, &mut FileReader::new())
+    }
+
+    /// `procs` with the caller's buffer.
+    pub fn procs_with(&self, name: &str, r: &mut FileReader) -> Vec<u32> {
         self.dir("memory", name)
-            .and_then(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+            // cgroup.procs has one record per pid: read to the end.
+            .and_then(|d| r.whole(&d, "cgroup.procs"))
             .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
             .unwrap_or_default()
     }
 
-    /// Reads everything for one cgroup (blocking). Missing files leave
-    /// their figures `None`: a cgroup may vanish between listing and
-    /// reading, and v1 hosts may lack a controller.
+    /// Reads everything for one cgroup (blocking); see `read_with`.
     pub fn read(&self, name: &str) -> CgroupSample {
+        let mut r = FileReader::new();
+        let mut s = self.read_with(name, Detail::Full, &mut r);
+        s.pids = self.pids_with(name, &mut r);
+        s
+    }
+
+    /// Reads the files `detail` needs for one cgroup (blocking), through
+    /// the caller's buffer. Missing files leave their figures `None`: a
+    /// cgroup may vanish between listing and reading, and v1 hosts may lack
+    /// a controller.
+    pub fn read_with(&self, name: &str, detail: Detail, r: &mut FileReader) -> CgroupSample {
         match self {
             Hierarchy::V1 { unified, .. } => {
-                let mut s = self.read_v1(name);
+                let mut s = self.read_v1_with(&|_| name.to_string(), detail, r);
                 // A hybrid host mirrors the tree in its cgroup2 mount, whose
                 // pressure files are valid even without controllers there.
                 if let Some(u) = unified {
-                    s.psi = read_psi_dir(&u.join(name.trim_start_matches('/')));
+                    if detail >= Detail::CpuMemory {
+                        s.psi = read_psi_dir(&u.join(name.trim_start_matches('/')), detail, r);
+                    }
                 }
                 s
             }
-            Hierarchy::V2 { root } => read_v2(&root.join(name.trim_start_matches('/'))),
+            Hierarchy::V2 { root } => read_v2(&root.join(name.trim_start_matches('/')), detail, r),
         }
     }
 
@@ -120,9 +137,20 @@ impl Hierarchy {
     /// differ: a service may have its own memory cgroup but share `/` for
     /// cpu).
     pub fn read_process(&self, proc_cgroup: &str) -> Option<(String, CgroupSample)> {
+        self.read_process_with(proc_cgroup, Detail::Full, &mut FileReader::new())
+    }
+
+    /// `read_process` for `detail`, with the caller's buffer.
+    pub fn read_process_with(
+        &self,
+        proc_cgroup: &str,
+        detail: Detail,
+        r: &mut FileReader,
+    ) -> Option<(String, CgroupSample)> {
         let name = parse_proc_cgroup(proc_cgroup, self.is_v2())?;
         if self.is_v2() {
-            return Some((name.clone(), self.read(&name)));
+            let s = self.read_with(&name, detail, r);
+            return Some((name, s));
         }
         let per: HashMap<String, String> = proc_cgroup
             .lines()
@@ -138,114 +166,393 @@ impl Hierarchy {
             })
             .flatten()
             .collect();
-        let s = self.read_v1_with(&|c: &str| per.get(c).cloned().unwrap_or_else(|| name.clone()));
+        let s = self.read_v1_with(
+            &|c: &str| per.get(c).cloned().unwrap_or_else(|| name.clone()),
+            detail,
+            r,
+        );
         Some((name, s))
     }
 
-    fn read_v1(&self, name: &str) -> CgroupSample {
-        self.read_v1_with(&|_| name.to_string())
-    }
-
-    fn read_v1_with(&self, path_of: &dyn Fn(&str) -> String) -> CgroupSample {
+    fn read_v1_with(
+        &self,
+        path_of: &dyn Fn(&str) -> String,
+        detail: Detail,
+        r: &mut FileReader,
+    ) -> CgroupSample {
+        let full = detail == Detail::Full;
         let mut s = CgroupSample::default();
         if let Some(d) = self.dir("cpuacct", &path_of("cpuacct")) {
-            if let Some(total) = read_u64(&d.join("cpuacct.usage")) {
-                let stat = read_kv(&d.join("cpuacct.stat"));
+            if let Some(total) = r.value_u64(&d, "cpuacct.usage") {
                 let ns = 1_000_000_000 / CLOCK_TICKS_PER_SEC;
+                let (mut user, mut system) = (None, None);
+                // User and system time only for cAdvisor's text.
+                if full {
+                    if let Some(t) = r.value(&d, "cpuacct.stat") {
+                        for (k, v) in kv_lines(t) {
+                            match k {
+                                "user" => user = Some(v * ns),
+                                "system" => system = Some(v * ns),
+                                _ => {}
+                            }
+                        }
+                    }
+                }
                 s.cpu = Some(CpuSample {
                     usage_ns: total,
-                    user_ns: stat.get("user").map(|v| v * ns),
-                    system_ns: stat.get("system").map(|v| v * ns),
+                    user_ns: user,
+                    system_ns: system,
                 });
             }
         }
-        if let Some(d) = self.dir("cpu", &path_of("cpu")) {
-            s.cpu_shares = read_u64(&d.join("cpu.shares"));
-            s.cpu_period = read_u64(&d.join("cpu.cfs_period_us"));
-            s.cpu_quota = read_i64(&d.join("cpu.cfs_quota_us")).filter(|q| *q > 0);
-            let stat = read_kv(&d.join("cpu.stat"));
-            s.throttling = stat
-                .get("nr_periods")
-                .map(|p| (*p, stat.get("nr_throttled").copied().unwrap_or(0)));
+        if full {
+            if let Some(d) = self.dir("cpu", &path_of("cpu")) {
+                s.cpu_shares = r.value_u64(&d, "cpu.shares");
+                s.cpu_period = r.value_u64(&d, "cpu.cfs_period_us");
+                s.cpu_quota = r.value_i64(&d, "cpu.cfs_quota_us").filter(|q| *q > 0);
+                // Throttling is reported only under a quota (cAdvisor's
+                // container_cpu_cfs_* families).
+                if s.cpu_quota.is_some() {
+                    if let Some(t) = r.value(&d, "cpu.stat") {
+                        s.throttling = throttling(t);
+                    }
+                }
+            }
         }
         if let Some(d) = self.dir("memory", &path_of("memory")) {
-            if let Some(usage) = read_u64(&d.join("memory.usage_in_bytes")) {
-                let stat = read_kv(&d.join("memory.stat"));
-                let get = |k: &str| stat.get(k).copied().unwrap_or(0);
+            if let Some(usage) = r.value_u64(&d, "memory.usage_in_bytes") {
                 // v1 hierarchical totals, as cAdvisor reads them.
-                let inactive = get("total_inactive_file");
-                let memsw = read_u64(&d.join("memory.memsw.usage_in_bytes"));
+                let st = r
+                    .value(&d, "memory.stat")
+                    .map(|t| MemStat::parse(t, "total_"))
+                    .unwrap_or_default();
+                let memsw = r.value_u64(&d, "memory.memsw.usage_in_bytes");
+                let limit = if detail >= Detail::CpuMemory {
+                    r.value_u64(&d, "memory.limit_in_bytes")
+                } else {
+                    None
+                };
+                let (max_usage, failcnt) = if full {
+                    (
+                        r.value_u64(&d, "memory.max_usage_in_bytes"),
+                        r.value_u64(&d, "memory.failcnt"),
+                    )
+                } else {
+                    (None, None)
+                };
                 s.memory = Some(MemorySample {
                     usage,
-                    working_set: usage.saturating_sub(inactive),
-                    rss: get("total_rss"),
-                    cache: get("total_cache"),
-                    mapped_file: get("total_mapped_file"),
-                    pgfault: get("total_pgfault"),
-                    pgmajfault: get("total_pgmajfault"),
-                    max_usage: read_u64(&d.join("memory.max_usage_in_bytes")),
-                    failcnt: read_u64(&d.join("memory.failcnt")),
-                    limit: read_u64(&d.join("memory.limit_in_bytes")),
+                    working_set: usage.saturating_sub(st.inactive_file),
+                    rss: st.rss,
+                    cache: st.cache,
+                    mapped_file: st.mapped_file,
+                    pgfault: st.pgfault,
+                    pgmajfault: st.pgmajfault,
+                    max_usage,
+                    failcnt,
+                    limit,
                     swap: memsw.map(|m| m.saturating_sub(usage)),
                 });
             }
         }
-        if let Some(d) = self.dir("pids", &path_of("pids")) {
-            s.pids = read_u64(&d.join("pids.current"));
-        }
         s
+    }
+
+    /// The number of tasks in cgroup `name` (the summary's pod process
+    /// count; no other figure needs it, so `read_with` leaves it out).
+    pub fn pids_with(&self, name: &str, r: &mut FileReader) -> Option<u64> {
+        let d = self.dir("pids", name)?;
+        r.value_u64(&d, "pids.current")
     }
 }
 
-fn read_v2(d: &Path) -> CgroupSample {
+/// How much of a cgroup one collection reads: each endpoint asks for what
+/// its output shows and no more.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Detail {
+    /// `/metrics/resource`: cumulative CPU, and memory usage, working set,
+    /// rss, faults and swap (the usage, `memory.stat` and swap files).
+    #[default]
+    Resource,
+    /// `/stats/summary?only_cpu_and_memory=true`: also the memory limit
+    /// (for availableBytes) and the CPU and memory pressure.
+    CpuMemory,
+    /// `/stats/summary`: also the IO pressure (and, in the provider, file
+    /// systems, networks and pod process counts).
+    Summary,
+    /// `/metrics/cadvisor`: every figure (CPU spec and throttling, user and
+    /// system time, peak usage and failures; the sandboxes' and QoS
+    /// cgroups).
+    Full,
+}
+
+/// Reads small kernel files into one buffer reused from file to file. A
+/// cgroupfs value file is one seq_file record, which the kernel hands over
+/// whole to a read with room for it: one open and one read per file
+/// (`std::fs::read_to_string` also stats the file and reads again to see
+/// the end). Files of many records (`/proc/.../net/dev`, `cgroup.procs`)
+/// are read to the end. The directory last read from is held open and the
+/// next file in it opened relative to it, so the kernel walks a long cgroup
+/// path once per directory rather than once per file.
+pub struct FileReader {
+    buf: Vec<u8>,
+    dir: Option<(PathBuf, std::os::fd::OwnedFd)>,
+    /// Files opened (profiling and tests).
+    pub opened: u64,
+}
+
+impl Default for FileReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FileReader {
+    const INITIAL: usize = 16 << 10;
+
+    pub fn new() -> Self {
+        FileReader {
+            buf: vec![0; Self::INITIAL],
+            dir: None,
+            opened: 0,
+        }
+    }
+
+    /// A single-record file (`dir/file`): one read unless it fills the
+    /// buffer.
+    pub fn value(&mut self, dir: &Path, file: &str) -> Option<&str> {
+        let f = self.open_in(dir, file)?;
+        self.read_from(f, true)
+    }
+
+    /// A file of many records, read to its end.
+    pub fn whole(&mut self, dir: &Path, file: &str) -> Option<&str> {
+        let f = self.open_in(dir, file)?;
+        self.read_from(f, false)
+    }
+
+    /// `whole` for a full path.
+    pub fn whole_path(&mut self, path: &Path) -> Option<&str> {
+        self.opened += 1;
+        let f = std::fs::File::open(path).ok()?;
+        self.read_from(f, false)
+    }
+
+    fn value_u64(&mut self, dir: &Path, file: &str) -> Option<u64> {
+        self.value(dir, file)?.trim().parse().ok()
+    }
+
+    fn value_i64(&mut self, dir: &Path, file: &str) -> Option<i64> {
+        self.value(dir, file)?.trim().parse().ok()
+    }
+
+    /// Opens `file` in `dir` through the held directory descriptor.
+    fn open_in(&mut self, dir: &Path, file: &str) -> Option<std::fs::File> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::unix::ffi::OsStrExt;
+        self.opened += 1;
+        let held = self
+            .dir
+            .as_ref()
+            .is_some_and(|(p, _)| p.as_os_str() == dir.as_os_str());
+        if !held {
+            self.dir = None;
+            let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+            // SAFETY: `c` is a NUL-terminated path; a descriptor returned is
+            // ours alone and handed to an OwnedFd, which closes it.
+            let fd = unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                return None;
+            }
+            // SAFETY: `fd` was just opened and is owned by nothing else.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            self.dir = Some((dir.to_path_buf(), fd));
+        }
+        let (_, dfd) = self.dir.as_ref()?;
+        let c = std::ffi::CString::new(file).ok()?;
+        // SAFETY: `dfd` is an open directory descriptor and `c` a
+        // NUL-terminated name; a descriptor returned is ours alone and
+        // handed to a File, which closes it.
+        let fd = unsafe {
+            libc::openat(
+                dfd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        Some(unsafe { std::fs::File::from_raw_fd(fd) })
+    }
+
+    fn read_from(&mut self, mut f: std::fs::File, single: bool) -> Option<&str> {
+        use std::io::Read;
+        let mut len = 0;
+        loop {
+            if len == self.buf.len() {
+                self.buf.resize(self.buf.len() * 2, 0);
+            }
+            let n = match f.read(&mut self.buf[len..]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return None,
+            };
+            len += n;
+            if n == 0 || (single && len < self.buf.len()) {
+                break;
+            }
+        }
+        std::str::from_utf8(&self.buf[..len]).ok()
+    }
+}
+
+/// `key value` lines, without allocating.
+fn kv_lines(text: &str) -> impl Iterator<Item = (&str, u64)> {
+    text.lines().filter_map(|l| {
+        let mut it = l.split_whitespace();
+        Some((it.next()?, it.next()?.parse().ok()?))
+    })
+}
+
+/// (nr_periods, nr_throttled) from a `cpu.stat`.
+fn throttling(text: &str) -> Option<(u64, u64)> {
+    let (mut periods, mut throttled) = (None, 0);
+    for (k, v) in kv_lines(text) {
+        match k {
+            "nr_periods" => periods = Some(v),
+            "nr_throttled" => throttled = v,
+            _ => {}
+        }
+    }
+    periods.map(|p| (p, throttled))
+}
+
+/// The `memory.stat` figures cAdvisor uses; `prefix` is `total_` for v1's
+/// hierarchical totals, empty on v2.
+#[derive(Debug, Default)]
+struct MemStat {
+    inactive_file: u64,
+    rss: u64,
+    cache: u64,
+    mapped_file: u64,
+    pgfault: u64,
+    pgmajfault: u64,
+}
+
+impl MemStat {
+    fn parse(text: &str, prefix: &str) -> Self {
+        let v2 = prefix.is_empty();
+        let mut m = MemStat::default();
+        for (k, v) in kv_lines(text) {
+            let Some(k) = k.strip_prefix(prefix) else {
+                continue;
+            };
+            match k {
+                "inactive_file" => m.inactive_file = v,
+                "rss" if !v2 => m.rss = v,
+                "anon" if v2 => m.rss = v,
+                "cache" if !v2 => m.cache = v,
+                "file" if v2 => m.cache = v,
+                "mapped_file" if !v2 => m.mapped_file = v,
+                "file_mapped" if v2 => m.mapped_file = v,
+                "pgfault" => m.pgfault = v,
+                "pgmajfault" => m.pgmajfault = v,
+                _ => {}
+            }
+        }
+        m
+    }
+}
+
+fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
+    let full = detail == Detail::Full;
     let mut s = CgroupSample::default();
-    let cpu = read_kv(&d.join("cpu.stat"));
-    if let Some(usage) = cpu.get("usage_usec") {
-        s.cpu = Some(CpuSample {
-            usage_ns: usage * 1000,
-            user_ns: cpu.get("user_usec").map(|v| v * 1000),
-            system_ns: cpu.get("system_usec").map(|v| v * 1000),
-        });
-        s.throttling = cpu
-            .get("nr_periods")
-            .map(|p| (*p, cpu.get("nr_throttled").copied().unwrap_or(0)));
+    if let Some(t) = r.value(d, "cpu.stat") {
+        let (mut usage, mut user, mut system) = (None, None, None);
+        for (k, v) in kv_lines(t) {
+            match k {
+                "usage_usec" => usage = Some(v * 1000),
+                "user_usec" => user = Some(v * 1000),
+                "system_usec" => system = Some(v * 1000),
+                _ => {}
+            }
+        }
+        if let Some(usage_ns) = usage {
+            s.cpu = Some(CpuSample {
+                usage_ns,
+                user_ns: user,
+                system_ns: system,
+            });
+            s.throttling = throttling(t);
+        }
     }
-    // cpu.weight → shares, the inverse of the kubelet's shares → weight.
-    s.cpu_shares = read_u64(&d.join("cpu.weight")).map(|w| 2 + ((w.max(1) - 1) * 262_142) / 9999);
-    if let Ok(max) = std::fs::read_to_string(d.join("cpu.max")) {
-        let mut it = max.split_whitespace();
-        let quota = it.next().and_then(|q| q.parse::<i64>().ok());
-        s.cpu_quota = quota;
-        s.cpu_period = it.next().and_then(|p| p.parse().ok());
+    if full {
+        // cpu.weight → shares, the inverse of the kubelet's shares → weight.
+        s.cpu_shares = r
+            .value_u64(d, "cpu.weight")
+            .map(|w| 2 + ((w.max(1) - 1) * 262_142) / 9999);
+        if let Some(max) = r.value(d, "cpu.max") {
+            let mut it = max.split_whitespace();
+            let quota = it.next().and_then(|q| q.parse::<i64>().ok());
+            s.cpu_quota = quota;
+            s.cpu_period = it.next().and_then(|p| p.parse().ok());
+        }
     }
-    if let Some(usage) = read_u64(&d.join("memory.current")) {
-        let stat = read_kv(&d.join("memory.stat"));
-        let get = |k: &str| stat.get(k).copied().unwrap_or(0);
-        let events = read_kv(&d.join("memory.events"));
+    if let Some(usage) = r.value_u64(d, "memory.current") {
+        let st = r
+            .value(d, "memory.stat")
+            .map(|t| MemStat::parse(t, ""))
+            .unwrap_or_default();
+        let swap = r.value_u64(d, "memory.swap.current");
+        // "max" does not parse: no limit.
+        let limit = if detail >= Detail::CpuMemory {
+            r.value_u64(d, "memory.max")
+        } else {
+            None
+        };
+        let (max_usage, failcnt) = if full {
+            let failcnt = r
+                .value(d, "memory.events")
+                .and_then(|t| kv_lines(t).find_map(|(k, v)| (k == "max").then_some(v)));
+            (r.value_u64(d, "memory.peak"), failcnt)
+        } else {
+            (None, None)
+        };
         s.memory = Some(MemorySample {
             usage,
-            working_set: usage.saturating_sub(get("inactive_file")),
-            rss: get("anon"),
-            cache: get("file"),
-            mapped_file: get("file_mapped"),
-            pgfault: get("pgfault"),
-            pgmajfault: get("pgmajfault"),
-            max_usage: read_u64(&d.join("memory.peak")),
-            failcnt: events.get("max").copied(),
-            // "max" does not parse: no limit.
-            limit: read_u64(&d.join("memory.max")),
-            swap: read_u64(&d.join("memory.swap.current")),
+            working_set: usage.saturating_sub(st.inactive_file),
+            rss: st.rss,
+            cache: st.cache,
+            mapped_file: st.mapped_file,
+            pgfault: st.pgfault,
+            pgmajfault: st.pgmajfault,
+            max_usage,
+            failcnt,
+            limit,
+            swap,
         });
     }
-    s.pids = read_u64(&d.join("pids.current"));
-    s.psi = read_psi_dir(d);
+    if detail >= Detail::CpuMemory {
+        s.psi = read_psi_dir(d, detail, r);
+    }
     s
 }
 
-fn read_psi_dir(d: &Path) -> Option<Psi> {
-    let cpu = read_psi(&d.join("cpu.pressure"));
-    let memory = read_psi(&d.join("memory.pressure"));
-    let io = read_psi(&d.join("io.pressure"));
+fn read_psi_dir(d: &Path, detail: Detail, r: &mut FileReader) -> Option<Psi> {
+    let cpu = r.value(d, "cpu.pressure").and_then(parse_psi);
+    let memory = r.value(d, "memory.pressure").and_then(parse_psi);
+    let io = if detail >= Detail::Summary {
+        r.value(d, "io.pressure").and_then(parse_psi)
+    } else {
+        None
+    };
     (cpu.is_some() || memory.is_some() || io.is_some()).then_some(Psi { cpu, memory, io })
 }
 
@@ -306,34 +613,6 @@ pub struct CgroupSample {
     /// (nr_periods, nr_throttled).
     pub throttling: Option<(u64, u64)>,
     pub psi: Option<Psi>,
-}
-
-fn read_u64(p: &Path) -> Option<u64> {
-    std::fs::read_to_string(p).ok()?.trim().parse().ok()
-}
-
-fn read_i64(p: &Path) -> Option<i64> {
-    std::fs::read_to_string(p).ok()?.trim().parse().ok()
-}
-
-/// A flat-keyed file (`memory.stat`, `cpu.stat`, ...): `key value` lines.
-fn read_kv(p: &Path) -> HashMap<String, u64> {
-    std::fs::read_to_string(p)
-        .map(|t| parse_kv(&t))
-        .unwrap_or_default()
-}
-
-pub fn parse_kv(text: &str) -> HashMap<String, u64> {
-    text.lines()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            Some((it.next()?.to_string(), it.next()?.parse().ok()?))
-        })
-        .collect()
-}
-
-fn read_psi(p: &Path) -> Option<PsiPair> {
-    parse_psi(&std::fs::read_to_string(p).ok()?)
 }
 
 /// `some avg10=0.00 avg60=0.00 avg300=0.00 total=0` (and `full ...`).
@@ -475,6 +754,74 @@ mod tests {
         assert_eq!(m.failcnt, Some(3));
         assert_eq!(m.swap, Some(500));
         assert!(s.psi.is_none());
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn each_detail_reads_only_its_files() {
+        let root = tempdir("detail");
+        let cg = "/kubepods/pody/abc";
+        let mem = root.join("memory").join(&cg[1..]);
+        let acct = root.join("cpuacct").join(&cg[1..]);
+        write(&acct, "cpuacct.usage", "5000\n");
+        write(&acct, "cpuacct.stat", "user 1\nsystem 2\n");
+        write(&root.join("cpu").join(&cg[1..]), "cpu.shares", "1024\n");
+        write(&mem, "memory.usage_in_bytes", "10000\n");
+        write(&mem, "memory.memsw.usage_in_bytes", "10100\n");
+        write(&mem, "memory.limit_in_bytes", "20000\n");
+        write(
+            &mem,
+            "memory.stat",
+            "total_inactive_file 3000\ntotal_rss 6000\n",
+        );
+        let h = Hierarchy::V1 {
+            roots: ["cpu", "cpuacct", "memory"]
+                .iter()
+                .map(|c| (c.to_string(), root.join(c)))
+                .collect(),
+            unified: None,
+        };
+        let read = |d| {
+            let mut r = FileReader::new();
+            let s = h.read_with(cg, d, &mut r);
+            (s, r.opened)
+        };
+        let (res, n_res) = read(Detail::Resource);
+        let (cm, n_cm) = read(Detail::CpuMemory);
+        let (sum, n_sum) = read(Detail::Summary);
+        let (full, n_full) = read(Detail::Full);
+        assert_eq!(n_sum, n_cm, "no unified mount: no more to read");
+        assert_eq!(sum, cm);
+        // usage, memory usage, memory.stat, memsw.
+        assert_eq!(n_res, 4);
+        assert_eq!(n_cm, 5, "and the limit");
+        assert!(n_full > n_cm);
+        for s in [&res, &cm, &full] {
+            assert_eq!(s.cpu.unwrap().usage_ns, 5000);
+            let m = s.memory.unwrap();
+            assert_eq!((m.usage, m.working_set, m.rss), (10000, 7000, 6000));
+            assert_eq!(m.swap, Some(100));
+        }
+        assert_eq!(res.memory.unwrap().limit, None);
+        assert_eq!(cm.memory.unwrap().limit, Some(20000));
+        assert_eq!(res.cpu.unwrap().user_ns, None);
+        assert_eq!(full.cpu.unwrap().user_ns, Some(10_000_000));
+        assert_eq!(full.cpu_shares, Some(1024));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn the_reader_grows_for_big_files_and_reuses_its_buffer() {
+        let root = tempdir("reader");
+        let big: String = (0..5000).map(|i| format!("k{i} {i}\n")).collect();
+        write(&root, "big", &big);
+        write(&root, "small", "42\n");
+        let mut r = FileReader::new();
+        assert_eq!(r.value(&root, "big"), Some(big.as_str()));
+        assert_eq!(r.whole(&root, "big"), Some(big.as_str()));
+        assert_eq!(r.value(&root, "small"), Some("42\n"));
+        assert_eq!(r.value(&root, "missing"), None);
+        assert_eq!(r.whole_path(&root.join("small")), Some("42\n"));
         let _ = std::fs::remove_dir_all(root);
     }
 

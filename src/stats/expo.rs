@@ -37,19 +37,29 @@ pub struct Exposition {
     families: BTreeMap<String, Family>,
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// Appends a label value with `\`, `"` and newlines escaped.
+fn push_escaped(out: &mut String, v: &str) {
+    if !v.contains(['\\', '"', '\n']) {
+        out.push_str(v);
+        return;
+    }
+    for ch in v.chars() {
+        match ch {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
 }
 
-fn fmt_value(v: f64) -> String {
+fn write_value(out: &mut String, v: f64) {
     if v.is_nan() {
-        "NaN".into()
+        out.push_str("NaN");
     } else if v.is_infinite() {
-        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
     } else {
-        format!("{v}")
+        let _ = write!(out, "{v}");
     }
 }
 
@@ -65,25 +75,48 @@ impl Exposition {
     ) {
         let mut l: Vec<(&str, &str)> = labels.to_vec();
         l.sort_by(|a, b| a.0.cmp(b.0));
-        let rendered = l
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-            .collect::<Vec<_>>()
-            .join(",");
-        let f = self
-            .families
-            .entry(name.to_string())
-            .or_insert_with(|| Family {
-                help: help.to_string(),
-                kind,
-                samples: BTreeMap::new(),
-            });
-        f.samples
-            .insert(rendered, (value, ts_ns.map(|t| t / 1_000_000)));
+        let mut rendered =
+            String::with_capacity(l.iter().map(|(k, v)| k.len() + v.len() + 4).sum());
+        for (i, (k, v)) in l.iter().enumerate() {
+            if i > 0 {
+                rendered.push(',');
+            }
+            rendered.push_str(k);
+            rendered.push_str("=\"");
+            push_escaped(&mut rendered, v);
+            rendered.push('"');
+        }
+        if !self.families.contains_key(name) {
+            self.families.insert(
+                name.to_string(),
+                Family {
+                    help: help.to_string(),
+                    kind,
+                    samples: BTreeMap::new(),
+                },
+            );
+        }
+        if let Some(f) = self.families.get_mut(name) {
+            f.samples
+                .insert(rendered, (value, ts_ns.map(|t| t / 1_000_000)));
+        }
     }
 
     pub fn render(&self) -> String {
-        let mut out = String::new();
+        let size: usize = self
+            .families
+            .iter()
+            .map(|(name, f)| {
+                f.help.len()
+                    + 2 * name.len()
+                    + 24
+                    + f.samples
+                        .keys()
+                        .map(|l| name.len() + l.len() + 48)
+                        .sum::<usize>()
+            })
+            .sum();
+        let mut out = String::with_capacity(size);
         for (name, f) in &self.families {
             let kind = match f.kind {
                 Kind::Counter => "counter",
@@ -94,9 +127,12 @@ impl Exposition {
             for (labels, (v, ts)) in &f.samples {
                 out.push_str(name);
                 if !labels.is_empty() {
-                    let _ = write!(out, "{{{labels}}}");
+                    out.push('{');
+                    out.push_str(labels);
+                    out.push('}');
                 }
-                let _ = write!(out, " {}", fmt_value(*v));
+                out.push(' ');
+                write_value(&mut out, *v);
                 if let Some(ts) = ts {
                     let _ = write!(out, " {ts}");
                 }
@@ -788,4 +824,38 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
         }
     }
     e.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_render_sorted_escaped_and_stamped() {
+        let mut e = Exposition::default();
+        e.add(
+            "b_total",
+            "B.",
+            Kind::Counter,
+            &[("z", "1"), ("a", "x\"y\\z\nw")],
+            1.5,
+            Some(2_000_000),
+        );
+        e.add(
+            "b_total",
+            "ignored",
+            Kind::Counter,
+            &[("a", "p")],
+            f64::INFINITY,
+            None,
+        );
+        e.add("a", "A.", Kind::Gauge, &[], f64::NAN, None);
+        assert_eq!(
+            e.render(),
+            "# HELP a A.\n# TYPE a gauge\na NaN\n\
+             # HELP b_total B.\n# TYPE b_total counter\n\
+             b_total{a=\"p\"} +Inf\n\
+             b_total{a=\"x\\\"y\\\\z\\nw\",z=\"1\"} 1.5 2\n"
+        );
+    }
 }

@@ -41,11 +41,14 @@ fn stats_config(s: &ServerState) -> StatsConfig {
 
 async fn snapshot(
     s: &ServerState,
-    full: bool,
+    detail: cgroup::Detail,
 ) -> Result<std::sync::Arc<provider::Snapshot>, StatsError> {
-    s.stats
-        .snapshot(s.runtime.clone(), s.images.clone(), stats_config(s), full)
-        .await
+    let src = provider::Sources {
+        runtime: s.runtime.clone(),
+        images: s.images.clone(),
+        pleg: Some(s.pleg.clone()),
+    };
+    s.stats.snapshot(src, stats_config(s), detail).await
 }
 
 const PROM_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -62,7 +65,12 @@ fn only_cpu_and_memory(q: Option<&str>) -> bool {
 
 async fn stats_summary(State(s): State<ServerState>, RawQuery(q): RawQuery) -> Response {
     let only = only_cpu_and_memory(q.as_deref());
-    match snapshot(&s, !only).await {
+    let detail = if only {
+        cgroup::Detail::CpuMemory
+    } else {
+        cgroup::Detail::Summary
+    };
+    match snapshot(&s, detail).await {
         Ok(snap) => {
             let sum = summary::build(&snap, &s.node_name, only);
             match serde_json::to_vec(&sum) {
@@ -82,7 +90,7 @@ async fn stats_summary(State(s): State<ServerState>, RawQuery(q): RawQuery) -> R
 }
 
 async fn metrics_resource(State(s): State<ServerState>) -> Response {
-    let snap = snapshot(&s, false).await;
+    let snap = snapshot(&s, cgroup::Detail::Resource).await;
     if let Err(e) = &snap {
         tracing::warn!(error = %e, "resource metrics collection failed");
     }
@@ -91,7 +99,7 @@ async fn metrics_resource(State(s): State<ServerState>) -> Response {
 }
 
 async fn metrics_cadvisor(State(s): State<ServerState>) -> Response {
-    let snap = snapshot(&s, true).await;
+    let snap = snapshot(&s, cgroup::Detail::Full).await;
     if let Err(e) = &snap {
         tracing::warn!(error = %e, "cadvisor metrics collection failed");
     }
@@ -248,12 +256,15 @@ mod tests {
         rt.set_container_stats(&c, 1, 2, 3);
         let (state, _t) = ServerState::for_tests(rt.clone());
         rt.clear_calls();
-        let (a, b, c2) = tokio::join!(
+        // cAdvisor's text reads more than any of these (a collection of its
+        // own); it serves all of them in turn.
+        let (a, b, c2, d) = tokio::join!(
+            get(&state, "/metrics/cadvisor"),
             get(&state, "/stats/summary"),
             get(&state, "/metrics/resource"),
-            get(&state, "/metrics/cadvisor"),
+            get(&state, "/stats/summary?only_cpu_and_memory=true"),
         );
-        assert!(a.0.is_success() && b.0.is_success() && c2.0.is_success());
+        assert!(a.0.is_success() && b.0.is_success() && c2.0.is_success() && d.0.is_success());
         let n = rt
             .calls()
             .iter()
@@ -455,6 +466,130 @@ mod tests {
         ));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    fn fake_hierarchy(root: &Path) -> cgroup::Hierarchy {
+        cgroup::Hierarchy::V1 {
+            roots: ["cpu", "cpuacct", "memory"]
+                .iter()
+                .map(|n| (n.to_string(), root.join(n)))
+                .collect(),
+            unified: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn writable_layers_come_from_a_cache_refreshed_in_the_background() {
+        let rt = Arc::new(FakeRuntime::new());
+        let (sb, c) = fake_pod(&rt).await;
+        rt.set_container_stats(&c, 1, 1, 77);
+        let root = tempdir();
+        fake_tree(&root, &sb, &c);
+        let stats = StatsProvider::with_hierarchy(fake_hierarchy(&root));
+        let src = provider::Sources {
+            runtime: rt.clone(),
+            images: rt.clone(),
+            pleg: None,
+        };
+        let full = |stats: &StatsProvider| {
+            stats.expire();
+            let (stats, src) = (stats.clone(), src.clone());
+            async move {
+                stats
+                    .snapshot(src, StatsConfig::default(), cgroup::Detail::Full)
+                    .await
+                    .unwrap()
+            }
+        };
+        let rootfs = |s: &Arc<provider::Snapshot>| s.pods[0].containers[0].rootfs;
+        let asked = || {
+            rt.calls()
+                .iter()
+                .filter(|c| *c == "ListContainerStats")
+                .count()
+        };
+        rt.clear_calls();
+        // The first full scrape waits for the runtime's figures.
+        assert_eq!(rootfs(&full(&stats).await), Some((Some(77), None)));
+        assert_eq!(asked(), 1);
+        // The next ones are served from the cache.
+        rt.set_container_stats(&c, 1, 1, 99);
+        assert_eq!(rootfs(&full(&stats).await), Some((Some(77), None)));
+        assert_eq!(asked(), 1);
+        // Once the period has passed, a scrape does not wait for the
+        // runtime (it answers from the cache unless the refresh it started
+        // has landed meanwhile); later scrapes see the refresh.
+        stats.age_disk(provider::DISK_PERIOD);
+        let r = rootfs(&full(&stats).await);
+        assert!(
+            r == Some((Some(77), None)) || r == Some((Some(99), None)),
+            "{r:?}"
+        );
+        for _ in 0..200 {
+            if asked() == 2 && !stats.refreshing() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(asked(), 2);
+        assert_eq!(rootfs(&full(&stats).await), Some((Some(99), None)));
+        assert_eq!(asked(), 2);
+        // The cpu-and-memory forms never ask when every cgroup is found.
+        stats.expire();
+        for d in [cgroup::Detail::Resource, cgroup::Detail::CpuMemory] {
+            stats.expire();
+            let s = stats
+                .snapshot(src.clone(), StatsConfig::default(), d)
+                .await
+                .unwrap();
+            assert_eq!(s.pods[0].containers[0].rootfs, None);
+        }
+        assert_eq!(asked(), 2);
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[tokio::test]
+    async fn resource_snapshots_read_cpu_and_memory_only_and_keep_system_rates() {
+        let rt = Arc::new(FakeRuntime::new());
+        let (sb, c) = fake_pod(&rt).await;
+        let root = tempdir();
+        fake_tree(&root, &sb, &c);
+        let stats = StatsProvider::with_hierarchy(fake_hierarchy(&root));
+        let src = provider::Sources {
+            runtime: rt.clone(),
+            images: rt.clone(),
+            pleg: None,
+        };
+        let snap = |d| {
+            stats.expire();
+            stats.snapshot(src.clone(), StatsConfig::default(), d)
+        };
+        let r = snap(cgroup::Detail::Resource).await.unwrap();
+        assert!(r.system.is_empty() && r.hierarchy.is_empty());
+        let ctr = &r.pods[0].containers[0];
+        assert_eq!(ctr.sample.cpu.unwrap().usage_ns, 2_000_000_000);
+        assert_eq!(ctr.sample.memory.unwrap().working_set, (1 << 21) - 1024);
+        assert_eq!(
+            ctr.sample.cpu_shares, None,
+            "cAdvisor's figures are not read"
+        );
+        assert!(r.pods[0].sandbox_cgroup.is_none());
+        // The full summary: no sandbox or QoS cgroup figures, but the pod's
+        // network through its sandbox's pause process.
+        let sum = snap(cgroup::Detail::Summary).await.unwrap();
+        assert!(sum.hierarchy.is_empty() && !sum.system.is_empty());
+        assert!(sum.pods[0].sandbox_cgroup.is_none());
+        assert!(!sum.pods[0].interfaces.is_empty());
+        assert_eq!(sum.pods[0].containers[0].sample.cpu_shares, None);
+        let f = snap(cgroup::Detail::Full).await.unwrap();
+        assert_eq!(f.pods[0].containers[0].sample.cpu_shares, Some(2));
+        assert!(f.pods[0].sandbox_cgroup.is_some());
+        assert_eq!(f.hierarchy.len(), 3, "/, kubepods, besteffort");
+        assert_eq!(
+            f.pods[0].containers[0].image,
+            "docker.io/library/busybox:1.36"
+        );
+        let _ = std::fs::remove_dir_all(root);
     }
 
     #[tokio::test]

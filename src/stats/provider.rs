@@ -3,10 +3,13 @@
 //! writable layers, the image filesystem) and from cgroup and /proc files
 //! (everything else). Concurrent scrapes within `CACHE_TTL` share one
 //! snapshot; the previous CPU sample per cgroup is kept so usageNanoCores
-//! is a rate over two samples, as cAdvisor computes it.
+//! is a rate over two samples, as cAdvisor computes it. Each scrape reads
+//! only the cgroup files its output shows (`Detail`); the CRI answers that
+//! change slowly (lists, writable layers, image figures) are cached, see
+//! `LIST_MAX_AGE`, `DISK_PERIOD` and `IMAGES_PERIOD`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +17,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::cgroup::{CgroupSample, CpuSample, Hierarchy, MemorySample};
+use super::cgroup::{CgroupSample, CpuSample, Detail, FileReader, Hierarchy, MemorySample};
 use super::procfs::{self, FsFigures, Interface, Meminfo};
 use crate::cri::{v1, ContainerState, ImageService, PodSandboxState, RuntimeService};
 
@@ -110,6 +113,8 @@ pub struct Snapshot {
     pub time_ns: i64,
     /// Whether file-system figures were collected (not for cpu/memory only).
     pub full: bool,
+    /// How much of each cgroup was read.
+    pub detail: Detail,
     pub v2: bool,
     pub node: NodeRaw,
     /// `kubelet`, `runtime` and `pods` (absent when their cgroup is unknown).
@@ -126,13 +131,134 @@ pub struct Snapshot {
 type CpuHistory = (Option<(i64, u64)>, (i64, u64));
 type SharedSnapshot = Shared<BoxFuture<'static, Result<Arc<Snapshot>, StatsError>>>;
 
+/// How long the sandbox and container lists are reused while the PLEG's
+/// relists show no change. The PLEG relists every second and sees every
+/// sandbox and container that carries a pod UID label (all the kubelet's),
+/// so for those a change means a fresh list at the next scrape; this bounds
+/// how late anything else (a sandbox made with `crictl runp`) shows up.
+/// Without a PLEG (or with an unhealthy one) lists live no longer than a
+/// snapshot.
+const LIST_MAX_AGE: Duration = Duration::from_secs(30);
+/// Writable layers (ListContainerStats) and the image file system's usage
+/// (ImageFsInfo) are refreshed in the background this long after the last
+/// refresh, when a full scrape finds them older; until the refresh lands
+/// scrapes serve the previous figures. Disk usage changes slowly, and
+/// upstream's cAdvisor measures it on its own one-minute period
+/// (`common.DefaultPeriod` of its fs handler) rather than per scrape; here
+/// a refresh costs containerd a metrics round trip to every container's
+/// shim, which is most of what a full scrape cost it (ImageFsInfo is cheap,
+/// under 1 ms, as containerd answers it from its own snapshot usage; it
+/// rides along so a full scrape makes no CRI call at all). A container the
+/// cache has not seen yet is asked about at once (filtered by its id), so
+/// a new container has its rootfs from its first scrape on.
+pub const DISK_PERIOD: Duration = Duration::from_secs(60);
+/// The image list (names for cAdvisor's `image` label, the pinned pause
+/// image): asked again at once when a container runs an image ID it does
+/// not name (at most every `IMAGES_MIN_GAP`), otherwise every
+/// `IMAGES_PERIOD` (a retag).
+const IMAGES_PERIOD: Duration = Duration::from_secs(300);
+const IMAGES_MIN_GAP: Duration = Duration::from_secs(10);
+/// Up to this many containers missing from the caches (new, or without a
+/// cgroup) are asked about one by one; more, and one full list is cheaper.
+const MAX_FILTERED_STATS: usize = 8;
+
+/// Whether a snapshot of `d` carries file-system and network figures (the
+/// full summary's and cAdvisor's).
+fn is_full(d: Detail) -> bool {
+    d >= Detail::Summary
+}
+
+/// One pod as the lists show it: what the snapshot needs of a ready
+/// sandbox and its running containers.
+#[derive(Debug, Clone, Default)]
+struct PodPlan {
+    name: String,
+    namespace: String,
+    uid: String,
+    sandbox_id: String,
+    created_ns: i64,
+    containers: Vec<ContainerPlan>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct ContainerPlan {
+    id: String,
+    name: String,
+    /// As the runtime lists it (the image ID the kubelet created it with).
+    image: String,
+    created_ns: i64,
+}
+
+/// The last sandbox and container lists, as pod plans.
+struct Lists {
+    at: Instant,
+    /// The PLEG's snapshot when these were listed.
+    pleg: Option<Arc<crate::pleg::Snapshot>>,
+    plans: Arc<Vec<PodPlan>>,
+}
+
+/// A writable layer: (used bytes, inodes used).
+type Layer = (Option<u64>, Option<u64>);
+
+#[derive(Default)]
+struct DiskCache {
+    /// Writable layer by container id: (used bytes, inodes used); `None`
+    /// when the runtime reported none.
+    layers: HashMap<String, Option<Layer>>,
+    layers_at: Option<Instant>,
+    image_fs: Option<v1::FilesystemUsage>,
+    image_fs_at: Option<Instant>,
+    /// A background refresh is under way.
+    refreshing: bool,
+}
+
+impl DiskCache {
+    fn set_layers(&mut self, stats: &[v1::ContainerStats]) {
+        self.layers = stats
+            .iter()
+            .filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), layer(s))))
+            .collect();
+        self.layers_at = Some(Instant::now());
+    }
+}
+
+fn layer(s: &v1::ContainerStats) -> Option<Layer> {
+    s.writable_layer
+        .as_ref()
+        .map(|w| (opt_u64(&w.used_bytes), opt_u64(&w.inodes_used)))
+}
+
+struct ImageCache {
+    at: Instant,
+    /// Image ID → its first tag.
+    names: Arc<HashMap<String, String>>,
+    sandbox_image: String,
+}
+
+/// Resolved cgroup names, so a scrape does not look for each one again
+/// (pods never change QoS class, containers never move). An entry whose
+/// cgroup reads nothing is dropped and looked for again.
+#[derive(Default)]
+struct PathCache {
+    /// Pod UID → pod cgroup.
+    pods: HashMap<String, String>,
+    /// Container or sandbox id → its cgroup.
+    containers: HashMap<String, String>,
+}
+
 #[derive(Default)]
 struct Inner {
     hierarchy: Mutex<Option<Hierarchy>>,
     /// cgroup (or container id) → the two latest kept (time ns,
     /// cumulative cpu ns) samples, at least `MIN_RATE_WINDOW_NS` apart.
     prev_cpu: Mutex<HashMap<String, CpuHistory>>,
-    cache: Mutex<Option<(Instant, bool, SharedSnapshot)>>,
+    cache: Mutex<Option<(Instant, Detail, SharedSnapshot)>>,
+    lists: Mutex<Option<Lists>>,
+    disk: Mutex<DiskCache>,
+    images: Mutex<Option<ImageCache>>,
+    paths: Mutex<PathCache>,
+    /// Boot time (Unix ns), from /proc/stat once.
+    boot_ns: std::sync::OnceLock<i64>,
     /// The runtime's pid, and when /proc was last scanned for it.
     runtime_pid: Mutex<(Option<u32>, Option<std::time::Instant>)>,
     /// Overrides for tests (a fake cgroup tree).
@@ -151,6 +277,15 @@ impl std::fmt::Debug for StatsProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("StatsProvider")
     }
+}
+
+/// Where the provider gets pods and figures from.
+#[derive(Clone)]
+pub struct Sources {
+    pub runtime: Arc<dyn RuntimeService>,
+    pub images: Arc<dyn ImageService>,
+    /// The PLEG, whose relists tell when the CRI lists need asking again.
+    pub pleg: Option<crate::pleg::PlegHandle>,
 }
 
 impl StatsProvider {
@@ -195,25 +330,42 @@ impl StatsProvider {
         }
     }
 
-    /// A snapshot no older than `CACHE_TTL`, shared with concurrent callers.
-    /// `full` asks for file-system figures too.
+    /// Forgets the last snapshot, so the next scrape collects (tests).
+    #[cfg(test)]
+    pub(crate) fn expire(&self) {
+        *self.inner.cache.lock() = None;
+    }
+
+    /// Makes the cached disk figures `by` older (tests).
+    #[cfg(test)]
+    pub(crate) fn age_disk(&self, by: Duration) {
+        let mut d = self.inner.disk.lock();
+        d.layers_at = d.layers_at.map(|t| t - by);
+        d.image_fs_at = d.image_fs_at.map(|t| t - by);
+    }
+
+    /// Whether a background disk refresh is under way (tests).
+    #[cfg(test)]
+    pub(crate) fn refreshing(&self) -> bool {
+        self.inner.disk.lock().refreshing
+    }
+
+    /// A snapshot no older than `CACHE_TTL` with at least `detail`, shared
+    /// with concurrent callers.
     pub async fn snapshot(
         &self,
-        runtime: Arc<dyn RuntimeService>,
-        images: Arc<dyn ImageService>,
+        src: Sources,
         cfg: StatsConfig,
-        full: bool,
+        detail: Detail,
     ) -> Result<Arc<Snapshot>, StatsError> {
         let fut = {
             let mut cache = self.inner.cache.lock();
             match &*cache {
-                Some((at, was_full, f)) if at.elapsed() < CACHE_TTL && (*was_full || !full) => {
-                    f.clone()
-                }
+                Some((at, had, f)) if at.elapsed() < CACHE_TTL && *had >= detail => f.clone(),
                 _ => {
                     let inner = self.inner.clone();
-                    let f = collect(inner, runtime, images, cfg, full).boxed().shared();
-                    *cache = Some((Instant::now(), full, f.clone()));
+                    let f = collect(inner, src, cfg, detail).boxed().shared();
+                    *cache = Some((Instant::now(), detail, f.clone()));
                     f
                 }
             }
@@ -268,41 +420,113 @@ fn now_ns() -> i64 {
         .unwrap_or(0)
 }
 
-struct PodPlan {
-    sandbox: v1::PodSandbox,
-    containers: Vec<v1::Container>,
-}
-
-async fn collect(
-    inner: Arc<Inner>,
-    runtime: Arc<dyn RuntimeService>,
-    images: Arc<dyn ImageService>,
-    cfg: StatsConfig,
-    full: bool,
-) -> Result<Arc<Snapshot>, StatsError> {
-    let sandboxes = runtime
+/// The ready sandboxes and their running containers: from the last lists
+/// while the PLEG saw no change since (and they are younger than
+/// `LIST_MAX_AGE`), otherwise listed again.
+async fn pod_plans(inner: &Inner, src: &Sources) -> Result<Arc<Vec<PodPlan>>, StatsError> {
+    // A healthy PLEG's snapshot, taken before listing: a change the PLEG
+    // sees after this differs from it and forces the next list.
+    let pleg = src
+        .pleg
+        .as_ref()
+        .filter(|p| p.healthy().is_ok())
+        .map(|p| p.snapshot());
+    if let (Some(now), Some(l)) = (&pleg, &*inner.lists.lock()) {
+        let same = l
+            .pleg
+            .as_ref()
+            .is_some_and(|was| Arc::ptr_eq(was, now) || **was == **now);
+        if same && l.at.elapsed() < LIST_MAX_AGE {
+            return Ok(l.plans.clone());
+        }
+    }
+    let sandboxes = src
+        .runtime
         .list_pod_sandbox(None)
         .await
         .map_err(|e| StatsError::Runtime(e.to_string()))?;
-    let containers = runtime
+    let containers = src
+        .runtime
         .list_containers(None)
         .await
         .map_err(|e| StatsError::Runtime(e.to_string()))?;
-    // The runtime lists a container's image as the ID the kubelet created
-    // it with; cAdvisor labels it with the image's name.
-    let image_list = if full {
-        images.list_images().await.unwrap_or_default()
-    } else {
-        Vec::new()
-    };
-    let image_names: HashMap<String, String> = image_list
-        .iter()
-        .filter_map(|i| Some((i.id.clone(), i.repo_tags.first()?.clone())))
+    let mut plans: Vec<PodPlan> = sandboxes
+        .into_iter()
+        .filter(|s| s.state == PodSandboxState::SandboxReady as i32)
+        .map(|s| {
+            let md = s.metadata.unwrap_or_default();
+            PodPlan {
+                name: md.name,
+                namespace: md.namespace,
+                uid: md.uid,
+                sandbox_id: s.id,
+                created_ns: s.created_at,
+                containers: Vec::new(),
+            }
+        })
         .collect();
+    let index: HashMap<String, usize> = plans
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.sandbox_id.clone(), i))
+        .collect();
+    for c in containers {
+        if c.state != ContainerState::ContainerRunning as i32 {
+            continue;
+        }
+        if let Some(&i) = index.get(&c.pod_sandbox_id) {
+            plans[i].containers.push(ContainerPlan {
+                id: c.id,
+                name: c.metadata.map(|m| m.name).unwrap_or_default(),
+                image: c.image.map(|i| i.image).unwrap_or_default(),
+                created_ns: c.created_at,
+            });
+        }
+    }
+    let plans = Arc::new(plans);
+    *inner.lists.lock() = Some(Lists {
+        at: Instant::now(),
+        pleg,
+        plans: plans.clone(),
+    });
+    Ok(plans)
+}
+
+/// Image names by ID and the pause image, from the cached image list; asked
+/// again when stale, or when a running container's image is not named and
+/// the list is older than `IMAGES_MIN_GAP`.
+async fn image_names(
+    inner: &Inner,
+    src: &Sources,
+    plans: &[PodPlan],
+) -> (Arc<HashMap<String, String>>, String) {
+    let fresh = {
+        let g = inner.images.lock();
+        g.as_ref().and_then(|c| {
+            let age = c.at.elapsed();
+            let unknown = || {
+                plans
+                    .iter()
+                    .flat_map(|p| &p.containers)
+                    .any(|c2| !c.names.contains_key(&c2.image))
+            };
+            (age < IMAGES_PERIOD && (age < IMAGES_MIN_GAP || !unknown()))
+                .then(|| (c.names.clone(), c.sandbox_image.clone()))
+        })
+    };
+    if let Some(v) = fresh {
+        return v;
+    }
+    let list = src.images.list_images().await.unwrap_or_default();
+    let names: Arc<HashMap<String, String>> = Arc::new(
+        list.iter()
+            .filter_map(|i| Some((i.id.clone(), i.repo_tags.first()?.clone())))
+            .collect(),
+    );
     // The sandbox (pause) image: the runtime pins it (containerd 1.7 does).
     // The CRI's sandbox list names no image; with other pinned images
     // around it stays unknown rather than guessed.
-    let pinned: Vec<&String> = image_list
+    let pinned: Vec<&String> = list
         .iter()
         .filter(|i| i.pinned)
         .filter_map(|i| i.repo_tags.first())
@@ -311,91 +535,227 @@ async fn collect(
         [one] => (*one).clone(),
         _ => String::new(),
     };
-    let image_fs = if full {
-        match images.image_fs_info().await {
-            Ok(r) => r.image_filesystems.into_iter().next(),
+    *inner.images.lock() = Some(ImageCache {
+        at: Instant::now(),
+        names: names.clone(),
+        sandbox_image: sandbox_image.clone(),
+    });
+    (names, sandbox_image)
+}
+
+/// Clears `DiskCache::refreshing` however the refresh ends.
+struct RefreshGuard(Arc<Inner>);
+
+impl Drop for RefreshGuard {
+    fn drop(&mut self) {
+        self.0.disk.lock().refreshing = false;
+    }
+}
+
+/// Starts a background refresh of the writable layers and the image file
+/// system unless one is under way. Async CRI calls on a task of their own:
+/// the scrape that started it does not wait.
+fn refresh_disk_in_background(inner: &Arc<Inner>, src: &Sources) {
+    {
+        let mut d = inner.disk.lock();
+        if d.refreshing {
+            return;
+        }
+        d.refreshing = true;
+    }
+    let guard = RefreshGuard(inner.clone());
+    let src = src.clone();
+    tokio::spawn(async move {
+        let stats = src.runtime.list_container_stats(None).await;
+        let fs = src.images.image_fs_info().await;
+        let mut d = guard.0.disk.lock();
+        match stats {
+            Ok(v) => d.set_layers(&v),
             Err(e) => {
-                tracing::debug!(error = %e, "ImageFsInfo failed");
-                None
+                tracing::debug!(error = %e, "ListContainerStats failed; keeping the last writable layers");
+                d.layers_at = Some(Instant::now());
+            }
+        }
+        match fs {
+            Ok(r) => d.image_fs = r.image_filesystems.into_iter().next(),
+            Err(e) => tracing::debug!(error = %e, "ImageFsInfo failed; keeping the last figures"),
+        }
+        d.image_fs_at = Some(Instant::now());
+    });
+}
+
+async fn collect(
+    inner: Arc<Inner>,
+    src: Sources,
+    cfg: StatsConfig,
+    detail: Detail,
+) -> Result<Arc<Snapshot>, StatsError> {
+    let full = is_full(detail);
+    let plans = pod_plans(&inner, &src).await?;
+    // The runtime lists a container's image as the ID the kubelet created
+    // it with; cAdvisor labels it with the image's name.
+    let (names, sandbox_image) = if detail == Detail::Full {
+        image_names(&inner, &src, &plans).await
+    } else {
+        Default::default()
+    };
+    let image_fs = if full {
+        let (cached, stale) = {
+            let d = inner.disk.lock();
+            (
+                d.image_fs_at.map(|_| d.image_fs.clone()),
+                d.image_fs_at.is_none_or(|at| at.elapsed() >= DISK_PERIOD),
+            )
+        };
+        match cached {
+            Some(fs) => {
+                if stale {
+                    refresh_disk_in_background(&inner, &src);
+                }
+                fs
+            }
+            // The first full scrape waits for it.
+            None => {
+                let fs = match src.images.image_fs_info().await {
+                    Ok(r) => r.image_filesystems.into_iter().next(),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "ImageFsInfo failed");
+                        None
+                    }
+                };
+                let mut d = inner.disk.lock();
+                d.image_fs = fs.clone();
+                d.image_fs_at = Some(Instant::now());
+                fs
             }
         }
     } else {
         None
     };
-    let mut plans: Vec<PodPlan> = sandboxes
-        .into_iter()
-        .filter(|s| s.state == PodSandboxState::SandboxReady as i32)
-        .map(|sandbox| PodPlan {
-            sandbox,
-            containers: Vec::new(),
-        })
-        .collect();
-    for c in containers {
-        if c.state != ContainerState::ContainerRunning as i32 {
-            continue;
-        }
-        if let Some(p) = plans.iter_mut().find(|p| p.sandbox.id == c.pod_sandbox_id) {
-            let mut c = c;
-            if let Some(img) = c.image.as_mut() {
-                if let Some(name) = image_names.get(&img.image) {
-                    img.image = name.clone();
-                }
-            }
-            p.containers.push(c);
-        }
-    }
 
     let inner2 = inner.clone();
     let mut snap = crate::blocking::run("stats/collect".into(), READ_DEADLINE, move || {
-        read_files(&inner2, &cfg, plans, image_fs, full)
+        read_files(&inner2, &cfg, &plans, &names, image_fs, detail)
     })
     .await
     .map_err(|e| StatsError::Read(e.to_string()))?;
     snap.sandbox_image = sandbox_image;
-    // CRI stats carry the writable layer (which no cgroup file has) and are
-    // the fallback for cpu/memory where no cgroup was found. They cost the
-    // runtime a cgroup read per container, so the cpu-and-memory form
-    // (metrics-server's) asks only when a cgroup was missing.
-    let need_cri = full
-        || snap
-            .pods
-            .iter()
-            .flat_map(|p| &p.containers)
-            .any(|c| c.cgroup.is_none());
-    if need_cri {
-        match runtime.list_container_stats(None).await {
-            Ok(v) => merge_cri(&mut snap, v),
-            Err(e) => tracing::debug!(error = %e, "ListContainerStats failed; cgroup figures only"),
+    cri_figures(&inner, &src, &mut snap).await;
+    // OOM counts are cAdvisor's; only its snapshot names every cgroup.
+    if detail == Detail::Full {
+        if let Some(counts) = &inner.oom {
+            let names: std::collections::HashSet<&str> = snap
+                .hierarchy
+                .iter()
+                .map(|c| c.name.as_str())
+                .chain(snap.system.iter().map(|(_, c)| c.name.as_str()))
+                .chain(snap.pods.iter().flat_map(|p| {
+                    p.cgroup
+                        .as_deref()
+                        .into_iter()
+                        .chain(p.sandbox_cgroup.as_deref())
+                        .chain(p.containers.iter().filter_map(|c| c.cgroup.as_deref()))
+                }))
+                .collect();
+            counts.retain(|k| names.contains(k));
+            let map = names
+                .iter()
+                .map(|n| (n.to_string(), counts.get(n)))
+                .collect();
+            snap.oom = Some(map);
         }
     }
-    if let Some(counts) = &inner.oom {
-        let names: std::collections::HashSet<&str> = snap
-            .hierarchy
-            .iter()
-            .map(|c| c.name.as_str())
-            .chain(snap.system.iter().map(|(_, c)| c.name.as_str()))
-            .chain(snap.pods.iter().flat_map(|p| {
-                p.cgroup
-                    .as_deref()
-                    .into_iter()
-                    .chain(p.sandbox_cgroup.as_deref())
-                    .chain(p.containers.iter().filter_map(|c| c.cgroup.as_deref()))
-            }))
-            .collect();
-        counts.retain(|k| names.contains(k));
-        let map = names
-            .iter()
-            .map(|n| (n.to_string(), counts.get(n)))
-            .collect();
-        snap.oom = Some(map);
-    }
-    rates(&inner, &mut snap);
+    rates(&inner, &mut snap, detail);
     Ok(Arc::new(snap))
 }
 
-/// The CRI's figures into the snapshot: writable layers, and cpu/memory
-/// where no cgroup was read.
+/// The CRI's figures: writable layers for the full form (from the cache,
+/// see `DISK_PERIOD`), and cpu/memory for containers whose cgroup was not
+/// found (asked each time: those figures are live).
+async fn cri_figures(inner: &Arc<Inner>, src: &Sources, snap: &mut Snapshot) {
+    let full = snap.full;
+    let ctrs = || snap.pods.iter().flat_map(|p| &p.containers);
+    let no_cgroup: Vec<String> = ctrs()
+        .filter(|c| c.cgroup.is_none())
+        .map(|c| c.id.clone())
+        .collect();
+    let (first, stale, unseen): (bool, bool, Vec<String>) = if full {
+        let d = inner.disk.lock();
+        (
+            d.layers_at.is_none(),
+            d.layers_at.is_some_and(|at| at.elapsed() >= DISK_PERIOD),
+            ctrs()
+                .filter(|c| !d.layers.contains_key(&c.id))
+                .map(|c| c.id.clone())
+                .collect(),
+        )
+    } else {
+        (false, false, Vec::new())
+    };
+    let mut ask: Vec<String> = no_cgroup;
+    for id in unseen {
+        if !ask.contains(&id) {
+            ask.push(id);
+        }
+    }
+    let mut got: Vec<v1::ContainerStats> = Vec::new();
+    if first || ask.len() > MAX_FILTERED_STATS {
+        match src.runtime.list_container_stats(None).await {
+            Ok(v) => {
+                inner.disk.lock().set_layers(&v);
+                got = v;
+            }
+            Err(e) => tracing::debug!(error = %e, "ListContainerStats failed; cgroup figures only"),
+        }
+    } else {
+        for id in &ask {
+            let filter = v1::ContainerStatsFilter {
+                id: id.clone(),
+                ..Default::default()
+            };
+            match src.runtime.list_container_stats(Some(filter)).await {
+                Ok(v) => {
+                    let mut d = inner.disk.lock();
+                    // Asked and answered: remembered even when the runtime
+                    // has no figures for it, so it is not asked again.
+                    d.layers.entry(id.clone()).or_insert(None);
+                    for s in &v {
+                        if let Some(a) = &s.attributes {
+                            d.layers.insert(a.id.clone(), layer(s));
+                        }
+                    }
+                    got.extend(v);
+                }
+                Err(e) => tracing::debug!(error = %e, id, "ContainerStats failed"),
+            }
+        }
+        if stale && full {
+            refresh_disk_in_background(inner, src);
+        }
+    }
+    merge_cri(snap, got);
+    if full {
+        let mut d = inner.disk.lock();
+        for c in snap.pods.iter_mut().flat_map(|p| p.containers.iter_mut()) {
+            c.rootfs = d.layers.get(&c.id).copied().flatten();
+        }
+        // Containers gone from the lists are dropped (not in a refresh
+        // under way: it replaces the map anyway).
+        let live: std::collections::HashSet<&str> = snap
+            .pods
+            .iter()
+            .flat_map(|p| &p.containers)
+            .map(|c| c.id.as_str())
+            .collect();
+        d.layers.retain(|k, _| live.contains(k.as_str()));
+    }
+}
+
+/// The CRI's cpu/memory where no cgroup was read.
 fn merge_cri(snap: &mut Snapshot, stats: Vec<v1::ContainerStats>) {
+    if stats.is_empty() {
+        return;
+    }
     let by_id: HashMap<String, v1::ContainerStats> = stats
         .into_iter()
         .filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), s)))
@@ -412,10 +772,6 @@ fn merge_cri(snap: &mut Snapshot, stats: Vec<v1::ContainerStats>) {
         if c.cgroup.is_none() {
             c.cpu_nano_cores = s.cpu.as_ref().and_then(|u| opt_u64(&u.usage_nano_cores));
         }
-        c.rootfs = s
-            .writable_layer
-            .as_ref()
-            .map(|w| (opt_u64(&w.used_bytes), opt_u64(&w.inodes_used)));
     }
 }
 
@@ -429,14 +785,14 @@ fn hierarchy(inner: &Inner) -> Hierarchy {
 
 /// The runtime's pid, found once by name and re-found when it exits
 /// (a scan of /proc comm files; no fork).
-fn runtime_pid(inner: &Inner) -> Option<u32> {
+fn runtime_pid(inner: &Inner, r: &mut FileReader) -> Option<u32> {
     // A host without containerd (or one named otherwise) would cost a full
     // /proc scan per scrape: scan at most once a minute.
     const RESCAN: Duration = Duration::from_secs(60);
     let mut g = inner.runtime_pid.lock();
     if let Some(pid) = g.0 {
-        if std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .is_ok_and(|c| c.trim() == "containerd")
+        if r.whole_path(Path::new(&format!("/proc/{pid}/comm")))
+            .is_some_and(|c| c.trim() == "containerd")
         {
             return Some(pid);
         }
@@ -483,30 +839,89 @@ fn sample_from_cri(s: &v1::ContainerStats) -> CgroupSample {
     out
 }
 
+/// A cached cgroup name, or the first of `candidates` that exists (then
+/// cached).
+fn resolve(
+    cache: &mut HashMap<String, String>,
+    key: &str,
+    candidates: impl FnOnce() -> Option<String>,
+) -> Option<String> {
+    if let Some(c) = cache.get(key) {
+        return Some(c.clone());
+    }
+    let found = candidates()?;
+    cache.insert(key.to_string(), found.clone());
+    Some(found)
+}
+
+/// Reads a cached cgroup; when it reads nothing (gone, or moved) the entry
+/// is dropped and the cgroup looked for again.
+fn read_cached(
+    cache: &mut HashMap<String, String>,
+    key: &str,
+    h: &Hierarchy,
+    detail: Detail,
+    r: &mut FileReader,
+    candidates: impl Fn() -> Option<String>,
+) -> Option<(String, CgroupSample)> {
+    let was_cached = cache.contains_key(key);
+    let name = resolve(cache, key, &candidates)?;
+    let s = h.read_with(&name, detail, r);
+    if was_cached && s.cpu.is_none() && s.memory.is_none() {
+        cache.remove(key);
+        let name = resolve(cache, key, candidates)?;
+        let s = h.read_with(&name, detail, r);
+        return Some((name, s));
+    }
+    Some((name, s))
+}
+
 fn read_files(
     inner: &Inner,
     cfg: &StatsConfig,
-    plans: Vec<PodPlan>,
+    plans: &[PodPlan],
+    image_names: &HashMap<String, String>,
     image_fs: Option<v1::FilesystemUsage>,
-    full: bool,
+    detail: Detail,
 ) -> Snapshot {
+    let full = is_full(detail);
     let h = hierarchy(inner);
     let v2 = h.is_v2();
+    let mut r = FileReader::new();
     let time_ns = now_ns();
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let proc_stat = read("/proc/stat");
+    let proc_dir = Path::new("/proc");
+    let root = h.read_with("/", detail, &mut r);
+    // The root cgroup has cpu figures on v1 and on v2 since 5.x; /proc/stat
+    // only where it has not, and once for the boot time.
+    let busy_ns = if root.cpu.is_none() {
+        r.whole(proc_dir, "stat")
+            .and_then(procfs::parse_proc_stat_busy_ns)
+    } else {
+        None
+    };
+    let boot_ns = *inner.boot_ns.get_or_init(|| {
+        std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|t| procfs::parse_btime(&t))
+            .unwrap_or(0)
+            * 1_000_000_000
+    });
     let mut node = NodeRaw {
-        root: h.read("/"),
-        meminfo: procfs::parse_meminfo(&read("/proc/meminfo")),
-        busy_ns: procfs::parse_proc_stat_busy_ns(&proc_stat),
-        boot_ns: procfs::parse_btime(&proc_stat).unwrap_or(0) * 1_000_000_000,
-        maxpid: read("/proc/sys/kernel/pid_max").trim().parse().ok(),
-        curproc: procfs::parse_loadavg_procs(&read("/proc/loadavg")),
+        root,
+        meminfo: procfs::parse_meminfo(r.whole(proc_dir, "meminfo").unwrap_or_default()),
+        busy_ns,
+        boot_ns,
         ..Default::default()
     };
     if full {
-        node.interfaces = procfs::parse_net_dev(&read("/proc/net/dev"));
-        let mountinfo = read("/proc/self/mountinfo");
+        node.maxpid = r
+            .whole(proc_dir, "sys/kernel/pid_max")
+            .and_then(|t| t.trim().parse().ok());
+        node.curproc = r
+            .whole(proc_dir, "loadavg")
+            .and_then(procfs::parse_loadavg_procs);
+        node.interfaces = procfs::parse_net_dev(r.whole(proc_dir, "net/dev").unwrap_or_default());
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         node.rootfs = procfs::statvfs(&cfg.root_dir);
         node.rootfs_device = procfs::device_of(&mountinfo, &cfg.root_dir);
         node.logs_fs = procfs::statvfs(&cfg.pod_logs_dir);
@@ -519,101 +934,156 @@ fn read_files(
         }
     }
 
+    // System containers (the summary's) and cAdvisor's intermediate
+    // cgroups: not for /metrics/resource, which shows neither.
     let kp = kubepods(cfg);
     let mut system = Vec::new();
-    let by_process = |pid: &str| {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        let (name, sample) = h.read_process(&text)?;
-        Some(CgroupRaw {
-            name,
-            sample,
-            cpu_nano_cores: None,
-        })
-    };
-    if let Some(c) = by_process("self") {
-        system.push(("kubelet".to_string(), c));
-    }
-    if let Some(c) = runtime_pid(inner).and_then(|p| by_process(&p.to_string())) {
-        system.push(("runtime".to_string(), c));
-    }
-    let mut hier = vec![CgroupRaw {
-        name: "/".into(),
-        sample: node.root.clone(),
-        cpu_nano_cores: None,
-    }];
-    if h.exists(&kp) {
-        system.push(("pods".to_string(), raw(&h, &kp)));
-        hier.push(raw(&h, &kp));
-        for q in ["burstable", "besteffort"] {
-            let name = if cfg.systemd {
-                format!("{kp}/kubepods-{q}.slice")
-            } else {
-                format!("{kp}/{q}")
+    let mut hier = Vec::new();
+    if detail >= Detail::CpuMemory {
+        let by_process = |pid: &str, r: &mut FileReader| {
+            let text = r.whole(&proc_dir.join(pid), "cgroup")?.to_string();
+            let (name, sample) = h.read_process_with(&text, detail, r)?;
+            Some(CgroupRaw {
+                name,
+                sample,
+                cpu_nano_cores: None,
+            })
+        };
+        if let Some(c) = by_process("self", &mut r) {
+            system.push(("kubelet".to_string(), c));
+        }
+        if let Some(pid) = runtime_pid(inner, &mut r) {
+            if let Some(c) = by_process(&pid.to_string(), &mut r) {
+                system.push(("runtime".to_string(), c));
+            }
+        }
+        let cadvisor = detail == Detail::Full;
+        if cadvisor {
+            hier.push(CgroupRaw {
+                name: "/".into(),
+                sample: node.root.clone(),
+                cpu_nano_cores: None,
+            });
+        }
+        if h.exists(&kp) {
+            let pods = CgroupRaw {
+                name: kp.clone(),
+                sample: h.read_with(&kp, detail, &mut r),
+                cpu_nano_cores: None,
             };
-            if h.exists(&name) {
-                hier.push(raw(&h, &name));
+            if cadvisor {
+                hier.push(pods.clone());
+            }
+            system.push(("pods".to_string(), pods));
+            if cadvisor {
+                for q in ["burstable", "besteffort"] {
+                    let name = if cfg.systemd {
+                        format!("{kp}/kubepods-{q}.slice")
+                    } else {
+                        format!("{kp}/{q}")
+                    };
+                    if h.exists(&name) {
+                        let sample = h.read_with(&name, detail, &mut r);
+                        hier.push(CgroupRaw {
+                            name,
+                            sample,
+                            cpu_nano_cores: None,
+                        });
+                    }
+                }
             }
         }
     }
 
+    let mut paths = std::mem::take(&mut *inner.paths.lock());
+    let mut seen_pods = std::collections::HashSet::new();
+    let mut seen_ctrs = std::collections::HashSet::new();
     let mut pods = Vec::with_capacity(plans.len());
     for plan in plans {
-        let md = plan.sandbox.metadata.clone().unwrap_or_default();
-        let cgroup = pod_cgroup_candidates(cfg, &md.uid)
-            .into_iter()
-            .find(|c| h.exists(c));
         let mut pod = PodRaw {
-            name: md.name.clone(),
-            namespace: md.namespace.clone(),
-            uid: md.uid.clone(),
-            sandbox_id: plan.sandbox.id.clone(),
-            created_ns: plan.sandbox.created_at,
+            name: plan.name.clone(),
+            namespace: plan.namespace.clone(),
+            uid: plan.uid.clone(),
+            sandbox_id: plan.sandbox_id.clone(),
+            created_ns: plan.created_ns,
             ..Default::default()
         };
-        if let Some(cg) = &cgroup {
-            pod.sample = h.read(cg);
-            pod.sandbox_cgroup = container_cgroup(&h, cg, &plan.sandbox.id);
-            if let Some(sc) = &pod.sandbox_cgroup {
-                pod.sandbox_sample = h.read(sc);
-            }
+        seen_pods.insert(plan.uid.as_str());
+        let found = read_cached(&mut paths.pods, &plan.uid, &h, detail, &mut r, || {
+            pod_cgroup_candidates(cfg, &plan.uid)
+                .into_iter()
+                .find(|c| h.exists(c))
+        });
+        if let Some((cg, sample)) = found {
+            pod.sample = sample;
             if full {
+                pod.sample.pids = h.pids_with(&cg, &mut r);
+            }
+            // The sandbox's cgroup (its figures are cAdvisor's only) and
+            // netns.
+            if full {
+                seen_ctrs.insert(plan.sandbox_id.as_str());
+                let sandbox = if detail == Detail::Full {
+                    read_cached(
+                        &mut paths.containers,
+                        &plan.sandbox_id,
+                        &h,
+                        detail,
+                        &mut r,
+                        || container_cgroup(&h, &cg, &plan.sandbox_id),
+                    )
+                    .map(|(sc, s)| {
+                        pod.sandbox_sample = s;
+                        pod.sandbox_cgroup = Some(sc.clone());
+                        sc
+                    })
+                } else {
+                    resolve(&mut paths.containers, &plan.sandbox_id, || {
+                        container_cgroup(&h, &cg, &plan.sandbox_id)
+                    })
+                };
                 // The pause process holds the pod's network namespace.
-                let pid = pod
-                    .sandbox_cgroup
+                let pid = sandbox
                     .as_deref()
-                    .and_then(|sc| h.procs(sc).into_iter().next())
-                    .or_else(|| h.procs(cg).into_iter().next());
+                    .and_then(|sc| h.procs_with(sc, &mut r).into_iter().next())
+                    .or_else(|| h.procs_with(&cg, &mut r).into_iter().next());
                 if let Some(pid) = pid {
-                    pod.interfaces = procfs::parse_net_dev(&read(&format!("/proc/{pid}/net/dev")));
+                    pod.interfaces = procfs::parse_net_dev(
+                        r.whole(&proc_dir.join(pid.to_string()), "net/dev")
+                            .unwrap_or_default(),
+                    );
                 }
             }
+            pod.cgroup = Some(cg);
         }
-        pod.cgroup = cgroup;
-        for c in plan.containers {
-            let cmd = c.metadata.clone().unwrap_or_default();
-            let ccg = pod
-                .cgroup
-                .as_deref()
-                .and_then(|p| container_cgroup(&h, p, &c.id));
-            let sample = ccg.as_deref().map(|g| h.read(g)).unwrap_or_default();
+        for c in &plan.containers {
+            seen_ctrs.insert(c.id.as_str());
+            let (ccg, sample) = match pod.cgroup.as_deref() {
+                Some(pcg) => read_cached(&mut paths.containers, &c.id, &h, detail, &mut r, || {
+                    container_cgroup(&h, pcg, &c.id)
+                })
+                .map_or((None, CgroupSample::default()), |(n, s)| (Some(n), s)),
+                None => (None, CgroupSample::default()),
+            };
             let logs = full
                 .then(|| {
                     procfs::dir_usage(
                         &cfg.pod_logs_dir
-                            .join(format!("{}_{}_{}", md.namespace, md.name, md.uid))
-                            .join(&cmd.name),
+                            .join(format!("{}_{}_{}", plan.namespace, plan.name, plan.uid))
+                            .join(&c.name),
                     )
                 })
                 .flatten();
+            let image = if detail == Detail::Full {
+                image_names.get(&c.image).unwrap_or(&c.image).clone()
+            } else {
+                c.image.clone()
+            };
             pod.containers.push(ContainerRaw {
                 id: c.id.clone(),
-                name: cmd.name,
-                image: c
-                    .image
-                    .as_ref()
-                    .map(|i| i.image.clone())
-                    .unwrap_or_default(),
-                created_ns: c.created_at,
+                name: c.name.clone(),
+                image,
+                created_ns: c.created_ns,
                 cgroup: ccg,
                 sample,
                 cpu_nano_cores: None,
@@ -623,9 +1093,30 @@ fn read_files(
         }
         pods.push(pod);
     }
+    paths.pods.retain(|k, _| seen_pods.contains(k.as_str()));
+    if full {
+        paths
+            .containers
+            .retain(|k, _| seen_ctrs.contains(k.as_str()));
+    } else {
+        // Sandboxes were not looked at: keep theirs.
+        let sandboxes: std::collections::HashSet<&str> =
+            plans.iter().map(|p| p.sandbox_id.as_str()).collect();
+        paths
+            .containers
+            .retain(|k, _| seen_ctrs.contains(k.as_str()) || sandboxes.contains(k.as_str()));
+    }
+    *inner.paths.lock() = paths;
+    tracing::debug!(
+        files = r.opened,
+        ?detail,
+        pods = pods.len(),
+        "stats files read"
+    );
     Snapshot {
         time_ns,
         full,
+        detail,
         v2,
         node,
         system,
@@ -636,17 +1127,11 @@ fn read_files(
     }
 }
 
-fn raw(h: &Hierarchy, name: &str) -> CgroupRaw {
-    CgroupRaw {
-        name: name.to_string(),
-        sample: h.read(name),
-        cpu_nano_cores: None,
-    }
-}
-
 /// usageNanoCores from the previous sample of each cgroup; the previous
-/// samples of cgroups that are gone are dropped.
-fn rates(inner: &Inner, snap: &mut Snapshot) {
+/// samples of cgroups that are gone are dropped (of the kinds `detail`
+/// reads: a `/metrics/resource` snapshot has no system containers, which
+/// keep their samples).
+fn rates(inner: &Inner, snap: &mut Snapshot, detail: Detail) {
     let t = snap.time_ns;
     let mut prev = inner.prev_cpu.lock();
     let mut seen: std::collections::HashSet<String> = Default::default();
@@ -693,7 +1178,11 @@ fn rates(inner: &Inner, snap: &mut Snapshot) {
             }
         }
     }
-    prev.retain(|k, _| seen.contains(k));
+    prev.retain(|k, _| {
+        seen.contains(k)
+            || (k.starts_with("sys:") && detail < Detail::CpuMemory)
+            || (k.starts_with("cg:") && detail < Detail::Full)
+    });
 }
 
 #[cfg(test)]
@@ -727,16 +1216,16 @@ mod tests {
         let inner = Inner::default();
         let rate = |s: &Snapshot| s.pods[0].containers[0].cpu_nano_cores;
         let mut a = snap_at(10_000_000_000, 1_000_000_000);
-        rates(&inner, &mut a);
+        rates(&inner, &mut a, Detail::Full);
         assert_eq!(rate(&a), None, "one sample has no rate");
         // Half a core over 2 s.
         let mut b = snap_at(12_000_000_000, 2_000_000_000);
-        rates(&inner, &mut b);
+        rates(&inner, &mut b, Detail::Full);
         assert_eq!(rate(&b), Some(500_000_000));
         // 100 ms later: too short a window; the rate is taken over the
         // sample before (2.1 s back).
         let mut c = snap_at(12_100_000_000, 2_100_000_000);
-        rates(&inner, &mut c);
+        rates(&inner, &mut c, Detail::Full);
         assert_eq!(
             rate(&c),
             Some(1_100_000_000 * 1_000_000_000 / 2_100_000_000)
@@ -746,7 +1235,7 @@ mod tests {
             time_ns: 20_000_000_000,
             ..Default::default()
         };
-        rates(&inner, &mut empty);
+        rates(&inner, &mut empty, Detail::Full);
         assert!(!inner.prev_cpu.lock().contains_key("ctr:c"));
     }
 }
