@@ -1124,6 +1124,7 @@ fn volumes_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
     // n pods, each with the projected token volume the API server's
     // admission adds and a configMap every pod shares.
     let before = api.requests().len();
+    let tokens_before = api.token_requests().len();
     let names: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
     for name in &names {
         api.create(json!({"apiVersion": "v1", "kind": "Pod",
@@ -1157,12 +1158,19 @@ fn volumes_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
     std::thread::sleep(Duration::from_secs(5));
     let (rss, _) = proc_usage(k.child.id());
     let reqs: Vec<_> = api.requests().into_iter().skip(before).collect();
-    let watches: std::collections::BTreeSet<String> = reqs
+    // One watch per (resource, object name): the path and its selector.
+    let watches: std::collections::BTreeSet<(String, String)> = reqs
         .iter()
-        .filter(|r| r.path.contains("watch=true") && r.path.contains("metadata.name"))
-        .filter_map(|r| r.path.split('?').next().map(str::to_string))
+        .filter(|r| r.path.contains("watch=true"))
+        .filter_map(|r| {
+            let (path, query) = r.path.split_once('?')?;
+            let sel = query
+                .split('&')
+                .find(|kv| kv.starts_with("fieldSelector=metadata.name"))?;
+            Some((path.to_string(), sel.to_string()))
+        })
         .collect();
-    let tokens = reqs.iter().filter(|r| r.path.ends_with("/token")).count();
+    let tokens = api.token_requests().len() - tokens_before;
     println!(
         "{n} pods: RSS {:.1} MiB; object watches opened {} (distinct objects referenced: 2); TokenRequests {tokens}",
         rss as f64 / 1048576.0,

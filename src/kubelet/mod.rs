@@ -338,6 +338,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     }
     info!(node = %opts.node_name, static_pod_path = %cfg.static_pod_path, cluster = opts.kubeconfig.is_some(), "rkubelet started");
     let (pods_for_gc, workers_for_gc) = (pods.clone(), workers.clone());
+    let workers_at_shutdown = workers.clone();
     let sync_loop = SyncLoop {
         pods,
         status,
@@ -364,6 +365,12 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         .run(updates_rx, pleg_rx, probe_rx, token.clone())
         .await;
     let _ = runtime_state_task.await;
+    if !workers_at_shutdown
+        .wait_stopped(Duration::from_secs(5))
+        .await
+    {
+        warn!("pod workers did not stop within 5 s");
+    }
     cluster_tasks.close();
     if tokio::time::timeout(Duration::from_secs(5), cluster_tasks.wait())
         .await

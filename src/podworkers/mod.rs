@@ -286,6 +286,8 @@ pub struct PodWorkers {
     deps: Arc<Deps>,
     state: Arc<Mutex<State>>,
     token: CancellationToken,
+    /// Every worker and step task, awaited at shutdown.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl PodWorkers {
@@ -294,7 +296,17 @@ impl PodWorkers {
             deps: Arc::new(deps),
             state: Default::default(),
             token,
+            tasks: tokio_util::task::TaskTracker::new(),
         }
+    }
+
+    /// After the token is cancelled: waits (at most `timeout`) for every
+    /// worker to return. Running pods are left running, as upstream.
+    pub async fn wait_stopped(&self, timeout: Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(timeout, self.tasks.wait())
+            .await
+            .is_ok()
     }
 
     /// Hands work to the pod's worker, starting one if needed (upstream
@@ -390,7 +402,8 @@ impl PodWorkers {
         let this = self.clone();
         let uid = uid.to_string();
         let span = tracing::info_span!("pod_worker", pod_uid = %uid);
-        tokio::spawn(async move { this.run(uid, wake).await }.instrument(span));
+        self.tasks
+            .spawn(async move { this.run(uid, wake).await }.instrument(span));
     }
 
     pub fn is_known(&self, uid: &str) -> bool {
@@ -412,7 +425,7 @@ impl PodWorkers {
         cancel: &CancellationToken,
         fut: impl std::future::Future<Output = T> + Send + 'static,
     ) -> Step<T> {
-        let mut task = tokio::spawn(fut.in_current_span());
+        let mut task = self.tasks.spawn(fut.in_current_span());
         let r = tokio::select! {
             r = &mut task => r,
             _ = cancel.cancelled() => {
@@ -1160,6 +1173,28 @@ mod tests {
         })
         .await;
         token.cancel();
+    }
+
+    #[tokio::test]
+    async fn shutdown_waits_for_every_worker_and_step_even_mid_pull() {
+        // Old code: workers were detached tasks nobody awaited at shutdown.
+        let fake = Arc::new(FakeRuntime::new());
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let pod = named("slow", "u-stop", "registry.example/hang:1", &["app"]);
+        w.update("u-stop", Work::Sync(pod));
+        until("the pull to start", || {
+            has(&fake, "PullImage registry.example/hang:1")
+        })
+        .await;
+        assert!(!w.tasks.is_empty(), "the worker and its step are tracked");
+        token.cancel();
+        assert!(w.wait_stopped(Duration::from_secs(5)).await);
+        assert!(w.tasks.is_empty());
+        assert!(
+            !has(&fake, "StopPodSandbox"),
+            "shutdown leaves pods as they are"
+        );
     }
 
     #[tokio::test(start_paused = true)]
