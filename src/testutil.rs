@@ -19,3 +19,28 @@ pub fn pod(policy: &str, inits: &[&str], apps: &[&str]) -> Pod {
         ..Default::default()
     }
 }
+
+/// A runtime manager over the fake runtime, in a fresh temporary root.
+pub fn runtime_manager(
+    fake: &std::sync::Arc<crate::cri::fake::FakeRuntime>,
+) -> std::sync::Arc<crate::kuberuntime::RuntimeManager> {
+    use crate::kuberuntime::{RuntimeManager, RuntimeOptions};
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let root = std::env::temp_dir().join(format!(
+        "rkubelet-rm-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let opts = RuntimeOptions {
+        root_dir: root.clone(),
+        pod_logs_dir: root.join("logs"),
+        container_logs_dir: root.join("containers"),
+        resolv_conf: std::path::PathBuf::new(),
+        ..RuntimeOptions::default()
+    };
+    std::sync::Arc::new(RuntimeManager::new(
+        fake.clone(),
+        crate::images::ImageManager::new(fake.clone(), true, None),
+        opts,
+    ))
+}

@@ -199,6 +199,42 @@ fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
     });
     assert_eq!(token2.split('.').count(), 3);
 
+    // A non-root pod with an fsGroup reads its token and a 0400 secret
+    // through the group, as upstream's SetVolumeOwnership arranges.
+    let fsg = format!("fsg-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": fsg, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "securityContext": {"runAsUser": 1000, "fsGroup": 2000},
+            "volumes": [{"name": "sec", "secret": {"secretName": "sec", "defaultMode": 256}},
+                {"name": "scratch", "emptyDir": {}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "sec", "mountPath": "/sec"},
+                    {"name": "scratch", "mountPath": "/scratch"}]
+            }]
+        }
+    }));
+    let p2 = running_pod(&api, &fsg);
+    let id2 = container_id(&p2, 0);
+    assert_eq!(
+        sh(&k, &id2, "id -u; id -G | tr ' ' '\\n' | grep -x 2000"),
+        "1000\n2000"
+    );
+    assert_eq!(sh(&k, &id2, "stat -L -c '%a %g' /sec/pw"), "440 2000");
+    assert_eq!(sh(&k, &id2, "cat /sec/pw"), "s3cret");
+    let t = sh(&k, &id2, &format!("cat {sa}/token"));
+    assert_eq!(t.split('.').count(), 3, "the token is readable: {t:?}");
+    assert_eq!(
+        sh(&k, &id2, "touch /scratch/f && stat -c %g /scratch/f"),
+        "2000",
+        "emptyDir: set-gid directory of the fsGroup"
+    );
+    api.delete("pods", Some("default"), &fsg, Some(0));
+
     // Deleting the pod leaves no mount and no directory behind.
     api.delete("pods", Some("default"), &name, Some(0));
     wait_for("the pod to be gone from the API", T, || {

@@ -632,9 +632,14 @@ pub fn container_config(
                 readonly_rootfs: sc
                     .and_then(|s| s.read_only_root_filesystem)
                     .unwrap_or(false),
+                // Upstream determineEffectiveSecurityContext: the fsGroup
+                // joins them, so the container can use its volumes.
                 supplemental_groups: psc
                     .and_then(|s| s.supplemental_groups.clone())
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    .into_iter()
+                    .chain(psc.and_then(|s| s.fs_group))
+                    .collect(),
                 no_new_privs: sc
                     .and_then(|s| s.allow_privilege_escalation)
                     .map(|a| !a)

@@ -396,24 +396,10 @@ mod tests {
     #[tokio::test]
     async fn a_missing_reference_leaves_the_container_waiting_with_its_message() {
         use crate::cri::fake::FakeRuntime;
-        use crate::images::ImageManager;
-        use crate::kuberuntime::{RuntimeManager, RuntimeOptions};
         use k8s_openapi::api::core::v1::{ConfigMapKeySelector, EnvVar, EnvVarSource, PodSpec};
         let fake = Arc::new(FakeRuntime::new());
         fake.add_image("busybox:1.36");
-        let root = std::env::temp_dir().join(format!("rkubelet-env-{}", std::process::id()));
-        let opts = RuntimeOptions {
-            root_dir: root.clone(),
-            pod_logs_dir: root.join("logs"),
-            container_logs_dir: root.join("containers"),
-            resolv_conf: std::path::PathBuf::new(),
-            ..RuntimeOptions::default()
-        };
-        let rm = Arc::new(RuntimeManager::new(
-            fake.clone(),
-            ImageManager::new(fake.clone(), true, None),
-            opts,
-        ));
+        let rm = crate::testutil::runtime_manager(&fake);
         let mut pod = Pod {
             spec: Some(PodSpec {
                 containers: vec![Container {

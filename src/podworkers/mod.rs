@@ -995,29 +995,10 @@ impl PodWorkers {
 pub(crate) mod testing {
     use super::*;
     use crate::cri::fake::FakeRuntime;
-    use crate::images::ImageManager;
-    use crate::kuberuntime::RuntimeOptions;
 
     /// Pod workers over the fake runtime, in a temporary root.
     pub fn workers(fake: &Arc<FakeRuntime>, token: &CancellationToken) -> PodWorkers {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let root = std::env::temp_dir().join(format!(
-            "rkubelet-pw-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        let opts = RuntimeOptions {
-            root_dir: root.clone(),
-            pod_logs_dir: root.join("logs"),
-            container_logs_dir: root.join("containers"),
-            resolv_conf: std::path::PathBuf::new(),
-            ..RuntimeOptions::default()
-        };
-        let rm = Arc::new(RuntimeManager::new(
-            fake.clone(),
-            ImageManager::new(fake.clone(), true, None),
-            opts,
-        ));
+        let rm = crate::testutil::runtime_manager(fake);
         let (tx, _rx) = tokio::sync::mpsc::channel(10);
         let deps = Deps {
             runtime: rm,

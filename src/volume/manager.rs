@@ -172,36 +172,14 @@ impl VolumeManager {
         }
         self.inner.wake.notify_one();
         let deadline = Instant::now() + timeout;
-        let mut changed = self.inner.changed.subscribe();
-        loop {
-            changed.borrow_and_update();
+        if self
+            .wait_until(&uid, deadline, |me| {
+                me.mounted_paths(&uid, &names).is_some()
+            })
+            .await
+        {
             if let Some(paths) = self.mounted_paths(&uid, &names) {
                 return Ok(paths);
-            }
-            if !self
-                .inner
-                .started
-                .load(std::sync::atomic::Ordering::Acquire)
-            {
-                // No reconciler: run this pod's operations here.
-                for op in self.plan(Some(&uid)) {
-                    self.execute(op).await;
-                }
-                if let Some(paths) = self.mounted_paths(&uid, &names) {
-                    return Ok(paths);
-                }
-                let next = self.next_due().unwrap_or(deadline).min(deadline);
-                if Instant::now() >= deadline {
-                    break;
-                }
-                tokio::time::sleep_until(next).await;
-                continue;
-            }
-            if tokio::time::timeout_at(deadline, changed.changed())
-                .await
-                .is_err()
-            {
-                break;
             }
         }
         let (unmounted, errors) = {
@@ -246,11 +224,25 @@ impl VolumeManager {
         self.inner.state.lock().desired.remove(uid);
         self.inner.wake.notify_one();
         let until = Instant::now() + deadline;
+        let gone = |me: &Self| !me.inner.state.lock().actual.contains_key(uid);
+        if self.wait_until(uid, until, gone).await {
+            return Ok(());
+        }
+        Err(VolumeError::Timeout {
+            message: format!("volumes of pod {uid} are still set up"),
+            errors: String::new(),
+        })
+    }
+
+    /// Waits until `done` holds or `deadline` passes, woken by every
+    /// change of the actual state. Without a reconciler (unit tests) the
+    /// pod's own operations run here.
+    async fn wait_until(&self, uid: &str, deadline: Instant, done: impl Fn(&Self) -> bool) -> bool {
         let mut changed = self.inner.changed.subscribe();
         loop {
             changed.borrow_and_update();
-            if !self.inner.state.lock().actual.contains_key(uid) {
-                return Ok(());
+            if done(self) {
+                return true;
             }
             if !self
                 .inner
@@ -260,27 +252,23 @@ impl VolumeManager {
                 for op in self.plan(Some(uid)) {
                     self.execute(op).await;
                 }
-                if !self.inner.state.lock().actual.contains_key(uid) {
-                    return Ok(());
+                if done(self) {
+                    return true;
                 }
-                if Instant::now() >= until {
-                    break;
+                if Instant::now() >= deadline {
+                    return false;
                 }
-                let next = self.next_due().unwrap_or(until).min(until);
+                let next = self.next_due().unwrap_or(deadline).min(deadline);
                 tokio::time::sleep_until(next).await;
                 continue;
             }
-            if tokio::time::timeout_at(until, changed.changed())
+            if tokio::time::timeout_at(deadline, changed.changed())
                 .await
                 .is_err()
             {
-                break;
+                return false;
             }
         }
-        Err(VolumeError::Timeout {
-            message: format!("volumes of pod {uid} are still set up"),
-            errors: String::new(),
-        })
     }
 
     /// Removes pod directories no pod owns any more (upstream
@@ -682,6 +670,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
             other => return Err(format!("emptyDir medium {other:?} is not supported")),
         };
         let d = dir.clone();
+        let owner = fs_group(pod);
         crate::blocking::try_run(
             format!("emptyDir {}", dir.display()),
             FS_DEADLINE,
@@ -692,7 +681,13 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
                 }
                 // Upstream makes emptyDir world-writable so any container
                 // user can use it.
-                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777))
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777))?;
+                match owner {
+                    Some((gid, on_mismatch)) => {
+                        super::ownership::set_volume_ownership(&d, gid, false, on_mismatch)
+                    }
+                    None => Ok(()),
+                }
             },
         )
         .await?;
@@ -736,6 +731,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
     let d = dir.clone();
     let size = inner.opts.memory_capacity;
     let refresh_at = built.refresh_at;
+    let owner = fs_group(pod);
     let changed = crate::blocking::try_run(
         format!("{plugin} volume {}", dir.display()),
         FS_DEADLINE,
@@ -744,7 +740,16 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
             if on_tmpfs {
                 mount_tmpfs(&d, size).map_err(|e| e.to_string())?;
             }
-            super::atomic_writer::write(&d, &built.files).map_err(|e| e.to_string())
+            let changed =
+                super::atomic_writer::write(&d, &built.files).map_err(|e| e.to_string())?;
+            // A new data directory needs the group again (upstream calls
+            // SetVolumeOwnership after each write; these volumes are
+            // read-only to containers).
+            if let (true, Some((gid, _))) = (changed, owner) {
+                super::ownership::set_volume_ownership(&d, gid, true, false)
+                    .map_err(|e| format!("setting the fsGroup: {e}"))?;
+            }
+            Ok(changed)
         },
     )
     .await?;
@@ -757,6 +762,16 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
         remountable: true,
         refresh_at,
     })
+}
+
+/// The pod's fsGroup and whether its change policy is OnRootMismatch.
+fn fs_group(pod: &Pod) -> Option<(u32, bool)> {
+    let sc = pod.spec.as_ref()?.security_context.as_ref()?;
+    let gid = u32::try_from(sc.fs_group?).ok()?;
+    Some((
+        gid,
+        sc.fs_group_change_policy.as_deref() == Some("OnRootMismatch"),
+    ))
 }
 
 /// Upstream's SizeMemoryBackedVolumes: the node's memory, or the pod's

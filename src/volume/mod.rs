@@ -13,6 +13,7 @@ use crate::cri::v1::{Mount, MountPropagation};
 
 pub mod atomic_writer;
 pub mod manager;
+pub mod ownership;
 pub mod payload;
 pub mod subpath;
 
