@@ -490,6 +490,7 @@ async fn start_cluster_mode(
                     errors,
                     runtime_version,
                     images: nodestatus::node_images(list, max_images),
+                    runtime_handlers: rs.node_runtime_handlers(),
                 }
             })
         })

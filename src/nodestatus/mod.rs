@@ -96,6 +96,8 @@ pub struct Observed {
     pub errors: Vec<String>,
     pub runtime_version: String,
     pub images: Vec<ContainerImage>,
+    /// The runtime's handlers (status.runtimeHandlers); empty is omitted.
+    pub runtime_handlers: Vec<k8s_openapi::api::core::v1::NodeRuntimeHandler>,
 }
 
 /// Go's GOARCH for the machine's architecture.
@@ -373,6 +375,7 @@ pub fn node_status(
             }),
         }),
         images: Some(obs.images.clone()),
+        runtime_handlers: (!obs.runtime_handlers.is_empty()).then(|| obs.runtime_handlers.clone()),
         node_info: Some(NodeSystemInfo {
             architecture: go_arch().into(),
             boot_id: cfg.boot_id.clone(),

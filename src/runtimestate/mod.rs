@@ -28,6 +28,9 @@ struct Inner {
     network_error: Option<String>,
     /// Why the last Status call failed, if it did.
     unreachable: Option<String>,
+    /// The handlers the runtime reported (CRI 1.30+; containerd 1.7 sends
+    /// none), for the Node's status.runtimeHandlers.
+    handlers: Vec<v1::RuntimeHandler>,
 }
 
 /// A cheap, clonable view of the runtime's last reported state.
@@ -62,6 +65,7 @@ impl RuntimeState {
             }
         };
         s.unreachable = None;
+        s.handlers = status.runtime_handlers;
         let conds = status.status.map(|st| st.conditions).unwrap_or_default();
         let find = |ty: &str| conds.iter().find(|c| c.r#type == ty);
         let net = find("NetworkReady");
@@ -81,6 +85,27 @@ impl RuntimeState {
                 condition_text(rt, "RuntimeReady")
             ));
         }
+    }
+
+    /// The runtime's handlers as the Node reports them (upstream setter
+    /// RuntimeHandlers: name and both features, always present).
+    pub fn node_runtime_handlers(&self) -> Vec<k8s_openapi::api::core::v1::NodeRuntimeHandler> {
+        use k8s_openapi::api::core::v1::{NodeRuntimeHandler, NodeRuntimeHandlerFeatures};
+        self.inner
+            .read()
+            .handlers
+            .iter()
+            .map(|h| {
+                let f = h.features.unwrap_or_default();
+                NodeRuntimeHandler {
+                    name: Some(h.name.clone()),
+                    features: Some(NodeRuntimeHandlerFeatures {
+                        recursive_read_only_mounts: Some(f.recursive_read_only_mounts),
+                        user_namespaces: Some(f.user_namespaces),
+                    }),
+                }
+            })
+            .collect()
     }
 
     /// Why the runtime is not usable, if it is not (upstream
@@ -175,6 +200,35 @@ mod tests {
             status: Some(v1::RuntimeStatus { conditions: conds }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn runtime_handlers_reach_the_node_with_both_features() {
+        let s = RuntimeState::default();
+        assert!(s.node_runtime_handlers().is_empty());
+        let mut st = status(vec![cond("RuntimeReady", true, "")]);
+        st.runtime_handlers = vec![
+            v1::RuntimeHandler {
+                name: String::new(),
+                features: Some(v1::RuntimeHandlerFeatures {
+                    recursive_read_only_mounts: true,
+                    user_namespaces: false,
+                }),
+            },
+            v1::RuntimeHandler {
+                name: "kata".into(),
+                features: None,
+            },
+        ];
+        s.record(Ok(st));
+        let h = serde_json::to_value(s.node_runtime_handlers()).unwrap();
+        assert_eq!(
+            h,
+            serde_json::json!([
+                {"name": "", "features": {"recursiveReadOnlyMounts": true, "userNamespaces": false}},
+                {"name": "kata", "features": {"recursiveReadOnlyMounts": false, "userNamespaces": false}}
+            ])
+        );
     }
 
     #[test]
