@@ -190,6 +190,61 @@ pub fn cleanup_pod_dir(root: &Path, uid: &str) -> Result<(), subpath::SubPathErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_path_types_succeed_and_fail_as_upstream() {
+        use std::os::unix::fs::FileTypeExt;
+        let d = std::env::temp_dir().join(format!("rkubelet-hpt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let ok = |p: &Path, t: &str| check_host_path("v", p, t);
+        // The *OrCreate types make what is missing: a 0755 directory, an
+        // empty file.
+        let made = d.join("made/deep");
+        ok(&made, "DirectoryOrCreate").unwrap();
+        assert!(made.is_dir());
+        assert_eq!(
+            std::fs::metadata(&made).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        let f = d.join("f");
+        ok(&f, "FileOrCreate").unwrap();
+        assert!(f.is_file());
+        // Each type accepts its kind and refuses the others.
+        ok(&made, "Directory").unwrap();
+        ok(&f, "File").unwrap();
+        ok(&f, "").unwrap();
+        ok(&d.join("missing"), "").unwrap();
+        assert!(matches!(
+            ok(&f, "Directory"),
+            Err(VolumeError::HostPathType { .. })
+        ));
+        assert!(matches!(
+            ok(&made, "File"),
+            Err(VolumeError::HostPathType { .. })
+        ));
+        assert!(ok(&f, "DirectoryOrCreate").is_err());
+        assert!(ok(&made, "FileOrCreate").is_err());
+        assert!(ok(&d.join("missing"), "Directory").is_err());
+        let sock = d.join("s.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        ok(&sock, "Socket").unwrap();
+        assert!(ok(&f, "Socket").is_err());
+        ok(Path::new("/dev/null"), "CharDevice").unwrap();
+        assert!(ok(&f, "CharDevice").is_err());
+        assert!(ok(Path::new("/dev/null"), "BlockDevice").is_err());
+        let block = std::fs::read_dir("/dev")
+            .unwrap()
+            .flatten()
+            .find(|e| e.file_type().is_ok_and(|t| t.is_block_device()));
+        if let Some(b) = block {
+            ok(&b.path(), "BlockDevice").unwrap();
+            assert!(ok(&b.path(), "CharDevice").is_err());
+        }
+        let e = ok(&f, "Fifo").unwrap_err().to_string();
+        assert!(e.contains("Fifo"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
     use k8s_openapi::api::core::v1::{
         EmptyDirVolumeSource, HostPathVolumeSource, Pod, PodSpec, Volume, VolumeMount,
     };
