@@ -278,6 +278,7 @@ pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::Pod
                 .collect()
         })
         .unwrap_or_default();
+    let psc = spec.and_then(|s| s.security_context.as_ref());
     v1::PodSandboxConfig {
         metadata: Some(v1::PodSandboxMetadata {
             name: m.name.clone().unwrap_or_default(),
@@ -301,6 +302,21 @@ pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::Pod
                 namespace_options: Some(namespace_options(pod)),
                 privileged,
                 seccomp: Some(seccomp_profile(opts, pod, None)),
+                // Upstream's sandbox context is the pod's effective one:
+                // its user and group, and its supplementary groups with
+                // the fsGroup among them.
+                run_as_user: psc
+                    .and_then(|s| s.run_as_user)
+                    .map(|value| v1::Int64Value { value }),
+                run_as_group: psc
+                    .and_then(|s| s.run_as_group)
+                    .map(|value| v1::Int64Value { value }),
+                supplemental_groups: psc
+                    .and_then(|s| s.supplemental_groups.clone())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .chain(psc.and_then(|s| s.fs_group))
+                    .collect(),
                 ..Default::default()
             }),
             sysctls,
@@ -313,6 +329,33 @@ pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::Pod
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sandbox_runs_with_the_pods_user_and_groups_fs_group_included() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {"containers": [], "securityContext": {
+                "runAsUser": 1000, "runAsGroup": 3000,
+                "supplementalGroups": [4000], "fsGroup": 2000}}
+        }))
+        .unwrap();
+        let cfg = sandbox_config(&RuntimeOptions::default(), &pod, 0);
+        let sc = cfg.linux.unwrap().security_context.unwrap();
+        assert_eq!(sc.run_as_user.map(|v| v.value), Some(1000));
+        assert_eq!(sc.run_as_group.map(|v| v.value), Some(3000));
+        assert_eq!(sc.supplemental_groups, vec![4000, 2000]);
+        let plain: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {"containers": []}
+        }))
+        .unwrap();
+        let sc = sandbox_config(&RuntimeOptions::default(), &plain, 0)
+            .linux
+            .unwrap()
+            .security_context
+            .unwrap();
+        assert!(sc.run_as_user.is_none() && sc.supplemental_groups.is_empty());
+    }
 
     #[test]
     fn resolv_conf_is_parsed() {
