@@ -240,19 +240,11 @@ impl Hierarchy {
                 } else {
                     (None, None)
                 };
-                s.memory = Some(MemorySample {
+                s.memory = Some(st.sample(
                     usage,
-                    working_set: usage.saturating_sub(st.inactive_file),
-                    rss: st.rss,
-                    cache: st.cache,
-                    mapped_file: st.mapped_file,
-                    pgfault: st.pgfault,
-                    pgmajfault: st.pgmajfault,
-                    max_usage,
-                    failcnt,
-                    limit,
-                    swap: memsw.map(|m| m.saturating_sub(usage)),
-                });
+                    (max_usage, failcnt, limit),
+                    memsw.map(|m| m.saturating_sub(usage)),
+                ));
             }
         }
         s
@@ -447,6 +439,29 @@ struct MemStat {
 }
 
 impl MemStat {
+    /// The sample v1 and v2 both build from `memory.stat` and their own
+    /// usage, (max usage, fail count, limit) and swap files.
+    fn sample(
+        &self,
+        usage: u64,
+        (max_usage, failcnt, limit): (Option<u64>, Option<u64>, Option<u64>),
+        swap: Option<u64>,
+    ) -> MemorySample {
+        MemorySample {
+            usage,
+            working_set: usage.saturating_sub(self.inactive_file),
+            rss: self.rss,
+            cache: self.cache,
+            mapped_file: self.mapped_file,
+            pgfault: self.pgfault,
+            pgmajfault: self.pgmajfault,
+            max_usage,
+            failcnt,
+            limit,
+            swap,
+        }
+    }
+
     fn parse(text: &str, prefix: &str) -> Self {
         let v2 = prefix.is_empty();
         let mut m = MemStat::default();
@@ -525,19 +540,7 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
         } else {
             (None, None)
         };
-        s.memory = Some(MemorySample {
-            usage,
-            working_set: usage.saturating_sub(st.inactive_file),
-            rss: st.rss,
-            cache: st.cache,
-            mapped_file: st.mapped_file,
-            pgfault: st.pgfault,
-            pgmajfault: st.pgmajfault,
-            max_usage,
-            failcnt,
-            limit,
-            swap,
-        });
+        s.memory = Some(st.sample(usage, (max_usage, failcnt, limit), swap));
     }
     if detail >= Detail::CpuMemory {
         s.psi = read_psi_dir(d, detail, r);

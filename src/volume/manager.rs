@@ -161,14 +161,21 @@ impl VolumeManager {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let names = volume_names(pod);
         {
+            // A changed pod (labels, annotations, resources read by the
+            // downward API) asks for its API-data volumes to be written
+            // again; object changes and token refreshes do so on their
+            // own, so an unchanged pod's sync costs no rewrite.
             let mut st = self.inner.state.lock();
-            st.desired.insert(
-                uid.clone(),
-                Desired {
-                    pod: Arc::new(pod.clone()),
-                    remount: true,
-                },
-            );
+            let same = st.desired.get(&uid).is_some_and(|d| *d.pod == *pod);
+            if !same {
+                st.desired.insert(
+                    uid.clone(),
+                    Desired {
+                        pod: Arc::new(pod.clone()),
+                        remount: true,
+                    },
+                );
+            }
         }
         self.inner.wake.notify_one();
         let deadline = Instant::now() + timeout;
@@ -639,18 +646,8 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let root = &inner.root;
     if let Some(hp) = &v.host_path {
-        let (p, kind, name) = (
-            PathBuf::from(&hp.path),
-            hp.type_.clone().unwrap_or_default(),
-            v.name.clone(),
-        );
-        let path = p.clone();
-        crate::blocking::try_run(
-            format!("hostPath {}", p.display()),
-            FS_DEADLINE,
-            move || super::check_host_path(&name, &p, &kind),
-        )
-        .await?;
+        let path = PathBuf::from(&hp.path);
+        check_host_path(&v.name, &path, hp.type_.as_deref().unwrap_or_default()).await?;
         return Ok(Mounted {
             path,
             owned: None,
@@ -923,14 +920,20 @@ async fn persistent_path(
             "PV {pv_name}: only hostPath and local persistent volumes are supported"
         ));
     };
-    let (p, name) = (path.clone(), v.name.clone());
+    check_host_path(&v.name, &path, &kind).await?;
+    Ok(path)
+}
+
+/// The host path's type check, off the async threads: a hung mount
+/// delays this volume only.
+async fn check_host_path(volume: &str, path: &Path, kind: &str) -> Result<(), String> {
+    let (p, name, kind) = (path.to_path_buf(), volume.to_string(), kind.to_string());
     crate::blocking::try_run(
-        format!("persistent volume {}", path.display()),
+        format!("hostPath {}", path.display()),
         FS_DEADLINE,
         move || super::check_host_path(&name, &p, &kind),
     )
-    .await?;
-    Ok(path)
+    .await
 }
 
 #[cfg(test)]
