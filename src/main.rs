@@ -47,7 +47,7 @@ fn init_logging(v: u8) {
 }
 
 fn main() -> ExitCode {
-    rkubelet::memtrim::limit_arenas();
+    rkubelet::memtrim::tune_allocator();
     let parsed = flags::parse_args(std::env::args().skip(1));
     let flags = match parsed {
         Ok(f) => f,

@@ -126,7 +126,7 @@ pub fn parse_pods(bytes: &[u8], url: &str) -> Result<Vec<Pod>, SourceError> {
         Ok(items) => Ok(items),
         Err(e) => Err(SourceError::Decode {
             path: url.into(),
-            reason: clip(format!(
+            reason: clipped(&format_args!(
                 "couldn't parse as single pod ({single_err}) or pod list ({e})"
             )),
         }),
@@ -192,23 +192,49 @@ fn invalid(path: &Path, errors: Vec<String>) -> SourceError {
 /// multi-megabyte string must not become a multi-megabyte log line.
 const MAX_ERROR_CHARS: usize = 512;
 
-fn clip(mut reason: String) -> String {
-    if reason.len() > MAX_ERROR_CHARS {
-        let mut cut = MAX_ERROR_CHARS;
-        while !reason.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        reason.truncate(cut);
-        reason.push_str("... (truncated)");
+fn clip(reason: String) -> String {
+    if reason.len() <= MAX_ERROR_CHARS {
+        return reason;
     }
-    reason
+    // A fresh string: truncating in place would keep the megabytes allocated.
+    clipped(&reason)
+}
+
+/// `value` formatted into at most `MAX_ERROR_CHARS` bytes, without ever
+/// holding the whole text (serde's messages quote the offending value).
+fn clipped(value: &dyn std::fmt::Display) -> String {
+    struct Bounded(String, bool);
+    impl std::fmt::Write for Bounded {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let room = MAX_ERROR_CHARS - self.0.len();
+            if s.len() <= room {
+                self.0.push_str(s);
+                return Ok(());
+            }
+            let mut cut = room;
+            while !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.0.push_str(&s[..cut]);
+            self.1 = true;
+            // Stops the formatter: nothing more is wanted.
+            Err(std::fmt::Error)
+        }
+    }
+    let mut out = Bounded(String::new(), false);
+    let _ = std::fmt::write(&mut out, format_args!("{value}"));
+    if out.1 {
+        out.0.push_str("... (truncated)");
+    }
+    out.0.shrink_to_fit();
+    out.0
 }
 
 /// YAML or JSON (JSON is YAML) holding exactly one `v1` `Pod`.
 fn parse_pod(bytes: &[u8], path: &Path) -> Result<Pod, SourceError> {
-    let decode_err = |reason: String| SourceError::Decode {
+    let decode_err = |reason: &dyn std::fmt::Display| SourceError::Decode {
         path: path.to_path_buf(),
-        reason: clip(reason),
+        reason: clipped(reason),
     };
     // k8s-openapi rejects a wrong kind/apiVersion but accepts missing ones; upstream's
     // decoder needs both. Check them first with a struct that skips every other field,
@@ -220,19 +246,23 @@ fn parse_pod(bytes: &[u8], path: &Path) -> Result<Pod, SourceError> {
         api_version: Option<serde_json::Value>,
     }
     let meta: TypeMeta = serde_yaml_ng::from_slice(bytes)
-        .map_err(|e| decode_err(format!("expected an object with kind Pod: {e}")))?;
+        .map_err(|e| decode_err(&format_args!("expected an object with kind Pod: {e}")))?;
     for (field, got, want) in [
         ("kind", meta.kind, "Pod"),
         ("apiVersion", meta.api_version, "v1"),
     ] {
         match got {
             Some(serde_json::Value::String(got)) if got == want => {}
-            Some(got) => return Err(decode_err(format!("{field} is {got}, expected {want:?}"))),
-            None => return Err(decode_err(format!("{field} is missing"))),
+            Some(got) => {
+                return Err(decode_err(&format_args!(
+                    "{field} is {got}, expected {want:?}"
+                )))
+            }
+            None => return Err(decode_err(&format_args!("{field} is missing"))),
         }
     }
     // Decode the typed pod from the source text so errors carry line and column.
-    serde_yaml_ng::from_slice::<Pod>(bytes).map_err(|e| decode_err(e.to_string()))
+    serde_yaml_ng::from_slice::<Pod>(bytes).map_err(|e| decode_err(&e))
 }
 
 /// The UID a static pod gets when its manifest has none: md5 hex over the pod's content,
@@ -1041,7 +1071,31 @@ mod tests {
             let e = decode_static_pod(&bytes, p, "node").expect_err(what);
             let msg = e.to_string();
             assert!(msg.len() < 1024, "{what}: error of {} bytes", msg.len());
+            // Nothing of a rejected manifest is kept: not even spare capacity.
+            if let SourceError::Decode { reason, .. } | SourceError::Invalid { reason, .. } = &e {
+                assert!(
+                    reason.capacity() <= 1024,
+                    "{what}: {} bytes held",
+                    reason.capacity()
+                );
+            }
         }
+    }
+
+    #[test]
+    fn clipped_errors_end_on_a_char_boundary_and_say_so() {
+        let long = format!("{}é{}", "a".repeat(MAX_ERROR_CHARS - 1), "b".repeat(100));
+        let c = clipped(&long);
+        assert_eq!(
+            c,
+            format!("{}... (truncated)", "a".repeat(MAX_ERROR_CHARS - 1))
+        );
+        assert_eq!(clipped(&"short"), "short");
+        assert_eq!(clip("x".repeat(10 << 20)).capacity(), MAX_ERROR_CHARS + 15);
+        assert_eq!(
+            clipped(&"y".repeat(10 << 20)).capacity(),
+            MAX_ERROR_CHARS + 15
+        );
     }
 
     const YAML: &str = r#"
