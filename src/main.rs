@@ -46,8 +46,26 @@ fn init_logging(v: u8) {
         .init();
 }
 
+/// Raises the soft open-file limit to the hard one, as the Go runtime does
+/// at start for upstream's kubelet (Go 1.19 and later): the stats reader
+/// keeps cgroup files open, and a node's kubelet holds many connections.
+fn raise_open_file_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     rkubelet::memtrim::tune_allocator();
+    raise_open_file_limit();
     let parsed = flags::parse_args(std::env::args().skip(1));
     let flags = match parsed {
         Ok(f) => f,

@@ -183,7 +183,7 @@ impl Hierarchy {
         let full = detail == Detail::Full;
         let mut s = CgroupSample::default();
         if let Some(d) = self.dir("cpuacct", &path_of("cpuacct")) {
-            if let Some(total) = r.value_u64(&d, "cpuacct.usage") {
+            if let Some(total) = r.hot_u64(&d, "cpuacct.usage") {
                 let ns = 1_000_000_000 / CLOCK_TICKS_PER_SEC;
                 let (mut user, mut system) = (None, None);
                 // User and system time only for cAdvisor's text.
@@ -220,13 +220,13 @@ impl Hierarchy {
             }
         }
         if let Some(d) = self.dir("memory", &path_of("memory")) {
-            if let Some(usage) = r.value_u64(&d, "memory.usage_in_bytes") {
+            if let Some(usage) = r.hot_u64(&d, "memory.usage_in_bytes") {
                 // v1 hierarchical totals, as cAdvisor reads them.
                 let st = r
-                    .value(&d, "memory.stat")
+                    .hot(&d, "memory.stat")
                     .map(|t| MemStat::parse(t, "total_"))
                     .unwrap_or_default();
-                let memsw = r.value_u64(&d, "memory.memsw.usage_in_bytes");
+                let memsw = r.hot_u64(&d, "memory.memsw.usage_in_bytes");
                 let limit = if detail >= Detail::CpuMemory {
                     r.value_u64(&d, "memory.limit_in_bytes")
                 } else {
@@ -291,7 +291,31 @@ pub struct FileReader {
     dir: Option<(PathBuf, std::os::fd::OwnedFd)>,
     /// Files opened (profiling and tests).
     pub opened: u64,
+    /// Value files kept open between collections, when enabled.
+    kept: Option<KeptFiles>,
 }
+
+/// Open cgroup value files, read again at offset 0 on the next collection.
+/// Opening is most of the kernel's share of a scrape (a path walk and a
+/// kernfs open and release per file, hundreds per scrape); a seq_file read
+/// at offset 0 starts over with fresh figures. A file whose cgroup went
+/// away fails its read and its directory is forgotten; directories unused
+/// for `KEPT_IDLE` are closed, so a removed cgroup is not pinned for long.
+struct KeptFiles {
+    dirs: HashMap<PathBuf, KeptDir>,
+    /// Descriptors held, at most `cap`; past it files are opened per read.
+    held: usize,
+    cap: usize,
+    swept: std::time::Instant,
+}
+
+struct KeptDir {
+    /// File name → its descriptor, `None` for a file the cgroup lacks.
+    files: Vec<(Box<str>, Option<std::fs::File>)>,
+    used: std::time::Instant,
+}
+
+const KEPT_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl Default for FileReader {
     fn default() -> Self {
@@ -307,7 +331,47 @@ impl FileReader {
             buf: vec![0; Self::INITIAL],
             dir: None,
             opened: 0,
+            kept: None,
         }
+    }
+
+    /// A reader that keeps up to `cap` value files open for its next
+    /// collections (see `KeptFiles`).
+    pub fn keeping(cap: usize) -> Self {
+        FileReader {
+            kept: Some(KeptFiles {
+                dirs: HashMap::new(),
+                held: 0,
+                cap,
+                swept: std::time::Instant::now(),
+            }),
+            ..Self::new()
+        }
+    }
+
+    /// Descriptors held open between collections.
+    pub fn held(&self) -> usize {
+        self.kept.as_ref().map_or(0, |k| k.held)
+    }
+
+    /// Closes the directories no collection read for `KEPT_IDLE`; call
+    /// after a collection.
+    pub fn sweep(&mut self) {
+        let Some(k) = self.kept.as_mut() else { return };
+        let now = std::time::Instant::now();
+        if now.duration_since(k.swept) < KEPT_IDLE / 4 {
+            return;
+        }
+        k.swept = now;
+        let mut held = 0;
+        k.dirs.retain(|_, d| {
+            let keep = now.duration_since(d.used) < KEPT_IDLE;
+            if keep {
+                held += d.files.iter().filter(|(_, f)| f.is_some()).count();
+            }
+            keep
+        });
+        k.held = held;
     }
 
     /// A single-record file (`dir/file`): one read unless it fills the
@@ -315,6 +379,62 @@ impl FileReader {
     pub fn value(&mut self, dir: &Path, file: &str) -> Option<&str> {
         let f = self.open_in(dir, file)?;
         self.read_from(f, true)
+    }
+
+    /// `value` for the files every collection reads (cpu usage, memory
+    /// usage and stat, swap): kept open when the reader keeps files. Only
+    /// these, since each open seq_file holds a page of kernel memory.
+    fn hot(&mut self, dir: &Path, file: &str) -> Option<&str> {
+        if self.kept.is_some() {
+            return self.kept_value(dir, file);
+        }
+        self.value(dir, file)
+    }
+
+    fn hot_u64(&mut self, dir: &Path, file: &str) -> Option<u64> {
+        self.hot(dir, file)?.trim().parse().ok()
+    }
+
+    fn kept_value(&mut self, dir: &Path, file: &str) -> Option<&str> {
+        let now = std::time::Instant::now();
+        let k = self.kept.as_mut()?;
+        let mut stale = false;
+        if let Some(d) = k.dirs.get_mut(dir) {
+            d.used = now;
+            if let Some((_, f)) = d.files.iter().find(|(n, _)| &**n == file) {
+                let Some(f) = f else { return None };
+                match read_at_start(f, &mut self.buf) {
+                    Some(len) => return std::str::from_utf8(&self.buf[..len]).ok(),
+                    // The cgroup went away (or was made again): start over.
+                    None => stale = true,
+                }
+            }
+        }
+        if stale {
+            if let Some(d) = k.dirs.remove(dir) {
+                k.held -= d.files.iter().filter(|(_, f)| f.is_some()).count();
+            }
+            // The held directory descriptor may be the removed one too.
+            self.dir = None;
+        }
+        let f = self.open_in(dir, file);
+        let k = self.kept.as_mut()?;
+        let len = match &f {
+            Some(f) => read_at_start(f, &mut self.buf),
+            None => None,
+        };
+        // A file that failed to open is remembered only while its directory
+        // is there: a cgroup's controller files do not come and go.
+        let dir_there = f.is_some() || self.dir.as_ref().is_some_and(|(p, _)| p == dir);
+        if dir_there && (f.is_none() || k.held < k.cap) {
+            k.held += usize::from(f.is_some());
+            let d = k.dirs.entry(dir.to_path_buf()).or_insert_with(|| KeptDir {
+                files: Vec::new(),
+                used: now,
+            });
+            d.files.push((file.into(), f));
+        }
+        std::str::from_utf8(&self.buf[..len?]).ok()
     }
 
     /// A file of many records, read to its end.
@@ -405,6 +525,30 @@ impl FileReader {
     }
 }
 
+/// Reads `f` from offset 0 into `buf`, growing it until the file fits:
+/// the length read, `None` on an error.
+fn read_at_start(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match f.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => return Some(len),
+            Ok(n) => {
+                len += n;
+                // One seq_file record comes whole in one read with room.
+                if len < buf.len() {
+                    return Some(len);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+}
+
 /// `key value` lines, without allocating.
 fn kv_lines(text: &str) -> impl Iterator<Item = (&str, u64)> {
     text.lines().filter_map(|l| {
@@ -489,7 +633,7 @@ impl MemStat {
 fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
     let full = detail == Detail::Full;
     let mut s = CgroupSample::default();
-    if let Some(t) = r.value(d, "cpu.stat") {
+    if let Some(t) = r.hot(d, "cpu.stat") {
         let (mut usage, mut user, mut system) = (None, None, None);
         for (k, v) in kv_lines(t) {
             match k {
@@ -520,12 +664,12 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
             s.cpu_period = it.next().and_then(|p| p.parse().ok());
         }
     }
-    if let Some(usage) = r.value_u64(d, "memory.current") {
+    if let Some(usage) = r.hot_u64(d, "memory.current") {
         let st = r
-            .value(d, "memory.stat")
+            .hot(d, "memory.stat")
             .map(|t| MemStat::parse(t, ""))
             .unwrap_or_default();
-        let swap = r.value_u64(d, "memory.swap.current");
+        let swap = r.hot_u64(d, "memory.swap.current");
         // "max" does not parse: no limit.
         let limit = if detail >= Detail::CpuMemory {
             r.value_u64(d, "memory.max")
@@ -825,6 +969,39 @@ mod tests {
         assert_eq!(r.value(&root, "small"), Some("42\n"));
         assert_eq!(r.value(&root, "missing"), None);
         assert_eq!(r.whole_path(&root.join("small")), Some("42\n"));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn kept_files_are_read_again_without_opening_and_capped() {
+        let root = tempdir("kept");
+        let (a, b) = (root.join("a"), root.join("b"));
+        write(&a, "memory.stat", "cache 1\n");
+        write(&b, "memory.stat", "cache 2\n");
+        let mut r = FileReader::keeping(1);
+        assert_eq!(r.hot(&a, "memory.stat"), Some("cache 1\n"));
+        assert_eq!((r.opened, r.held()), (1, 1));
+        // Fresh figures from the same descriptor, read from offset 0.
+        write(&a, "memory.stat", "cache 12345\n");
+        assert_eq!(r.hot(&a, "memory.stat"), Some("cache 12345\n"));
+        assert_eq!(r.opened, 1);
+        // A file the cgroup lacks is remembered, not looked for again.
+        assert_eq!(r.hot(&a, "memory.memsw.usage_in_bytes"), None);
+        assert_eq!(r.hot(&a, "memory.memsw.usage_in_bytes"), None);
+        assert_eq!((r.opened, r.held()), (2, 1));
+        // Past the cap, files are opened per read.
+        assert_eq!(r.hot(&b, "memory.stat"), Some("cache 2\n"));
+        assert_eq!(r.hot(&b, "memory.stat"), Some("cache 2\n"));
+        assert_eq!((r.opened, r.held()), (4, 1));
+        // A missing directory is not remembered.
+        assert_eq!(r.hot(&root.join("gone"), "memory.stat"), None);
+        std::fs::create_dir_all(root.join("gone")).unwrap();
+        write(&root.join("gone"), "memory.stat", "cache 3\n");
+        assert_eq!(r.hot(&root.join("gone"), "memory.stat"), Some("cache 3\n"));
+        // A plain reader keeps nothing.
+        let mut plain = FileReader::new();
+        assert_eq!(plain.hot(&a, "memory.stat"), Some("cache 12345\n"));
+        assert_eq!(plain.held(), 0);
         let _ = std::fs::remove_dir_all(root);
     }
 
