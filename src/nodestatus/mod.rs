@@ -10,6 +10,7 @@
 //! from the Lease, renewed every quarter of its duration.
 
 pub mod lease;
+pub mod patch;
 pub mod quantity;
 
 use std::collections::BTreeMap;
