@@ -1072,6 +1072,18 @@ mod tests {
         assert!(!status_changed(&next, &later));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn repeated_failures_are_logged_once_a_period_with_the_count_held_back() {
+        let mut t = Throttle::new(Duration::from_secs(60));
+        assert_eq!(t.allow(), Some(0));
+        assert_eq!(t.allow(), None);
+        assert_eq!(t.allow(), None);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(t.allow(), Some(2));
+        t.reset();
+        assert_eq!(t.allow(), Some(0), "a success starts afresh");
+    }
+
     #[test]
     fn extended_resources_are_told_from_native_ones() {
         assert!(is_extended_resource("example.com/dongle"));
