@@ -1236,6 +1236,61 @@ fn strategic_merge_of_node_status() {
     assert_eq!(r.body["metadata"]["labels"]["l"], "v");
 }
 
+// The kubelet's node status diff (upstream PatchNodeStatus): a `$patch:
+// replace` element makes the address list the patch's list alone (upstream
+// fixupPatchForNodeStatusAddresses; strategicpatch's replace directive in a
+// merging list), so two InternalIPs both go; a changed condition with
+// `$setElementOrder/conditions` leaves a condition it does not touch (a
+// CNI's) in place.
+#[test]
+fn strategic_merge_of_the_kubelets_node_status_diff() {
+    let s = plain();
+    let c = s.client();
+    let n = s.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let mut st = n.clone();
+    st["status"] = json!({
+        "conditions": [
+            {"type": "NetworkUnavailable", "status": "False", "reason": "RouteCreated"},
+            {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"},
+        ],
+        "addresses": [
+            {"type": "InternalIP", "address": "10.0.0.1"},
+            {"type": "InternalIP", "address": "fd00::1"},
+            {"type": "Hostname", "address": "n1"},
+        ],
+    });
+    s.update_status(st);
+    let patch = json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+        "$setElementOrder/conditions": [{"type": "NetworkUnavailable"}, {"type": "Ready"}],
+        "addresses": [
+            {"type": "InternalIP", "address": "10.0.0.2"},
+            {"type": "Hostname", "address": "n1"},
+            {"$patch": "replace"},
+        ],
+    }});
+    let r = c
+        .patch(
+            "/api/v1/nodes/n1/status",
+            "application/strategic-merge-patch+json",
+            &patch,
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let st = &r.body["status"];
+    assert_eq!(
+        st["conditions"],
+        json!([
+            {"type": "NetworkUnavailable", "status": "False", "reason": "RouteCreated"},
+            {"type": "Ready", "status": "True", "reason": "KubeletReady"},
+        ])
+    );
+    assert_eq!(
+        st["addresses"],
+        json!([{"type": "InternalIP", "address": "10.0.0.2"}, {"type": "Hostname", "address": "n1"}])
+    );
+}
+
 // A write that changes nothing is not a write (GuaranteedUpdate skips
 // no-op updates): same resourceVersion, no watch event. Creating an object
 // with a resourceVersion is a BadRequest.

@@ -551,3 +551,65 @@ fn with_register_node_false_only_an_existing_node_is_kept_up_to_date() {
             .filter(|n| cond(n, "Ready").is_some_and(|c| c["status"] == "True"))
     });
 }
+
+/// Upstream's tryUpdateNodeStatus works on the Node the API server has: a
+/// condition another component owns (a CNI's NetworkUnavailable) survives
+/// the kubelet's updates, and a Ready the node lifecycle controller turned
+/// Unknown is set back at the next period because it differs from the
+/// API's (not after nodeStatusReportFrequency, set to an hour here).
+#[test]
+fn status_updates_keep_conditions_others_set_and_answer_the_apis_state() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-foreign";
+    let mut k = Kubelet::new(node);
+    let kc = kubeconfig(&api, &k.dir, node);
+    k.extra_args = vec![
+        format!("--kubeconfig={}", kc.display()),
+        format!("--cert-dir={}", k.dir.join("pki").display()),
+    ];
+    k.extra_config = "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 1h\nnodeLeaseDurationSeconds: 4\n".into();
+    k.spawn();
+    wait_for("the Node Ready", T, || {
+        api.get("nodes", None, node)
+            .filter(|n| cond(n, "Ready").is_some_and(|c| c["status"] == "True"))
+    });
+    // The kubelet watches its own Node, and only that one.
+    wait_for("the watch of the kubelet's Node", T, || {
+        (api.count_requests("GET", "fieldSelector=metadata.name%3Dit-foreign") > 0).then_some(())
+    });
+
+    let status_patch = |body: Value| {
+        let r = api
+            .client()
+            .patch(
+                &format!("/api/v1/nodes/{node}/status"),
+                "application/strategic-merge-patch+json",
+                &body,
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{:#}", r.body);
+    };
+    let network = json!({"type": "NetworkUnavailable", "status": "False",
+        "reason": "RouteCreated", "message": "route created by the test's CNI",
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"});
+    status_patch(json!({"status": {"conditions": [network.clone()]}}));
+    status_patch(
+        json!({"status": {"conditions": [{"type": "Ready", "status": "Unknown",
+        "reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status.",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}),
+    );
+
+    let n = wait_for("the kubelet to set Ready back", T, || {
+        api.get("nodes", None, node)
+            .filter(|n| cond(n, "Ready").is_some_and(|c| c["status"] == "True"))
+    });
+    let ready = cond(&n, "Ready").unwrap();
+    assert_eq!(ready["reason"], "KubeletReady");
+    assert_ne!(
+        ready["lastTransitionTime"], "2026-01-01T00:00:00Z",
+        "a transition from the API's Unknown"
+    );
+    assert_eq!(cond(&n, "NetworkUnavailable"), Some(&network), "{n:#}");
+    assert!(cond(&n, "MemoryPressure").is_some_and(|c| c["status"] == "False"));
+}

@@ -636,11 +636,18 @@ impl ClusterTasks {
             "Starting kubelet.".into(),
         );
         let (registered_tx, registered_rx) = tokio::sync::watch::channel(None);
+        // The kubelet's own Node, watched: the status loop's first read.
+        let (node_tx, node_rx) = tokio::sync::watch::channel(None);
+        tasks.spawn(tracing::Instrument::instrument(
+            nodestatus::watch_node(api.clone(), node_cfg.clone(), node_tx, token.child_token()),
+            tracing::info_span!("node-watch", node = %node_cfg.node_name),
+        ));
         tasks.spawn(tracing::Instrument::instrument(
             nodestatus::run(
                 api.clone(),
                 node_cfg.clone(),
                 self.observe,
+                node_rx,
                 registered_tx,
                 token.child_token(),
             ),

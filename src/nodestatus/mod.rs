@@ -4,12 +4,15 @@
 //! Registration creates the Node (labels, taints, addresses, capacity,
 //! allocatable, nodeInfo); an existing Node of the same name keeps what
 //! others set and gets only the default labels and the attach-detach
-//! annotation the kubelet owns. Status is recomputed every
-//! `nodeStatusUpdateFrequency` and patched only when it changed (ignoring
-//! heartbeat times) or `nodeStatusReportFrequency` passed; liveness comes
-//! from the Lease, renewed every quarter of its duration.
+//! annotation the kubelet owns. Every `nodeStatusUpdateFrequency` the
+//! status is computed on the Node as the API server has it (from a watch of
+//! the kubelet's own Node, or a GET on retries) and the difference is sent
+//! as a strategic merge patch, only when it changed (ignoring heartbeat
+//! times) or `nodeStatusReportFrequency` passed; liveness comes from the
+//! Lease, renewed every quarter of its duration.
 
 pub mod lease;
+pub mod patch;
 pub mod quantity;
 
 use std::collections::BTreeMap;
@@ -25,6 +28,30 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+/// Why one try of a status update failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeStatusError {
+    #[error("node {0:?} is not in the local cache")]
+    NotCached(String),
+    #[error("error getting node {node:?}: {source}")]
+    Get {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("error patching the status of node {node:?}: {source}")]
+    Patch {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// Upstream's nodeStatusUpdateRetry: tries per status period.
+pub const NODE_STATUS_UPDATE_RETRY: usize = 5;
 
 use crate::apiclient::ApiClient;
 use quantity::{format_binary, format_decimal_milli, parse_threshold_milli};
@@ -393,6 +420,63 @@ pub fn node_status(
     }
 }
 
+/// A resource named outside the `kubernetes.io` domain (upstream
+/// IsExtendedResourceName, for what may sit in capacity).
+fn is_extended_resource(name: &str) -> bool {
+    name.contains('/') && !name.contains("kubernetes.io/") && !name.starts_with("requests.")
+}
+
+/// The kubelet's setters applied to a copy of `fetched`, the status the API
+/// server has (upstream updateNode + setNodeStatus): what the kubelet owns
+/// is set, conditions are replaced in place by type (transition times
+/// against the fetched ones), and whatever else is there (conditions and
+/// capacity others set, volumes, nodeInfo fields the kubelet does not
+/// report) stays.
+pub fn update_status(
+    cfg: &NodeConfig,
+    obs: &Observed,
+    fetched: &NodeStatus,
+    now: Time,
+) -> NodeStatus {
+    let own = node_status(cfg, obs, Some(fetched), now);
+    let mut s = fetched.clone();
+    s.addresses = own.addresses;
+    // Capacity: the kubelet's resources over what is there (device plugins
+    // and others add theirs); allocatable follows every capacity entry.
+    let mut cap = s.capacity.take().unwrap_or_default();
+    cap.extend(own.capacity.unwrap_or_default());
+    let own_alloc = own.allocatable.unwrap_or_default();
+    let mut alloc = s.allocatable.take().unwrap_or_default();
+    alloc.retain(|k, _| cap.contains_key(k) || !is_extended_resource(k));
+    for (k, v) in &cap {
+        alloc.insert(k.clone(), own_alloc.get(k).unwrap_or(v).clone());
+    }
+    s.capacity = Some(cap);
+    s.allocatable = Some(alloc);
+    let conditions = s.conditions.get_or_insert_with(Vec::new);
+    for c in own.conditions.unwrap_or_default() {
+        match conditions.iter_mut().find(|x| x.type_ == c.type_) {
+            Some(x) => *x = c,
+            None => conditions.push(c),
+        }
+    }
+    let o = own.node_info.unwrap_or_default();
+    let info = s.node_info.get_or_insert_with(Default::default);
+    info.architecture = o.architecture;
+    info.boot_id = o.boot_id;
+    info.container_runtime_version = o.container_runtime_version;
+    info.kernel_version = o.kernel_version;
+    info.kubelet_version = o.kubelet_version;
+    info.machine_id = o.machine_id;
+    info.operating_system = o.operating_system;
+    info.os_image = o.os_image;
+    info.system_uuid = o.system_uuid;
+    s.daemon_endpoints = own.daemon_endpoints;
+    s.images = own.images.filter(|i| !i.is_empty());
+    s.runtime_handlers = own.runtime_handlers;
+    s
+}
+
 /// Whether two statuses differ beyond heartbeat times (upstream
 /// nodeStatusHasChanged).
 pub fn status_changed(old: &NodeStatus, new: &NodeStatus) -> bool {
@@ -458,14 +542,143 @@ pub fn now() -> Time {
 /// Where the status loop reads its live inputs.
 pub type Observe = Arc<dyn Fn() -> futures::future::BoxFuture<'static, Observed> + Send + Sync>;
 
+/// The kubelet's own Node as its watch last saw it (upstream's node
+/// lister): `None` until first listed, and after it is deleted.
+pub type NodeCache = tokio::sync::watch::Receiver<Option<Node>>;
+
+/// Says when a repeated failure may be logged at warn: at most once per
+/// `every`, with the count of those held back (they go to debug).
+struct Throttle {
+    every: Duration,
+    last: Option<tokio::time::Instant>,
+    held: u64,
+}
+
+impl Throttle {
+    fn new(every: Duration) -> Self {
+        Throttle {
+            every,
+            last: None,
+            held: 0,
+        }
+    }
+
+    /// `Some(held back since the last one)` when this one may be logged.
+    fn allow(&mut self) -> Option<u64> {
+        let now = tokio::time::Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < self.every)
+        {
+            self.held += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+
+    fn reset(&mut self) {
+        self.last = None;
+        self.held = 0;
+    }
+}
+
+/// Watches the kubelet's own Node into `cache` until `token` is cancelled,
+/// keeping admission's labels and taints current. The field selector
+/// `metadata.name=<node>` is all the node authorizer lets a kubelet watch.
+pub async fn watch_node(
+    api: ApiClient,
+    cfg: NodeConfig,
+    cache: tokio::sync::watch::Sender<Option<Node>>,
+    token: CancellationToken,
+) {
+    tokio::select! {
+        _ = token.cancelled() => {}
+        _ = follow_node(api, cfg, cache) => {}
+    }
+}
+
+async fn follow_node(
+    api: ApiClient,
+    cfg: NodeConfig,
+    cache: tokio::sync::watch::Sender<Option<Node>>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::watcher::{self, watcher};
+    use kube::runtime::WatchStreamExt;
+    let mut generation = api.generation();
+    let mut errors = Throttle::new(Duration::from_secs(60));
+    loop {
+        generation.borrow_and_update();
+        let nodes: Api<Node> = Api::all(api.client().await);
+        let wc = watcher::Config::default()
+            .fields(&format!("metadata.name={}", cfg.node_name))
+            // Reopened from the last resourceVersion, as for pods.
+            .timeout(290);
+        let mut stream = watcher(nodes, wc).default_backoff().boxed();
+        // A (re-)list in progress: what it found so far.
+        let mut listing: Option<Option<Node>> = None;
+        loop {
+            let ev = tokio::select! {
+                // New credentials (a rotated certificate): watch again.
+                Ok(()) = generation.changed() => break,
+                ev = stream.next() => ev,
+            };
+            let seen = match ev {
+                Some(Ok(watcher::Event::Init)) => {
+                    listing = Some(None);
+                    continue;
+                }
+                Some(Ok(watcher::Event::InitApply(n))) => {
+                    if let Some(l) = listing.as_mut() {
+                        *l = Some(n);
+                    }
+                    continue;
+                }
+                Some(Ok(watcher::Event::InitDone)) => listing.take().flatten(),
+                Some(Ok(watcher::Event::Apply(n))) => Some(n),
+                Some(Ok(watcher::Event::Delete(_))) => None,
+                Some(Err(e)) => {
+                    match errors.allow() {
+                        Some(held) => {
+                            warn!(node = %cfg.node_name, error = %e, held_back = held, "watch of this node failed; retrying with backoff")
+                        }
+                        None => {
+                            debug!(node = %cfg.node_name, error = %e, "watch of this node failed")
+                        }
+                    }
+                    continue;
+                }
+                None => {
+                    // The watcher's stream does not end; should it, start
+                    // again without spinning.
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    break;
+                }
+            };
+            errors.reset();
+            if let Some(n) = &seen {
+                observe_node(&cfg, n);
+            }
+            cache.send_replace(seen);
+        }
+    }
+}
+
 /// Registers the Node (retrying 100 ms doubling to 7 s, as upstream), then
-/// keeps its status, until `token` is cancelled. The API server may be
-/// absent or go away at any time: every failure is logged and retried, and
-/// nothing else waits for this loop.
+/// updates its status every `nodeStatusUpdateFrequency` until `token` is
+/// cancelled (upstream syncNodeStatus: up to five tries a period, the first
+/// on the Node from `cache`, the others on one read from the API server).
+/// The API server may be absent or go away at any time: failures are
+/// logged at a bounded rate and tried again the next period; nothing else
+/// waits for this loop. As upstream, registration happens once: a Node
+/// deleted later is not created again (every update fails until someone
+/// creates it or the kubelet restarts).
 pub async fn run(
     api: ApiClient,
     cfg: NodeConfig,
     observe: Observe,
+    cache: NodeCache,
     registered: tokio::sync::watch::Sender<Option<String>>,
     token: CancellationToken,
 ) {
@@ -501,10 +714,20 @@ pub async fn run(
     };
     observe_node(&cfg, &node);
     let _ = registered.send(node.metadata.uid.clone());
-    let mut last_sent = node.status.clone().unwrap_or_default();
-    let mut last_events = BTreeMap::new();
-    record_transitions(&cfg.node_name, &mut last_events, &last_sent);
+    record_transitions(
+        &cfg.node_name,
+        &NodeStatus::default(),
+        &node.status.clone().unwrap_or_default(),
+    );
+    // Upstream's heartbeat client timeout: the smaller of the status period
+    // and the lease duration, so a hung request cannot eat the period.
+    let lease = Duration::from_secs(cfg.lease_duration_seconds.max(1) as u64);
+    let try_timeout = cfg
+        .update_frequency
+        .min(lease)
+        .max(Duration::from_millis(100));
     let mut last_report: Option<tokio::time::Instant> = None;
+    let mut failures = Throttle::new(Duration::from_secs(60));
     let mut tick = tokio::time::interval(cfg.update_frequency.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -513,34 +736,99 @@ pub async fn run(
             _ = tick.tick() => {}
         }
         let obs = observe().await;
-        let status = node_status(&cfg, &obs, Some(&last_sent), now());
-        record_transitions(&cfg.node_name, &mut last_events, &status);
-        let due = last_report.is_none_or(|t| t.elapsed() >= cfg.report_frequency);
-        if !due && !status_changed(&last_sent, &status) {
-            debug!("node status unchanged; not sent");
-            continue;
-        }
-        match patch_status(&api, &cfg.node_name, &status).await {
-            Ok(node) => {
-                observe_node(&cfg, &node);
-                last_sent = status;
-                last_report = Some(tokio::time::Instant::now());
+        let mut last_error = None;
+        for attempt in 0..NODE_STATUS_UPDATE_RETRY {
+            let tried = tokio::select! {
+                _ = token.cancelled() => return,
+                r = tokio::time::timeout(
+                    try_timeout,
+                    try_update(&api, &cfg, &obs, &cache, attempt, &mut last_report),
+                ) => r.unwrap_or(Err(NodeStatusError::Timeout(try_timeout))),
+            };
+            match tried {
+                Ok(()) => {
+                    last_error = None;
+                    break;
+                }
+                Err(e) => {
+                    debug!(node = %cfg.node_name, attempt, error = %e, "error updating node status, will retry");
+                    last_error = Some(e);
+                }
             }
-            Err(e) => {
-                warn!(node = %cfg.node_name, error = %e, "error updating node status, will retry")
+        }
+        match (last_error, failures.allow()) {
+            (None, _) => failures.reset(),
+            (Some(e), Some(held)) => {
+                warn!(node = %cfg.node_name, error = %e, tries = NODE_STATUS_UPDATE_RETRY, held_back = held, "unable to update node status; trying again next period")
+            }
+            (Some(e), None) => {
+                debug!(node = %cfg.node_name, error = %e, "unable to update node status")
             }
         }
     }
 }
 
+/// One try (upstream tryUpdateNodeStatus): the Node from the cache on the
+/// first try and from the API server on the others, the setters applied to
+/// a copy of it, and a patch of the difference, sent when the status
+/// changed (heartbeats aside) or `nodeStatusReportFrequency` passed.
+async fn try_update(
+    api: &ApiClient,
+    cfg: &NodeConfig,
+    obs: &Observed,
+    cache: &NodeCache,
+    attempt: usize,
+    last_report: &mut Option<tokio::time::Instant>,
+) -> Result<(), NodeStatusError> {
+    let name = &cfg.node_name;
+    let fetched = if attempt == 0 {
+        let cached = cache.borrow().clone();
+        cached.ok_or_else(|| NodeStatusError::NotCached(name.clone()))?
+    } else {
+        let nodes: Api<Node> = Api::all(api.client().await);
+        nodes
+            .get(name)
+            .await
+            .map_err(|source| NodeStatusError::Get {
+                node: name.clone(),
+                source,
+            })?
+    };
+    let before = fetched.status.unwrap_or_default();
+    let after = update_status(cfg, obs, &before, now());
+    let due = last_report.is_none_or(|t| t.elapsed() >= cfg.report_frequency);
+    if !due && !status_changed(&before, &after) {
+        debug!(node = %name, "node status unchanged; not sent");
+        return Ok(());
+    }
+    let body = patch::status_patch(&before, &after);
+    let nodes: Api<Node> = Api::all(api.client().await);
+    let updated = nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Strategic(body))
+        .await
+        .map_err(|source| NodeStatusError::Patch {
+            node: name.clone(),
+            source,
+        })?;
+    *last_report = Some(tokio::time::Instant::now());
+    record_transitions(name, &before, &after);
+    observe_node(cfg, &updated);
+    Ok(())
+}
+
 /// Upstream's node events on condition changes ("Node n1 status is now:
-/// NodeReady"), recorded when a condition first shows or changes.
-fn record_transitions(node: &str, last: &mut BTreeMap<String, String>, status: &NodeStatus) {
-    for c in status.conditions.iter().flatten() {
-        if last.get(&c.type_) == Some(&c.status) {
+/// NodeReady"): for each condition whose status differs from the one in
+/// `before` (or that is new), once the change reached the API.
+fn record_transitions(node: &str, before: &NodeStatus, after: &NodeStatus) {
+    for c in after.conditions.iter().flatten() {
+        let was = before
+            .conditions
+            .iter()
+            .flatten()
+            .find(|b| b.type_ == c.type_);
+        if was.is_some_and(|b| b.status == c.status) {
             continue;
         }
-        last.insert(c.type_.clone(), c.status.clone());
         let event = match (c.type_.as_str(), c.status.as_str()) {
             ("Ready", "True") => "NodeReady",
             ("Ready", _) => "NodeNotReady",
@@ -585,20 +873,6 @@ async fn register(api: &ApiClient, initial: &Node) -> Result<Node, kube::Error> 
             .await?;
     }
     Ok(existing)
-}
-
-async fn patch_status(
-    api: &ApiClient,
-    name: &str,
-    status: &NodeStatus,
-) -> Result<Node, kube::Error> {
-    // A strategic merge patch of the whole status: conditions and addresses
-    // merge by type, so conditions other components own are kept.
-    let patch = serde_json::json!({ "status": status });
-    let nodes: Api<Node> = Api::all(api.client().await);
-    nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
-        .await
 }
 
 #[cfg(test)]
@@ -711,6 +985,112 @@ mod tests {
             Some("[container runtime is down, PLEG is not healthy]")
         );
         assert_eq!(r.last_transition_time, Some(at(120)));
+    }
+
+    #[test]
+    fn the_update_keeps_what_others_set_and_compares_against_the_api() {
+        let c = cfg();
+        let obs = Observed::default();
+        // The Node as the API server has it: the kubelet's last status, a
+        // CNI's NetworkUnavailable, an extended resource, and Ready turned
+        // Unknown by the node lifecycle controller.
+        let mut api = node_status(&c, &obs, None, at(100));
+        let network = NodeCondition {
+            type_: "NetworkUnavailable".into(),
+            status: "False".into(),
+            reason: Some("RouteCreated".into()),
+            message: Some("route created".into()),
+            last_heartbeat_time: Some(at(50)),
+            last_transition_time: Some(at(50)),
+        };
+        let conds = api.conditions.as_mut().unwrap();
+        conds.insert(0, network.clone());
+        conds[4].status = "Unknown".into();
+        conds[4].reason = Some("NodeStatusUnknown".into());
+        conds[4].last_transition_time = Some(at(105));
+        let dongle = Quantity("4".into());
+        for m in [api.capacity.as_mut(), api.allocatable.as_mut()] {
+            m.unwrap()
+                .insert("example.com/dongle".into(), dongle.clone());
+        }
+        api.node_info.as_mut().unwrap().kube_proxy_version = "v1.33.0".into();
+
+        let next = update_status(&c, &obs, &api, at(110));
+        let conds = next.conditions.as_ref().unwrap();
+        assert_eq!(conds[0], network, "the foreign condition is untouched");
+        let kinds: Vec<_> = conds.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "NetworkUnavailable",
+                "MemoryPressure",
+                "DiskPressure",
+                "PIDPressure",
+                "Ready"
+            ]
+        );
+        // Ready moved from the API's Unknown: a transition now; the others
+        // keep their transition times.
+        assert_eq!(conds[4].status, "True");
+        assert_eq!(conds[4].last_transition_time, Some(at(110)));
+        assert_eq!(conds[1].last_transition_time, Some(at(100)));
+        assert_eq!(conds[1].last_heartbeat_time, Some(at(110)));
+        assert_eq!(
+            next.capacity.as_ref().unwrap()["example.com/dongle"],
+            dongle
+        );
+        assert_eq!(
+            next.allocatable.as_ref().unwrap()["example.com/dongle"],
+            dongle
+        );
+        assert_eq!(
+            next.node_info.as_ref().unwrap().kube_proxy_version,
+            "v1.33.0"
+        );
+        assert!(status_changed(&api, &next));
+
+        // The patch carries the kubelet's conditions, none of the rest.
+        let p = patch::status_patch(&api, &next);
+        let sent: Vec<_> = p["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            sent,
+            ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
+        );
+        assert_eq!(p["status"]["conditions"][3]["status"], "True");
+        assert_eq!(p["status"]["conditions"][0].get("status"), None);
+        for f in ["capacity", "allocatable", "nodeInfo", "addresses", "images"] {
+            assert!(p["status"].get(f).is_none(), "{f}: {p}");
+        }
+
+        // Ten seconds on with nothing new: only heartbeats differ.
+        let later = update_status(&c, &obs, &next, at(120));
+        assert!(!status_changed(&next, &later));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn repeated_failures_are_logged_once_a_period_with_the_count_held_back() {
+        let mut t = Throttle::new(Duration::from_secs(60));
+        assert_eq!(t.allow(), Some(0));
+        assert_eq!(t.allow(), None);
+        assert_eq!(t.allow(), None);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(t.allow(), Some(2));
+        t.reset();
+        assert_eq!(t.allow(), Some(0), "a success starts afresh");
+    }
+
+    #[test]
+    fn extended_resources_are_told_from_native_ones() {
+        assert!(is_extended_resource("example.com/dongle"));
+        assert!(!is_extended_resource("cpu"));
+        assert!(!is_extended_resource("hugepages-2Mi"));
+        assert!(!is_extended_resource("kubernetes.io/foo"));
+        assert!(!is_extended_resource("requests.example.com/dongle"));
     }
 
     #[test]
