@@ -342,22 +342,61 @@ fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
         .unwrap();
     bound["status"] = json!({"phase": "Bound"});
     api.update_status(bound);
+    // And one bound to a local PV, which takes the pod's fsGroup (upstream's
+    // local plugin) where the hostPath PV does not.
+    let local_dir = k.dir.join("local-pv");
+    std::fs::create_dir_all(&local_dir).unwrap();
+    std::fs::write(local_dir.join("data"), "local").unwrap();
+    let pvc2 = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim2", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "pv2"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "pv2"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "local": {"path": local_dir.to_str().unwrap()},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}},
+            "claimRef": {"namespace": "default", "name": "claim2", "uid": pvc2["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim2")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
     let pv = format!("pv-{node}");
     api.create(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pv, "namespace": "default"},
         "spec": {
             "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "securityContext": {"fsGroup": 3000},
+            "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "claim"}},
+                {"name": "local", "persistentVolumeClaim": {"claimName": "claim2"}}
+            ],
             "containers": [{
                 "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
                 "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+                "volumeMounts": [
+                    {"name": "data", "mountPath": "/data"},
+                    {"name": "local", "mountPath": "/local"}
+                ]
             }]
         }
     }));
     let p = running_pod(&api, &pv);
     assert_eq!(sh(&k, &container_id(&p, 0), "cat /data/data"), "persistent");
+    assert_eq!(sh(&k, &container_id(&p, 0), "cat /local/data"), "local");
+    {
+        use std::os::unix::fs::MetadataExt;
+        let gid = |p: &Path| std::fs::metadata(p).unwrap().gid();
+        assert_eq!(
+            gid(&local_dir.join("data")),
+            3000,
+            "local PV: fsGroup applied"
+        );
+        assert_eq!(gid(&local_dir), 3000, "local PV: fsGroup applied");
+        assert_eq!(gid(&pv_dir.join("data")), 0, "hostPath PV: left alone");
+    }
     for n in [&name, &hp, &pv] {
         api.delete("pods", Some("default"), n, Some(0));
     }

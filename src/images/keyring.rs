@@ -174,23 +174,35 @@ impl Keyring {
                 }
                 _ => continue,
             };
-            for (loc, v) in &entries {
-                let cred = entry(v).map_err(|message| KeyringError::Entry {
+            k.add(&entries, &name)
+                .map_err(|message| KeyringError::Entry {
                     secret: name.clone(),
-                    message: format!("{loc}: {message}"),
+                    message,
                 })?;
-                let Some(key) = location_key(loc) else {
-                    tracing::warn!(secret = %name, entry = %loc, "docker config entry without a registry host, ignoring");
-                    continue;
-                };
-                k.creds.entry(key.clone()).or_default().push(cred);
-                k.index.push(key);
-            }
         }
-        k.index.sort();
-        k.index.dedup();
-        k.index.reverse();
+        k.finish();
         Ok(k)
+    }
+
+    /// Adds the entries of one docker config (location → login); `source`
+    /// names it in logs.
+    fn add(&mut self, entries: &Map<String, Value>, source: &str) -> Result<(), String> {
+        for (loc, v) in entries {
+            let cred = entry(v).map_err(|message| format!("{loc}: {message}"))?;
+            let Some(key) = location_key(loc) else {
+                tracing::warn!(source, entry = %loc, "docker config entry without a registry host, ignoring");
+                continue;
+            };
+            self.creds.entry(key.clone()).or_default().push(cred);
+            self.index.push(key);
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) {
+        self.index.sort();
+        self.index.dedup();
+        self.index.reverse();
     }
 
     /// The credentials to try, in order, for a repository as
@@ -208,6 +220,113 @@ impl Keyring {
             }
         }
         out
+    }
+}
+
+/// How long the node's docker config files are trusted before they are
+/// read again (upstream's default provider caches for 5 minutes).
+const NODE_CREDENTIALS_LIFETIME: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Node-wide registry logins from docker config files (upstream's default
+/// `.dockercfg` provider): the first `config.json` that reads and parses in
+/// the kubelet's root dir, the working directory, `$HOME/.docker` and
+/// `/.docker`; failing that, the first legacy `.dockercfg` in the root
+/// dir, the working directory, `$HOME` and `/`. Tried after the pod's own
+/// pull secrets.
+pub struct NodeCredentials {
+    json_paths: Vec<std::path::PathBuf>,
+    legacy_paths: Vec<std::path::PathBuf>,
+    cached: parking_lot::Mutex<Option<(tokio::time::Instant, Arc<Keyring>)>>,
+}
+
+impl NodeCredentials {
+    /// Upstream's search order, with `root_dir` as the preferred path.
+    pub fn new(root_dir: &std::path::Path) -> Self {
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+        let cwd = std::path::PathBuf::new();
+        let mut json = vec![root_dir.to_path_buf(), cwd.clone()];
+        let mut legacy = vec![root_dir.to_path_buf(), cwd];
+        if let Some(h) = &home {
+            json.push(h.join(".docker"));
+            legacy.push(h.clone());
+        }
+        json.push("/.docker".into());
+        legacy.push("/".into());
+        Self::with_paths(
+            json.into_iter().map(|d| d.join("config.json")).collect(),
+            legacy.into_iter().map(|d| d.join(".dockercfg")).collect(),
+        )
+    }
+
+    /// Files to search, in order: docker `config.json`s, then legacy
+    /// `.dockercfg`s.
+    pub fn with_paths(json: Vec<std::path::PathBuf>, legacy: Vec<std::path::PathBuf>) -> Self {
+        NodeCredentials {
+            json_paths: json,
+            legacy_paths: legacy,
+            cached: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// The node's keyring, read again when older than 5 minutes.
+    pub async fn keyring(&self) -> Arc<Keyring> {
+        let now = tokio::time::Instant::now();
+        if let Some((at, k)) = self.cached.lock().as_ref() {
+            if now.duration_since(*at) < NODE_CREDENTIALS_LIFETIME {
+                return k.clone();
+            }
+        }
+        let k = Arc::new(self.read().await);
+        *self.cached.lock() = Some((now, k.clone()));
+        k
+    }
+
+    async fn read(&self) -> Keyring {
+        // A docker config file is small; anything huge is not one.
+        const MAX_BYTES: u64 = 1 << 20;
+        let candidates = self
+            .json_paths
+            .iter()
+            .map(|p| (p, true))
+            .chain(self.legacy_paths.iter().map(|p| (p, false)));
+        for (path, json) in candidates {
+            let Ok(meta) = tokio::fs::metadata(path).await else {
+                continue;
+            };
+            if !meta.is_file() || meta.len() > MAX_BYTES {
+                continue;
+            }
+            let Ok(bytes) = tokio::fs::read(path).await else {
+                continue;
+            };
+            let entries = if json {
+                match serde_json::from_slice::<Value>(&bytes) {
+                    Ok(Value::Object(m)) => match field(&m, "auths") {
+                        Some(Value::Object(a)) => a.clone(),
+                        _ => Map::new(),
+                    },
+                    _ => continue,
+                }
+            } else {
+                match serde_json::from_slice::<Map<String, Value>>(&bytes) {
+                    Ok(m) => m,
+                    Err(_) => continue,
+                }
+            };
+            let source = path.display().to_string();
+            let mut k = Keyring::default();
+            match k.add(&entries, &source) {
+                Ok(()) => {
+                    k.finish();
+                    tracing::debug!(path = %source, registries = k.index.len(), "node registry credentials read");
+                    return k;
+                }
+                Err(e) => {
+                    tracing::warn!(path = %source, error = %e, "docker config file not usable, ignoring");
+                }
+            }
+        }
+        Keyring::default()
     }
 }
 

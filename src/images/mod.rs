@@ -61,6 +61,8 @@ pub struct ImageManager {
     pull_deadline: Duration,
     /// Pulls waiting or running, by `<uid>_<image>`, since when.
     in_flight: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+    /// Node-wide logins, tried after the pod's pull secrets.
+    node_credentials: Option<keyring::NodeCredentials>,
 }
 
 /// Marks a pull in flight for as long as it lives.
@@ -176,7 +178,14 @@ impl ImageManager {
             pulls: Semaphore::new(permits),
             pull_deadline: DEFAULT_PULL_DEADLINE,
             in_flight: Default::default(),
+            node_credentials: None,
         }
+    }
+
+    /// Also log in with the node's docker config files.
+    pub fn with_node_credentials(mut self, c: keyring::NodeCredentials) -> Self {
+        self.node_credentials = Some(c);
+        self
     }
 
     pub fn with_pull_deadline(mut self, d: Duration) -> Self {
@@ -215,8 +224,9 @@ impl ImageManager {
         v
     }
 
-    /// One pull as upstream's PullImage: anonymous when no pull secret has
-    /// credentials for the image's registry, else each matching credential
+    /// One pull as upstream's PullImage: anonymous when neither a pull
+    /// secret nor the node has credentials for the image's registry, else
+    /// each matching credential
     /// in turn until one works (no anonymous attempt after them); the
     /// errors of all attempts when none does.
     async fn pull(
@@ -226,7 +236,12 @@ impl ImageManager {
         sandbox: &PodSandboxConfig,
     ) -> Result<String, String> {
         let ring = keyring::Keyring::from_secrets(pull_secrets).map_err(|e| e.to_string())?;
-        let creds = ring.lookup(&keyring::repo_to_pull(image));
+        let repo = keyring::repo_to_pull(image);
+        let mut creds = ring.lookup(&repo);
+        // Upstream's union keyring: the pod's secrets, then the node's.
+        if let Some(node) = &self.node_credentials {
+            creds.extend(node.keyring().await.lookup(&repo));
+        }
         if creds.is_empty() {
             return self
                 .svc
@@ -590,6 +605,90 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    #[tokio::test]
+    async fn the_nodes_docker_config_logs_in_after_the_pods_secrets() {
+        use keyring::{test_pull_secret, NodeCredentials};
+        let dir = std::env::temp_dir().join(format!("rkubelet-nodecreds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("bad")).unwrap();
+        std::fs::create_dir_all(dir.join("good")).unwrap();
+        std::fs::create_dir_all(dir.join("legacy")).unwrap();
+        // Search order: a missing file, an unparsable one, then the first
+        // that parses; the legacy file is never reached.
+        std::fs::write(dir.join("bad/config.json"), "{not json").unwrap();
+        std::fs::write(
+            dir.join("good/config.json"),
+            r#"{"auths": {"https://reg.example.com/v1/": {"auth": "bm9kZTpucHc="}}}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("legacy/.dockercfg"),
+            r#"{"reg.example.com": {"username": "legacy", "password": "x"}}"#,
+        )
+        .unwrap();
+        let node = NodeCredentials::with_paths(
+            vec![
+                dir.join("missing/config.json"),
+                dir.join("bad/config.json"),
+                dir.join("good/config.json"),
+            ],
+            vec![dir.join("legacy/.dockercfg")],
+        );
+        let fake = Arc::new(FakeRuntime::new());
+        fake.require_pull_auth("reg.example.com/app:1", "node", "npw");
+        let m = ImageManager::new(fake.clone(), true, None).with_node_credentials(node);
+        let (pod, sb) = (Pod::default(), PodSandboxConfig::default());
+        let now = Duration::from_secs(1000);
+        // No pull secret: the node's login.
+        m.ensure_image(&pod, &ctr("reg.example.com/app:1", None), &sb, &[], now)
+            .await
+            .unwrap();
+        let image = "reg.example.com/app:1".to_string();
+        assert_eq!(
+            fake.pull_logins(),
+            vec![(image.clone(), Some("node".to_string()))]
+        );
+        // With a (stale) pull secret: the pod's first, then the node's.
+        fake.require_pull_auth("reg.example.com/app:2", "node", "npw");
+        let secrets = [test_pull_secret(
+            "regcred",
+            "kubernetes.io/dockerconfigjson",
+            ".dockerconfigjson",
+            r#"{"auths": {"reg.example.com": {"username": "pod", "password": "old"}}}"#,
+        )];
+        m.ensure_image(
+            &pod,
+            &ctr("reg.example.com/app:2", None),
+            &sb,
+            &secrets,
+            now,
+        )
+        .await
+        .unwrap();
+        let image = "reg.example.com/app:2".to_string();
+        assert_eq!(
+            fake.pull_logins()[1..],
+            [
+                (image.clone(), Some("pod".to_string())),
+                (image.clone(), Some("node".to_string())),
+            ]
+        );
+        // Only the legacy file: it is used.
+        let only_legacy = NodeCredentials::with_paths(
+            vec![dir.join("missing/config.json")],
+            vec![dir.join("legacy/.dockercfg")],
+        );
+        let users: Vec<_> = only_legacy
+            .keyring()
+            .await
+            .lookup("reg.example.com/app")
+            .into_iter()
+            .map(|c| c.username)
+            .collect();
+        assert_eq!(users, ["legacy"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

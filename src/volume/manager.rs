@@ -696,7 +696,24 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
         });
     }
     if let Some(claim) = pvc_name(pod, v) {
-        let path = persistent_path(&inner.objects, pod, v, &claim).await?;
+        let (path, local) = persistent_path(&inner.objects, pod, v, &claim).await?;
+        // Upstream's local plugin applies the fsGroup to a writable mount;
+        // hostPath PVs are the host's and left alone.
+        let read_only = v
+            .persistent_volume_claim
+            .as_ref()
+            .and_then(|c| c.read_only)
+            .unwrap_or(false);
+        if let (true, false, Some((gid, on_mismatch))) = (local, read_only, fs_group(pod)) {
+            let d = path.clone();
+            crate::blocking::try_run(
+                format!("local volume {}", path.display()),
+                FS_DEADLINE,
+                move || super::ownership::set_volume_ownership(&d, gid, false, on_mismatch),
+            )
+            .await
+            .map_err(|e| format!("setting the fsGroup: {e}"))?;
+        }
         return Ok(Mounted {
             path,
             owned: None,
@@ -859,7 +876,8 @@ fn pvc_name(pod: &Pod, v: &Volume) -> Option<String> {
     })
 }
 
-/// The host path behind a claim bound to a hostPath or local PV, with
+/// The host path behind a claim bound to a hostPath or local PV (and
+/// whether it is local), with
 /// upstream's checks: the claim is Bound to a PV that names it back, and
 /// an ephemeral volume's claim is owned by this pod.
 async fn persistent_path(
@@ -867,7 +885,7 @@ async fn persistent_path(
     pod: &Pod,
     v: &Volume,
     claim: &str,
-) -> Result<PathBuf, String> {
+) -> Result<(PathBuf, bool), String> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let pvc = objects
         .persistent_volume_claim(ns, claim)
@@ -908,20 +926,21 @@ async fn persistent_path(
     if back.and_then(|r| r.uid.as_ref()) != pvc.metadata.uid.as_ref() {
         return Err(format!("PV {pv_name} is not bound to claim {ns}/{claim}"));
     }
-    let (path, kind) = if let Some(hp) = &spec.host_path {
+    let (path, kind, local) = if let Some(hp) = &spec.host_path {
         (
             PathBuf::from(&hp.path),
             hp.type_.clone().unwrap_or_default(),
+            false,
         )
     } else if let Some(l) = &spec.local {
-        (PathBuf::from(&l.path), "Directory".to_string())
+        (PathBuf::from(&l.path), "Directory".to_string(), true)
     } else {
         return Err(format!(
             "PV {pv_name}: only hostPath and local persistent volumes are supported"
         ));
     };
     check_host_path(&v.name, &path, &kind).await?;
-    Ok(path)
+    Ok((path, local))
 }
 
 /// The host path's type check, off the async threads: a hung mount
