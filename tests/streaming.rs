@@ -223,6 +223,7 @@ async fn raw(addr: &str, req: &str) -> String {
 struct Served {
     addr: String,
     runtime: Arc<RemoteRuntime>,
+    streams: rkubelet::server::Streams,
     _token: tokio_util::sync::CancellationToken,
 }
 
@@ -241,6 +242,7 @@ async fn serve(pod: &serde_json::Value, idle: Option<Duration>) -> Served {
         .upsert(serde_json::from_value(pod.clone()).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
+    let streams = state.streams.clone();
     let app: Router = streaming::routes().with_state(state);
     let stop = token.clone();
     tokio::spawn(async move {
@@ -252,6 +254,7 @@ async fn serve(pod: &serde_json::Value, idle: Option<Duration>) -> Served {
     Served {
         addr,
         runtime,
+        streams,
         _token: token,
     }
 }
@@ -457,5 +460,19 @@ fn exec_and_port_forward_through_the_proxy() {
             got.extend_from_slice(&m[1..]);
         }
         assert_eq!(String::from_utf8_lossy(&got), "pong ping\n");
+        drop(ws);
+
+        // Shutdown ends the spliced sessions still open and awaits them.
+        let path = exec_path(&name, "main", &["cat"], "input=1&output=1");
+        let mut ws = Ws::connect(&sv.addr, &path, "v4.channel.k8s.io").await;
+        ws.send_on(0, b"y\n").await;
+        let mut m = ws.recv().await.expect("echo");
+        while m.len() == 1 {
+            m = ws.recv().await.expect("echo");
+        }
+        assert_eq!(m, b"\x01y\n");
+        assert!(sv.streams.shut_down(Duration::from_secs(5)).await, "the session's task ended");
+        let closed = tokio::time::timeout(Duration::from_secs(5), ws.recv()).await;
+        assert_eq!(closed, Ok(None), "the client's connection closed");
     });
 }

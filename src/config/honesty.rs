@@ -37,7 +37,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "runOnce",
     "cpuCFSQuota",
     "cpuCFSQuotaPeriod",
-    "maxOpenFiles",
     "contentType",
     "evictionHard",
     "evictionSoft",

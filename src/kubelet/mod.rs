@@ -91,6 +91,22 @@ pub fn detect_node_ip() -> Option<String> {
     (!ip.is_unspecified() && !ip.is_loopback()).then(|| ip.to_string())
 }
 
+/// `maxOpenFiles` as both limits of RLIMIT_NOFILE, as upstream's
+/// rlimit.SetNumFiles; raising the hard limit needs CAP_SYS_RESOURCE, and
+/// a refusal is logged and the kubelet carries on, as upstream.
+fn set_open_file_limit(n: i64) {
+    let n = n.max(0) as libc::rlim_t;
+    let lim = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    // SAFETY: setrlimit reads the struct it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::error!(error = %e, max_open_files = n, "Failed to set rlimit on max file handles");
+    }
+}
+
 /// Upstream sets the kubelet's own oom_score_adj (-999); without
 /// CAP_SYS_RESOURCE that fails, which is logged and ignored, as upstream does.
 fn set_own_oom_score_adj(value: i32) {
@@ -119,6 +135,7 @@ fn mkdir(path: &std::path::Path) -> Result<(), KubeletError> {
 pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), KubeletError> {
     let cfg = &opts.config;
     set_own_oom_score_adj(cfg.oom_score_adj);
+    set_open_file_limit(cfg.max_open_files);
     let logs_dir = PathBuf::from(if cfg.pod_logs_dir.is_empty() {
         "/var/log/pods"
     } else {
@@ -242,7 +259,9 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             runtime: manager.clone(),
         }),
         stats: crate::stats::StatsProvider::with_oom_watcher(&opts.node_name),
+        streams: server::Streams::new(token.child_token()),
     };
+    let streams = state.streams.clone();
     let mut servers = Vec::new();
     if cfg.healthz_port > 0 {
         let a = addr(&cfg.healthz_bind_address, cfg.healthz_port)?;
@@ -381,6 +400,9 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     }
     for s in servers.into_iter().chain(sources) {
         let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
+    }
+    if !streams.shut_down(Duration::from_secs(5)).await {
+        warn!("streaming connections did not close within 5 s");
     }
     Ok(())
 }

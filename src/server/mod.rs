@@ -44,6 +44,35 @@ pub struct ServerState {
     pub debug: Option<debug::DebugSources>,
     /// The stats provider behind /stats/summary and /metrics/{resource,cadvisor}.
     pub stats: crate::stats::StatsProvider,
+    /// Spliced exec/attach/port-forward connections, ended at shutdown.
+    pub streams: Streams,
+}
+
+/// The tasks that carry upgraded streaming connections once their HTTP
+/// request has been answered: tracked, so shutdown can end and await them.
+#[derive(Clone, Default)]
+pub struct Streams {
+    pub tracker: tokio_util::task::TaskTracker,
+    pub token: tokio_util::sync::CancellationToken,
+}
+
+impl Streams {
+    pub fn new(token: tokio_util::sync::CancellationToken) -> Self {
+        Streams {
+            tracker: Default::default(),
+            token,
+        }
+    }
+
+    /// Ends every spliced connection and waits (up to `within`) for their
+    /// tasks; false if some did not finish in time.
+    pub async fn shut_down(&self, within: std::time::Duration) -> bool {
+        self.token.cancel();
+        self.tracker.close();
+        tokio::time::timeout(within, self.tracker.wait())
+            .await
+            .is_ok()
+    }
 }
 
 impl ServerState {
@@ -87,6 +116,7 @@ impl ServerState {
             pod_logs_dir: std::env::temp_dir().join("rkubelet-server-tests/logs"),
             debug: None,
             stats: Default::default(),
+            streams: Default::default(),
         };
         (state, token)
     }

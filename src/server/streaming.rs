@@ -556,7 +556,8 @@ async fn proxy_stream(
     let backend_upgrade = hyper::upgrade::on(&mut resp);
     let idle = Duration::from(s.config.streaming_connection_idle_timeout);
     let task_span = span.clone();
-    tokio::spawn(
+    let stop = s.streams.token.clone();
+    s.streams.tracker.spawn(
         async move {
             let (client, backend) = match tokio::try_join!(client_upgrade, backend_upgrade) {
                 Ok(x) => x,
@@ -566,9 +567,13 @@ async fn proxy_stream(
                 }
             };
             tracing::debug!("spliced");
-            match splice(TokioIo::new(client), TokioIo::new(backend), idle).await {
-                Ok((up, down)) => tracing::debug!(up, down, "stream closed"),
-                Err(e) => tracing::debug!(error = %e, "stream ended"),
+            tokio::select! {
+                // Shutdown: both connections drop with this task.
+                _ = stop.cancelled() => tracing::debug!("stream ended at shutdown"),
+                r = splice(TokioIo::new(client), TokioIo::new(backend), idle) => match r {
+                    Ok((up, down)) => tracing::debug!(up, down, "stream closed"),
+                    Err(e) => tracing::debug!(error = %e, "stream ended"),
+                },
             }
         }
         .instrument(task_span),
