@@ -21,7 +21,8 @@ fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
     let mut k = Kubelet::new(node);
     let kc = api.node_kubeconfig(&k.dir, node);
     k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
-    k.extra_config = "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\n".into();
+    k.extra_config =
+        "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\nvolumeStatsAggPeriod: 1s\n".into();
     k.spawn();
     k
 }
@@ -397,6 +398,34 @@ fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
         assert_eq!(gid(&local_dir), 3000, "local PV: fsGroup applied");
         assert_eq!(gid(&pv_dir.join("data")), 0, "hostPath PV: left alone");
     }
+    // Volume usage: the pod's volumes with their claims in the summary, and
+    // the claims' series in /metrics.
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let local = wait_for("the local PV's volume stats", T, || {
+        let (_, body) = http_get(&k.read_only, "/stats/summary")?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        let pod = v["pods"]
+            .as_array()?
+            .iter()
+            .find(|p| p["podRef"]["uid"] == uid.as_str())?
+            .clone();
+        pod["volume"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == "local")
+            .cloned()
+    });
+    assert_eq!(
+        local["pvcRef"],
+        json!({"name": "claim2", "namespace": "default"})
+    );
+    assert!(local["usedBytes"].as_u64().unwrap() > 0, "{local}");
+    assert!(local["capacityBytes"].as_u64().unwrap() >= local["availableBytes"].as_u64().unwrap());
+    wait_for("the claim's volume series", T, || {
+        let (_, body) = http_get(&k.read_only, "/metrics")?;
+        body.contains("kubelet_volume_stats_capacity_bytes{namespace=\"default\",persistentvolumeclaim=\"claim2\"}")
+            .then_some(())
+    });
     for n in [&name, &hp, &pv] {
         api.delete("pods", Some("default"), n, Some(0));
     }

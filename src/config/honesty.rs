@@ -18,7 +18,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "imageMaximumGCAge",
     "imageGCHighThresholdPercent",
     "imageGCLowThresholdPercent",
-    "volumeStatsAggPeriod",
     "kubeletCgroups",
     "systemCgroups",
     "cgroupsPerQOS",

@@ -262,6 +262,27 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         streams: server::Streams::new(token.child_token()),
     };
     let streams = state.streams.clone();
+    {
+        // Pod volume usage every volumeStatsAggPeriod (upstream's
+        // fsResourceAnalyzer), for /stats/summary and /metrics.
+        let (cache, p, v) = (
+            state.stats.volume_stats().clone(),
+            pods.clone(),
+            manager.volumes.clone(),
+        );
+        let period = cfg.volume_stats_agg_period.0;
+        let t = token.child_token();
+        cluster_tasks.spawn(tracing::Instrument::instrument(
+            crate::stats::volumes::run(
+                cache,
+                move || p.pods(),
+                move |uid| v.pod_volumes(uid),
+                period,
+                t,
+            ),
+            tracing::info_span!("volume-stats"),
+        ));
+    }
     let mut servers = Vec::new();
     if cfg.healthz_port > 0 {
         let a = addr(&cfg.healthz_bind_address, cfg.healthz_port)?;

@@ -166,6 +166,12 @@ pub struct NodeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VolumeLabels {
+    pub namespace: String,
+    pub persistentvolumeclaim: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EvictionSignal {
     pub eviction_signal: String,
 }
@@ -231,6 +237,10 @@ pub struct KubeletMetrics {
     pub http_inflight_requests: Family<HttpLabels, Gauge>,
     pub rest_client_requests: Family<RestClientLabels, Counter>,
     pub build_info: Family<BuildInfo, Gauge>,
+    /// kubelet_volume_stats_{capacity_bytes, available_bytes, used_bytes,
+    /// inodes, inodes_free, inodes_used}, refreshed from the volume stats
+    /// cache at each scrape.
+    pub volume_stats: [Family<VolumeLabels, Gauge>; 6],
 }
 
 /// The process-wide metrics (upstream's package-level vars).
@@ -261,6 +271,7 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     http_inflight_requests: Family::default(),
     rest_client_requests: Family::default(),
     build_info: Family::default(),
+    volume_stats: Default::default(),
 });
 
 /// component-base prefixes the help of ALPHA metrics so.
@@ -434,6 +445,41 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         alpha!("A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running."),
         m.build_info.clone(),
     );
+    let [cap, avail, used, inodes, free, iused] = &m.volume_stats;
+    for (name, help, f) in [
+        (
+            "kubelet_volume_stats_capacity_bytes",
+            alpha!("Capacity in bytes of the volume"),
+            cap,
+        ),
+        (
+            "kubelet_volume_stats_available_bytes",
+            alpha!("Number of available bytes in the volume"),
+            avail,
+        ),
+        (
+            "kubelet_volume_stats_used_bytes",
+            alpha!("Number of used bytes in the volume"),
+            used,
+        ),
+        (
+            "kubelet_volume_stats_inodes",
+            alpha!("Maximum number of inodes in the volume"),
+            inodes,
+        ),
+        (
+            "kubelet_volume_stats_inodes_free",
+            alpha!("Number of free inodes in the volume"),
+            free,
+        ),
+        (
+            "kubelet_volume_stats_inodes_used",
+            alpha!("Number of used inodes in the volume"),
+            iused,
+        ),
+    ] {
+        add(&mut v, name, help, f.clone());
+    }
     // Constant series, set once.
     m.build_info.get_or_create(&build_info()).set(1);
     let mut r = Registry::default();
@@ -738,6 +784,35 @@ pub fn rest_client_request(code: &str, method: &str, host: &str) {
 /// Sets the state gauges from the PLEG snapshot, as upstream's PLEG does
 /// after each relist: pods with a ready sandbox, containers by state
 /// (sandboxes not counted as containers).
+/// The volume families from the claims' latest figures (upstream's
+/// volumeStatsCollector reads the same cache at each scrape); claims gone
+/// drop out.
+fn update_volume_stats(claims: &[crate::stats::volumes::VolumeFigures]) {
+    for f in &METRICS.volume_stats {
+        f.clear();
+    }
+    for c in claims {
+        let Some((namespace, claim)) = &c.pvc else {
+            continue;
+        };
+        let labels = VolumeLabels {
+            namespace: namespace.clone(),
+            persistentvolumeclaim: claim.clone(),
+        };
+        let values = [
+            c.capacity,
+            c.available,
+            c.used,
+            c.inodes,
+            c.inodes_free,
+            c.inodes_used,
+        ];
+        for (f, v) in METRICS.volume_stats.iter().zip(values) {
+            f.get_or_create(&labels).set(v.min(i64::MAX as u64) as i64);
+        }
+    }
+}
+
 fn update_running(snapshot: &crate::pleg::Snapshot) {
     let mut pods = 0i64;
     let mut by_state = [0i64; 4];
@@ -783,6 +858,7 @@ pub fn render(state: &ServerState) -> String {
     let reg = &*REGISTRY;
     let _g = SCRAPE.lock();
     update_running(&snap);
+    update_volume_stats(&state.stats.volume_stats().claims());
     if !state.node_name.is_empty() {
         set_node_name(&state.node_name);
     }

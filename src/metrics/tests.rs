@@ -147,6 +147,36 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
     ),
     ("process_cpu_seconds", "counter", &[]),
     ("process_max_fds", "gauge", &[]),
+    (
+        "kubelet_volume_stats_capacity_bytes",
+        "gauge",
+        &["namespace", "persistentvolumeclaim"],
+    ),
+    (
+        "kubelet_volume_stats_available_bytes",
+        "gauge",
+        &["namespace", "persistentvolumeclaim"],
+    ),
+    (
+        "kubelet_volume_stats_used_bytes",
+        "gauge",
+        &["namespace", "persistentvolumeclaim"],
+    ),
+    (
+        "kubelet_volume_stats_inodes",
+        "gauge",
+        &["namespace", "persistentvolumeclaim"],
+    ),
+    (
+        "kubelet_volume_stats_inodes_free",
+        "gauge",
+        &["namespace", "persistentvolumeclaim"],
+    ),
+    (
+        "kubelet_volume_stats_inodes_used",
+        "gauge",
+        &["namespace", "persistentvolumeclaim"],
+    ),
     ("process_open_fds", "gauge", &[]),
     ("process_resident_memory_bytes", "gauge", &[]),
     ("process_start_time_seconds", "gauge", &[]),
@@ -177,6 +207,25 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     let _ = METRICS.evictions.get_or_create(&EvictionSignal {
         eviction_signal: "memory.available".into(),
     });
+    // A claim-backed volume and one without a claim (not a series).
+    let figures = |name: &str, pvc: Option<(&str, &str)>| crate::stats::volumes::VolumeFigures {
+        name: name.into(),
+        pvc: pvc.map(|(n, c)| (n.into(), c.into())),
+        time: 0,
+        capacity: 1 << 30,
+        available: 1 << 29,
+        used: 4096,
+        inodes: 1000,
+        inodes_free: 990,
+        inodes_used: 10,
+    };
+    state.stats.volume_stats().set(
+        "u1",
+        vec![
+            figures("data", Some(("prod", "db"))),
+            figures("scratch", None),
+        ],
+    );
     // Through the read-only router, so the HTTP middleware counts itself.
     let router = crate::server::read_only_router(state.clone());
     let _ = get_text(router.clone(), "/metrics").await;
@@ -210,6 +259,9 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     ), "{text}");
     assert!(text
         .contains("kubelet_runtime_operations_errors_total{operation_type=\"list_podsandbox\"}"));
+    assert!(text.contains(
+        "kubelet_volume_stats_used_bytes{namespace=\"prod\",persistentvolumeclaim=\"db\"} 4096\n"
+    ), "{text}");
     assert!(text.contains(
         "# HELP kubelet_running_pods [ALPHA] Number of pods that have a running pod sandbox\n"
     ));

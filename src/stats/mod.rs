@@ -11,6 +11,7 @@ pub mod procfs;
 pub mod provider;
 pub mod summary;
 pub mod types;
+pub mod volumes;
 
 use axum::extract::{RawQuery, State};
 use axum::http::{header, StatusCode};
@@ -72,7 +73,19 @@ async fn stats_summary(State(s): State<ServerState>, RawQuery(q): RawQuery) -> R
     };
     match snapshot(&s, detail).await {
         Ok(snap) => {
-            let sum = summary::build(&snap, &s.node_name, only);
+            let mut sum = summary::build(&snap, &s.node_name, only);
+            // Volumes are the full summary's (upstream's CPU-and-memory
+            // summary has none).
+            if !only {
+                let cache = s.stats.volume_stats();
+                for p in &mut sum.pods {
+                    p.volume_stats = cache
+                        .pod(&p.pod_ref.uid)
+                        .iter()
+                        .map(|v| v.to_stats())
+                        .collect();
+                }
+            }
             match serde_json::to_vec(&sum) {
                 Ok(b) => ([(header::CONTENT_TYPE, "application/json")], b).into_response(),
                 Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),

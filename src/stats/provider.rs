@@ -259,6 +259,8 @@ struct Inner {
     paths: Mutex<PathCache>,
     /// The cgroup file reader, with the files it keeps open.
     reader: Mutex<Option<FileReader>>,
+    /// Pod volume usage, measured in the background.
+    volumes: super::volumes::VolumeStatsCache,
     /// Boot time (Unix ns), from /proc/stat once.
     boot_ns: std::sync::OnceLock<i64>,
     /// The runtime's pid, and when /proc was last scanned for it.
@@ -306,6 +308,11 @@ impl StatsProvider {
     }
 
     /// The OOM counts, when watched (tests record kills through it).
+    /// The pod volume figures the background calculation keeps.
+    pub fn volume_stats(&self) -> &super::volumes::VolumeStatsCache {
+        &self.inner.volumes
+    }
+
     pub fn oom_counts(&self) -> Option<super::oom::OomCounts> {
         self.inner.oom.clone()
     }

@@ -209,6 +209,15 @@ pub struct VolumeStats {
     pub fs: FsStats,
     #[serde(skip_serializing_if = "String::is_empty", default)]
     pub name: String,
+    #[serde(rename = "pvcRef", skip_serializing_if = "Option::is_none", default)]
+    pub pvc_ref: Option<PvcReference>,
+}
+
+/// The claim a volume comes from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PvcReference {
+    pub name: String,
+    pub namespace: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,0 +1,430 @@
+//! Pod volume usage for `/stats/summary` and `kubelet_volume_stats_*`
+//! (upstream's fs_resource_analyzer and volume_stat_calculator): measured in
+//! the background every `volumeStatsAggPeriod`, so a scrape never walks a
+//! directory. The figures follow upstream's metrics providers: statfs for
+//! memory-backed volumes and local persistent volumes, a `du`-like walk
+//! (with the file system's capacity and free space from statfs) for the
+//! kubelet's on-disk volumes (emptyDir, configMap, secret, downwardAPI,
+//! projected). hostPath volumes report nothing, as upstream's plugin.
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::types::{FsStats, VolumeStats};
+
+/// One volume's figures, as the last calculation found them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeFigures {
+    pub name: String,
+    /// The claim behind the volume: (namespace, name).
+    pub pvc: Option<(String, String)>,
+    /// Unix nanoseconds of the measurement.
+    pub time: i64,
+    pub capacity: u64,
+    pub available: u64,
+    pub used: u64,
+    pub inodes: u64,
+    pub inodes_free: u64,
+    pub inodes_used: u64,
+}
+
+impl VolumeFigures {
+    pub fn to_stats(&self) -> VolumeStats {
+        VolumeStats {
+            fs: FsStats {
+                time: super::types::time_from_ns(self.time),
+                available_bytes: Some(self.available),
+                capacity_bytes: Some(self.capacity),
+                used_bytes: Some(self.used),
+                inodes_free: Some(self.inodes_free),
+                inodes: Some(self.inodes),
+                inodes_used: Some(self.inodes_used),
+            },
+            name: self.name.clone(),
+            pvc_ref: self.pvc.as_ref().map(|(ns, n)| super::types::PvcReference {
+                name: n.clone(),
+                namespace: ns.clone(),
+            }),
+        }
+    }
+}
+
+/// Per pod UID, its volumes' latest figures. Clones share the map.
+#[derive(Clone, Default)]
+pub struct VolumeStatsCache {
+    pods: Arc<Mutex<HashMap<String, Vec<VolumeFigures>>>>,
+}
+
+impl VolumeStatsCache {
+    pub fn pod(&self, uid: &str) -> Vec<VolumeFigures> {
+        self.pods.lock().get(uid).cloned().unwrap_or_default()
+    }
+
+    /// Every PVC-backed volume's figures (the metrics' subjects).
+    pub fn claims(&self) -> Vec<VolumeFigures> {
+        let mut v: Vec<_> = self
+            .pods
+            .lock()
+            .values()
+            .flatten()
+            .filter(|f| f.pvc.is_some())
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.pvc.cmp(&b.pvc));
+        v.dedup_by(|a, b| a.pvc == b.pvc);
+        v
+    }
+
+    pub(crate) fn set(&self, uid: &str, figures: Vec<VolumeFigures>) {
+        self.pods.lock().insert(uid.to_string(), figures);
+    }
+
+    fn retain(&self, live: &HashSet<String>) {
+        self.pods.lock().retain(|uid, _| live.contains(uid));
+    }
+}
+
+/// How a volume is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Measure {
+    /// statfs of the file system the volume is (tmpfs, a local PV).
+    StatFs,
+    /// A walk of the directory for usage; capacity from statfs.
+    Du,
+}
+
+/// What to measure for `pod`'s volume `name` mounted at `path` (None: no
+/// figures, as for hostPath), and the claim behind it.
+fn plan(pod: &Pod, name: &str, path: &Path) -> Option<(Measure, Option<(String, String)>)> {
+    let v = pod
+        .spec
+        .as_ref()?
+        .volumes
+        .as_ref()?
+        .iter()
+        .find(|v| v.name == name)?;
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    if let Some(c) = &v.persistent_volume_claim {
+        return Some((Measure::StatFs, Some((ns, c.claim_name.clone()))));
+    }
+    if v.ephemeral.is_some() {
+        // The generic ephemeral volume's claim is `<pod>-<volume>`.
+        let claim = format!("{}-{}", pod.metadata.name.as_deref().unwrap_or(""), v.name);
+        return Some((Measure::StatFs, Some((ns, claim))));
+    }
+    if v.host_path.is_some() {
+        return None;
+    }
+    let memory = v
+        .empty_dir
+        .as_ref()
+        .is_some_and(|e| e.medium.as_deref() == Some("Memory"))
+        || v.secret.is_some();
+    // Projected and secret volumes sit on their own tmpfs here too.
+    let own_tmpfs = memory || (v.projected.is_some() && is_tmpfs(path));
+    Some((
+        if own_tmpfs {
+            Measure::StatFs
+        } else {
+            Measure::Du
+        },
+        None,
+    ))
+}
+
+fn is_tmpfs(path: &Path) -> bool {
+    statfs(path).is_some_and(|s| s.f_type == libc::TMPFS_MAGIC)
+}
+
+fn statfs(path: &Path) -> Option<libc::statfs> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `st` is plain data statfs fills; `c` is NUL-terminated.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        (libc::statfs(c.as_ptr(), &mut st) == 0).then_some(st)
+    }
+}
+
+/// Bytes (512-byte blocks, as `du`) and inodes under `root`: links not
+/// followed, hard links counted once, other file systems not entered, and
+/// the walk cut off at `deadline` (the figures so far).
+pub fn disk_usage(root: &Path, deadline: Instant) -> (u64, u64) {
+    let Ok(top) = std::fs::symlink_metadata(root) else {
+        return (0, 0);
+    };
+    let dev = top.dev();
+    let mut seen: HashSet<(u64, u64)> = HashSet::new();
+    let (mut bytes, mut inodes) = (0u64, 0u64);
+    let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
+    let mut first = true;
+    while let Some(dir) = stack.pop() {
+        if Instant::now() >= deadline {
+            break;
+        }
+        let meta = if first {
+            first = false;
+            top.clone()
+        } else {
+            match std::fs::symlink_metadata(&dir) {
+                Ok(m) => m,
+                Err(_) => continue,
+            }
+        };
+        if meta.dev() != dev {
+            continue;
+        }
+        if seen.insert((meta.dev(), meta.ino())) {
+            bytes += meta.blocks() * 512;
+            inodes += 1;
+        }
+        if !meta.is_dir() {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.dev() == dev && seen.insert((m.dev(), m.ino())) {
+                bytes += m.blocks() * 512;
+                inodes += 1;
+            }
+        }
+    }
+    (bytes, inodes)
+}
+
+fn measure(path: &Path, how: Measure, deadline: Instant) -> Option<[u64; 6]> {
+    let st = statfs(path)?;
+    let bsize = st.f_frsize as u64;
+    let capacity = st.f_blocks * bsize;
+    let available = st.f_bavail * bsize;
+    let (inodes, inodes_free) = (st.f_files, st.f_ffree);
+    let (used, inodes_used) = match how {
+        Measure::StatFs => (
+            (st.f_blocks - st.f_bfree) * bsize,
+            inodes.saturating_sub(inodes_free),
+        ),
+        Measure::Du => disk_usage(path, deadline),
+    };
+    Some([capacity, available, used, inodes, inodes_free, inodes_used])
+}
+
+/// Measures every volume of `pod` (`volumes` as the volume manager has them
+/// set up), off the async threads.
+fn measure_pod(pod: &Pod, volumes: &[(String, PathBuf)], budget: Duration) -> Vec<VolumeFigures> {
+    let deadline = Instant::now() + budget;
+    let time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    let mut out = Vec::new();
+    for (name, path) in volumes {
+        let Some((how, pvc)) = plan(pod, name, path) else {
+            continue;
+        };
+        let Some([capacity, available, used, inodes, inodes_free, inodes_used]) =
+            measure(path, how, deadline)
+        else {
+            continue;
+        };
+        out.push(VolumeFigures {
+            name: name.clone(),
+            pvc,
+            time,
+            capacity,
+            available,
+            used,
+            inodes,
+            inodes_free,
+            inodes_used,
+        });
+    }
+    out
+}
+
+/// The longest one pod's measurement may take before its figures so far
+/// are kept (a huge or hung volume must not hold the others back).
+const POD_BUDGET: Duration = Duration::from_secs(10);
+
+/// Measures the volumes of every pod `pods()` lists (with `volumes(uid)` as
+/// the volume manager has them) every `period`, until `token` is cancelled.
+pub async fn run(
+    cache: VolumeStatsCache,
+    pods: impl Fn() -> Vec<Arc<Pod>> + Send + Sync,
+    volumes: impl Fn(&str) -> Vec<(String, PathBuf)> + Send + Sync,
+    period: Duration,
+    token: CancellationToken,
+) {
+    let period = period.max(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let mut live = HashSet::new();
+        for pod in pods() {
+            let Some(uid) = pod.metadata.uid.clone() else {
+                continue;
+            };
+            live.insert(uid.clone());
+            let vols = volumes(&uid);
+            if vols.is_empty() {
+                cache.set(&uid, Vec::new());
+                continue;
+            }
+            let p = pod.clone();
+            let work = tokio::task::spawn_blocking(move || measure_pod(&p, &vols, POD_BUDGET));
+            let figures = tokio::select! {
+                _ = token.cancelled() => return,
+                r = tokio::time::timeout(POD_BUDGET * 2, work) => match r {
+                    Ok(Ok(f)) => f,
+                    // A hung file system: keep the last figures.
+                    _ => {
+                        tracing::debug!(pod_uid = %uid, "volume stats calculation did not finish");
+                        continue;
+                    }
+                },
+            };
+            cache.set(&uid, figures);
+        }
+        cache.retain(&live);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("rkubelet-volstats-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn du_counts_blocks_and_inodes_once_and_follows_no_link() {
+        let d = tempdir("du");
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/f"), vec![7u8; 100_000]).unwrap();
+        std::fs::hard_link(d.join("sub/f"), d.join("g")).unwrap();
+        // A link out of the volume is counted as itself, never followed.
+        let outside = tempdir("du-outside");
+        std::fs::write(outside.join("big"), vec![1u8; 1_000_000]).unwrap();
+        std::os::unix::fs::symlink(&outside, d.join("out")).unwrap();
+        let (bytes, inodes) = disk_usage(&d, Instant::now() + Duration::from_secs(10));
+        // root, sub, f (once for both names), the link.
+        assert_eq!(inodes, 4);
+        assert!((100_000..500_000).contains(&bytes), "{bytes}");
+        // A deadline already passed gives what was counted so far: nothing.
+        assert_eq!(disk_usage(&d, Instant::now()), (0, 0));
+        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(&outside);
+    }
+
+    #[test]
+    fn volumes_are_measured_as_upstreams_plugins_and_claims_named() {
+        let d = tempdir("plan");
+        std::fs::write(d.join("f"), vec![1u8; 50_000]).unwrap();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "prod", "uid": "u1"},
+            "spec": {"containers": [], "volumes": [
+                {"name": "scratch", "emptyDir": {}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "db"}},
+                {"name": "eph", "ephemeral": {}},
+                {"name": "host", "hostPath": {"path": "/"}}
+            ]}
+        }))
+        .unwrap();
+        let vols: Vec<(String, PathBuf)> = ["scratch", "data", "eph", "host"]
+            .iter()
+            .map(|n| (n.to_string(), d.clone()))
+            .collect();
+        let f = measure_pod(&pod, &vols, Duration::from_secs(10));
+        let names: Vec<_> = f.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["scratch", "data", "eph"],
+            "hostPath reports nothing"
+        );
+        assert!(f[0].used >= 50_000 && f[0].inodes_used == 2, "{:?}", f[0]);
+        assert!(f[0].pvc.is_none());
+        assert_eq!(f[1].pvc, Some(("prod".into(), "db".into())));
+        assert_eq!(f[2].pvc, Some(("prod".into(), "web-eph".into())));
+        // statfs: the file system's use, capacity and free space.
+        assert!(f[1].capacity >= f[1].available && f[1].used > 0);
+        let json = serde_json::to_value(f[1].to_stats()).unwrap();
+        assert_eq!(json["name"], "data");
+        assert_eq!(
+            json["pvcRef"],
+            serde_json::json!({"name": "db", "namespace": "prod"})
+        );
+        assert!(json["usedBytes"].as_u64().unwrap() > 0);
+        assert!(serde_json::to_value(f[0].to_stats())
+            .unwrap()
+            .get("pvcRef")
+            .is_none());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[tokio::test]
+    async fn the_cache_follows_the_pods() {
+        let d = tempdir("cache");
+        let pod: Arc<Pod> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web", "namespace": "prod", "uid": "u1"},
+                "spec": {"containers": [], "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "db"}}
+                ]}
+            }))
+            .unwrap(),
+        );
+        let cache = VolumeStatsCache::default();
+        let listed = Arc::new(Mutex::new(vec![pod]));
+        let token = CancellationToken::new();
+        let (c, l, dd, t) = (cache.clone(), listed.clone(), d.clone(), token.clone());
+        let task = tokio::spawn(async move {
+            run(
+                c,
+                move || l.lock().clone(),
+                move |_| vec![("data".to_string(), dd.clone())],
+                Duration::from_secs(1),
+                t,
+            )
+            .await
+        });
+        let until = Instant::now() + Duration::from_secs(10);
+        while cache.claims().is_empty() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(cache.pod("u1").len(), 1);
+        assert_eq!(cache.claims()[0].pvc, Some(("prod".into(), "db".into())));
+        // The pod goes: its figures go at the next calculation.
+        listed.lock().clear();
+        let until = Instant::now() + Duration::from_secs(10);
+        while !cache.pod("u1").is_empty() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(cache.pod("u1").is_empty());
+        token.cancel();
+        task.await.unwrap();
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
