@@ -349,6 +349,13 @@ impl FileReader {
         }
     }
 
+    /// Starts a collection: the held directory descriptor is let go (it
+    /// may name a cgroup removed since) and the open count restarts.
+    pub fn begin(&mut self) {
+        self.dir = None;
+        self.opened = 0;
+    }
+
     /// Descriptors held open between collections.
     pub fn held(&self) -> usize {
         self.kept.as_ref().map_or(0, |k| k.held)
@@ -357,6 +364,8 @@ impl FileReader {
     /// Closes the directories no collection read for `KEPT_IDLE`; call
     /// after a collection.
     pub fn sweep(&mut self) {
+        // Nor is a directory held open until the next collection.
+        self.dir = None;
         let Some(k) = self.kept.as_mut() else { return };
         let now = std::time::Instant::now();
         if now.duration_since(k.swept) < KEPT_IDLE / 4 {

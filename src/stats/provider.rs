@@ -937,7 +937,7 @@ fn read_files(
         .lock()
         .take()
         .unwrap_or_else(|| FileReader::keeping(kept_files_cap()));
-    r.opened = 0;
+    r.begin();
     let time_ns = now_ns();
     let proc_dir = Path::new("/proc");
     let root = h.read_with("/", detail, &mut r);
