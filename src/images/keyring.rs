@@ -75,6 +75,17 @@ fn field<'a>(m: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     })
 }
 
+/// The `auths` map of a docker `config.json` document (empty when absent).
+fn auths(doc: Value) -> Map<String, Value> {
+    match doc {
+        Value::Object(m) => match field(&m, "auths") {
+            Some(Value::Object(a)) => a.clone(),
+            _ => Map::new(),
+        },
+        _ => Map::new(),
+    }
+}
+
 fn string_field(m: &Map<String, Value>, name: &str) -> Result<String, String> {
     match field(m, name) {
         None | Some(Value::Null) => Ok(String::new()),
@@ -161,13 +172,7 @@ impl Keyring {
                 data(".dockercfg"),
             ) {
                 (Some("kubernetes.io/dockerconfigjson"), Some(b), _) => {
-                    match serde_json::from_slice::<Value>(b).map_err(json_err)? {
-                        Value::Object(m) => match field(&m, "auths") {
-                            Some(Value::Object(a)) => a.clone(),
-                            _ => Map::new(),
-                        },
-                        _ => Map::new(),
-                    }
+                    auths(serde_json::from_slice::<Value>(b).map_err(json_err)?)
                 }
                 (Some("kubernetes.io/dockercfg"), _, Some(b)) => {
                     serde_json::from_slice::<Map<String, Value>>(b).map_err(json_err)?
@@ -301,10 +306,7 @@ impl NodeCredentials {
             };
             let entries = if json {
                 match serde_json::from_slice::<Value>(&bytes) {
-                    Ok(Value::Object(m)) => match field(&m, "auths") {
-                        Some(Value::Object(a)) => a.clone(),
-                        _ => Map::new(),
-                    },
+                    Ok(v @ Value::Object(_)) => auths(v),
                     _ => continue,
                 }
             } else {

@@ -634,12 +634,7 @@ pub fn container_config(
                     .unwrap_or(false),
                 // Upstream determineEffectiveSecurityContext: the fsGroup
                 // joins them, so the container can use its volumes.
-                supplemental_groups: psc
-                    .and_then(|s| s.supplemental_groups.clone())
-                    .unwrap_or_default()
-                    .into_iter()
-                    .chain(psc.and_then(|s| s.fs_group))
-                    .collect(),
+                supplemental_groups: sandbox::supplemental_groups(psc),
                 no_new_privs: sc
                     .and_then(|s| s.allow_privilege_escalation)
                     .map(|a| !a)

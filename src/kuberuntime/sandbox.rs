@@ -311,12 +311,7 @@ pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::Pod
                 run_as_group: psc
                     .and_then(|s| s.run_as_group)
                     .map(|value| v1::Int64Value { value }),
-                supplemental_groups: psc
-                    .and_then(|s| s.supplemental_groups.clone())
-                    .unwrap_or_default()
-                    .into_iter()
-                    .chain(psc.and_then(|s| s.fs_group))
-                    .collect(),
+                supplemental_groups: supplemental_groups(psc),
                 ..Default::default()
             }),
             sysctls,
@@ -324,6 +319,19 @@ pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::Pod
         }),
         windows: None,
     }
+}
+
+/// The pod's supplementary groups with its fsGroup among them (upstream's
+/// effective security context, for the sandbox and every container), so
+/// processes can use the pod's volumes.
+pub(crate) fn supplemental_groups(
+    psc: Option<&k8s_openapi::api::core::v1::PodSecurityContext>,
+) -> Vec<i64> {
+    psc.and_then(|s| s.supplemental_groups.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(psc.and_then(|s| s.fs_group))
+        .collect()
 }
 
 #[cfg(test)]
