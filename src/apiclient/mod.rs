@@ -161,6 +161,32 @@ impl RateLimiter {
         }
     }
 
+    /// A bucket of exactly `burst` tokens refilled at `qps` a second, with
+    /// no client-go defaulting (the image puller's registryPullQPS/Burst).
+    pub fn exact(qps: f64, burst: u32) -> Self {
+        RateLimiter {
+            qps,
+            burst: burst as f64,
+            state: Mutex::new((burst as f64, Instant::now())),
+        }
+    }
+
+    /// client-go's TryAccept: takes a token if one is there, never waits
+    /// and never reserves one ahead.
+    pub fn try_accept(&self) -> bool {
+        let mut s = self.state.lock();
+        let now = Instant::now();
+        let refill = now.saturating_duration_since(s.1).as_secs_f64() * self.qps;
+        s.0 = (s.0 + refill).min(self.burst);
+        s.1 = now;
+        if s.0 >= 1.0 {
+            s.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Takes one token, waiting until one is there. Tokens are reserved in
     /// order, so waiters are served first come, first served.
     pub async fn acquire(&self) {
@@ -201,6 +227,28 @@ mod tests {
         assert!(
             waited >= Duration::from_millis(990) && waited <= Duration::from_millis(1010),
             "50 more at 50 QPS take a second, took {waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn try_accept_takes_the_burst_then_refills_without_waiting() {
+        let l = RateLimiter::exact(1.0, 2);
+        assert!(l.try_accept() && l.try_accept());
+        assert!(!l.try_accept(), "the burst is spent");
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(!l.try_accept(), "a refused try reserves nothing");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(l.try_accept(), "one token a second");
+        assert!(!l.try_accept());
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(
+            l.try_accept() && l.try_accept() && !l.try_accept(),
+            "capped at the burst"
+        );
+        let none = RateLimiter::exact(5.0, 0);
+        assert!(
+            !none.try_accept(),
+            "burst 0 accepts nothing, as rate.Limiter"
         );
     }
 

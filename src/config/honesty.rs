@@ -9,8 +9,6 @@ use super::KubeletConfiguration;
 /// Fields parsed, defaulted and validated, but not acted on yet (their
 /// serialized names). Keep in step with README's list.
 pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
-    "registryPullQPS",
-    "registryBurst",
     "imagePullCredentialsVerificationPolicy",
     "preloadedImagesVerificationAllowlist",
     "enableContentionProfiling",

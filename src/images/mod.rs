@@ -63,6 +63,7 @@ pub struct ImageManager {
     in_flight: Arc<Mutex<HashMap<String, std::time::Instant>>>,
     /// Node-wide logins, tried after the pod's pull secrets.
     node_credentials: Option<keyring::NodeCredentials>,
+    pull_qps: Option<crate::apiclient::RateLimiter>,
 }
 
 /// Marks a pull in flight for as long as it lives.
@@ -179,7 +180,18 @@ impl ImageManager {
             pull_deadline: DEFAULT_PULL_DEADLINE,
             in_flight: Default::default(),
             node_credentials: None,
+            pull_qps: None,
         }
+    }
+
+    /// Upstream's throttleImagePulling: with `qps` > 0, a pull that finds
+    /// the bucket (`burst` tokens) empty fails at once with "pull QPS
+    /// exceeded" and backs off, rather than queueing; `qps` 0 throttles
+    /// nothing (registryPullQPS, registryBurst).
+    pub fn with_pull_qps(mut self, qps: i32, burst: i32) -> Self {
+        self.pull_qps = (qps > 0)
+            .then(|| crate::apiclient::RateLimiter::exact(qps as f64, burst.max(0) as u32));
+        self
     }
 
     /// Also log in with the node's docker config files.
@@ -372,7 +384,10 @@ impl ImageManager {
             format!("Pulling image {image:?}"),
         );
         let started = tokio::time::Instant::now();
-        let pulled =
+        let throttled = self.pull_qps.as_ref().is_some_and(|l| !l.try_accept());
+        let pulled = if throttled {
+            Err("pull QPS exceeded".to_string())
+        } else {
             tokio::time::timeout(self.pull_deadline, self.pull(image, pull_secrets, sandbox))
                 .await
                 .unwrap_or_else(|_| {
@@ -385,7 +400,8 @@ impl ImageManager {
                         ),
                     }
                     .to_string())
-                });
+                })
+        };
         match pulled {
             Ok(image_ref) => {
                 self.backoff.lock().reset(&key);
@@ -528,6 +544,40 @@ mod tests {
     fn pulls(fake: &FakeRuntime, image: &str) -> usize {
         let call = format!("PullImage {image}");
         fake.calls().iter().filter(|c| **c == call).count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pulls_past_the_registry_qps_fail_at_once_and_back_off() {
+        // Old code accepted registryPullQPS/registryBurst and throttled nothing.
+        let fake = Arc::new(FakeRuntime::new());
+        let m = ImageManager::new(fake.clone(), false, None).with_pull_qps(1, 2);
+        let (pod, sb) = (Pod::default(), PodSandboxConfig::default());
+        let now = Duration::from_secs(1000);
+        for image in ["a:1", "b:1"] {
+            m.ensure_image(&pod, &ctr(image, None), &sb, &[], now)
+                .await
+                .expect("within the burst");
+        }
+        let e = m
+            .ensure_image(&pod, &ctr("c:1", None), &sb, &[], now)
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason, "ErrImagePull");
+        assert!(e.message.ends_with("pull QPS exceeded"), "{}", e.message);
+        assert_eq!(e.retry_after, Some(Duration::from_secs(10)));
+        assert_eq!(pulls(&fake, "c:1"), 0, "the runtime is not asked");
+        // A token a second: the next image pulls after one.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        m.ensure_image(&pod, &ctr("d:1", None), &sb, &[], now)
+            .await
+            .expect("refilled");
+        // Zero QPS throttles nothing (upstream: no limiter at all).
+        let m = ImageManager::new(fake.clone(), false, None).with_pull_qps(0, 0);
+        for i in 0..20 {
+            m.ensure_image(&pod, &ctr(&format!("e{i}:1"), None), &sb, &[], now)
+                .await
+                .expect("unthrottled");
+        }
     }
 
     #[tokio::test]

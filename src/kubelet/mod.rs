@@ -185,7 +185,8 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     };
     let max_parallel = cfg.max_parallel_image_pulls.map(|n| n.max(1) as usize);
     let image_manager = ImageManager::new(images, cfg.serialize_image_pulls, max_parallel)
-        .with_node_credentials(crate::images::keyring::NodeCredentials::new(&opts.root_dir));
+        .with_node_credentials(crate::images::keyring::NodeCredentials::new(&opts.root_dir))
+        .with_pull_qps(cfg.registry_pull_qps, cfg.registry_burst);
     // Cluster mode fills this once its API client exists; :10250's webhook
     // authentication and authorization and the object manager use it.
     let api_slot = Arc::new(std::sync::OnceLock::new());
