@@ -114,8 +114,10 @@ fn update_with_stale_resource_version_conflicts() {
     assert_eq!(c.put(&format!("{PODS}/b"), &other).unwrap().status, 404);
 }
 
-// Pod strategy: the main resource ignores status changes, /status only
-// changes status (registry/core/pod/strategy.go PrepareForUpdate).
+// Pod strategy: the main resource ignores status changes; /status resets
+// spec and ownerReferences to the stored ones and keeps the rest, labels
+// included (registry/core/pod/strategy.go podStatusStrategy.PrepareForUpdate:
+// `newPod.Spec = oldPod.Spec`, `newPod.OwnerReferences = oldPod.OwnerReferences`).
 #[test]
 fn status_subresource_splits_spec_and_status() {
     let s = plain();
@@ -129,9 +131,43 @@ fn status_subresource_splits_spec_and_status() {
     let mut q = r.clone();
     q["status"]["phase"] = json!("Running");
     q["metadata"]["labels"]["via"] = json!("status");
+    q["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "x"}]);
+    q["spec"]["activeDeadlineSeconds"] = json!(5);
     let r = c.put(&format!("{PODS}/a/status"), &q).unwrap().body;
     assert_eq!(r["status"]["phase"], "Running");
-    assert_eq!(r["metadata"]["labels"]["via"], "main");
+    assert_eq!(r["metadata"]["labels"]["via"], "status");
+    assert!(r["metadata"].get("ownerReferences").is_none(), "{r:#}");
+    assert!(r["spec"].get("activeDeadlineSeconds").is_none(), "{r:#}");
+}
+
+// Node status strategy resets only spec, so a kubelet's status patch may
+// carry labels (registry/core/node/strategy.go nodeStatusStrategy
+// .PrepareForUpdate; upstream's kubelet restores kubernetes.io/os and
+// kubernetes.io/arch that way, through nodeutil.PatchNodeStatus).
+#[test]
+fn node_status_patch_takes_labels_and_leaves_spec() {
+    let s = plain();
+    let c = s.client();
+    s.create(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "n1", "labels": {"team": "a"}},
+        "spec": {"unschedulable": true}}));
+    let r = c
+        .patch(
+            "/api/v1/nodes/n1/status",
+            "application/strategic-merge-patch+json",
+            &json!({"metadata": {"labels": {"kubernetes.io/os": "linux"}},
+                "spec": {"unschedulable": false},
+                "status": {"phase": "Running"}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(
+        r.body["metadata"]["labels"],
+        json!({"team": "a", "kubernetes.io/os": "linux"})
+    );
+    assert_eq!(r.body["spec"]["unschedulable"], true);
+    assert_eq!(r.body["status"]["phase"], "Running");
 }
 
 // List with fieldSelector spec.nodeName (pods' selectable field, how the

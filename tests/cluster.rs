@@ -612,4 +612,72 @@ fn status_updates_keep_conditions_others_set_and_answer_the_apis_state() {
     );
     assert_eq!(cond(&n, "NetworkUnavailable"), Some(&network), "{n:#}");
     assert!(cond(&n, "MemoryPressure").is_some_and(|c| c["status"] == "False"));
+
+    // Someone drops the os label and changes the arch one: the next status
+    // update puts both back, and keeps the label the test added.
+    let r = api
+        .client()
+        .patch(
+            &format!("/api/v1/nodes/{node}"),
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"kubernetes.io/os": null,
+                "kubernetes.io/arch": "by-hand", "team": "a"}}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+    let n = wait_for("the os and arch labels back", T, || {
+        api.get("nodes", None, node)
+            .filter(|n| n["metadata"]["labels"]["kubernetes.io/os"] == "linux")
+            .filter(|n| n["metadata"]["labels"]["kubernetes.io/arch"] != "by-hand")
+    });
+    assert_eq!(n["metadata"]["labels"]["team"], "a");
+    assert_eq!(
+        n["metadata"]["labels"]["kubernetes.io/arch"],
+        n["metadata"]["labels"]["beta.kubernetes.io/arch"]
+    );
+}
+
+/// A node that starts NotReady (here: the runtime's socket appears only
+/// after the kubelet started) is reported Ready as soon as it would be,
+/// not a status period later (upstream's fastStatusUpdateOnce). The status
+/// period is an hour here, so the old code left it NotReady.
+#[test]
+fn a_node_that_starts_not_ready_is_reported_ready_at_once() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-fast";
+    let mut k = Kubelet::new(node);
+    let kc = kubeconfig(&api, &k.dir, node);
+    let sock = k.dir.join("late-cri.sock");
+    k.extra_args = vec![
+        format!("--kubeconfig={}", kc.display()),
+        format!("--cert-dir={}", k.dir.join("pki").display()),
+        format!("--container-runtime-endpoint=unix://{}", sock.display()),
+    ];
+    k.extra_config = "nodeStatusUpdateFrequency: 1h
+nodeStatusReportFrequency: 1h
+nodeLeaseDurationSeconds: 40
+"
+    .into();
+    k.launch();
+    let n = wait_for("the Node registered NotReady", T, || {
+        api.get("nodes", None, node)
+            .filter(|n| cond(n, "Ready").is_some_and(|c| c["status"] == "False"))
+    });
+    assert_eq!(
+        cond(&n, "Ready").unwrap()["reason"],
+        "KubeletNotReady",
+        "{n:#}"
+    );
+    std::os::unix::fs::symlink(ENDPOINT.trim_start_matches("unix://"), &sock).unwrap();
+    let n = wait_for("the Node Ready", T, || {
+        api.get("nodes", None, node)
+            .filter(|n| cond(n, "Ready").is_some_and(|c| c["status"] == "True"))
+    });
+    assert_eq!(cond(&n, "Ready").unwrap()["reason"], "KubeletReady");
+    assert!(
+        k.log()
+            .contains("fast updating node status as it just became ready"),
+        "{}",
+        k.log()
+    );
 }

@@ -509,16 +509,27 @@ async fn start_cluster_mode(
             c.runtime_state.clone(),
             c.pleg.clone(),
         );
-        Arc::new(move || {
+        Arc::new(move |fast| {
             let (runtime, images, rs, pleg) =
                 (runtime.clone(), images.clone(), rs.clone(), pleg.clone());
             Box::pin(async move {
+                if fast {
+                    // Upstream's fast path asks the runtime itself rather
+                    // than wait up to 5 s for the poller.
+                    rs.record(runtime.status().await.map_err(|e| e.to_string()));
+                }
                 // Upstream's Ready errors: runtime, network, then PLEG.
                 let errors: Vec<String> =
                     [rs.runtime_error(), rs.network_error(), pleg.healthy().err()]
                         .into_iter()
                         .flatten()
                         .collect();
+                if fast && !errors.is_empty() {
+                    return Observed {
+                        errors,
+                        ..Default::default()
+                    };
+                }
                 let runtime_version = match runtime.version().await {
                     Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
                     Err(_) => String::new(),

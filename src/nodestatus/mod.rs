@@ -540,7 +540,10 @@ pub fn now() -> Time {
 }
 
 /// Where the status loop reads its live inputs.
-pub type Observe = Arc<dyn Fn() -> futures::future::BoxFuture<'static, Observed> + Send + Sync>;
+/// Observes the node. With `fast` (the start-up fast path, every 100 ms),
+/// the runtime's status is asked for first (upstream's updateRuntimeUp) and,
+/// while the node would stay NotReady, only `errors` is filled in.
+pub type Observe = Arc<dyn Fn(bool) -> futures::future::BoxFuture<'static, Observed> + Send + Sync>;
 
 /// The kubelet's own Node as its watch last saw it (upstream's node
 /// lister): `None` until first listed, and after it is deleted.
@@ -684,7 +687,7 @@ pub async fn run(
 ) {
     let mut step = Duration::from_millis(100);
     let node = loop {
-        let obs = observe().await;
+        let obs = observe(false).await;
         let initial = initial_node(&cfg, &obs, now());
         let attempt = if cfg.register_node {
             info!(node = %cfg.node_name, "attempting to register node");
@@ -730,12 +733,34 @@ pub async fn run(
     let mut failures = Throttle::new(Duration::from_secs(60));
     let mut tick = tokio::time::interval(cfg.update_frequency.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Upstream's fastStatusUpdateOnce: until the Node is seen Ready (or
+    // nodeReadyGracePeriod passed), check every 100 ms whether it would now
+    // be Ready and send that at once, not a status period later.
+    let fast_until = tokio::time::Instant::now() + NODE_READY_GRACE_PERIOD;
+    let mut fast = Some(tokio::time::interval(FAST_STATUS_PERIOD));
     loop {
+        let fast_tick = async {
+            match fast.as_mut() {
+                Some(t) => t.tick().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = token.cancelled() => return,
             _ = tick.tick() => {}
+            _ = fast_tick => {
+                let timed_out = tokio::time::Instant::now() >= fast_until;
+                match fast_update(&api, &cfg, &observe, &cache, timed_out).await {
+                    Fast::Again => continue,
+                    Fast::Done => {
+                        fast = None;
+                        continue;
+                    }
+                    Fast::SyncNow => fast = None,
+                }
+            }
         }
-        let obs = observe().await;
+        let obs = observe(false).await;
         let mut last_error = None;
         for attempt in 0..NODE_STATUS_UPDATE_RETRY {
             let tried = tokio::select! {
@@ -794,14 +819,15 @@ async fn try_update(
                 source,
             })?
     };
+    let labels = missing_required_labels(&fetched);
     let before = fetched.status.unwrap_or_default();
     let after = update_status(cfg, obs, &before, now());
     let due = last_report.is_none_or(|t| t.elapsed() >= cfg.report_frequency);
-    if !due && !status_changed(&before, &after) {
+    if !due && !status_changed(&before, &after) && labels.is_empty() {
         debug!(node = %name, "node status unchanged; not sent");
         return Ok(());
     }
-    let body = patch::status_patch(&before, &after);
+    let body = node_patch(&before, &after, labels);
     let nodes: Api<Node> = Api::all(api.client().await);
     let updated = nodes
         .patch_status(name, &PatchParams::default(), &Patch::Strategic(body))
@@ -814,6 +840,134 @@ async fn try_update(
     record_transitions(name, &before, &after);
     observe_node(cfg, &updated);
     Ok(())
+}
+
+/// Upstream's nodeReadyGracePeriod: how long the start-up fast path runs.
+pub const NODE_READY_GRACE_PERIOD: Duration = Duration::from_secs(120);
+const FAST_STATUS_PERIOD: Duration = Duration::from_millis(100);
+
+/// The os and arch labels upstream's updateNode puts back on every status
+/// update when someone removed or changed them: the scheduler's
+/// kubernetes.io/os node affinity of every DaemonSet depends on them.
+fn missing_required_labels(node: &Node) -> BTreeMap<String, String> {
+    let labels = node.metadata.labels.as_ref();
+    [(LABEL_OS, std::env::consts::OS), (LABEL_ARCH, go_arch())]
+        .into_iter()
+        .filter(|(k, v)| labels.and_then(|l| l.get(*k)).map(String::as_str) != Some(*v))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The status diff, plus the labels to restore: the status subresource of
+/// a Node takes metadata changes too (its strategy resets only spec), which
+/// is how upstream's PatchNodeStatus sends both.
+fn node_patch(
+    before: &NodeStatus,
+    after: &NodeStatus,
+    labels: BTreeMap<String, String>,
+) -> serde_json::Value {
+    let mut body = patch::status_patch(before, after);
+    if !labels.is_empty() {
+        body["metadata"] = serde_json::json!({ "labels": labels });
+    }
+    body
+}
+
+enum Fast {
+    /// Not Ready yet, or nothing to tell: look again in 100 ms.
+    Again,
+    /// The fast path is over.
+    Done,
+    /// Over, and the patch failed: do a regular update (which re-reads the
+    /// Node from the API) now.
+    SyncNow,
+}
+
+/// What the fast path does with the Node as last seen: nothing when there
+/// is none or it has no Ready condition, stop when it is Ready, else the
+/// patch that would make it Ready (`None` when the node would stay
+/// NotReady or nothing changed).
+fn fast_decision(
+    cfg: &NodeConfig,
+    node: Option<&Node>,
+    obs: impl FnOnce() -> Option<Observed>,
+) -> Result<Option<(NodeStatus, serde_json::Value)>, Fast> {
+    let node = node.ok_or(Fast::Again)?;
+    let before = node.status.clone().unwrap_or_default();
+    let ready = |s: &NodeStatus| {
+        s.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status == "True")
+    };
+    match ready(&before) {
+        None => return Err(Fast::Again),
+        Some(true) => return Err(Fast::Done),
+        Some(false) => {}
+    }
+    let Some(obs) = obs() else { return Ok(None) };
+    let labels = missing_required_labels(node);
+    let after = update_status(cfg, &obs, &before, now());
+    if (!status_changed(&before, &after) && labels.is_empty()) || ready(&after) != Some(true) {
+        return Ok(None);
+    }
+    let body = node_patch(&before, &after, labels);
+    Ok(Some((before, body)))
+}
+
+/// One turn of upstream's fastNodeStatusUpdate.
+async fn fast_update(
+    api: &ApiClient,
+    cfg: &NodeConfig,
+    observe: &Observe,
+    cache: &NodeCache,
+    timed_out: bool,
+) -> Fast {
+    if timed_out {
+        warn!(node = %cfg.node_name, "node not becoming ready in time after startup");
+        return Fast::Done;
+    }
+    let node = cache.borrow().clone();
+    // Observe only once the cached Node says it is worth it.
+    let obs = match fast_decision(cfg, node.as_ref(), || None) {
+        Err(f) => return f,
+        Ok(_) => observe(true).await,
+    };
+    if !obs.errors.is_empty() {
+        return Fast::Again;
+    }
+    let (before, body) = match fast_decision(cfg, node.as_ref(), || Some(obs)) {
+        Err(f) => return f,
+        Ok(None) => return Fast::Again,
+        Ok(Some(p)) => p,
+    };
+    info!(node = %cfg.node_name, "fast updating node status as it just became ready");
+    let nodes: Api<Node> = Api::all(api.client().await);
+    match nodes
+        .patch_status(
+            &cfg.node_name,
+            &PatchParams::default(),
+            &Patch::Strategic(body),
+        )
+        .await
+    {
+        Ok(updated) => {
+            record_transitions(
+                &cfg.node_name,
+                &before,
+                &updated.status.clone().unwrap_or_default(),
+            );
+            observe_node(cfg, &updated);
+            Fast::Done
+        }
+        Err(e) => {
+            // The cached Node was probably stale; the regular update reads
+            // it from the API server.
+            warn!(node = %cfg.node_name, error = %e, "error updating node status, will retry with a regular update");
+            Fast::SyncNow
+        }
+    }
 }
 
 /// Upstream's node events on condition changes ("Node n1 status is now:
@@ -985,6 +1139,96 @@ mod tests {
             Some("[container runtime is down, PLEG is not healthy]")
         );
         assert_eq!(r.last_transition_time, Some(at(120)));
+    }
+
+    #[test]
+    fn removed_or_changed_os_and_arch_labels_are_put_back_with_the_status() {
+        // Old code restored them only at registration.
+        let mut node = Node::default();
+        let labels = |n: &Node| missing_required_labels(n);
+        assert_eq!(
+            labels(&node).keys().collect::<Vec<_>>(),
+            [LABEL_ARCH, LABEL_OS]
+        );
+        node.metadata.labels = Some(BTreeMap::from([
+            (LABEL_OS.to_string(), std::env::consts::OS.to_string()),
+            (LABEL_ARCH.to_string(), "s390x-by-hand".to_string()),
+            ("team".to_string(), "a".to_string()),
+        ]));
+        let fix = labels(&node);
+        assert_eq!(
+            fix,
+            BTreeMap::from([(LABEL_ARCH.to_string(), go_arch().to_string())])
+        );
+        let st = NodeStatus::default();
+        let body = node_patch(&st, &st, fix);
+        assert_eq!(
+            body,
+            serde_json::json!({"metadata": {"labels": {LABEL_ARCH: go_arch()}}}),
+            "only the label, merged into the others"
+        );
+        node.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(LABEL_ARCH.into(), go_arch().into());
+        assert!(labels(&node).is_empty());
+    }
+
+    #[test]
+    fn the_fast_path_sends_ready_once_the_node_would_be_ready_and_stops_when_it_is() {
+        let c = cfg();
+        let healthy = Observed::default();
+        let sick = Observed {
+            errors: vec!["container runtime is down".into()],
+            ..Default::default()
+        };
+        let mut node = Node {
+            metadata: ObjectMeta {
+                labels: Some(BTreeMap::from([
+                    (LABEL_OS.to_string(), std::env::consts::OS.to_string()),
+                    (LABEL_ARCH.to_string(), go_arch().to_string()),
+                ])),
+                ..Default::default()
+            },
+            status: Some(node_status(&c, &sick, None, at(100))),
+            ..Default::default()
+        };
+        let decide = |n: Option<&Node>, o: &Observed| fast_decision(&c, n, || Some(o.clone()));
+        assert!(
+            matches!(decide(None, &healthy), Err(Fast::Again)),
+            "no Node yet"
+        );
+        assert!(
+            matches!(decide(Some(&node), &sick), Ok(None)),
+            "still NotReady"
+        );
+        let (before, body) = decide(Some(&node), &healthy)
+            .ok()
+            .flatten()
+            .expect("a patch");
+        assert_eq!(before, node.status.clone().unwrap());
+        let ready = body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .cloned()
+            .expect("Ready in the patch");
+        assert_eq!(
+            (ready["status"].as_str(), ready["reason"].as_str()),
+            (Some("True"), Some("KubeletReady"))
+        );
+        node.status = Some(node_status(&c, &healthy, None, at(101)));
+        assert!(
+            matches!(decide(Some(&node), &healthy), Err(Fast::Done)),
+            "Ready: over"
+        );
+        node.status.as_mut().unwrap().conditions = None;
+        assert!(
+            matches!(decide(Some(&node), &healthy), Err(Fast::Again)),
+            "no Ready condition"
+        );
     }
 
     #[test]

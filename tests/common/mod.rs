@@ -218,6 +218,18 @@ impl Kubelet {
     }
 
     pub fn spawn(&mut self) {
+        self.launch();
+        let hz = self.healthz.clone();
+        wait_for("rkubelet /healthz ok", Duration::from_secs(30), || {
+            http_get(&hz, "/healthz")
+                .filter(|(s, _)| *s == 200)
+                .map(|_| ())
+        });
+    }
+
+    /// Starts the process without waiting for /healthz (for tests of a
+    /// kubelet that starts unhealthy).
+    pub fn launch(&mut self) {
         let ro_port = self.read_only.rsplit(':').next().unwrap();
         let hz_port = self.healthz.rsplit(':').next().unwrap();
         let api_port = self.api.rsplit(':').next().unwrap();
@@ -260,12 +272,6 @@ impl Kubelet {
             .spawn()
             .expect("start rkubelet");
         self.child = Some(child);
-        let hz = self.healthz.clone();
-        wait_for("rkubelet /healthz ok", Duration::from_secs(30), || {
-            http_get(&hz, "/healthz")
-                .filter(|(s, _)| *s == 200)
-                .map(|_| ())
-        });
     }
 
     /// Stops the process (SIGTERM) and waits for it; pods keep running.

@@ -64,8 +64,10 @@
 //!   old resource version: X (Y)") and the end of the stream.
 //! - POST (409 AlreadyExists, `generateName`, 400 if a resourceVersion is
 //!   set), PUT (409 Conflict on a stale resourceVersion or another uid, 404
-//!   if missing), `/status` writes change only status and main-resource
-//!   writes keep the stored status (kinds with a status subresource), PATCH
+//!   if missing), `/status` writes keep the stored spec (and a pod's
+//!   ownerReferences) but take status and metadata, as upstream's status
+//!   strategies, and main-resource writes keep the stored status (kinds
+//!   with a status subresource), PATCH
 //!   as JSON merge patch (RFC 7386), strategic merge patch (merge keys of the
 //!   fields the kubelet writes — pod status conditions, container statuses,
 //!   podIPs/hostIPs; node status conditions/addresses; ownerReferences;

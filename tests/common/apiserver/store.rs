@@ -883,12 +883,40 @@ impl Store {
         }
         let mut next = match sub {
             Sub::Status => {
-                let mut next = old.clone();
-                match new.get("status") {
-                    Some(s) => next["status"] = s.clone(),
+                // The status strategies of the kinds served here (pods,
+                // nodes, PVs, PVCs, CSRs, namespaces) reset spec to the
+                // stored one and keep the rest of the write, metadata
+                // included; pods also keep their ownerReferences
+                // (podStatusStrategy.PrepareForUpdate). System fields stay
+                // as stored (rest.BeforeUpdate).
+                let mut next = new;
+                next["apiVersion"] = json!(res.api_version());
+                next["kind"] = json!(res.kind);
+                match old.get("spec") {
+                    Some(s) => next["spec"] = s.clone(),
                     None => {
-                        next.as_object_mut().expect("object").remove("status");
+                        next.as_object_mut().expect("object").remove("spec");
                     }
+                }
+                let old_meta = old["metadata"].as_object().cloned().unwrap_or_default();
+                let meta = meta_mut(&mut next);
+                let mut kept = vec![
+                    "name",
+                    "namespace",
+                    "uid",
+                    "creationTimestamp",
+                    "deletionTimestamp",
+                    "deletionGracePeriodSeconds",
+                    "generation",
+                ];
+                if res.plural == "pods" {
+                    kept.push("ownerReferences");
+                }
+                for f in kept {
+                    match old_meta.get(f) {
+                        Some(v) => meta.insert(f.into(), v.clone()),
+                        None => meta.remove(f),
+                    };
                 }
                 if res.plural == "persistentvolumes" {
                     pv_phase_transition(&old, &mut next);
