@@ -252,6 +252,16 @@ const SPECS: &[Spec] = &[
         deprecation: None,
         ..cfg("provider-id", Kind::Str, "Unique identifier for the node in a machine database, i.e. cloud provider.")
     },
+    // Command-line only upstream (ContainerRuntimeOptions), never deprecated;
+    // carried on KubeletConfiguration's non-file fields.
+    Spec {
+        deprecation: None,
+        ..cfg("image-credential-provider-config", Kind::Str, "Path to the credential provider plugin config file (or a directory of .json/.yaml/.yml files, merged in lexical order).")
+    },
+    Spec {
+        deprecation: None,
+        ..cfg("image-credential-provider-bin-dir", Kind::Str, "Path to the directory where credential provider plugin binaries are located.")
+    },
     // Deprecated KubeletConfiguration flags.
     cfg("enable-server", Kind::Bool, "Enable the Kubelet's server."),
     cfg("fail-swap-on", Kind::Bool, "Makes the Kubelet fail to start if swap is enabled on the node."),
@@ -555,6 +565,12 @@ impl ConfigOverride {
         match (self.flag, &self.value) {
             ("v", V::Level(l)) => c.logging.verbosity = *l,
             ("provider-id", V::String(s)) => c.provider_id = s.clone(),
+            ("image-credential-provider-config", V::String(s)) => {
+                c.image_credential_provider_config = s.clone()
+            }
+            ("image-credential-provider-bin-dir", V::String(s)) => {
+                c.image_credential_provider_bin_dir = s.clone()
+            }
             ("enable-server", V::Bool(b)) => c.enable_server = *b,
             ("fail-swap-on", V::Bool(b)) => c.fail_swap_on = *b,
             ("pod-manifest-path", V::String(s)) => c.static_pod_path = s.clone(),
@@ -1082,6 +1098,33 @@ mod tests {
             text.lines().filter(|l| l.contains("--")).count(),
             SPECS.len()
         );
+    }
+
+    #[test]
+    fn credential_provider_flags_reach_the_config_without_deprecation() {
+        let f = ok(&[
+            "--image-credential-provider-config=/etc/kubernetes/credential-providers.yaml",
+            "--image_credential_provider_bin_dir",
+            "/usr/libexec/kubelet/credential-providers",
+        ]);
+        assert!(
+            f.deprecation_warnings.is_empty(),
+            "{:?}",
+            f.deprecation_warnings
+        );
+        let mut cfg = KubeletConfiguration::default();
+        f.apply(&mut cfg);
+        assert_eq!(
+            cfg.image_credential_provider_config,
+            "/etc/kubernetes/credential-providers.yaml"
+        );
+        assert_eq!(
+            cfg.image_credential_provider_bin_dir,
+            "/usr/libexec/kubelet/credential-providers"
+        );
+        // Command line only: never written out as config fields.
+        let v = serde_json::to_value(&cfg).unwrap();
+        assert!(v.get("imageCredentialProviderConfig").is_none());
     }
 
     #[test]

@@ -293,6 +293,14 @@ pub struct KubeletConfiguration {
     pub volume_plugin_dir: String,
     #[serde(rename = "providerID", skip_serializing_if = "String::is_empty")]
     pub provider_id: String,
+    /// `--image-credential-provider-config`: command line only (upstream's
+    /// ContainerRuntimeOptions, not a KubeletConfiguration field), kept here
+    /// so flags reach the kubelet with the rest of its settings.
+    #[serde(skip)]
+    pub image_credential_provider_config: String,
+    /// `--image-credential-provider-bin-dir`: command line only, as above.
+    #[serde(skip)]
+    pub image_credential_provider_bin_dir: String,
     #[serde(skip_serializing_if = "is_false")]
     pub kernel_memcg_notification: bool,
     pub logging: LoggingConfiguration,
@@ -1045,6 +1053,8 @@ impl RawKubeletConfiguration {
                 "/usr/libexec/kubernetes/kubelet-plugins/volume/exec/",
             ),
             provider_id: self.provider_id.unwrap_or_default(),
+            image_credential_provider_config: String::new(),
+            image_credential_provider_bin_dir: String::new(),
             kernel_memcg_notification: self.kernel_memcg_notification.unwrap_or(false),
             logging: LoggingConfiguration {
                 format: text(logging.format, "text"),

@@ -194,17 +194,25 @@ impl Keyring {
     fn add(&mut self, entries: &Map<String, Value>, source: &str) -> Result<(), String> {
         for (loc, v) in entries {
             let cred = entry(v).map_err(|message| format!("{loc}: {message}"))?;
-            let Some(key) = location_key(loc) else {
-                tracing::warn!(source, entry = %loc, "docker config entry without a registry host, ignoring");
-                continue;
-            };
-            self.creds.entry(key.clone()).or_default().push(cred);
-            self.index.push(key);
+            self.insert(loc, cred, source);
         }
         Ok(())
     }
 
-    fn finish(&mut self) {
+    /// Adds one login for a docker config location (credential provider
+    /// plugins' `auth` keys are read as docker config locations upstream);
+    /// [`Keyring::finish`] must follow before lookups.
+    pub(crate) fn insert(&mut self, loc: &str, cred: Credential, source: &str) {
+        let Some(key) = location_key(loc) else {
+            tracing::warn!(source, entry = %loc, "docker config entry without a registry host, ignoring");
+            return;
+        };
+        self.creds.entry(key.clone()).or_default().push(cred);
+        self.index.push(key);
+    }
+
+    /// Sorts the index for lookups, most specific location first.
+    pub(crate) fn finish(&mut self) {
         self.index.sort();
         self.index.dedup();
         self.index.reverse();
@@ -379,7 +387,7 @@ fn split_location(s: &str) -> (&str, &str, &str) {
 /// Upstream URLsMatch: same port, same number of host labels each
 /// matching the glob's label (`*.example.com`), and the glob's path a
 /// prefix of the target's.
-fn urls_match(glob: &str, target: &str) -> bool {
+pub(crate) fn urls_match(glob: &str, target: &str) -> bool {
     let (gh, gp, gpath) = split_location(glob);
     let (th, tp, tpath) = split_location(target);
     if gp != tp || !tpath.starts_with(gpath) {

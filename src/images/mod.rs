@@ -1,6 +1,7 @@
 //! Image manager: pull policies, pull backoff and pull serialization
 //! (upstream `pkg/kubelet/images/image_manager.go`, `puller.go`).
 
+pub mod credentialprovider;
 pub mod keyring;
 
 use std::collections::HashMap;
@@ -63,6 +64,8 @@ pub struct ImageManager {
     in_flight: Arc<Mutex<HashMap<String, std::time::Instant>>>,
     /// Node-wide logins, tried after the pod's pull secrets.
     node_credentials: Option<keyring::NodeCredentials>,
+    /// Credential provider plugins, tried after the node's docker config.
+    credential_providers: Option<Arc<credentialprovider::CredentialProviders>>,
     pull_qps: Option<crate::apiclient::RateLimiter>,
 }
 
@@ -180,6 +183,7 @@ impl ImageManager {
             pull_deadline: DEFAULT_PULL_DEADLINE,
             in_flight: Default::default(),
             node_credentials: None,
+            credential_providers: None,
             pull_qps: None,
         }
     }
@@ -197,6 +201,15 @@ impl ImageManager {
     /// Also log in with the node's docker config files.
     pub fn with_node_credentials(mut self, c: keyring::NodeCredentials) -> Self {
         self.node_credentials = Some(c);
+        self
+    }
+
+    /// Also log in with what credential provider plugins give.
+    pub fn with_credential_providers(
+        mut self,
+        p: Option<Arc<credentialprovider::CredentialProviders>>,
+    ) -> Self {
+        self.credential_providers = p;
         self
     }
 
@@ -236,24 +249,37 @@ impl ImageManager {
         v
     }
 
-    /// One pull as upstream's PullImage: anonymous when neither a pull
-    /// secret nor the node has credentials for the image's registry, else
-    /// each matching credential
-    /// in turn until one works (no anonymous attempt after them); the
-    /// errors of all attempts when none does.
-    async fn pull(
+    /// The logins to try for an image, in upstream's union keyring order:
+    /// the pod's pull secrets, the node's docker config, then credential
+    /// provider plugins. A malformed pull secret fails the pull, as
+    /// upstream's MakeDockerKeyring does.
+    async fn credentials(
         &self,
         image: &str,
         pull_secrets: &[Arc<Secret>],
-        sandbox: &PodSandboxConfig,
-    ) -> Result<String, String> {
+    ) -> Result<Vec<keyring::Credential>, String> {
         let ring = keyring::Keyring::from_secrets(pull_secrets).map_err(|e| e.to_string())?;
         let repo = keyring::repo_to_pull(image);
         let mut creds = ring.lookup(&repo);
-        // Upstream's union keyring: the pod's secrets, then the node's.
         if let Some(node) = &self.node_credentials {
             creds.extend(node.keyring().await.lookup(&repo));
         }
+        if let Some(plugins) = &self.credential_providers {
+            creds.extend(plugins.lookup(&repo).await);
+        }
+        Ok(creds)
+    }
+
+    /// One pull as upstream's PullImage: anonymous when there are no
+    /// credentials for the image's registry, else each in turn until one
+    /// works (no anonymous attempt after them); the errors of all attempts
+    /// when none does.
+    async fn pull(
+        &self,
+        image: &str,
+        creds: &[keyring::Credential],
+        sandbox: &PodSandboxConfig,
+    ) -> Result<String, String> {
         if creds.is_empty() {
             return self
                 .svc
@@ -262,7 +288,7 @@ impl ImageManager {
                 .map_err(|e| e.to_string());
         }
         let mut errs = Vec::new();
-        for cred in &creds {
+        for cred in creds {
             match self
                 .svc
                 .pull_image(image, Some(cred.auth_config()), Some(sandbox.clone()))
@@ -370,6 +396,10 @@ impl ImageManager {
         // Shown by /debug/pods while it waits or pulls; removed when this
         // future ends, cancelled or not.
         let _shown = InFlight::new(&self.in_flight, key.clone());
+        // Before taking a pull slot, as upstream looks credentials up
+        // before its puller: a slow plugin (up to its 1-minute timeout)
+        // must not hold a slot other pods' pulls wait for.
+        let creds = self.credentials(image, pull_secrets).await;
         let _permit = self.pulls.acquire().await.expect("semaphore never closed");
         tracing::info!(
             image,
@@ -384,23 +414,28 @@ impl ImageManager {
             format!("Pulling image {image:?}"),
         );
         let started = tokio::time::Instant::now();
-        let throttled = self.pull_qps.as_ref().is_some_and(|l| !l.try_accept());
-        let pulled = if throttled {
-            Err("pull QPS exceeded".to_string())
-        } else {
-            tokio::time::timeout(self.pull_deadline, self.pull(image, pull_secrets, sandbox))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(crate::cri::CriError::Status {
-                        op: "PullImage",
-                        code: tonic::Code::DeadlineExceeded,
-                        message: format!(
-                            "pull did not finish within {}",
-                            crate::config::duration::format_go_duration(self.pull_deadline)
-                        ),
-                    }
-                    .to_string())
-                })
+        let pulled = match creds {
+            // Upstream's throttle sits in the image service's PullImage,
+            // after the credentials were looked up.
+            Ok(_) if self.pull_qps.as_ref().is_some_and(|l| !l.try_accept()) => {
+                Err("pull QPS exceeded".to_string())
+            }
+            Ok(creds) => {
+                tokio::time::timeout(self.pull_deadline, self.pull(image, &creds, sandbox))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(crate::cri::CriError::Status {
+                            op: "PullImage",
+                            code: tonic::Code::DeadlineExceeded,
+                            message: format!(
+                                "pull did not finish within {}",
+                                crate::config::duration::format_go_duration(self.pull_deadline)
+                            ),
+                        }
+                        .to_string())
+                    })
+            }
+            Err(e) => Err(e),
         };
         match pulled {
             Ok(image_ref) => {
@@ -738,6 +773,66 @@ mod tests {
             .map(|c| c.username)
             .collect();
         assert_eq!(users, ["legacy"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn plugin_logins_reach_pull_image_after_the_pods_and_the_nodes() {
+        use keyring::{test_pull_secret, NodeCredentials};
+        let dir = std::env::temp_dir().join(format!("rkubelet-pluginpull-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("config.json"),
+            r#"{"auths": {"reg.example.com": {"username": "node", "password": "stale"}}}"#,
+        )
+        .unwrap();
+        let node = NodeCredentials::with_paths(vec![dir.join("config.json")], vec![]);
+        // The plugin answers for the registry it is asked about, and saves
+        // the request to show which image it was asked for.
+        let plugins = credentialprovider::test_providers(
+            &dir,
+            "registry-login",
+            r#"cat > "$DIR/request"
+echo '{"apiVersion": "credentialprovider.kubelet.k8s.io/v1", "kind": "CredentialProviderResponse", "cacheKeyType": "Registry", "auth": {"reg.example.com": {"username": "plugin", "password": "ppw"}}}'"#,
+            "  matchImages: [\"*.example.com\"]\n  defaultCacheDuration: 1h\n",
+        )
+        .unwrap();
+        let fake = Arc::new(FakeRuntime::new());
+        fake.require_pull_auth("reg.example.com/team/app:1", "plugin", "ppw");
+        let m = ImageManager::new(fake.clone(), true, None)
+            .with_node_credentials(node)
+            .with_credential_providers(Some(Arc::new(plugins)));
+        let (pod, sb) = (Pod::default(), PodSandboxConfig::default());
+        let secrets = [test_pull_secret(
+            "regcred",
+            "kubernetes.io/dockerconfigjson",
+            ".dockerconfigjson",
+            r#"{"auths": {"reg.example.com": {"username": "pod", "password": "old"}}}"#,
+        )];
+        let c = ctr("reg.example.com/team/app:1", None);
+        let now = Duration::from_secs(1000);
+        m.ensure_image(&pod, &c, &sb, &secrets, now).await.unwrap();
+        // Upstream's union keyring: pull secrets, node files, plugins.
+        let image = "reg.example.com/team/app:1".to_string();
+        assert_eq!(
+            fake.pull_logins(),
+            vec![
+                (image.clone(), Some("pod".to_string())),
+                (image.clone(), Some("node".to_string())),
+                (image.clone(), Some("plugin".to_string())),
+            ]
+        );
+        let request: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("request")).unwrap()).unwrap();
+        assert_eq!(request["image"], "reg.example.com/team/app");
+        // An image no matchImages covers pulls without the plugin.
+        let c = ctr("quay.io/team/app:1", None);
+        m.ensure_image(&pod, &c, &sb, &[], now).await.unwrap();
+        assert_eq!(
+            fake.pull_logins().last(),
+            Some(&("quay.io/team/app:1".to_string(), None))
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

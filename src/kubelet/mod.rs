@@ -46,6 +46,9 @@ pub enum KubeletError {
     Auth(#[from] crate::server::auth::AuthError),
     #[error("failed to validate nodeIP: {0}")]
     NodeIp(String),
+    /// Upstream exits with "Failed to register CRI auth plugins".
+    #[error("failed to register CRI auth plugins: {0}")]
+    CredentialProviders(#[from] crate::images::credentialprovider::ConfigError),
     #[error("cannot create directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -186,6 +189,9 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     let max_parallel = cfg.max_parallel_image_pulls.map(|n| n.max(1) as usize);
     let image_manager = ImageManager::new(images, cfg.serialize_image_pulls, max_parallel)
         .with_node_credentials(crate::images::keyring::NodeCredentials::new(&opts.root_dir))
+        .with_credential_providers(
+            crate::images::credentialprovider::CredentialProviders::from_flags(cfg)?,
+        )
         .with_pull_qps(cfg.registry_pull_qps, cfg.registry_burst);
     // Cluster mode fills this once its API client exists; :10250's webhook
     // authentication and authorization and the object manager use it.
