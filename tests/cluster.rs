@@ -635,6 +635,23 @@ fn status_updates_keep_conditions_others_set_and_answer_the_apis_state() {
         n["metadata"]["labels"]["kubernetes.io/arch"],
         n["metadata"]["labels"]["beta.kubernetes.io/arch"]
     );
+
+    // The controller manager allocates pod CIDRs: the kubelet hands them to
+    // the runtime (CRI UpdateRuntimeConfig), once.
+    let r = api
+        .client()
+        .patch(
+            &format!("/api/v1/nodes/{node}"),
+            "application/merge-patch+json",
+            &json!({"spec": {"podCIDR": "10.244.7.0/24", "podCIDRs": ["10.244.7.0/24"]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+    wait_for("the pod CIDR given to the runtime", T, || {
+        k.log()
+            .contains("updating pod CIDR original_pod_cidr= new_pod_cidr=10.244.7.0/24")
+            .then_some(())
+    });
 }
 
 /// A node that starts NotReady (here: the runtime's socket appears only

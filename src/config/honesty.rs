@@ -29,7 +29,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "topologyManagerPolicyOptions",
     "qosReserved",
     "hairpinMode",
-    "podCIDR",
     "podPidsLimit",
     "runOnce",
     "cpuCFSQuota",

@@ -98,6 +98,24 @@ impl RuntimeService for RemoteRuntime {
         self.call("Status", self.timeout, c.status(req)).await
     }
 
+    async fn update_runtime_config(&self, pod_cidr: &str) -> CriResult<()> {
+        let mut c = self.runtime.clone();
+        let req = v1::UpdateRuntimeConfigRequest {
+            runtime_config: Some(v1::RuntimeConfig {
+                network_config: Some(v1::NetworkConfig {
+                    pod_cidr: pod_cidr.to_string(),
+                }),
+            }),
+        };
+        self.call(
+            "UpdateRuntimeConfig",
+            self.timeout,
+            c.update_runtime_config(req),
+        )
+        .await
+        .map(|_| ())
+    }
+
     async fn run_pod_sandbox(
         &self,
         config: PodSandboxConfig,

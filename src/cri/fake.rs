@@ -183,6 +183,12 @@ impl RuntimeService for FakeRuntime {
         })
     }
 
+    async fn update_runtime_config(&self, pod_cidr: &str) -> CriResult<()> {
+        let mut s = self.state.lock();
+        self.record(&mut s, format!("UpdateRuntimeConfig {pod_cidr}"));
+        Ok(())
+    }
+
     async fn status(&self) -> CriResult<v1::StatusResponse> {
         let cond = |t: &str| v1::RuntimeCondition {
             r#type: t.into(),

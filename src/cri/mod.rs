@@ -72,6 +72,8 @@ pub type CriResult<T> = Result<T, CriError>;
 pub trait RuntimeService: Send + Sync + 'static {
     async fn version(&self) -> CriResult<v1::VersionResponse>;
     async fn status(&self) -> CriResult<v1::StatusResponse>;
+    /// CRI UpdateRuntimeConfig with the node's pod CIDR.
+    async fn update_runtime_config(&self, pod_cidr: &str) -> CriResult<()>;
     async fn run_pod_sandbox(&self, config: PodSandboxConfig, handler: String)
         -> CriResult<String>;
     async fn stop_pod_sandbox(&self, id: &str) -> CriResult<()>;

@@ -214,6 +214,14 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         crate::runtimestate::POLL_PERIOD,
         token.child_token(),
     );
+    // Upstream passes the configured podCIDR (standalone mode) to the
+    // runtime at start; in cluster mode the Node's spec.podCIDRs follow.
+    if let Err(e) = runtime_state
+        .update_pod_cidr(runtime.as_ref(), &cfg.pod_cidr)
+        .await
+    {
+        warn!(error = %e, "pod CIDR update failed");
+    }
     let pods = PodManager::new().with_objects(objects);
     let status = StatusManager::new();
     let queue = Arc::new(WorkQueue::default());
@@ -557,6 +565,17 @@ async fn start_cluster_mode(
             })
         })
     };
+    let pod_cidr: nodestatus::PodCidr = {
+        let (runtime, rs) = (c.runtime.clone(), c.runtime_state.clone());
+        Arc::new(move |cidr| {
+            let (runtime, rs) = (runtime.clone(), rs.clone());
+            Box::pin(async move {
+                rs.update_pod_cidr(runtime.as_ref(), &cidr)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        })
+    };
     let deleting = crate::status::apisync::Deleting::default();
     let parts = ClusterTasks {
         kubeconfig: c.path.to_path_buf(),
@@ -574,6 +593,7 @@ async fn start_cluster_mode(
         api_slot: c.api_slot.clone(),
         node_cfg: node_cfg.clone(),
         observe,
+        pod_cidr,
         api_updates,
         pods: c.pods.clone(),
         status: c.status.clone(),
@@ -612,6 +632,7 @@ struct ClusterTasks {
     api_slot: Arc<std::sync::OnceLock<crate::apiclient::ApiClient>>,
     node_cfg: crate::nodestatus::NodeConfig,
     observe: crate::nodestatus::Observe,
+    pod_cidr: crate::nodestatus::PodCidr,
     api_updates: mpsc::Sender<source::PodUpdate>,
     pods: PodManager,
     status: StatusManager,
@@ -709,6 +730,7 @@ impl ClusterTasks {
                 api.clone(),
                 node_cfg.clone(),
                 self.observe,
+                self.pod_cidr,
                 node_rx,
                 registered_tx,
                 token.child_token(),

@@ -545,6 +545,11 @@ pub fn now() -> Time {
 /// while the node would stay NotReady, only `errors` is filled in.
 pub type Observe = Arc<dyn Fn(bool) -> futures::future::BoxFuture<'static, Observed> + Send + Sync>;
 
+/// Tells the runtime the Node's pod CIDRs, comma-joined (upstream's
+/// updatePodCIDR); says whether they changed.
+pub type PodCidr =
+    Arc<dyn Fn(String) -> futures::future::BoxFuture<'static, Result<bool, String>> + Send + Sync>;
+
 /// The kubelet's own Node as its watch last saw it (upstream's node
 /// lister): `None` until first listed, and after it is deleted.
 pub type NodeCache = tokio::sync::watch::Receiver<Option<Node>>;
@@ -681,6 +686,7 @@ pub async fn run(
     api: ApiClient,
     cfg: NodeConfig,
     observe: Observe,
+    pod_cidr: PodCidr,
     cache: NodeCache,
     registered: tokio::sync::watch::Sender<Option<String>>,
     token: CancellationToken,
@@ -767,7 +773,7 @@ pub async fn run(
                 _ = token.cancelled() => return,
                 r = tokio::time::timeout(
                     try_timeout,
-                    try_update(&api, &cfg, &obs, &cache, attempt, &mut last_report),
+                    try_update(&api, &cfg, &obs, &pod_cidr, &cache, attempt, &mut last_report),
                 ) => r.unwrap_or(Err(NodeStatusError::Timeout(try_timeout))),
             };
             match tried {
@@ -801,6 +807,7 @@ async fn try_update(
     api: &ApiClient,
     cfg: &NodeConfig,
     obs: &Observed,
+    pod_cidr: &PodCidr,
     cache: &NodeCache,
     attempt: usize,
     last_report: &mut Option<tokio::time::Instant>,
@@ -819,11 +826,27 @@ async fn try_update(
                 source,
             })?
     };
+    // The pod CIDRs the controller manager allocated go to the runtime;
+    // a change (or a failure to tell it, to be safe, as upstream) makes
+    // this update send even an unchanged status.
+    let cidrs = fetched
+        .spec
+        .as_ref()
+        .and_then(|s| s.pod_cidrs.as_ref())
+        .filter(|c| !c.is_empty())
+        .map(|c| c.join(","));
+    let cidr_changed = match cidrs {
+        None => false,
+        Some(c) => pod_cidr(c).await.unwrap_or_else(|e| {
+            warn!(node = %name, error = %e, "failed to update pod CIDR");
+            true
+        }),
+    };
     let labels = missing_required_labels(&fetched);
     let before = fetched.status.unwrap_or_default();
     let after = update_status(cfg, obs, &before, now());
     let due = last_report.is_none_or(|t| t.elapsed() >= cfg.report_frequency);
-    if !due && !status_changed(&before, &after) && labels.is_empty() {
+    if !due && !cidr_changed && !status_changed(&before, &after) && labels.is_empty() {
         debug!(node = %name, "node status unchanged; not sent");
         return Ok(());
     }

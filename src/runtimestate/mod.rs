@@ -31,6 +31,8 @@ struct Inner {
     /// The handlers the runtime reported (CRI 1.30+; containerd 1.7 sends
     /// none), for the Node's status.runtimeHandlers.
     handlers: Vec<v1::RuntimeHandler>,
+    /// The pod CIDR last given to the runtime (upstream runtimeState.podCIDR).
+    pod_cidr: String,
 }
 
 /// A cheap, clonable view of the runtime's last reported state.
@@ -51,6 +53,25 @@ fn condition_text(c: Option<&v1::RuntimeCondition>, ty: &str) -> String {
 }
 
 impl RuntimeState {
+    /// Upstream's updatePodCIDR: tells the runtime a pod CIDR that differs
+    /// from the last one it was told (CRI UpdateRuntimeConfig); true when it
+    /// changed. On failure the old value stays, so the next call retries.
+    pub async fn update_pod_cidr(
+        &self,
+        runtime: &dyn RuntimeService,
+        cidr: &str,
+    ) -> Result<bool, crate::cri::CriError> {
+        let was = self.inner.read().pod_cidr.clone();
+        if was == cidr {
+            return Ok(false);
+        }
+        info!(cidr, "updating runtime config through cri with pod CIDR");
+        runtime.update_runtime_config(cidr).await?;
+        info!(original_pod_cidr = %was, new_pod_cidr = %cidr, "updating pod CIDR");
+        self.inner.write().pod_cidr = cidr.to_string();
+        Ok(true)
+    }
+
     /// Records one CRI Status answer (or failure), as updateRuntimeUp does.
     pub fn record(&self, r: Result<v1::StatusResponse, String>) {
         let mut s = self.inner.write();
@@ -200,6 +221,37 @@ mod tests {
             status: Some(v1::RuntimeStatus { conditions: conds }),
             ..Default::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_pod_cidr_reaches_the_runtime_once_per_change() {
+        // Old code accepted podCIDR (and node.spec.podCIDRs) and told the
+        // runtime nothing.
+        let fake = crate::cri::fake::FakeRuntime::new();
+        let st = RuntimeState::default();
+        let told = |f: &crate::cri::fake::FakeRuntime| {
+            f.calls()
+                .into_iter()
+                .filter(|c| c.starts_with("UpdateRuntimeConfig"))
+                .collect::<Vec<_>>()
+        };
+        assert!(
+            !st.update_pod_cidr(&fake, "").await.unwrap(),
+            "empty is no change"
+        );
+        assert!(st.update_pod_cidr(&fake, "10.244.1.0/24").await.unwrap());
+        assert!(!st.update_pod_cidr(&fake, "10.244.1.0/24").await.unwrap());
+        assert!(st
+            .update_pod_cidr(&fake, "10.244.1.0/24,fd00:10:244:1::/64")
+            .await
+            .unwrap());
+        assert_eq!(
+            told(&fake),
+            [
+                "UpdateRuntimeConfig 10.244.1.0/24",
+                "UpdateRuntimeConfig 10.244.1.0/24,fd00:10:244:1::/64"
+            ]
+        );
     }
 
     #[test]

@@ -348,6 +348,9 @@ mod tests {
             async fn status(&self) -> crate::cri::CriResult<v1::StatusResponse> {
                 Err(crate::cri::unimplemented("Status"))
             }
+            async fn update_runtime_config(&self, _: &str) -> crate::cri::CriResult<()> {
+                unreachable!()
+            }
             async fn run_pod_sandbox(
                 &self,
                 _: v1::PodSandboxConfig,
