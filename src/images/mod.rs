@@ -452,10 +452,11 @@ impl ImageManager {
                     ),
                 );
                 // The pulled image's config says which user it runs as.
-                let user = match self.svc.image_status(&image_ref).await {
-                    Ok(Some(img)) => ImageUser::of(&img),
-                    _ => ImageUser::Uid(0),
+                let (user, size) = match self.svc.image_status(&image_ref).await {
+                    Ok(Some(img)) => (ImageUser::of(&img), img.size),
+                    _ => (ImageUser::Uid(0), 0),
                 };
+                crate::metrics::image_pulled(size, queued.elapsed());
                 Ok(ReadyImage {
                     id: image_ref,
                     user,

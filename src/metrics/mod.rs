@@ -120,6 +120,12 @@ pub const POD_STARTUP_BUCKETS: [f64; 25] = [
     300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
 ];
 
+/// imagePullDurationBuckets.
+pub const IMAGE_PULL_BUCKETS: [f64; 18] = [
+    1.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0, 600.0, 900.0,
+    1200.0, 1800.0, 2700.0, 3600.0,
+];
+
 type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 type GaugeF = Gauge<f64, AtomicU64>;
 
@@ -128,6 +134,9 @@ fn def_histogram() -> Histogram {
 }
 fn startup_histogram() -> Histogram {
     Histogram::new(POD_STARTUP_BUCKETS)
+}
+fn image_pull_histogram() -> Histogram {
+    Histogram::new(IMAGE_PULL_BUCKETS)
 }
 fn runtime_op_histogram() -> Histogram {
     // metrics.ExponentialBuckets(.005, 2.5, 14)
@@ -153,6 +162,11 @@ pub struct ContainerType {
 pub struct ContainerTypeCode {
     pub container_type: &'static str,
     pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ImageSize {
+    pub image_size_in_bytes: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -214,6 +228,7 @@ pub struct KubeletMetrics {
     pub node_name: Family<NodeLabel, Gauge>,
     pub pod_worker_duration: HistFamily<OperationType>,
     pub pod_start_duration: Histogram,
+    pub image_pull_duration: HistFamily<ImageSize>,
     pub pod_start_sli_duration: HistFamily<FirstWithNetwork>,
     pub pod_worker_start_duration: Histogram,
     pub cgroup_manager_duration: HistFamily<OperationType>,
@@ -248,6 +263,7 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     node_name: Family::default(),
     pod_worker_duration: Family::new_with_constructor(def_histogram),
     pod_start_duration: startup_histogram(),
+    image_pull_duration: Family::new_with_constructor(image_pull_histogram),
     pod_start_sli_duration: Family::new_with_constructor(startup_histogram),
     pod_worker_start_duration: def_histogram(),
     cgroup_manager_duration: Family::new_with_constructor(def_histogram),
@@ -304,6 +320,12 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         "kubelet_pod_start_duration_seconds",
         alpha!("Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run"),
         m.pod_start_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_image_pull_duration_seconds",
+        alpha!("Duration in seconds to pull an image."),
+        m.image_pull_duration.clone(),
     );
     add(
         &mut v,
@@ -646,6 +668,45 @@ pub fn pod_worker_duration(operation: &'static str, took: Duration) {
 pub fn pod_worker_start(took: Duration) {
     METRICS
         .pod_worker_start_duration
+        .observe(took.as_secs_f64());
+}
+
+/// Upstream's GetImageSizeBucket: the label for an image of `size` bytes.
+pub fn image_size_bucket(size: u64) -> &'static str {
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+    const BUCKETS: [(u64, &str); 12] = [
+        (0, "0-10MB"),
+        (10 * MIB, "10MB-100MB"),
+        (100 * MIB, "100MB-500MB"),
+        (500 * MIB, "500MB-1GB"),
+        (GIB, "1GB-5GB"),
+        (5 * GIB, "5GB-10GB"),
+        (10 * GIB, "10GB-20GB"),
+        (20 * GIB, "20GB-30GB"),
+        (30 * GIB, "30GB-40GB"),
+        (40 * GIB, "40GB-60GB"),
+        (60 * GIB, "60GB-100GB"),
+        (100 * GIB, "GT100GB"),
+    ];
+    if size == 0 {
+        return "N/A";
+    }
+    BUCKETS
+        .iter()
+        .rev()
+        .find(|(lower, _)| size > *lower)
+        .map_or("", |(_, label)| label)
+}
+
+/// A successful pull, timed from when it was queued for a slot (upstream
+/// counts the puller's queue too).
+pub fn image_pulled(size: u64, took: Duration) {
+    METRICS
+        .image_pull_duration
+        .get_or_create(&ImageSize {
+            image_size_in_bytes: image_size_bucket(size),
+        })
         .observe(took.as_secs_f64());
 }
 
