@@ -133,6 +133,24 @@ fn the_node_registers_renews_its_lease_and_runs_a_bound_pod() {
     assert!(cond(&p, "Ready").is_some_and(|c| c["status"] == "True"));
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
     assert_eq!(k.cri.count_for_uid(&uid).1, 1);
+    // The startup SLI: measured once the watch showed the pod started.
+    let sli = wait_for("the pod startup SLI on /metrics", T, || {
+        let (_, text) = http_get(&k.read_only, "/metrics")?;
+        let count = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        let n = count("kubelet_pod_start_sli_duration_seconds_count ")?;
+        (n >= 1.0).then(|| {
+            (
+                count("kubelet_pod_start_sli_duration_seconds_sum ").unwrap(),
+                count("kubelet_pod_start_total_duration_seconds_count ").unwrap(),
+            )
+        })
+    });
+    assert!(sli.0 > 0.0 && sli.1 >= 1.0, "{sli:?}");
+    assert!(k.log().contains("observed pod startup duration"));
 
     // A killed container is restarted; its restartCount reaches the API.
     let cid = st["containerStatuses"][0]["containerID"]

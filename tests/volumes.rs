@@ -401,7 +401,7 @@ fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
     // Volume usage: the pod's volumes with their claims in the summary, and
     // the claims' series in /metrics.
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
-    let local = wait_for("the local PV's volume stats", T, || {
+    let (local, volumes) = wait_for("the local PV's volume stats", T, || {
         let (_, body) = http_get(&k.read_only, "/stats/summary")?;
         let v: Value = serde_json::from_str(&body).ok()?;
         let pod = v["pods"]
@@ -409,23 +409,37 @@ fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
             .iter()
             .find(|p| p["podRef"]["uid"] == uid.as_str())?
             .clone();
-        pod["volume"]
+        let local = pod["volume"]
             .as_array()?
             .iter()
             .find(|v| v["name"] == "local")
-            .cloned()
+            .cloned()?;
+        Some((local, pod["volume"].clone()))
     });
+    // The hostPath PV has no stats: upstream's hostPath plugin has none.
+    assert!(
+        !volumes
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "data"),
+        "{volumes:#}"
+    );
     assert_eq!(
         local["pvcRef"],
         json!({"name": "claim2", "namespace": "default"})
     );
     assert!(local["usedBytes"].as_u64().unwrap() > 0, "{local}");
     assert!(local["capacityBytes"].as_u64().unwrap() >= local["availableBytes"].as_u64().unwrap());
-    wait_for("the claim's volume series", T, || {
+    let metrics = wait_for("the claim's volume series", T, || {
         let (_, body) = http_get(&k.read_only, "/metrics")?;
         body.contains("kubelet_volume_stats_capacity_bytes{namespace=\"default\",persistentvolumeclaim=\"claim2\"}")
-            .then_some(())
+            .then_some(body)
     });
+    assert!(
+        !metrics.contains("persistentvolumeclaim=\"claim\""),
+        "no series for the hostPath PV's claim"
+    );
     for n in [&name, &hp, &pv] {
         api.delete("pods", Some("default"), n, Some(0));
     }
@@ -440,4 +454,74 @@ fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
         "persistent",
         "a persistent volume's data stays"
     );
+}
+
+/// configMapAndSecretChangeDetectionStrategy Get and Cache (upstream's
+/// simple and TTL-cache managers): no watch is opened for the objects pods
+/// read, each read is a GET (Cache: kept for the Node's
+/// node.alpha.kubernetes.io/ttl), and volumes still follow a changed
+/// ConfigMap, written again every resync period. The old code accepted the
+/// field and watched anyway.
+#[test]
+fn get_and_cache_strategies_read_by_get_and_still_update_volumes() {
+    for strategy in ["Get", "Cache"] {
+        let api = ApiServer::start(ApiServerOptions::default());
+        let node = format!("it-{}", strategy.to_lowercase());
+        let cm = format!("cfg-{node}");
+        api.create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": cm, "namespace": "default"}, "data": {"key": "v1"}}));
+        if strategy == "Cache" {
+            // As the TTL controller annotates Nodes of a small cluster.
+            api.create(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": node, "annotations": {"node.alpha.kubernetes.io/ttl": "1"}}}));
+        }
+        let mut k = Kubelet::new(&node);
+        let kc = api.node_kubeconfig(&k.dir, &node);
+        k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+        k.extra_config = format!(
+            "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 2s\nconfigMapAndSecretChangeDetectionStrategy: {strategy}\n"
+        );
+        k.spawn();
+        let name = format!("data-{node}");
+        api.create(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "nodeName": node, "terminationGracePeriodSeconds": 1,
+                "volumes": [{"name": "cfg", "configMap": {"name": cm}}],
+                "containers": [{
+                    "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", "exec sleep 3600"],
+                    "env": [{"name": "FROM_CM", "valueFrom": {"configMapKeyRef": {"name": cm, "key": "key"}}}],
+                    "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]
+                }]
+            }
+        }));
+        let p = running_pod(&api, &name);
+        let id = container_id(&p, 0);
+        assert_eq!(
+            sh(&k, &id, "cat /cfg/key; echo -n :$FROM_CM"),
+            "v1:v1",
+            "{strategy}"
+        );
+        let mut c = api.get("configmaps", Some("default"), &cm).unwrap();
+        c["data"]["key"] = json!("v2");
+        api.update(c);
+        wait_for(&format!("{strategy}: the volume updated"), T, || {
+            (sh(&k, &id, "cat /cfg/key") == "v2").then_some(())
+        });
+        let watches = api.count_requests("GET", &format!("fieldSelector=metadata.name%3D{cm}"));
+        assert_eq!(watches, 0, "{strategy}: no watch of the ConfigMap");
+        assert!(
+            api.count_requests("GET", &format!("/configmaps/{cm}")) >= 2,
+            "{strategy}: read by GET"
+        );
+        api.delete("pods", Some("default"), &name, Some(0));
+        wait_for("the pod gone", T, || {
+            api.get("pods", Some("default"), &name)
+                .is_none()
+                .then_some(())
+        });
+        k.stop();
+    }
 }

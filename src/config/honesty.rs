@@ -49,7 +49,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "featureGates",
     "failSwapOn",
     "memorySwap",
-    "configMapAndSecretChangeDetectionStrategy",
     "systemReserved",
     "kubeReserved",
     "reservedSystemCPUs",

@@ -1281,6 +1281,17 @@ impl KubeletConfiguration {
                 self.port
             ));
         }
+        // Upstream refuses other values when it builds its managers.
+        if !["Watch", "Cache", "Get"].contains(
+            &self
+                .config_map_and_secret_change_detection_strategy
+                .as_str(),
+        ) {
+            bad(format!(
+                "unknown configmap and secret manager mode: {}",
+                self.config_map_and_secret_change_detection_strategy
+            ));
+        }
         if self.read_only_port != 0 && !(1..=65535).contains(&self.read_only_port) {
             bad(format!(
                 "readOnlyPort (--read-only-port) {} must be between 0 and 65535, inclusive",
@@ -2009,6 +2020,16 @@ volumeStatsAggPeriod: 0s
         assert_eq!(
             c.validate().unwrap_err().to_string(),
             "invalid configuration: containerLogMonitorInterval must be a positive time duration greater than or equal to 3s"
+        );
+        c.container_log_monitor_interval = GoDuration::from_secs(10);
+        for ok in ["Watch", "Cache", "Get"] {
+            c.config_map_and_secret_change_detection_strategy = ok.into();
+            c.validate().unwrap();
+        }
+        c.config_map_and_secret_change_detection_strategy = "Poll".into();
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "invalid configuration: unknown configmap and secret manager mode: Poll"
         );
     }
 

@@ -393,6 +393,7 @@ impl ImageManager {
         // Dropping this future (a kill cancels the pod's sync) releases the
         // slot and cancels the CRI call: nothing here is spawned.
         let queued = tokio::time::Instant::now();
+        crate::metrics::startup::image_started_pulling(uid);
         // Shown by /debug/pods while it waits or pulls; removed when this
         // future ends, cancelled or not.
         let _shown = InFlight::new(&self.in_flight, key.clone());
@@ -457,6 +458,7 @@ impl ImageManager {
                     _ => (ImageUser::Uid(0), 0),
                 };
                 crate::metrics::image_pulled(size, queued.elapsed());
+                crate::metrics::startup::image_finished_pulling(uid);
                 Ok(ReadyImage {
                     id: image_ref,
                     user,

@@ -202,6 +202,12 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         api_slot.clone(),
         cluster_tasks.clone(),
         token.child_token(),
+    )
+    .with_strategy(
+        crate::objects::ChangeDetection::parse(
+            &cfg.config_map_and_secret_change_detection_strategy,
+        ),
+        cfg.sync_frequency.0,
     );
     let manager = Arc::new(
         RuntimeManager::new(runtime.clone(), image_manager, rt_opts).with_objects(objects.clone()),
@@ -222,7 +228,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     {
         warn!(error = %e, "pod CIDR update failed");
     }
-    let pods = PodManager::new().with_objects(objects);
+    let pods = PodManager::new().with_objects(objects.clone());
     let status = StatusManager::new();
     let queue = Arc::new(WorkQueue::default());
     let (probe_tx, probe_rx) = mpsc::channel(1000);
@@ -291,7 +297,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             crate::stats::volumes::run(
                 cache,
                 move || p.pods(),
-                move |uid| v.pod_volumes(uid),
+                move |uid| v.measured_volumes(uid),
                 period,
                 t,
             ),
@@ -387,6 +393,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             api_health: api_health.clone(),
             tasks: cluster_tasks.clone(),
             api_slot: api_slot.clone(),
+            objects: objects.clone(),
         };
         let d = start_cluster_mode(c, pod_config.channel(source::API_SOURCE), &token).await?;
         expected.push(source::API_SOURCE);
@@ -496,6 +503,7 @@ struct ClusterParts<'a> {
     api_health: crate::apiclient::ApiHealth,
     tasks: tokio_util::task::TaskTracker,
     api_slot: Arc<std::sync::OnceLock<crate::apiclient::ApiClient>>,
+    objects: crate::objects::ObjectManager,
 }
 
 /// Starts what joins the node to a cluster: the Node with its status and
@@ -591,6 +599,7 @@ async fn start_cluster_mode(
             && c.opts.config.tls_cert_file.is_empty()
             && c.opts.config.server_tls_bootstrap,
         api_slot: c.api_slot.clone(),
+        objects: c.objects.clone(),
         node_cfg: node_cfg.clone(),
         observe,
         pod_cidr,
@@ -640,6 +649,7 @@ struct ClusterTasks {
     deleting: crate::status::apisync::Deleting,
     api_health: crate::apiclient::ApiHealth,
     tasks: tokio_util::task::TaskTracker,
+    objects: crate::objects::ObjectManager,
 }
 
 impl ClusterTasks {
@@ -720,7 +730,20 @@ impl ClusterTasks {
         );
         let (registered_tx, registered_rx) = tokio::sync::watch::channel(None);
         // The kubelet's own Node, watched: the status loop's first read.
-        let (node_tx, node_rx) = tokio::sync::watch::channel(None);
+        let (node_tx, node_rx) =
+            tokio::sync::watch::channel(None::<k8s_openapi::api::core::v1::Node>);
+        // The Cache strategy's TTL, as the TTL controller sets it on the Node.
+        let ttl_node = node_rx.clone();
+        self.objects.set_ttl_source(Box::new(move || {
+            let node = ttl_node.borrow();
+            let v = node
+                .as_ref()?
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(crate::objects::OBJECT_TTL_ANNOTATION)?;
+            v.parse::<u64>().ok().map(Duration::from_secs)
+        }));
         tasks.spawn(tracing::Instrument::instrument(
             nodestatus::watch_node(api.clone(), node_cfg.clone(), node_tx, token.child_token()),
             tracing::info_span!("node-watch", node = %node_cfg.node_name),

@@ -19,6 +19,7 @@
 mod http;
 mod process;
 mod restclient;
+pub mod startup;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::LazyLock;
@@ -191,11 +192,6 @@ pub struct EvictionSignal {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FirstWithNetwork {
-    pub first_with_network: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
     pub method: &'static str,
     pub path: &'static str,
@@ -229,7 +225,9 @@ pub struct KubeletMetrics {
     pub pod_worker_duration: HistFamily<OperationType>,
     pub pod_start_duration: Histogram,
     pub image_pull_duration: HistFamily<ImageSize>,
-    pub pod_start_sli_duration: HistFamily<FirstWithNetwork>,
+    pub pod_start_sli_duration: Histogram,
+    pub pod_start_total_duration: Histogram,
+    pub first_network_pod_start_sli_duration: GaugeF,
     pub pod_worker_start_duration: Histogram,
     pub cgroup_manager_duration: HistFamily<OperationType>,
     pub pleg_relist_duration: Histogram,
@@ -264,7 +262,9 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     pod_worker_duration: Family::new_with_constructor(def_histogram),
     pod_start_duration: startup_histogram(),
     image_pull_duration: Family::new_with_constructor(image_pull_histogram),
-    pod_start_sli_duration: Family::new_with_constructor(startup_histogram),
+    pod_start_sli_duration: startup_histogram(),
+    pod_start_total_duration: startup_histogram(),
+    first_network_pod_start_sli_duration: GaugeF::default(),
     pod_worker_start_duration: def_histogram(),
     cgroup_manager_duration: Family::new_with_constructor(def_histogram),
     pleg_relist_duration: def_histogram(),
@@ -332,6 +332,18 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         "kubelet_pod_start_sli_duration_seconds",
         alpha!("Duration in seconds to start a pod, excluding time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch"),
         m.pod_start_sli_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_pod_start_total_duration_seconds",
+        alpha!("Duration in seconds to start a pod since creation, including time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch"),
+        m.pod_start_total_duration.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_first_network_pod_start_sli_duration_seconds",
+        concat!("[INTERNAL] ", "Duration in seconds to start the first network pod, excluding time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch"),
+        m.first_network_pod_start_sli_duration.clone(),
     );
     add(
         &mut v,

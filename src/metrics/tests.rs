@@ -73,10 +73,12 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "histogram",
         &["image_size_in_bytes"],
     ),
+    ("kubelet_pod_start_sli_duration_seconds", "histogram", &[]),
+    ("kubelet_pod_start_total_duration_seconds", "histogram", &[]),
     (
-        "kubelet_pod_start_sli_duration_seconds",
-        "histogram",
-        &["first_with_network"],
+        "kubelet_first_network_pod_start_sli_duration_seconds",
+        "gauge",
+        &[],
     ),
     (
         "kubelet_cgroup_manager_duration_seconds",
@@ -197,12 +199,7 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     started_container("container", Some("CreateContainerError"));
     restarted_pod(true);
     rest_client_request("200", "GET", "10.0.0.1:6443");
-    METRICS
-        .pod_start_sli_duration
-        .get_or_create(&FirstWithNetwork {
-            first_with_network: "false",
-        })
-        .observe(1.0);
+    METRICS.pod_start_sli_duration.observe(1.0);
     METRICS
         .cgroup_manager_duration
         .get_or_create(&OperationType {

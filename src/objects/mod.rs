@@ -70,6 +70,39 @@ pub struct ObjectKey {
     pub name: String,
 }
 
+/// configMapAndSecretChangeDetectionStrategy: how ConfigMaps and Secrets
+/// are read (upstream's Watch, Cache and Get managers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChangeDetection {
+    /// One watch per referenced object, served from it.
+    #[default]
+    Watch,
+    /// A GET per object, kept for the Node's `node.alpha.kubernetes.io/ttl`
+    /// (1 min without it) and fetched again when a pod referencing it is
+    /// (re)registered.
+    Cache,
+    /// A GET on every read.
+    Get,
+}
+
+impl ChangeDetection {
+    /// The config value (validation accepts only these three).
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "Cache" => ChangeDetection::Cache,
+            "Get" => ChangeDetection::Get,
+            _ => ChangeDetection::Watch,
+        }
+    }
+}
+
+/// Upstream's v1.ObjectTTLAnnotationKey, set on Nodes by the TTL controller.
+pub const OBJECT_TTL_ANNOTATION: &str = "node.alpha.kubernetes.io/ttl";
+/// The Cache strategy's defaultTTL.
+const DEFAULT_TTL: Duration = Duration::from_secs(60);
+
+type TtlSource = Box<dyn Fn() -> Option<Duration> + Send + Sync>;
+
 /// The handle every part that reads pod data holds; cheap to clone.
 #[derive(Clone, Default)]
 pub struct ObjectManager {
@@ -85,6 +118,12 @@ struct Inner {
     tasks: OnceLock<(TaskTracker, CancellationToken)>,
     /// Every Service by (namespace, name); None until the first list.
     services: OnceLock<watch::Receiver<Option<Arc<ServiceMap>>>>,
+    /// The change-detection strategy and the pod resync period (how often
+    /// volumes read from API data are written again when no watch says
+    /// what changed).
+    strategy: OnceLock<(ChangeDetection, Duration)>,
+    /// The Cache strategy's TTL, from the Node (cluster mode).
+    ttl: OnceLock<TtlSource>,
 }
 
 type ServiceMap = std::collections::BTreeMap<(String, String), Arc<Service>>;
@@ -114,11 +153,34 @@ enum Slot<K> {
     Synced(Option<Arc<K>>),
 }
 
-/// One object watched for as long as a pod references it.
+/// One object followed for as long as a pod references it.
 struct Item<K> {
     refs: usize,
-    slot: watch::Receiver<Slot<K>>,
-    cancel: CancellationToken,
+    source: Source<K>,
+}
+
+enum Source<K> {
+    Watch {
+        slot: watch::Receiver<Slot<K>>,
+        cancel: CancellationToken,
+    },
+    Cache(Arc<Mutex<Cached<K>>>),
+}
+
+/// The Cache strategy's entry (upstream's objectData).
+struct Cached<K> {
+    /// The object, or NotFound, as last fetched; None: fetch on next read.
+    last: Option<Result<Arc<K>, ObjectError>>,
+    fetched: tokio::time::Instant,
+}
+
+impl<K> Default for Cached<K> {
+    fn default() -> Self {
+        Cached {
+            last: None,
+            fetched: tokio::time::Instant::now(),
+        }
+    }
 }
 
 fn api_err(kind: &'static str, name: &str, e: kube::Error) -> ObjectError {
@@ -242,7 +304,9 @@ impl ObjectManager {
         if let Some(item) = items.get_mut(&key) {
             item.refs -= 1;
             if item.refs == 0 {
-                item.cancel.cancel();
+                if let Source::Watch { cancel, .. } = &item.source {
+                    cancel.cancel();
+                }
                 items.remove(&key);
             }
         }
@@ -252,7 +316,27 @@ impl ObjectManager {
         let key = (ns.to_string(), name.to_string());
         if let Some(item) = K::items(st).get_mut(&key) {
             item.refs += 1;
+            // Upstream's AddReference: a (re)registered pod reads the
+            // object afresh.
+            if let Source::Cache(c) = &item.source {
+                *c.lock() = Cached::default();
+            }
             return;
+        }
+        match self.strategy().0 {
+            // Every read is a GET: nothing to keep.
+            ChangeDetection::Get => return,
+            ChangeDetection::Cache => {
+                K::items(st).insert(
+                    key,
+                    Item {
+                        refs: 1,
+                        source: Source::Cache(Default::default()),
+                    },
+                );
+                return;
+            }
+            ChangeDetection::Watch => {}
         }
         // Without a runtime of tasks (unit tests) or an API client (static
         // pods) there is nothing to watch: getters fall back to a GET.
@@ -283,23 +367,30 @@ impl ObjectManager {
             key,
             Item {
                 refs: 1,
-                slot: rx,
-                cancel,
+                source: Source::Watch { slot: rx, cancel },
             },
         );
     }
 
     /// From the object's watch when a pod references it, else one GET.
     async fn get<K: Watched>(&self, ns: &str, name: &str) -> Result<Arc<K>, ObjectError> {
-        let slot = {
+        let source = {
             let mut st = self.inner.state.lock();
             K::items(&mut st)
                 .get(&(ns.to_string(), name.to_string()))
-                .map(|i| i.slot.clone())
+                .map(|i| match &i.source {
+                    Source::Watch { slot, .. } => Ok(slot.clone()),
+                    Source::Cache(c) => Err(c.clone()),
+                })
         };
         let not_found = || ObjectError::NotFound {
             kind: K::KIND,
             name: name.to_string(),
+        };
+        let slot = match source {
+            Some(Err(cached)) => return self.get_cached(&cached, ns, name).await,
+            Some(Ok(slot)) => Some(slot),
+            None => None,
         };
         if let Some(mut slot) = slot {
             let synced =
@@ -326,6 +417,79 @@ impl ObjectManager {
             .await
             .map(Arc::new)
             .map_err(|e| api_err(K::KIND, name, e))
+    }
+
+    /// Upstream's objectStore.Get: the cached object while younger than
+    /// the TTL, else a GET (from the API server's cache when refreshing an
+    /// object fetched before); a failed refresh keeps serving what was
+    /// fetched, and an older answer never replaces a newer one.
+    async fn get_cached<K: Watched>(
+        &self,
+        cached: &Mutex<Cached<K>>,
+        ns: &str,
+        name: &str,
+    ) -> Result<Arc<K>, ObjectError> {
+        let ttl = self
+            .inner
+            .ttl
+            .get()
+            .and_then(|f| f())
+            .unwrap_or(DEFAULT_TTL);
+        let had = {
+            let c = cached.lock();
+            match &c.last {
+                Some(r) if c.fetched.elapsed() < ttl => return r.clone(),
+                last => last.clone(),
+            }
+        };
+        let api: Api<K> = Api::namespaced(self.client(K::KIND, name)?.client().await, ns);
+        let got = match &had {
+            Some(Ok(_)) => api.get_with(name, &kube::api::GetParams::any()).await,
+            _ => api.get(name).await,
+        }
+        .map_err(|e| api_err(K::KIND, name, e));
+        let mut c = cached.lock();
+        let rv = |o: &K| {
+            o.meta()
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        match got {
+            Err(e) if !e.is_not_found() => {
+                return match &c.last {
+                    Some(last) => last.clone(),
+                    None => Err(e),
+                }
+            }
+            Ok(o) if matches!(&c.last, Some(Ok(old)) if rv(&o) < rv(old)) => {}
+            r => {
+                c.last = Some(r.map(Arc::new));
+                c.fetched = tokio::time::Instant::now();
+            }
+        }
+        c.last.clone().expect("set above")
+    }
+
+    /// The strategy, and the resync period when volumes must be written
+    /// again periodically (no watch tells what changed).
+    pub fn strategy(&self) -> (ChangeDetection, Duration) {
+        self.inner
+            .strategy
+            .get()
+            .copied()
+            .unwrap_or((ChangeDetection::Watch, Duration::from_secs(60)))
+    }
+
+    /// Sets configMapAndSecretChangeDetectionStrategy (before pods come).
+    pub fn with_strategy(self, s: ChangeDetection, resync: Duration) -> Self {
+        let _ = self.inner.strategy.set((s, resync));
+        self
+    }
+
+    /// Where the Cache strategy reads its TTL (the Node's annotation).
+    pub fn set_ttl_source(&self, f: TtlSource) {
+        let _ = self.inner.ttl.set(f);
     }
 
     pub async fn config_map(&self, ns: &str, name: &str) -> Result<Arc<ConfigMap>, ObjectError> {
@@ -770,6 +934,109 @@ mod refcount_tests {
                 "imagePullSecrets": [{"name": "pull"}]}
         }))
         .unwrap()
+    }
+
+    /// A tiny API server answering GETs of ConfigMap "cm" (resourceVersion
+    /// = the number of GETs so far; 404 once `gone` is set): the GETs seen.
+    async fn configmap_server(
+        gone: Arc<std::sync::atomic::AtomicBool>,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let gets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let g = gets.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut conn, _) = l.accept().await.unwrap();
+                let (g, gone) = (g.clone(), gone.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Ok(n) = conn.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let n = g.fetch_add(1, Ordering::SeqCst) + 1;
+                            let (code, body) = if gone.load(Ordering::SeqCst) {
+                                ("404 Not Found", r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"configmaps \"cm\" not found"}"#.to_string())
+                            } else {
+                                (
+                                    "200 OK",
+                                    format!(
+                                        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"cm","namespace":"ns","resourceVersion":"{n}"}}}}"#
+                                    ),
+                                )
+                            };
+                            let resp = format!(
+                                "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            if conn.write_all(resp.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (url, gets)
+    }
+
+    #[tokio::test]
+    async fn the_cache_strategy_serves_within_its_ttl_and_refetches_on_registration() {
+        use std::sync::atomic::Ordering;
+        let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (url, gets) = configmap_server(gone.clone()).await;
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let slot = Arc::new(OnceLock::new());
+        let _ = slot.set(ApiClient::new(client, 50, 100));
+        let m = ObjectManager::new(slot, TaskTracker::new(), CancellationToken::new())
+            .with_strategy(ChangeDetection::Cache, Duration::from_secs(60));
+        let ttl = Arc::new(parking_lot::Mutex::new(Some(Duration::from_secs(3600))));
+        let t = ttl.clone();
+        m.set_ttl_source(Box::new(move || *t.lock()));
+        let p = pod("a", &["cm"]);
+        m.register_pod(&p);
+        assert_eq!(m.watched(), (1, 1), "kept, not watched");
+        let rv = |c: Arc<ConfigMap>| c.metadata.resource_version.clone().unwrap();
+        assert_eq!(rv(m.config_map("ns", "cm").await.unwrap()), "1");
+        assert_eq!(
+            rv(m.config_map("ns", "cm").await.unwrap()),
+            "1",
+            "within the TTL"
+        );
+        assert_eq!(gets.load(Ordering::SeqCst), 1);
+        // A pod (re)registered: read afresh (upstream's AddReference).
+        m.register_pod(&pod("b", &["cm"]));
+        assert_eq!(rv(m.config_map("ns", "cm").await.unwrap()), "2");
+        // TTL 0 (the TTL controller's value for small clusters): every read.
+        *ttl.lock() = Some(Duration::ZERO);
+        assert_eq!(rv(m.config_map("ns", "cm").await.unwrap()), "3");
+        // Gone: NotFound is cached like an object.
+        gone.store(true, Ordering::SeqCst);
+        assert!(m.config_map("ns", "cm").await.unwrap_err().is_not_found());
+
+        // Get: nothing kept, every read a GET.
+        let before = gets.load(Ordering::SeqCst);
+        gone.store(false, Ordering::SeqCst);
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let slot = Arc::new(OnceLock::new());
+        let _ = slot.set(ApiClient::new(client, 50, 100));
+        let g = ObjectManager::new(slot, TaskTracker::new(), CancellationToken::new())
+            .with_strategy(ChangeDetection::Get, Duration::from_secs(60));
+        g.register_pod(&p);
+        assert_eq!(g.watched(), (0, 0), "nothing kept");
+        g.config_map("ns", "cm").await.unwrap();
+        g.config_map("ns", "cm").await.unwrap();
+        assert_eq!(gets.load(Ordering::SeqCst), before + 2);
     }
 
     #[tokio::test]

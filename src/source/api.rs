@@ -143,13 +143,19 @@ async fn follow(
                 // A re-list (first start, or after 410 Gone) replaces the set
                 // at once: pods that stayed keep running untouched.
                 *store = init.take().unwrap_or_default();
+                store
+                    .values()
+                    .for_each(crate::metrics::startup::observed_on_watch);
                 true
             }
             Ok(watcher::Event::Apply(p)) => {
+                // The startup SLI ends when the watch shows the pod started.
+                crate::metrics::startup::observed_on_watch(&p);
                 store.insert(uid(&p), p);
                 true
             }
             Ok(watcher::Event::Delete(p)) => {
+                crate::metrics::startup::forget(&uid(&p));
                 store.remove(&uid(&p));
                 true
             }

@@ -5,7 +5,8 @@
 //! memory-backed volumes and local persistent volumes, a `du`-like walk
 //! (with the file system's capacity and free space from statfs) for the
 //! kubelet's on-disk volumes (emptyDir, configMap, secret, downwardAPI,
-//! projected). hostPath volumes report nothing, as upstream's plugin.
+//! projected). hostPath volumes report nothing, as upstream's plugin (those
+//! behind a PV are left out by the volume manager's `measured_volumes`).
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;

@@ -78,6 +78,7 @@ impl StatusManager {
             }
             version = old.version + 1;
         }
+        crate::metrics::startup::status_updated(uid, &status);
         map.insert(
             uid.to_string(),
             Versioned {

@@ -52,6 +52,9 @@ pub struct Mounted {
     remountable: bool,
     /// Unix seconds when a token in it is due for refresh.
     refresh_at: Option<i64>,
+    /// Has volume stats: upstream's hostPath plugin (also behind a PV)
+    /// offers no metrics, so its volumes are left out of pod stats.
+    measured: bool,
 }
 
 struct Desired {
@@ -366,6 +369,22 @@ impl VolumeManager {
         v
     }
 
+    /// The pod's volumes that have stats (not hostPath ones, direct or
+    /// through a PV): name → host path.
+    pub fn measured_volumes(&self, uid: &str) -> Vec<(String, PathBuf)> {
+        let st = self.inner.state.lock();
+        let mut v: Vec<_> = st
+            .actual
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter(|(_, m)| m.measured)
+            .map(|(n, m)| (n.clone(), m.path.clone()))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Volumes of the pod that failed to set up, with the last error and
     /// when the next attempt is (for `/debug/pods`).
     pub fn failing(&self, uid: &str) -> Vec<(String, String, Duration)> {
@@ -587,6 +606,14 @@ impl VolumeManager {
 
     async fn reconcile_loop(self, tasks: TaskTracker, token: CancellationToken) {
         let mut changes = self.inner.objects.subscribe();
+        // Without watches nothing says when a ConfigMap or Secret changed:
+        // API-data volumes are written again every resync period, as
+        // upstream's pod syncs remount them (Get and Cache strategies).
+        let (strategy, resync) = self.inner.objects.strategy();
+        let mut resync_tick = (strategy != crate::objects::ChangeDetection::Watch).then(|| {
+            let period = resync.max(Duration::from_secs(1));
+            tokio::time::interval_at(Instant::now() + period, period)
+        });
         loop {
             for op in self.plan(None) {
                 let me = self.clone();
@@ -594,10 +621,21 @@ impl VolumeManager {
             }
             let idle = Instant::now() + RECONCILE_MAX_IDLE;
             let next = self.next_due().map_or(idle, |n| n.min(idle));
+            let resync_due = async {
+                match resync_tick.as_mut() {
+                    Some(t) => t.tick().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = token.cancelled() => return,
                 _ = self.inner.wake.notified() => {}
                 _ = tokio::time::sleep_until(next) => {}
+                _ = resync_due => {
+                    for d in self.inner.state.lock().desired.values_mut() {
+                        d.remount = true;
+                    }
+                }
                 c = changes.recv() => match c {
                     Ok(key) => self.object_changed(&key),
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
@@ -653,6 +691,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
             owned: None,
             remountable: false,
             refresh_at: None,
+            measured: false,
         });
     }
     if let Some(ed) = &v.empty_dir {
@@ -693,6 +732,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
             owned: Some(dir),
             remountable: false,
             refresh_at: None,
+            measured: true,
         });
     }
     if let Some(claim) = pvc_name(pod, v) {
@@ -719,6 +759,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
             owned: None,
             remountable: false,
             refresh_at: None,
+            measured: local,
         });
     }
     let plugin = if v.config_map.is_some() {
@@ -775,6 +816,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
         owned: Some(dir),
         remountable: true,
         refresh_at,
+        measured: true,
     })
 }
 
