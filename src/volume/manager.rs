@@ -357,28 +357,23 @@ impl VolumeManager {
 
     /// The pod's volumes as set up: name → host path.
     pub fn pod_volumes(&self, uid: &str) -> Vec<(String, PathBuf)> {
-        let st = self.inner.state.lock();
-        let mut v: Vec<_> = st
-            .actual
-            .get(uid)
-            .into_iter()
-            .flatten()
-            .map(|(n, m)| (n.clone(), m.path.clone()))
-            .collect();
-        v.sort();
-        v
+        self.volumes_where(uid, |_| true)
     }
 
     /// The pod's volumes that have stats (not hostPath ones, direct or
     /// through a PV): name → host path.
     pub fn measured_volumes(&self, uid: &str) -> Vec<(String, PathBuf)> {
+        self.volumes_where(uid, |m| m.measured)
+    }
+
+    fn volumes_where(&self, uid: &str, keep: impl Fn(&Mounted) -> bool) -> Vec<(String, PathBuf)> {
         let st = self.inner.state.lock();
         let mut v: Vec<_> = st
             .actual
             .get(uid)
             .into_iter()
             .flatten()
-            .filter(|(_, m)| m.measured)
+            .filter(|(_, m)| keep(m))
             .map(|(n, m)| (n.clone(), m.path.clone()))
             .collect();
         v.sort();
