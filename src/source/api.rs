@@ -142,7 +142,13 @@ async fn follow(
             Ok(watcher::Event::InitDone) => {
                 // A re-list (first start, or after 410 Gone) replaces the set
                 // at once: pods that stayed keep running untouched.
-                *store = init.take().unwrap_or_default();
+                let listed = init.take().unwrap_or_default();
+                // Pods deleted while the watch was down leave no Delete.
+                store
+                    .keys()
+                    .filter(|u| !listed.contains_key(*u))
+                    .for_each(|u| crate::metrics::startup::forget(u));
+                *store = listed;
                 store
                     .values()
                     .for_each(crate::metrics::startup::observed_on_watch);
