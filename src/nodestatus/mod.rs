@@ -756,7 +756,13 @@ pub async fn run(
             _ = tick.tick() => {}
             _ = fast_tick => {
                 let timed_out = tokio::time::Instant::now() >= fast_until;
-                match fast_update(&api, &cfg, &observe, &cache, timed_out).await {
+                // Bounded like a regular try: a hung runtime or API server
+                // must not hold the status loop.
+                let turn = tokio::time::timeout(
+                    try_timeout,
+                    fast_update(&api, &cfg, &observe, &cache, timed_out),
+                );
+                match turn.await.unwrap_or(Fast::Again) {
                     Fast::Again => continue,
                     Fast::Done => {
                         fast = None;
