@@ -1,6 +1,8 @@
 //! Streaming through rkubelet's proxy to containerd's streaming server:
 //! exec over WebSocket (`v4.channel.k8s.io`, `v5.channel.k8s.io`) and
-//! port-forward over WebSocket, against a pod a real rkubelet runs.
+//! port-forward over WebSocket, against a pod a real rkubelet runs; and a
+//! real `kubectl exec` over SPDY through a stand-in for the API server's
+//! pods/exec proxying (the double serves kubectl's other requests).
 //!
 //! The routes are served in-process over a `RemoteRuntime` (the :10250
 //! server with its authn/authz is built elsewhere); the pod is registered
@@ -475,4 +477,187 @@ fn exec_and_port_forward_through_the_proxy() {
         let closed = tokio::time::timeout(Duration::from_secs(5), ws.recv()).await;
         assert_eq!(closed, Ok(None), "the client's connection closed");
     });
+}
+
+/// What the API server does with `pods/<name>/exec` (ExecLocation and
+/// streamParams in pkg/registry/core/pod/strategy.go): the kubelet's
+/// `/exec/<ns>/<pod>/<container>`, each `command` kept, and stdin, stdout,
+/// stderr and tty turned into `input`, `output`, `error` and `tty` = 1.
+fn kubelet_exec_path(api_path: &str) -> Option<String> {
+    let (path, query) = api_path.split_once('?').unwrap_or((api_path, ""));
+    let rest = path.strip_prefix("/api/v1/namespaces/")?;
+    let (ns, rest) = rest.split_once("/pods/")?;
+    let pod = rest.strip_suffix("/exec")?;
+    let mut container = "";
+    let mut params = Vec::new();
+    for kv in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        match (k, v) {
+            ("container", c) => container = c,
+            ("command", _) => params.push(kv.to_string()),
+            ("stdin", "true") => params.push("input=1".into()),
+            ("stdout", "true") => params.push("output=1".into()),
+            ("stderr", "true") => params.push("error=1".into()),
+            ("tty", "true") => params.push("tty=1".into()),
+            _ => {}
+        }
+    }
+    Some(format!("/exec/{ns}/{pod}/{container}?{}", params.join("&")))
+}
+
+/// Stands in for the API server's side of `kubectl exec`: exec requests go,
+/// rewritten as the API server rewrites them, to the kubelet's routes at
+/// `kubelet`, and the upgraded connection is spliced; every other request
+/// (kubectl's discovery and its GET of the pod) goes to the API double at
+/// `api`, one request per connection.
+async fn front(
+    listener: tokio::net::TcpListener,
+    api: String,
+    kubelet: String,
+    upgrades: Arc<parking_lot::Mutex<Vec<String>>>,
+) {
+    loop {
+        let Ok((mut client, _)) = listener.accept().await else {
+            return;
+        };
+        let (api, kubelet, upgrades) = (api.clone(), kubelet.clone(), upgrades.clone());
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            let head_end = loop {
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break i + 4;
+                }
+                let mut chunk = [0u8; 4096];
+                match client.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+                if buf.len() > 64 << 10 {
+                    return;
+                }
+            };
+            let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+            let mut lines = head.split("\r\n");
+            let first = lines.next().unwrap_or_default();
+            let mut words = first.split(' ');
+            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
+            let (to, head) = match kubelet_exec_path(path) {
+                Some(p) => {
+                    let upgrade = headers.iter().find_map(|h| {
+                        h.split_once(':')
+                            .filter(|(n, _)| n.eq_ignore_ascii_case("upgrade"))
+                    });
+                    upgrades
+                        .lock()
+                        .push(upgrade.map_or("", |(_, v)| v.trim()).to_string());
+                    (
+                        kubelet,
+                        format!("{method} {p} HTTP/1.1\r\n{}\r\n\r\n", headers.join("\r\n")),
+                    )
+                }
+                None => {
+                    let kept: Vec<&str> = headers
+                        .iter()
+                        .copied()
+                        .filter(|h| !h.to_ascii_lowercase().starts_with("connection:"))
+                        .collect();
+                    (
+                        api,
+                        format!(
+                            "{first}\r\n{}\r\nConnection: close\r\n\r\n",
+                            kept.join("\r\n")
+                        ),
+                    )
+                }
+            };
+            let Ok(mut up) = TcpStream::connect(&to).await else {
+                return;
+            };
+            if up.write_all(head.as_bytes()).await.is_err()
+                || up.write_all(&buf[head_end..]).await.is_err()
+            {
+                return;
+            }
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
+        });
+    }
+}
+
+/// `kubectl exec` over SPDY (websockets turned off, as against an API
+/// server older than 1.30 or one without the stream translator) through a
+/// stand-in for the API server's proxying: stdin reaches the process,
+/// stdout and stderr come back apart, and kubectl exits with the process's
+/// exit code.
+#[test]
+fn kubectl_exec_over_spdy_round_trips_stdin_output_and_the_exit_code() {
+    let k = Kubelet::start("it-spdy");
+    k.write_manifest(
+        "x.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n"
+        ),
+    );
+    let pod = k.wait_pod("x", "running", T, |p| running(p, "main"));
+    let name = format!("x-{}", k.node);
+    let api = common::apiserver::ApiServer::start(common::apiserver::ApiServerOptions {
+        tls: false,
+        ..Default::default()
+    });
+    api.create(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": pod["spec"].clone(),
+    }));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sv = rt.block_on(serve(&pod, None));
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let front_addr = listener.local_addr().unwrap().to_string();
+    let upgrades = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    rt.spawn(front(
+        listener,
+        api.url().trim_start_matches("http://").to_string(),
+        sv.addr.clone(),
+        upgrades.clone(),
+    ));
+    let kubeconfig = k.dir.join("kubectl-front.conf");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{front_addr}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user: {{}}\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new("kubectl")
+        .env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["exec", "-i", "-n", "default", &name, "-c", "main", "--"])
+        .args(["sh", "-c", "read l; echo \"got $l\"; echo oops >&2; exit 3"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let deadline = Instant::now() + T;
+    let out = loop {
+        if child.try_wait().unwrap().is_some() {
+            break child.wait_with_output().unwrap();
+        }
+        assert!(Instant::now() < deadline, "kubectl exec did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(stdout, "got hello\n", "stderr: {stderr}");
+    assert!(stderr.contains("oops"), "{stderr}");
+    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    assert_eq!(*upgrades.lock(), ["SPDY/3.1"], "one exec, over SPDY");
+    drop(sv);
 }
