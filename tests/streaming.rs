@@ -1,8 +1,9 @@
 //! Streaming through rkubelet's proxy to containerd's streaming server:
 //! exec over WebSocket (`v4.channel.k8s.io`, `v5.channel.k8s.io`) and
 //! port-forward over WebSocket, against a pod a real rkubelet runs; and a
-//! real `kubectl exec` over SPDY through a stand-in for the API server's
-//! pods/exec proxying (the double serves kubectl's other requests).
+//! real `kubectl exec` and `kubectl port-forward` over SPDY through a
+//! stand-in for the API server's proxying (the double serves kubectl's
+//! other requests).
 //!
 //! The routes are served in-process over a `RemoteRuntime` (the :10250
 //! server with its authn/authz is built elsewhere); the pod is registered
@@ -487,6 +488,10 @@ fn kubelet_exec_path(api_path: &str) -> Option<String> {
     let (path, query) = api_path.split_once('?').unwrap_or((api_path, ""));
     let rest = path.strip_prefix("/api/v1/namespaces/")?;
     let (ns, rest) = rest.split_once("/pods/")?;
+    if let Some(pod) = rest.strip_suffix("/portforward") {
+        // PortForwardLocation: SPDY carries the ports in stream headers.
+        return Some(format!("/portForward/{ns}/{pod}"));
+    }
     let pod = rest.strip_suffix("/exec")?;
     let mut container = "";
     let mut params = Vec::new();
@@ -595,20 +600,25 @@ fn kubectl_exec_over_spdy_round_trips_stdin_output_and_the_exit_code() {
     k.write_manifest(
         "x.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n"
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n  - name: echo\n    image: {BUSYBOX}\n    command: [sh, -c, 'printf \"#!/bin/sh\\nread x\\necho pong \\$x\\n\" > /pong; chmod +x /pong; while true; do nc -l -p 8080 -e /pong; done']\n"
         ),
     );
-    let pod = k.wait_pod("x", "running", T, |p| running(p, "main"));
+    let pod = k.wait_pod("x", "running", T, |p| {
+        running(p, "main") && running(p, "echo")
+    });
     let name = format!("x-{}", k.node);
     let api = common::apiserver::ApiServer::start(common::apiserver::ApiServerOptions {
         tls: false,
         ..Default::default()
     });
-    api.create(serde_json::json!({
+    let mut obj = api.create(serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default"},
         "spec": pod["spec"].clone(),
     }));
+    // kubectl port-forward refuses a pod the API does not show Running.
+    obj["status"] = pod["status"].clone();
+    api.update_status(obj);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sv = rt.block_on(serve(&pod, None));
     let listener = rt
@@ -659,5 +669,56 @@ fn kubectl_exec_over_spdy_round_trips_stdin_output_and_the_exit_code() {
     assert!(stderr.contains("oops"), "{stderr}");
     assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
     assert_eq!(*upgrades.lock(), ["SPDY/3.1"], "one exec, over SPDY");
+
+    // kubectl port-forward over SPDY: bytes both ways to the pod's port.
+    let local = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut pf = std::process::Command::new("kubectl")
+        .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args([
+            "port-forward",
+            "-n",
+            "default",
+            &name,
+            &format!("{local}:8080"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(k.dir.join("port-forward.err")).unwrap())
+        .spawn()
+        .expect("kubectl port-forward");
+    let err_file = k.dir.join("port-forward.err");
+    let answer = poll_pong(local, &err_file, || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", local)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        s.write_all(b"ping\n").ok()?;
+        let mut got = String::new();
+        s.read_to_string(&mut got).ok()?;
+        (!got.is_empty()).then_some(got)
+    });
+    let _ = pf.kill();
+    let _ = pf.wait();
+    assert_eq!(answer, "pong ping\n");
+    assert_eq!(upgrades.lock().last().map(String::as_str), Some("SPDY/3.1"));
     drop(sv);
+}
+
+/// Polls `f` for up to a minute; on timeout fails with kubectl's stderr.
+fn poll_pong(port: u16, err: &std::path::Path, mut f: impl FnMut() -> Option<String>) -> String {
+    let deadline = Instant::now() + T;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no pong through kubectl port-forward on {port}: {}",
+            std::fs::read_to_string(err).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
