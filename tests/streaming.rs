@@ -595,7 +595,7 @@ async fn front(
 /// stdout and stderr come back apart, and kubectl exits with the process's
 /// exit code.
 #[test]
-fn kubectl_exec_over_spdy_round_trips_stdin_output_and_the_exit_code() {
+fn kubectl_exec_and_port_forward_over_spdy() {
     let k = Kubelet::start("it-spdy");
     k.write_manifest(
         "x.yaml",
