@@ -293,6 +293,8 @@ pub struct FileReader {
     pub opened: u64,
     /// Value files kept open between collections, when enabled.
     kept: Option<KeptFiles>,
+    /// Whether files not yet kept may be added (see `keep_new`).
+    keep_new: bool,
 }
 
 /// Open cgroup value files, read again at offset 0 on the next collection.
@@ -303,6 +305,11 @@ pub struct FileReader {
 /// for `KEPT_IDLE` are closed, so a removed cgroup is not pinned for long.
 struct KeptFiles {
     dirs: HashMap<PathBuf, KeptDir>,
+    /// Sandbox id → its pause process's `/proc/<pid>/net/dev`. The open
+    /// file is bound to the network namespace, not the pid, so it keeps
+    /// naming that sandbox's namespace; dropped with the sandbox (see
+    /// `FileReader::retain_net_devs`) or when unused for `KEPT_IDLE`.
+    net_devs: HashMap<Box<str>, (std::fs::File, std::time::Instant)>,
     /// Descriptors held, at most `cap`; past it files are opened per read.
     held: usize,
     cap: usize,
@@ -332,6 +339,7 @@ impl FileReader {
             dir: None,
             opened: 0,
             kept: None,
+            keep_new: true,
         }
     }
 
@@ -341,6 +349,7 @@ impl FileReader {
         FileReader {
             kept: Some(KeptFiles {
                 dirs: HashMap::new(),
+                net_devs: HashMap::new(),
                 held: 0,
                 cap,
                 swept: std::time::Instant::now(),
@@ -380,7 +389,64 @@ impl FileReader {
             }
             keep
         });
-        k.held = held;
+        k.net_devs
+            .retain(|_, (_, used)| now.duration_since(*used) < KEPT_IDLE);
+        k.held = held + k.net_devs.len();
+    }
+
+    /// Whether files read from now on may join the kept ones (those kept
+    /// already are read through their descriptors either way). Turned off
+    /// for the cgroups only cAdvisor's text reads (sandboxes), so the cap
+    /// goes to the pods' and containers' files every endpoint reads.
+    pub fn keep_new(&mut self, on: bool) {
+        self.keep_new = on;
+    }
+
+    /// Closes the kept `net/dev` files of sandboxes not in `live` (gone
+    /// from the runtime's lists): call after a collection that looked at
+    /// every sandbox.
+    pub fn retain_net_devs(&mut self, live: &dyn Fn(&str) -> bool) {
+        let Some(k) = self.kept.as_mut() else { return };
+        let before = k.net_devs.len();
+        k.net_devs.retain(|id, _| live(id));
+        k.held -= before - k.net_devs.len();
+    }
+
+    /// The network counters of sandbox `sandbox`'s namespace: its
+    /// `/proc/<pid>/net/dev`, kept open by sandbox id when the reader
+    /// keeps files (re-read from offset 0, no pid lookup: `pid` is asked
+    /// only when the sandbox has no file kept). A sandbox id is never
+    /// reused, so a kept file is never read as another sandbox's.
+    pub fn net_dev(
+        &mut self,
+        sandbox: &str,
+        pid: impl FnOnce(&mut Self) -> Option<u32>,
+    ) -> Option<&str> {
+        let now = std::time::Instant::now();
+        if let Some(k) = self.kept.as_mut() {
+            if let Some((f, used)) = k.net_devs.get_mut(sandbox) {
+                *used = now;
+                match read_all_at(f, &mut self.buf) {
+                    Some(len) => return std::str::from_utf8(&self.buf[..len]).ok(),
+                    None => {
+                        k.net_devs.remove(sandbox);
+                        k.held -= 1;
+                    }
+                }
+            }
+        }
+        let pid = pid(self)?;
+        self.opened += 1;
+        let f = std::fs::File::open(format!("/proc/{pid}/net/dev")).ok()?;
+        let len = read_all_at(&f, &mut self.buf)?;
+        let keep_new = self.keep_new;
+        if let Some(k) = self.kept.as_mut().filter(|_| keep_new) {
+            if k.held < k.cap {
+                k.held += 1;
+                k.net_devs.insert(sandbox.into(), (f, now));
+            }
+        }
+        std::str::from_utf8(&self.buf[..len]).ok()
     }
 
     /// A single-record file (`dir/file`): one read unless it fills the
@@ -435,7 +501,7 @@ impl FileReader {
         // A file that failed to open is remembered only while its directory
         // is there: a cgroup's controller files do not come and go.
         let dir_there = f.is_some() || self.dir.as_ref().is_some_and(|(p, _)| p == dir);
-        if dir_there && (f.is_none() || k.held < k.cap) {
+        if dir_there && self.keep_new && (f.is_none() || k.held < k.cap) {
             k.held += usize::from(f.is_some());
             let d = k.dirs.entry(dir.to_path_buf()).or_insert_with(|| KeptDir {
                 files: Vec::new(),
@@ -552,6 +618,25 @@ fn read_at_start(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
                     return Some(len);
                 }
             }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Reads all of `f` from offset 0 into `buf` (a file of many records,
+/// which a seq_file hands over a page at a time): the length read, `None`
+/// on an error.
+fn read_all_at(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match f.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => return Some(len),
+            Ok(n) => len += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return None,
         }
@@ -1011,6 +1096,30 @@ mod tests {
         let mut plain = FileReader::new();
         assert_eq!(plain.hot(&a, "memory.stat"), Some("cache 12345\n"));
         assert_eq!(plain.held(), 0);
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn a_sandboxs_net_dev_is_kept_by_sandbox_id_until_it_goes() {
+        let me = std::process::id();
+        let mut r = FileReader::keeping(4);
+        let text = r.net_dev("sb1", |_| Some(me)).map(str::to_string);
+        assert!(text.as_deref().is_some_and(|t| t.contains("Receive")));
+        assert_eq!((r.opened, r.held()), (1, 1));
+        // Read again through the kept file: no pid looked for.
+        assert!(r.net_dev("sb1", |_| panic!("looked for")).is_some());
+        assert_eq!(r.opened, 1);
+        // The sandbox is gone from the lists: its file is closed.
+        r.retain_net_devs(&|id| id != "sb1");
+        assert_eq!(r.held(), 0);
+        assert_eq!(r.net_dev("sb1", |_| None), None);
+        // Not kept while new files are not to be kept.
+        r.keep_new(false);
+        assert!(r.net_dev("sb2", |_| Some(me)).is_some());
+        let root = tempdir("keepnew");
+        write(&root, "memory.stat", "cache 1\n");
+        assert_eq!(r.hot(&root, "memory.stat"), Some("cache 1\n"));
+        assert_eq!(r.held(), 0);
         let _ = std::fs::remove_dir_all(root);
     }
 
