@@ -234,6 +234,13 @@ impl Kubelet {
             .arg(dir.join("root"))
             .arg(format!("--cert-dir={}", dir.join("pki").display()))
             .args(extra)
+            // Profiling: more flags for every kubelet started (`--v=4` logs
+            // each stats collection's files and CPU).
+            .args(
+                std::env::var("RKUBELET_BENCH_KUBELET_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -267,6 +274,19 @@ impl Drop for Kubelet {
             .arg(self.child.id().to_string())
             .status();
         let _ = self.child.wait();
+        // Profiling: the kubelet's log, appended where asked.
+        if let Ok(to) = std::env::var("RKUBELET_BENCH_KEEP_LOG") {
+            if let (Ok(log), Ok(mut out)) = (
+                std::fs::read(self.dir.join("rkubelet.log")),
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(to),
+            ) {
+                use std::io::Write;
+                let _ = out.write_all(&log);
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

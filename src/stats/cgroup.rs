@@ -283,16 +283,22 @@ pub enum Detail {
 /// whole to a read with room for it: one open and one read per file
 /// (`std::fs::read_to_string` also stats the file and reads again to see
 /// the end). Files of many records (`/proc/.../net/dev`, `cgroup.procs`)
-/// are read to the end. The directory last read from is held open and the
-/// next file in it opened relative to it, so the kernel walks a long cgroup
-/// path once per directory rather than once per file.
+/// are read to the end. The directories last read from are held open for
+/// the collection and files in them (and their subdirectories: a
+/// container's cgroup under its pod's) opened relative to them, so the
+/// kernel walks a long cgroup path once per pod and controller rather than
+/// once per file.
 pub struct FileReader {
     buf: Vec<u8>,
-    dir: Option<(PathBuf, std::os::fd::OwnedFd)>,
+    /// Directories held for this collection, most recently used last (at
+    /// most `HELD_DIRS`).
+    dirs: Vec<(PathBuf, std::os::fd::OwnedFd)>,
     /// Files opened (profiling and tests).
     pub opened: u64,
     /// Value files kept open between collections, when enabled.
     kept: Option<KeptFiles>,
+    /// Whether files not yet kept may be added (see `keep_new`).
+    keep_new: bool,
 }
 
 /// Open cgroup value files, read again at offset 0 on the next collection.
@@ -302,7 +308,14 @@ pub struct FileReader {
 /// away fails its read and its directory is forgotten; directories unused
 /// for `KEPT_IDLE` are closed, so a removed cgroup is not pinned for long.
 struct KeptFiles {
-    dirs: HashMap<PathBuf, KeptDir>,
+    /// Keyed by the path's bytes: a `Path` hashes component by component,
+    /// which showed in profiles at hundreds of lookups per collection.
+    dirs: HashMap<std::ffi::OsString, KeptDir>,
+    /// Sandbox id → its pause process's `/proc/<pid>/net/dev`. The open
+    /// file is bound to the network namespace, not the pid, so it keeps
+    /// naming that sandbox's namespace; dropped with the sandbox (see
+    /// `FileReader::retain_net_devs`) or when unused for `KEPT_IDLE`.
+    net_devs: HashMap<Box<str>, (std::fs::File, std::time::Instant)>,
     /// Descriptors held, at most `cap`; past it files are opened per read.
     held: usize,
     cap: usize,
@@ -316,6 +329,10 @@ struct KeptDir {
 }
 
 const KEPT_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
+/// Directories held during a collection: a pod's in each controller (cpu,
+/// cpuacct, memory, pids, unified) and its sandbox's and a container's
+/// under them, without evicting the pod's before its last container.
+const HELD_DIRS: usize = 16;
 
 impl Default for FileReader {
     fn default() -> Self {
@@ -329,9 +346,10 @@ impl FileReader {
     pub fn new() -> Self {
         FileReader {
             buf: vec![0; Self::INITIAL],
-            dir: None,
+            dirs: Vec::new(),
             opened: 0,
             kept: None,
+            keep_new: true,
         }
     }
 
@@ -341,6 +359,7 @@ impl FileReader {
         FileReader {
             kept: Some(KeptFiles {
                 dirs: HashMap::new(),
+                net_devs: HashMap::new(),
                 held: 0,
                 cap,
                 swept: std::time::Instant::now(),
@@ -349,10 +368,10 @@ impl FileReader {
         }
     }
 
-    /// Starts a collection: the held directory descriptor is let go (it
-    /// may name a cgroup removed since) and the open count restarts.
+    /// Starts a collection: the held directory descriptors are let go
+    /// (they may name cgroups removed since) and the open count restarts.
     pub fn begin(&mut self) {
-        self.dir = None;
+        self.dirs.clear();
         self.opened = 0;
     }
 
@@ -365,7 +384,7 @@ impl FileReader {
     /// after a collection.
     pub fn sweep(&mut self) {
         // Nor is a directory held open until the next collection.
-        self.dir = None;
+        self.dirs.clear();
         let Some(k) = self.kept.as_mut() else { return };
         let now = std::time::Instant::now();
         if now.duration_since(k.swept) < KEPT_IDLE / 4 {
@@ -380,7 +399,64 @@ impl FileReader {
             }
             keep
         });
-        k.held = held;
+        k.net_devs
+            .retain(|_, (_, used)| now.duration_since(*used) < KEPT_IDLE);
+        k.held = held + k.net_devs.len();
+    }
+
+    /// Whether files read from now on may join the kept ones (those kept
+    /// already are read through their descriptors either way). Turned off
+    /// for the cgroups only cAdvisor's text reads (sandboxes), so the cap
+    /// goes to the pods' and containers' files every endpoint reads.
+    pub fn keep_new(&mut self, on: bool) {
+        self.keep_new = on;
+    }
+
+    /// Closes the kept `net/dev` files of sandboxes not in `live` (gone
+    /// from the runtime's lists): call after a collection that looked at
+    /// every sandbox.
+    pub fn retain_net_devs(&mut self, live: &dyn Fn(&str) -> bool) {
+        let Some(k) = self.kept.as_mut() else { return };
+        let before = k.net_devs.len();
+        k.net_devs.retain(|id, _| live(id));
+        k.held -= before - k.net_devs.len();
+    }
+
+    /// The network counters of sandbox `sandbox`'s namespace: its
+    /// `/proc/<pid>/net/dev`, kept open by sandbox id when the reader
+    /// keeps files (re-read from offset 0, no pid lookup: `pid` is asked
+    /// only when the sandbox has no file kept). A sandbox id is never
+    /// reused, so a kept file is never read as another sandbox's.
+    pub fn net_dev(
+        &mut self,
+        sandbox: &str,
+        pid: impl FnOnce(&mut Self) -> Option<u32>,
+    ) -> Option<&str> {
+        let now = std::time::Instant::now();
+        if let Some(k) = self.kept.as_mut() {
+            if let Some((f, used)) = k.net_devs.get_mut(sandbox) {
+                *used = now;
+                match read_all_at(f, &mut self.buf) {
+                    Some(len) => return std::str::from_utf8(&self.buf[..len]).ok(),
+                    None => {
+                        k.net_devs.remove(sandbox);
+                        k.held -= 1;
+                    }
+                }
+            }
+        }
+        let pid = pid(self)?;
+        self.opened += 1;
+        let f = std::fs::File::open(format!("/proc/{pid}/net/dev")).ok()?;
+        let len = read_all_at(&f, &mut self.buf)?;
+        let keep_new = self.keep_new;
+        if let Some(k) = self.kept.as_mut().filter(|_| keep_new) {
+            if k.held < k.cap {
+                k.held += 1;
+                k.net_devs.insert(sandbox.into(), (f, now));
+            }
+        }
+        std::str::from_utf8(&self.buf[..len]).ok()
     }
 
     /// A single-record file (`dir/file`): one read unless it fills the
@@ -408,7 +484,7 @@ impl FileReader {
         let now = std::time::Instant::now();
         let k = self.kept.as_mut()?;
         let mut stale = false;
-        if let Some(d) = k.dirs.get_mut(dir) {
+        if let Some(d) = k.dirs.get_mut(dir.as_os_str()) {
             d.used = now;
             if let Some((_, f)) = d.files.iter().find(|(n, _)| &**n == file) {
                 let Some(f) = f else { return None };
@@ -420,11 +496,11 @@ impl FileReader {
             }
         }
         if stale {
-            if let Some(d) = k.dirs.remove(dir) {
+            if let Some(d) = k.dirs.remove(dir.as_os_str()) {
                 k.held -= d.files.iter().filter(|(_, f)| f.is_some()).count();
             }
-            // The held directory descriptor may be the removed one too.
-            self.dir = None;
+            // The held directory descriptors may name the removed one too.
+            self.dirs.clear();
         }
         let f = self.open_in(dir, file);
         let k = self.kept.as_mut()?;
@@ -434,13 +510,16 @@ impl FileReader {
         };
         // A file that failed to open is remembered only while its directory
         // is there: a cgroup's controller files do not come and go.
-        let dir_there = f.is_some() || self.dir.as_ref().is_some_and(|(p, _)| p == dir);
-        if dir_there && (f.is_none() || k.held < k.cap) {
+        let dir_there = f.is_some() || self.dirs.last().is_some_and(|(p, _)| p == dir);
+        if dir_there && self.keep_new && (f.is_none() || k.held < k.cap) {
             k.held += usize::from(f.is_some());
-            let d = k.dirs.entry(dir.to_path_buf()).or_insert_with(|| KeptDir {
-                files: Vec::new(),
-                used: now,
-            });
+            let d = k
+                .dirs
+                .entry(dir.as_os_str().to_owned())
+                .or_insert_with(|| KeptDir {
+                    files: Vec::new(),
+                    used: now,
+                });
             d.files.push((file.into(), f));
         }
         std::str::from_utf8(&self.buf[..len?]).ok()
@@ -467,50 +546,95 @@ impl FileReader {
         self.value(dir, file)?.trim().parse().ok()
     }
 
-    /// Opens `file` in `dir` through the held directory descriptor.
+    /// Opens `file` in `dir` through a held directory descriptor.
     fn open_in(&mut self, dir: &Path, file: &str) -> Option<std::fs::File> {
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-        use std::os::unix::ffi::OsStrExt;
+        use std::os::fd::FromRawFd;
         self.opened += 1;
-        let held = self
-            .dir
-            .as_ref()
-            .is_some_and(|(p, _)| p.as_os_str() == dir.as_os_str());
-        if !held {
-            self.dir = None;
-            let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-            // SAFETY: `c` is a NUL-terminated path; a descriptor returned is
-            // ours alone and handed to an OwnedFd, which closes it.
-            let fd = unsafe {
-                libc::open(
-                    c.as_ptr(),
-                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                )
-            };
-            if fd < 0 {
-                return None;
-            }
-            // SAFETY: `fd` was just opened and is owned by nothing else.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            self.dir = Some((dir.to_path_buf(), fd));
-        }
-        let (_, dfd) = self.dir.as_ref()?;
+        let dfd = self.dir_fd(dir)?;
         let c = std::ffi::CString::new(file).ok()?;
         // SAFETY: `dfd` is an open directory descriptor and `c` a
         // NUL-terminated name; a descriptor returned is ours alone and
         // handed to a File, which closes it.
-        let fd = unsafe {
-            libc::openat(
-                dfd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_CLOEXEC,
-            )
-        };
+        let fd = unsafe { libc::openat(dfd, c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
         if fd < 0 {
             return None;
         }
         // SAFETY: `fd` was just opened and is owned by nothing else.
         Some(unsafe { std::fs::File::from_raw_fd(fd) })
+    }
+
+    /// A held descriptor of `dir` (then the most recently used), opened
+    /// relative to the nearest held ancestor when there is one (a path walk
+    /// of one component for a container under its pod instead of the whole
+    /// cgroupfs path).
+    fn dir_fd(&mut self, dir: &Path) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::unix::ffi::OsStrExt;
+        let want = dir.as_os_str().as_bytes();
+        if let Some(i) = self
+            .dirs
+            .iter()
+            .rposition(|(p, _)| p.as_os_str().as_bytes() == want)
+        {
+            let e = self.dirs.remove(i);
+            self.dirs.push(e);
+            return self.dirs.last().map(|(_, fd)| fd.as_raw_fd());
+        }
+        // The longest held path that `dir` is under (byte prefix ending at
+        // a `/`), and what is left of `dir` below it.
+        let base =
+            self.dirs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (p, _))| {
+                    let p = p.as_os_str().as_bytes();
+                    let p = p.strip_suffix(b"/").unwrap_or(p);
+                    let rest = want.strip_prefix(p)?.strip_prefix(b"/")?;
+                    let rest = rest.strip_suffix(b"/").unwrap_or(rest);
+                    (!rest.is_empty() && !rest.split(|b| *b == b'/').any(|c| c == b".."))
+                        .then_some((i, p.len(), rest))
+                })
+                .max_by_key(|(_, len, _)| *len)
+                .map(|(i, _, rest)| (i, std::ffi::CString::new(rest)));
+        let fd = match base {
+            Some((i, c)) => {
+                let e = self.dirs.remove(i);
+                self.dirs.push(e);
+                let c = c.ok()?;
+                let at = self.dirs.last()?.1.as_raw_fd();
+                // SAFETY: `at` is an open directory descriptor and `c` a
+                // NUL-terminated relative path; a descriptor returned is
+                // ours alone and handed to an OwnedFd below.
+                unsafe {
+                    libc::openat(
+                        at,
+                        c.as_ptr(),
+                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    )
+                }
+            }
+            None => {
+                let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+                // SAFETY: `c` is a NUL-terminated path; a descriptor
+                // returned is ours alone and handed to an OwnedFd below.
+                unsafe {
+                    libc::open(
+                        c.as_ptr(),
+                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    )
+                }
+            }
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        if self.dirs.len() >= HELD_DIRS {
+            self.dirs.remove(0);
+        }
+        self.dirs.push((dir.to_path_buf(), fd));
+        self.dirs.last().map(|(_, fd)| fd.as_raw_fd())
     }
 
     fn read_from(&mut self, mut f: std::fs::File, single: bool) -> Option<&str> {
@@ -552,6 +676,25 @@ fn read_at_start(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
                     return Some(len);
                 }
             }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Reads all of `f` from offset 0 into `buf` (a file of many records,
+/// which a seq_file hands over a page at a time): the length read, `None`
+/// on an error.
+fn read_all_at(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match f.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => return Some(len),
+            Ok(n) => len += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return None,
         }
@@ -1011,6 +1154,52 @@ mod tests {
         let mut plain = FileReader::new();
         assert_eq!(plain.hot(&a, "memory.stat"), Some("cache 12345\n"));
         assert_eq!(plain.held(), 0);
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn directories_under_a_held_one_are_opened_relative_to_it() {
+        let root = tempdir("dirs");
+        let (a, ab, c) = (root.join("a"), root.join("a/b"), root.join("c"));
+        write(&a, "x", "1\n");
+        write(&ab, "x", "2\n");
+        write(&c, "x", "3\n");
+        let mut r = FileReader::new();
+        assert_eq!(r.value(&a, "x"), Some("1\n"));
+        assert_eq!(r.value(&ab, "x"), Some("2\n"));
+        assert_eq!(r.value(&c, "x"), Some("3\n"));
+        assert_eq!(r.value(&a, "x"), Some("1\n"));
+        assert_eq!(r.value(&root.join("a/b/"), "x"), Some("2\n"));
+        assert_eq!(r.value(&root.join("a/missing"), "x"), None);
+        // Made again between collections: the new directory is read.
+        std::fs::remove_dir_all(&ab).unwrap();
+        write(&ab, "x", "4\n");
+        r.begin();
+        assert_eq!(r.value(&ab, "x"), Some("4\n"));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn a_sandboxs_net_dev_is_kept_by_sandbox_id_until_it_goes() {
+        let me = std::process::id();
+        let mut r = FileReader::keeping(4);
+        let text = r.net_dev("sb1", |_| Some(me)).map(str::to_string);
+        assert!(text.as_deref().is_some_and(|t| t.contains("Receive")));
+        assert_eq!((r.opened, r.held()), (1, 1));
+        // Read again through the kept file: no pid looked for.
+        assert!(r.net_dev("sb1", |_| panic!("looked for")).is_some());
+        assert_eq!(r.opened, 1);
+        // The sandbox is gone from the lists: its file is closed.
+        r.retain_net_devs(&|id| id != "sb1");
+        assert_eq!(r.held(), 0);
+        assert_eq!(r.net_dev("sb1", |_| None), None);
+        // Not kept while new files are not to be kept.
+        r.keep_new(false);
+        assert!(r.net_dev("sb2", |_| Some(me)).is_some());
+        let root = tempdir("keepnew");
+        write(&root, "memory.stat", "cache 1\n");
+        assert_eq!(r.hot(&root, "memory.stat"), Some("cache 1\n"));
+        assert_eq!(r.held(), 0);
         let _ = std::fs::remove_dir_all(root);
     }
 

@@ -129,6 +129,8 @@ pub struct Snapshot {
 }
 
 type CpuHistory = (Option<(i64, u64)>, (i64, u64));
+/// A path's st_dev, when its mount source was found, and the source.
+type KnownDevice = (u64, Instant, Option<String>);
 type SharedSnapshot = Shared<BoxFuture<'static, Result<Arc<Snapshot>, StatsError>>>;
 
 /// How long the sandbox and container lists are reused while the PLEG's
@@ -263,6 +265,9 @@ struct Inner {
     volumes: super::volumes::VolumeStatsCache,
     /// Boot time (Unix ns), from /proc/stat once.
     boot_ns: std::sync::OnceLock<i64>,
+    /// Mount source by path, with the path's st_dev and when it was found
+    /// (see `devices_of`).
+    devices: Mutex<HashMap<PathBuf, KnownDevice>>,
     /// The runtime's pid, and when /proc was last scanned for it.
     runtime_pid: Mutex<(Option<u32>, Option<std::time::Instant>)>,
     /// Overrides for tests (a fake cgroup tree).
@@ -885,6 +890,41 @@ fn read_cached(
     Some((name, s))
 }
 
+/// How long a path's mount source is trusted while its st_dev is unchanged.
+const DEVICE_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// The mount source of each path (cAdvisor's `device` label). The kernel
+/// formats all of /proc/self/mountinfo per read, and with 110 pods' mounts
+/// (rootfs, shm, volumes) that was an eighth of a scrape's CPU: it is read
+/// again only when a path's st_dev changed (something mounted over it or
+/// an ancestor) or its figure is older than `DEVICE_MAX_AGE`.
+fn devices_of(inner: &Inner, paths: &[&Path]) -> Vec<Option<String>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut cache = inner.devices.lock();
+    let mut mountinfo: Option<String> = None;
+    let out: Vec<Option<String>> = paths
+        .iter()
+        .map(|p| {
+            let dev = std::fs::metadata(p).ok().map(|m| m.dev());
+            if let (Some((d, at, v)), Some(dev)) = (cache.get(*p), dev) {
+                if *d == dev && at.elapsed() < DEVICE_MAX_AGE {
+                    return v.clone();
+                }
+            }
+            let mi = mountinfo.get_or_insert_with(|| {
+                std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()
+            });
+            let v = procfs::device_of(mi, p);
+            if let Some(dev) = dev {
+                cache.insert(p.to_path_buf(), (dev, Instant::now(), v.clone()));
+            }
+            v
+        })
+        .collect();
+    cache.retain(|k, _| paths.contains(&k.as_path()));
+    out
+}
+
 /// CPU time of the calling thread (the collection's own cost, apart from
 /// whatever else the process does meanwhile).
 fn thread_cpu_ns() -> u64 {
@@ -971,16 +1011,23 @@ fn read_files(
             .whole(proc_dir, "loadavg")
             .and_then(procfs::parse_loadavg_procs);
         node.interfaces = procfs::parse_net_dev(r.whole(proc_dir, "net/dev").unwrap_or_default());
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         node.rootfs = procfs::statvfs(&cfg.root_dir);
-        node.rootfs_device = procfs::device_of(&mountinfo, &cfg.root_dir);
         node.logs_fs = procfs::statvfs(&cfg.pod_logs_dir);
+        let mut image_mp = None;
         if let Some(fs) = &image_fs {
             let mp = fs.fs_id.as_ref().map(|f| PathBuf::from(&f.mountpoint));
             if let Some(figs) = mp.as_deref().and_then(procfs::statvfs) {
                 node.imagefs = Some((figs, opt_u64(&fs.used_bytes), opt_u64(&fs.inodes_used)));
-                node.imagefs_device = mp.as_deref().and_then(|m| procfs::device_of(&mountinfo, m));
+                image_mp = mp;
             }
+        }
+        // Device names are cAdvisor's labels only.
+        if detail == Detail::Full {
+            let mut paths = vec![cfg.root_dir.as_path()];
+            paths.extend(image_mp.as_deref());
+            let mut devs = devices_of(inner, &paths).into_iter();
+            node.rootfs_device = devs.next().flatten();
+            node.imagefs_device = devs.next().flatten();
         }
     }
 
@@ -1074,7 +1121,10 @@ fn read_files(
             if full {
                 seen_ctrs.insert(plan.sandbox_id.as_str());
                 let sandbox = if detail == Detail::Full {
-                    read_cached(
+                    // Only cAdvisor's text reads the sandbox cgroups: the
+                    // kept-file cap goes to the files every endpoint reads.
+                    r.keep_new(false);
+                    let found = read_cached(
                         &mut paths.containers,
                         &plan.sandbox_id,
                         &h,
@@ -1086,23 +1136,25 @@ fn read_files(
                         pod.sandbox_sample = s;
                         pod.sandbox_cgroup = Some(sc.clone());
                         sc
-                    })
+                    });
+                    r.keep_new(true);
+                    found
                 } else {
                     resolve(&mut paths.containers, &plan.sandbox_id, || {
                         container_cgroup(&h, &cg, &plan.sandbox_id)
                     })
                 };
-                // The pause process holds the pod's network namespace.
-                let pid = sandbox
-                    .as_deref()
-                    .and_then(|sc| h.procs_with(sc, &mut r).into_iter().next())
-                    .or_else(|| h.procs_with(&cg, &mut r).into_iter().next());
-                if let Some(pid) = pid {
-                    pod.interfaces = procfs::parse_net_dev(
-                        r.whole(&proc_dir.join(pid.to_string()), "net/dev")
-                            .unwrap_or_default(),
-                    );
-                }
+                // The pause process holds the pod's network namespace (its
+                // pid is looked for only when no file is kept for it).
+                pod.interfaces = procfs::parse_net_dev(
+                    r.net_dev(&plan.sandbox_id, |r| {
+                        sandbox
+                            .as_deref()
+                            .and_then(|sc| h.procs_with(sc, r).into_iter().next())
+                            .or_else(|| h.procs_with(&cg, r).into_iter().next())
+                    })
+                    .unwrap_or_default(),
+                );
             }
             pod.cgroup = Some(cg);
         }
@@ -1148,6 +1200,7 @@ fn read_files(
         paths
             .containers
             .retain(|k, _| seen_ctrs.contains(k.as_str()));
+        r.retain_net_devs(&|id| seen_ctrs.contains(id));
     } else {
         // Sandboxes were not looked at: keep theirs.
         let sandboxes: std::collections::HashSet<&str> =
