@@ -196,6 +196,12 @@ fn summary_and_metrics_match_the_container_cgroup_and_upstream_names() {
         node["runtime"]["imageFs"]["usedBytes"].is_u64(),
         "imageFs from CRI ImageFsInfo: {node}"
     );
+    // containerd 1.7 reports no separate container filesystem: upstream
+    // then gives the image filesystem as containerFs too.
+    assert_eq!(
+        node["runtime"]["containerFs"], node["runtime"]["imageFs"],
+        "{node}"
+    );
     assert!(node["rlimit"]["maxpid"].is_i64());
 
     // A second scrape a little later has a usageNanoCores (two samples).

@@ -659,8 +659,10 @@ impl FileReader {
 }
 
 /// Reads `f` from offset 0 into `buf`, growing it until the file fits:
-/// the length read, `None` on an error.
-fn read_at_start(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
+/// the length read, `None` on an error. A single-record file comes whole in
+/// one read with room; a file of many records (`whole`), which a seq_file
+/// hands over a page at a time, is read to its end.
+fn read_from_start(f: &std::fs::File, buf: &mut Vec<u8>, whole: bool) -> Option<usize> {
     use std::os::unix::fs::FileExt;
     let mut len = 0;
     loop {
@@ -671,8 +673,7 @@ fn read_at_start(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
             Ok(0) => return Some(len),
             Ok(n) => {
                 len += n;
-                // One seq_file record comes whole in one read with room.
-                if len < buf.len() {
+                if !whole && len < buf.len() {
                     return Some(len);
                 }
             }
@@ -682,23 +683,12 @@ fn read_at_start(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
     }
 }
 
-/// Reads all of `f` from offset 0 into `buf` (a file of many records,
-/// which a seq_file hands over a page at a time): the length read, `None`
-/// on an error.
+fn read_at_start(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
+    read_from_start(f, buf, false)
+}
+
 fn read_all_at(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
-    use std::os::unix::fs::FileExt;
-    let mut len = 0;
-    loop {
-        if len == buf.len() {
-            buf.resize(buf.len() * 2, 0);
-        }
-        match f.read_at(&mut buf[len..], len as u64) {
-            Ok(0) => return Some(len),
-            Ok(n) => len += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
-        }
-    }
+    read_from_start(f, buf, true)
 }
 
 /// `key value` lines, without allocating.

@@ -159,12 +159,19 @@ pub fn build(snap: &Snapshot, node_name: &str, only_cpu_and_memory: bool) -> Sum
                 ..fs_stats(t, f, None, None)
             }
         }),
-        runtime: full.then(|| RuntimeStats {
-            image_fs: n
+        runtime: full.then(|| {
+            let image_fs = n
                 .imagefs
                 .as_ref()
-                .map(|(f, used, inodes)| fs_stats(t, Some(f), *used, *inodes)),
-            container_fs: None,
+                .map(|(f, used, inodes)| fs_stats(t, Some(f), *used, *inodes));
+            // Upstream's CRI stats provider: a runtime that reports no
+            // separate container filesystem (containerd 1.7 reports none)
+            // writes containers where its images are, so containerFs is
+            // the image filesystem.
+            RuntimeStats {
+                container_fs: image_fs.clone(),
+                image_fs,
+            }
         }),
         rlimit: full.then(|| RlimitStats {
             time: time_from_ns(t),
