@@ -1,7 +1,7 @@
 //! Streaming through rkubelet's proxy to containerd's streaming server:
 //! exec over WebSocket (`v4.channel.k8s.io`, `v5.channel.k8s.io`) and
 //! port-forward over WebSocket, against a pod a real rkubelet runs; and a
-//! real `kubectl exec` and `kubectl port-forward` over SPDY through a
+//! real `kubectl exec`, `attach` and `port-forward` over SPDY through a
 //! stand-in for the API server's proxying (the double serves kubectl's
 //! other requests).
 //!
@@ -492,7 +492,11 @@ fn kubelet_exec_path(api_path: &str) -> Option<String> {
         // PortForwardLocation: SPDY carries the ports in stream headers.
         return Some(format!("/portForward/{ns}/{pod}"));
     }
-    let pod = rest.strip_suffix("/exec")?;
+    // AttachLocation is ExecLocation's twin (no command).
+    let (pod, verb) = match rest.strip_suffix("/exec") {
+        Some(pod) => (pod, "exec"),
+        None => (rest.strip_suffix("/attach")?, "attach"),
+    };
     let mut container = "";
     let mut params = Vec::new();
     for kv in query.split('&').filter(|p| !p.is_empty()) {
@@ -507,7 +511,10 @@ fn kubelet_exec_path(api_path: &str) -> Option<String> {
             _ => {}
         }
     }
-    Some(format!("/exec/{ns}/{pod}/{container}?{}", params.join("&")))
+    Some(format!(
+        "/{verb}/{ns}/{pod}/{container}?{}",
+        params.join("&")
+    ))
 }
 
 /// Stands in for the API server's side of `kubectl exec`: exec requests go,
@@ -595,16 +602,16 @@ async fn front(
 /// stdout and stderr come back apart, and kubectl exits with the process's
 /// exit code.
 #[test]
-fn kubectl_exec_and_port_forward_over_spdy() {
+fn kubectl_exec_attach_and_port_forward_over_spdy() {
     let k = Kubelet::start("it-spdy");
     k.write_manifest(
         "x.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n  - name: echo\n    image: {BUSYBOX}\n    command: [sh, -c, 'printf \"#!/bin/sh\\nread x\\necho pong \\$x\\n\" > /pong; chmod +x /pong; while true; do nc -l -p 8080 -e /pong; done']\n"
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n  - name: att\n    image: {BUSYBOX}\n    stdin: true\n    command: [cat]\n  - name: echo\n    image: {BUSYBOX}\n    command: [sh, -c, 'printf \"#!/bin/sh\\nread x\\necho pong \\$x\\n\" > /pong; chmod +x /pong; while true; do nc -l -p 8080 -e /pong; done']\n"
         ),
     );
     let pod = k.wait_pod("x", "running", T, |p| {
-        running(p, "main") && running(p, "echo")
+        running(p, "main") && running(p, "echo") && running(p, "att")
     });
     let name = format!("x-{}", k.node);
     let api = common::apiserver::ApiServer::start(common::apiserver::ApiServerOptions {
@@ -703,6 +710,47 @@ fn kubectl_exec_and_port_forward_over_spdy() {
     let _ = pf.kill();
     let _ = pf.wait();
     assert_eq!(answer, "pong ping\n");
+    assert_eq!(upgrades.lock().last().map(String::as_str), Some("SPDY/3.1"));
+
+    // kubectl attach over SPDY: what goes to the running `cat`'s stdin
+    // comes back on its stdout.
+    let mut at = std::process::Command::new("kubectl")
+        .env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["attach", "-i", "-n", "default", &name, "-c", "att"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl attach");
+    let mut to_cat = at.stdin.take().unwrap();
+    let stdout = at.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // Written until it comes back: the stream may open after the first line.
+    let deadline = Instant::now() + T;
+    let echoed = loop {
+        to_cat.write_all(b"through attach\n").unwrap();
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(l) => break l,
+            Err(_) => assert!(
+                Instant::now() < deadline,
+                "nothing back through kubectl attach"
+            ),
+        }
+    };
+    let _ = at.kill();
+    let _ = at.wait();
+    assert_eq!(echoed, "through attach");
     assert_eq!(upgrades.lock().last().map(String::as_str), Some("SPDY/3.1"));
     drop(sv);
 }
