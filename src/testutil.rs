@@ -44,3 +44,12 @@ pub fn runtime_manager(
         opts,
     ))
 }
+
+/// A fresh, empty directory for one test: `rkubelet-<tag>-<pid>` under the
+/// system temp dir (emptied first, in case an earlier run left it).
+pub fn tempdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("rkubelet-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

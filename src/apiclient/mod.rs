@@ -153,12 +153,8 @@ pub struct RateLimiter {
 impl RateLimiter {
     pub fn new(qps: i32, burst: i32) -> Self {
         let qps = if qps > 0 { qps as f64 } else { 5.0 };
-        let burst = if burst > 0 { burst as f64 } else { 10.0 };
-        RateLimiter {
-            qps,
-            burst,
-            state: Mutex::new((burst, Instant::now())),
-        }
+        let burst = if burst > 0 { burst as u32 } else { 10 };
+        Self::exact(qps, burst)
     }
 
     /// A bucket of exactly `burst` tokens refilled at `qps` a second, with

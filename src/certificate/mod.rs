@@ -608,10 +608,7 @@ mod tests {
     }
 
     fn tempdir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("rkubelet-cert-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::testutil::tempdir(&format!("cert-{name}"))
     }
 
     #[test]

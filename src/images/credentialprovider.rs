@@ -942,11 +942,7 @@ mod tests {
     use super::*;
 
     fn tempdir(name: &str) -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("rkubelet-credprov-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::testutil::tempdir(&format!("credprov-{name}"))
     }
 
     /// The plugin of most tests: counts its runs, keeps each request and

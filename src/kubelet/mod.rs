@@ -538,7 +538,7 @@ async fn start_cluster_mode(
                 if fast {
                     // Upstream's fast path asks the runtime itself rather
                     // than wait up to 5 s for the poller.
-                    rs.record(runtime.status().await.map_err(|e| e.to_string()));
+                    rs.refresh(runtime.as_ref()).await;
                 }
                 // Upstream's Ready errors: runtime, network, then PLEG.
                 let errors: Vec<String> =

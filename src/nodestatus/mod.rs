@@ -912,32 +912,37 @@ enum Fast {
     SyncNow,
 }
 
-/// What the fast path does with the Node as last seen: nothing when there
-/// is none or it has no Ready condition, stop when it is Ready, else the
-/// patch that would make it Ready (`None` when the node would stay
-/// NotReady or nothing changed).
+fn ready(s: &NodeStatus) -> Option<bool> {
+    s.conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status == "True")
+}
+
+/// Whether the fast path has work with the Node as last seen: not while
+/// there is none or it has no Ready condition, and no more once it is Ready.
+fn fast_gate(node: Option<&Node>) -> Result<&Node, Fast> {
+    let node = node.ok_or(Fast::Again)?;
+    match node.status.as_ref().and_then(ready) {
+        None => Err(Fast::Again),
+        Some(true) => Err(Fast::Done),
+        Some(false) => Ok(node),
+    }
+}
+
+/// The fast path's answer for the Node and what was observed: the patch
+/// that makes it Ready (`None` when it would stay NotReady or nothing
+/// changed), or why there is nothing to do (`fast_gate`).
 fn fast_decision(
     cfg: &NodeConfig,
     node: Option<&Node>,
-    obs: impl FnOnce() -> Option<Observed>,
+    obs: &Observed,
 ) -> Result<Option<(NodeStatus, serde_json::Value)>, Fast> {
-    let node = node.ok_or(Fast::Again)?;
+    let node = fast_gate(node)?;
     let before = node.status.clone().unwrap_or_default();
-    let ready = |s: &NodeStatus| {
-        s.conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == "Ready")
-            .map(|c| c.status == "True")
-    };
-    match ready(&before) {
-        None => return Err(Fast::Again),
-        Some(true) => return Err(Fast::Done),
-        Some(false) => {}
-    }
-    let Some(obs) = obs() else { return Ok(None) };
     let labels = missing_required_labels(node);
-    let after = update_status(cfg, &obs, &before, now());
+    let after = update_status(cfg, obs, &before, now());
     if (!status_changed(&before, &after) && labels.is_empty()) || ready(&after) != Some(true) {
         return Ok(None);
     }
@@ -959,14 +964,14 @@ async fn fast_update(
     }
     let node = cache.borrow().clone();
     // Observe only once the cached Node says it is worth it.
-    let obs = match fast_decision(cfg, node.as_ref(), || None) {
-        Err(f) => return f,
-        Ok(_) => observe(true).await,
-    };
+    if let Err(f) = fast_gate(node.as_ref()) {
+        return f;
+    }
+    let obs = observe(true).await;
     if !obs.errors.is_empty() {
         return Fast::Again;
     }
-    let (before, body) = match fast_decision(cfg, node.as_ref(), || Some(obs)) {
+    let (before, body) = match fast_decision(cfg, node.as_ref(), &obs) {
         Err(f) => return f,
         Ok(None) => return Fast::Again,
         Ok(Some(p)) => p,
@@ -1223,7 +1228,7 @@ mod tests {
             status: Some(node_status(&c, &sick, None, at(100))),
             ..Default::default()
         };
-        let decide = |n: Option<&Node>, o: &Observed| fast_decision(&c, n, || Some(o.clone()));
+        let decide = |n: Option<&Node>, o: &Observed| fast_decision(&c, n, o);
         assert!(
             matches!(decide(None, &healthy), Err(Fast::Again)),
             "no Node yet"

@@ -72,6 +72,12 @@ impl RuntimeState {
         Ok(true)
     }
 
+    /// Asks the runtime for its status and records the answer (upstream's
+    /// updateRuntimeUp): the poller's step, and the start-up fast path's.
+    pub async fn refresh(&self, runtime: &dyn RuntimeService) {
+        self.record(runtime.status().await.map_err(|e| e.to_string()));
+    }
+
     /// Records one CRI Status answer (or failure), as updateRuntimeUp does.
     pub fn record(&self, r: Result<v1::StatusResponse, String>) {
         let mut s = self.inner.write();
@@ -179,8 +185,7 @@ pub fn spawn(
                     _ = token.cancelled() => return,
                     _ = tick.tick() => {}
                 }
-                let r = runtime.status().await.map_err(|e| e.to_string());
-                st.record(r);
+                st.refresh(runtime.as_ref()).await;
                 // Log transitions only, not every poll.
                 let (net, rt) = (st.network_error(), st.runtime_error());
                 if net != was_net {

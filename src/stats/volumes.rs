@@ -313,11 +313,7 @@ mod tests {
     use super::*;
 
     fn tempdir(tag: &str) -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("rkubelet-volstats-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::testutil::tempdir(&format!("volstats-{tag}"))
     }
 
     #[test]
