@@ -255,6 +255,22 @@ fn summary_and_metrics_match_the_container_cgroup_and_upstream_names() {
             with(&["interface"]),
         ),
         ("container_fs_usage_bytes", "gauge", with(&["device"])),
+        // ProcessMetrics, CpuLoadMetrics and the rest of MemoryUsageMetrics,
+        // which the kubelet's /metrics/cadvisor includes (server.go).
+        ("container_processes", "gauge", with(&[])),
+        ("container_threads", "gauge", with(&[])),
+        ("container_threads_max", "gauge", with(&[])),
+        ("container_file_descriptors", "gauge", with(&[])),
+        ("container_sockets", "gauge", with(&[])),
+        ("container_ulimits_soft", "gauge", with(&["ulimit"])),
+        ("container_cpu_load_average_10s", "gauge", with(&[])),
+        ("container_tasks_state", "gauge", with(&["state"])),
+        ("container_memory_kernel_usage", "gauge", with(&[])),
+        (
+            "container_memory_total_inactive_file_bytes",
+            "gauge",
+            with(&[]),
+        ),
         (
             "machine_cpu_cores",
             "gauge",
@@ -293,6 +309,34 @@ fn summary_and_metrics_match_the_container_cgroup_and_upstream_names() {
         "name is the container id"
     );
     assert_eq!(ours.labels.get("container"), Some("main"));
+    // Process figures against the container's cgroup: its processes (the
+    // cpu controller's cgroup.procs, as cAdvisor reads it) and their
+    // descriptors (at least stdin, stdout and stderr each).
+    let of = |metric: &str| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == metric && s.labels.get("id") == Some(&id))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => v,
+                _ => f64::NAN,
+            })
+            .unwrap_or_else(|| panic!("no {metric} for {id}"))
+    };
+    let procs_file = if Path::new("/sys/fs/cgroup/cpu").is_dir() {
+        PathBuf::from("/sys/fs/cgroup/cpu").join(&cg)
+    } else {
+        PathBuf::from("/sys/fs/cgroup").join(&cg)
+    }
+    .join("cgroup.procs");
+    let procs = std::fs::read_to_string(&procs_file)
+        .unwrap()
+        .lines()
+        .count() as f64;
+    assert!(procs >= 1.0);
+    assert_eq!(of("container_processes"), procs, "{procs_file:?}");
+    assert!(of("container_file_descriptors") >= 3.0 * procs);
+    assert!(of("container_threads") >= procs);
     assert_eq!(ours.labels.get("pod"), Some(pod_name.as_str()));
     assert_eq!(ours.labels.get("namespace"), Some("default"));
     assert!(

@@ -8,6 +8,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::blkio::{self, DiskIo};
+use super::processes::{self, ProcessSample};
+
 /// USER_HZ: cpuacct.stat counts in clock ticks, 100 per second on Linux.
 const CLOCK_TICKS_PER_SEC: u64 = 100;
 
@@ -240,11 +243,29 @@ impl Hierarchy {
                 } else {
                     (None, None)
                 };
-                s.memory = Some(st.sample(
+                let mut m = st.sample(
                     usage,
                     (max_usage, failcnt, limit),
                     memsw.map(|m| m.saturating_sub(usage)),
-                ));
+                );
+                if full {
+                    m.kernel = r.value_u64(&d, "memory.kmem.usage_in_bytes");
+                }
+                s.memory = Some(m);
+            }
+        }
+        if full {
+            if let (Some(d), Some(root)) =
+                (self.dir("blkio", &path_of("blkio")), self.dir("blkio", "/"))
+            {
+                let files = *r
+                    .blkio_files
+                    .get_or_insert_with(|| blkio::V1Files::probe(&root));
+                s.disk = Some(blkio::read_v1(&d, files, r));
+            }
+            if let Some(d) = self.dir("cpu", &path_of("cpu")) {
+                let pids = self.dir("pids", &path_of("pids"));
+                s.procs = Some(processes::read(&d, pids.as_deref(), false, r));
             }
         }
         s
@@ -299,6 +320,8 @@ pub struct FileReader {
     kept: Option<KeptFiles>,
     /// Whether files not yet kept may be added (see `keep_new`).
     keep_new: bool,
+    /// Which v1 blkio files the host has, found at the first read.
+    blkio_files: Option<blkio::V1Files>,
 }
 
 /// Open cgroup value files, read again at offset 0 on the next collection.
@@ -330,9 +353,10 @@ struct KeptDir {
 
 const KEPT_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
 /// Directories held during a collection: a pod's in each controller (cpu,
-/// cpuacct, memory, pids, unified) and its sandbox's and a container's
-/// under them, without evicting the pod's before its last container.
-const HELD_DIRS: usize = 16;
+/// cpuacct, memory, pids, blkio, unified) and its sandbox's and a
+/// container's under them, without evicting the pod's before its last
+/// container.
+const HELD_DIRS: usize = 20;
 
 impl Default for FileReader {
     fn default() -> Self {
@@ -350,6 +374,7 @@ impl FileReader {
             opened: 0,
             kept: None,
             keep_new: true,
+            blkio_files: None,
         }
     }
 
@@ -717,6 +742,7 @@ fn throttling(text: &str) -> Option<(u64, u64)> {
 #[derive(Debug, Default)]
 struct MemStat {
     inactive_file: u64,
+    active_file: u64,
     rss: u64,
     cache: u64,
     mapped_file: u64,
@@ -745,6 +771,9 @@ impl MemStat {
             failcnt,
             limit,
             swap,
+            active_file: self.active_file,
+            inactive_file: self.inactive_file,
+            kernel: None,
         }
     }
 
@@ -757,6 +786,7 @@ impl MemStat {
             };
             match k {
                 "inactive_file" => m.inactive_file = v,
+                "active_file" => m.active_file = v,
                 "rss" if !v2 => m.rss = v,
                 "anon" if v2 => m.rss = v,
                 "cache" if !v2 => m.cache = v,
@@ -831,6 +861,14 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
     if detail >= Detail::CpuMemory {
         s.psi = read_psi_dir(d, detail, r);
     }
+    if full {
+        s.disk = Some(
+            r.whole(d, "io.stat")
+                .map(blkio::parse_v2)
+                .unwrap_or_default(),
+        );
+        s.procs = Some(processes::read(d, Some(d), true, r));
+    }
     s
 }
 
@@ -866,6 +904,10 @@ pub struct MemorySample {
     /// None or a huge value: unlimited.
     pub limit: Option<u64>,
     pub swap: Option<u64>,
+    pub active_file: u64,
+    pub inactive_file: u64,
+    /// v1's kernel memory usage; v2 has no such file (cAdvisor shows 0).
+    pub kernel: Option<u64>,
 }
 
 /// One pressure file's `some` and `full` lines.
@@ -902,6 +944,10 @@ pub struct CgroupSample {
     /// (nr_periods, nr_throttled).
     pub throttling: Option<(u64, u64)>,
     pub psi: Option<Psi>,
+    /// Per-device block I/O (cAdvisor's text only).
+    pub disk: Option<DiskIo>,
+    /// Processes, descriptors and threads (cAdvisor's text only).
+    pub procs: Option<ProcessSample>,
 }
 
 /// `some avg10=0.00 avg60=0.00 avg300=0.00 total=0` (and `full ...`).

@@ -346,10 +346,10 @@ struct Base<'a> {
     container: &'a str,
 }
 
-/// The base labels and up to two more, on the stack (a cAdvisor scrape
+/// The base labels and up to four more, on the stack (a cAdvisor scrape
 /// adds about 35 samples per cgroup).
 struct Labels<'a> {
-    l: [(&'a str, &'a str); 8],
+    l: [(&'a str, &'a str); 10],
     n: usize,
 }
 
@@ -371,9 +371,12 @@ impl Base<'_> {
             ("container", self.container),
             ("", ""),
             ("", ""),
+            ("", ""),
+            ("", ""),
         ];
-        debug_assert!(extra.len() <= 2, "{extra:?}");
-        let extra = &extra[..extra.len().min(2)];
+        // container_blkio_device_usage_total has the most: four.
+        debug_assert!(extra.len() <= 4, "{extra:?}");
+        let extra = &extra[..extra.len().min(4)];
         l[6..6 + extra.len()].copy_from_slice(extra);
         Labels {
             l,
@@ -399,6 +402,8 @@ struct CgEntry<'a> {
     fs: Option<(String, f64, f64, f64, f64)>,
     /// OOM kills in this cgroup, when the kernel log is watched.
     oom: Option<u64>,
+    /// Block device names by major:minor.
+    disks: &'a super::blkio::DiskNames,
 }
 
 fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
@@ -480,6 +485,38 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             );
         }
     }
+    if s.cpu.is_some() {
+        // cAdvisor's load reader is off in the kubelet (it needs netlink
+        // taskstats): these families are shown, always 0.
+        for (name, help) in [
+            (
+                "container_cpu_load_average_10s",
+                "Value of container cpu load average over the last 10 seconds.",
+            ),
+            (
+                "container_cpu_load_d_average_10s",
+                "Value of container cpu load.d average over the last 10 seconds.",
+            ),
+        ] {
+            e.add(name, help, Gauge, &b.with(&[]), 0.0, ts);
+        }
+        for state in [
+            "sleeping",
+            "running",
+            "stopped",
+            "uninterruptible",
+            "iowaiting",
+        ] {
+            e.add(
+                "container_tasks_state",
+                "Number of tasks in given state",
+                Gauge,
+                &b.with(&[("state", state)]),
+                0.0,
+                ts,
+            );
+        }
+    }
     if let (Some((periods, throttled)), Some(_)) = (s.throttling, s.cpu_quota.filter(|q| *q > 0)) {
         e.add(
             "container_cpu_cfs_periods_total",
@@ -507,8 +544,11 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             spec_memory(m.limit),
             None,
         );
-        let gauges: [(&str, &str, f64); 6] = [
+        let gauges: [(&str, &str, f64); 9] = [
             ("container_memory_cache", "Number of bytes of page cache memory.", m.cache as f64),
+            ("container_memory_kernel_usage", "Size of kernel memory allocated in bytes.", m.kernel.unwrap_or(0) as f64),
+            ("container_memory_total_active_file_bytes", "Current total active file in bytes.", m.active_file as f64),
+            ("container_memory_total_inactive_file_bytes", "Current total inactive file in bytes.", m.inactive_file as f64),
             ("container_memory_rss", "Size of RSS in bytes.", m.rss as f64),
             ("container_memory_mapped_file", "Size of memory mapped files in bytes.", m.mapped_file as f64),
             ("container_memory_swap", "Container swap usage in bytes.", m.swap.unwrap_or(0) as f64),
@@ -640,6 +680,51 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             ts,
         );
     }
+    if let Some(io) = &s.disk {
+        disk_families(e, c, io, ts);
+    }
+    if let Some(p) = &s.procs {
+        let gauges = [
+            (
+                "container_processes",
+                "Number of processes running inside the container.",
+                p.processes,
+            ),
+            (
+                "container_file_descriptors",
+                "Number of open file descriptors for the container.",
+                p.fds,
+            ),
+            (
+                "container_sockets",
+                "Number of open sockets for the container.",
+                p.sockets,
+            ),
+            (
+                "container_threads_max",
+                "Maximum number of threads allowed inside the container, infinity if value is zero",
+                p.threads_max,
+            ),
+            (
+                "container_threads",
+                "Number of threads running inside the container",
+                p.threads,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            e.add(name, help, Gauge, &b.with(&[]), v as f64, ts);
+        }
+        if let Some(soft) = p.max_open_files {
+            e.add(
+                "container_ulimits_soft",
+                "Soft ulimit values for the container root process. Unlimited if -1, except priority and nice",
+                Gauge,
+                &b.with(&[("ulimit", "max_open_files")]),
+                soft as f64,
+                ts,
+            );
+        }
+    }
     if let Some(n) = c.oom {
         e.add(
             "container_oom_events_total",
@@ -669,6 +754,155 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
                 Counter,
                 &b.with(&[]),
                 us(p.some.total),
+                ts,
+            );
+        }
+    }
+}
+
+/// cAdvisor's per-device I/O families (`ioValues`): one sample per device
+/// in the family's table, the operation's value (0 when the device has
+/// none: v1's sector counts carry no operation, so their read and write
+/// figures are 0 there too, as in cAdvisor).
+fn disk_families(e: &mut Exposition, c: &CgEntry, io: &super::blkio::DiskIo, ts: Option<i64>) {
+    use super::blkio::{per_device, Op};
+    use Kind::*;
+    let b = &c.base;
+    let name = |k: (u32, u32)| c.disks.get(&k).map_or("", String::as_str);
+    type Family<'t> = (
+        &'t str,
+        &'t str,
+        Kind,
+        &'t [super::blkio::DiskEntry],
+        Op,
+        f64,
+    );
+    let families: [Family; 12] = [
+        (
+            "container_fs_reads_bytes_total",
+            "Cumulative count of bytes read",
+            Counter,
+            &io.service_bytes,
+            Op::Read,
+            1.0,
+        ),
+        (
+            "container_fs_reads_total",
+            "Cumulative count of reads completed",
+            Counter,
+            &io.serviced,
+            Op::Read,
+            1.0,
+        ),
+        (
+            "container_fs_sector_reads_total",
+            "Cumulative count of sector reads completed",
+            Counter,
+            &io.sectors,
+            Op::Read,
+            1.0,
+        ),
+        (
+            "container_fs_reads_merged_total",
+            "Cumulative count of reads merged",
+            Counter,
+            &io.merged,
+            Op::Read,
+            1.0,
+        ),
+        (
+            "container_fs_read_seconds_total",
+            "Cumulative count of seconds spent reading",
+            Counter,
+            &io.service_time,
+            Op::Read,
+            1e-9,
+        ),
+        (
+            "container_fs_writes_bytes_total",
+            "Cumulative count of bytes written",
+            Counter,
+            &io.service_bytes,
+            Op::Write,
+            1.0,
+        ),
+        (
+            "container_fs_writes_total",
+            "Cumulative count of writes completed",
+            Counter,
+            &io.serviced,
+            Op::Write,
+            1.0,
+        ),
+        (
+            "container_fs_sector_writes_total",
+            "Cumulative count of sector writes completed",
+            Counter,
+            &io.sectors,
+            Op::Write,
+            1.0,
+        ),
+        (
+            "container_fs_writes_merged_total",
+            "Cumulative count of writes merged",
+            Counter,
+            &io.merged,
+            Op::Write,
+            1.0,
+        ),
+        (
+            "container_fs_write_seconds_total",
+            "Cumulative count of seconds spent writing",
+            Counter,
+            &io.service_time,
+            Op::Write,
+            1e-9,
+        ),
+        (
+            "container_fs_io_current",
+            "Number of I/Os currently in progress",
+            Gauge,
+            &io.queued,
+            Op::Total,
+            1.0,
+        ),
+        // cAdvisor takes the service time's total here, not v1's io_time.
+        (
+            "container_fs_io_time_seconds_total",
+            "Cumulative count of seconds spent doing I/Os",
+            Counter,
+            &io.service_time,
+            Op::Total,
+            1e-9,
+        ),
+    ];
+    for (family, help, kind, table, op, scale) in families {
+        for (dev, ops) in per_device(table) {
+            let v = ops.iter().find(|(o, _)| *o == op).map_or(0, |(_, v)| *v);
+            e.add(
+                family,
+                help,
+                kind,
+                &b.with(&[("device", name(dev))]),
+                v as f64 * scale,
+                ts,
+            );
+        }
+    }
+    for ((major, minor), ops) in per_device(&io.service_bytes) {
+        let (ma, mi) = (major.to_string(), minor.to_string());
+        for (op, v) in ops {
+            e.add(
+                "container_blkio_device_usage_total",
+                "Blkio Device bytes usage",
+                Counter,
+                &b.with(&[
+                    ("device", name((major, minor))),
+                    ("major", &ma),
+                    ("minor", &mi),
+                    ("operation", op.as_str()),
+                ]),
+                v as f64,
                 ts,
             );
         }
@@ -805,6 +1039,7 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                 start_ns: snap.node.boot_ns,
                 interfaces: if root { &snap.node.interfaces } else { none },
                 fs,
+                disks: &snap.disk_names,
                 oom: snap
                     .oom
                     .as_ref()
@@ -833,6 +1068,7 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                     start_ns: p.created_ns,
                     interfaces: none,
                     fs: None,
+                    disks: &snap.disk_names,
                     oom: snap
                         .oom
                         .as_ref()
@@ -859,6 +1095,7 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                     start_ns: p.created_ns,
                     interfaces: &p.interfaces,
                     fs: None,
+                    disks: &snap.disk_names,
                     oom: snap
                         .oom
                         .as_ref()
@@ -894,6 +1131,7 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                     start_ns: c.created_ns,
                     interfaces: none,
                     fs,
+                    disks: &snap.disk_names,
                     oom: snap
                         .oom
                         .as_ref()
@@ -972,6 +1210,124 @@ mod tests {
             e.add(name, help, Kind::Gauge, labels, *v, *ts);
         }
         assert_eq!(e.render(), reference(&adds));
+    }
+
+    #[test]
+    fn per_device_io_and_process_families_follow_cadvisor() {
+        use super::super::blkio::{DiskEntry, DiskIo, Op};
+        use super::super::processes::ProcessSample;
+        use super::super::provider::{ContainerRaw, PodRaw};
+        let e = |major, minor, op, value| DiskEntry {
+            major,
+            minor,
+            op,
+            value,
+        };
+        let sample = CgroupSample {
+            cpu: Some(Default::default()),
+            disk: Some(DiskIo {
+                service_bytes: vec![e(8, 0, Op::Read, 4096), e(8, 0, Op::Total, 4096)],
+                serviced: vec![e(8, 0, Op::Write, 3), e(9, 9, Op::Read, 1)],
+                sectors: vec![e(8, 0, Op::Count, 16)],
+                service_time: vec![
+                    e(8, 0, Op::Read, 1_500_000_000),
+                    e(8, 0, Op::Total, 2_000_000_000),
+                ],
+                ..Default::default()
+            }),
+            procs: Some(ProcessSample {
+                processes: 2,
+                fds: 9,
+                sockets: 1,
+                threads: 5,
+                threads_max: 0,
+                first_pid: Some(10),
+                max_open_files: Some(1024),
+            }),
+            ..Default::default()
+        };
+        let snap = Snapshot {
+            time_ns: 1_000_000_000_000,
+            pods: vec![PodRaw {
+                name: "p".into(),
+                namespace: "ns".into(),
+                containers: vec![ContainerRaw {
+                    id: "cid".into(),
+                    name: "c".into(),
+                    image: "img".into(),
+                    cgroup: Some("/kubepods/podu/cid".into()),
+                    sample,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            disk_names: std::sync::Arc::new([((8, 0), "/dev/sda".to_string())].into()),
+            ..Default::default()
+        };
+        let m = Machine {
+            machine_id: "m",
+            system_uuid: "s",
+            boot_id: "b",
+            cores: 1,
+            memory: 1,
+        };
+        let text = cadvisor(Some(&snap), &m);
+        // The sample of `name` whose labels include `extra`, as "value ts".
+        let value = |name: &str, extra: &[(&str, &str)]| -> Option<String> {
+            text.lines().find_map(|l| {
+                let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+                let (labels, tail) = rest.split_once("} ")?;
+                let all = extra
+                    .iter()
+                    .chain(&[("id", "/kubepods/podu/cid"), ("pod", "p")])
+                    .all(|(k, v)| labels.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
+                all.then(|| tail.to_string())
+            })
+        };
+        let sda = [("device", "/dev/sda")];
+        for (name, extra, want) in [
+            ("container_fs_reads_bytes_total", &sda[..], "4096"),
+            ("container_fs_writes_bytes_total", &sda, "0"),
+            ("container_fs_writes_total", &sda, "3"),
+            // A device the machine does not list: no name, as cAdvisor.
+            ("container_fs_reads_total", &[("device", "")], "1"),
+            // v1 sector counts have no operation: cAdvisor shows 0.
+            ("container_fs_sector_reads_total", &sda, "0"),
+            ("container_fs_read_seconds_total", &sda, "1.5"),
+            ("container_fs_io_time_seconds_total", &sda, "2"),
+            (
+                "container_blkio_device_usage_total",
+                &[
+                    ("device", "/dev/sda"),
+                    ("major", "8"),
+                    ("minor", "0"),
+                    ("operation", "Total"),
+                ],
+                "4096",
+            ),
+            ("container_processes", &[], "2"),
+            ("container_file_descriptors", &[], "9"),
+            ("container_sockets", &[], "1"),
+            ("container_threads", &[], "5"),
+            ("container_threads_max", &[], "0"),
+            (
+                "container_ulimits_soft",
+                &[("ulimit", "max_open_files")],
+                "1024",
+            ),
+            ("container_cpu_load_average_10s", &[], "0"),
+            ("container_tasks_state", &[("state", "iowaiting")], "0"),
+        ] {
+            assert_eq!(
+                value(name, extra).as_deref(),
+                Some(format!("{want} 1000000").as_str()),
+                "{name} {extra:?} in\n{text}"
+            );
+        }
+        // No queued figures: no family.
+        assert!(!text.contains("container_fs_io_current"));
+        assert!(text.contains("# TYPE container_fs_reads_bytes_total counter\n"));
+        assert!(text.contains("# TYPE container_processes gauge\n"));
     }
 
     fn leak(s: String) -> &'static str {

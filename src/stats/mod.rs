@@ -4,9 +4,11 @@
 //! Prometheus collector). Figures come from cgroup and /proc files read on
 //! demand off the async threads, and from the CRI; see `provider`.
 
+pub mod blkio;
 pub mod cgroup;
 pub mod expo;
 pub mod oom;
+pub mod processes;
 pub mod procfs;
 pub mod provider;
 pub mod summary;

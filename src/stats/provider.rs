@@ -17,6 +17,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use super::blkio::DiskNames;
 use super::cgroup::{CgroupSample, CpuSample, Detail, FileReader, Hierarchy, MemorySample};
 use super::procfs::{self, FsFigures, Interface, Meminfo};
 use crate::cri::{v1, ContainerState, ImageService, PodSandboxState, RuntimeService};
@@ -126,6 +127,9 @@ pub struct Snapshot {
     pub sandbox_image: String,
     /// OOM kills by cgroup name; None when not watched.
     pub oom: Option<HashMap<String, u64>>,
+    /// Block device names by major:minor, for per-device I/O (cAdvisor's
+    /// text only).
+    pub disk_names: Arc<DiskNames>,
 }
 
 type CpuHistory = (Option<(i64, u64)>, (i64, u64));
@@ -270,6 +274,8 @@ struct Inner {
     devices: Mutex<HashMap<PathBuf, KnownDevice>>,
     /// The runtime's pid, and when /proc was last scanned for it.
     runtime_pid: Mutex<(Option<u32>, Option<std::time::Instant>)>,
+    /// Block device names and when /sys/block was read for them.
+    disk_names: Mutex<Option<(Instant, Arc<DiskNames>)>>,
     /// Overrides for tests (a fake cgroup tree).
     fixed_hierarchy: Option<Hierarchy>,
     /// OOM kills per cgroup, when the kmsg watcher runs.
@@ -1132,7 +1138,8 @@ fn read_files(
                         &mut r,
                         || container_cgroup(&h, &cg, &plan.sandbox_id),
                     )
-                    .map(|(sc, s)| {
+                    .map(|(sc, mut s)| {
+                        add_limits(&mut s, &mut r);
                         pod.sandbox_sample = s;
                         pod.sandbox_cgroup = Some(sc.clone());
                         sc
@@ -1160,13 +1167,14 @@ fn read_files(
         }
         for c in &plan.containers {
             seen_ctrs.insert(c.id.as_str());
-            let (ccg, sample) = match pod.cgroup.as_deref() {
+            let (ccg, mut sample) = match pod.cgroup.as_deref() {
                 Some(pcg) => read_cached(&mut paths.containers, &c.id, &h, detail, &mut r, || {
                     container_cgroup(&h, pcg, &c.id)
                 })
                 .map_or((None, CgroupSample::default()), |(n, s)| (Some(n), s)),
                 None => (None, CgroupSample::default()),
             };
+            add_limits(&mut sample, &mut r);
             let logs = full
                 .then(|| {
                     procfs::dir_usage(
@@ -1231,6 +1239,33 @@ fn read_files(
         pods,
         sandbox_image: String::new(),
         oom: None,
+        disk_names: if detail == Detail::Full {
+            disk_names(inner)
+        } else {
+            Arc::default()
+        },
+    }
+}
+
+/// Block device names, read again after `DEVICE_MAX_AGE` (disks come and
+/// go rarely; a new one is named within a minute).
+fn disk_names(inner: &Inner) -> Arc<DiskNames> {
+    let mut g = inner.disk_names.lock();
+    if let Some((at, names)) = g.as_ref() {
+        if at.elapsed() < DEVICE_MAX_AGE {
+            return names.clone();
+        }
+    }
+    let names = Arc::new(super::blkio::disk_names(Path::new("/sys/block")));
+    *g = Some((Instant::now(), names.clone()));
+    names
+}
+
+/// The open-files limit cAdvisor shows for containers (it knows their
+/// processes; raw cgroups have none), when their processes were read.
+fn add_limits(s: &mut CgroupSample, r: &mut FileReader) {
+    if let Some(p) = s.procs.as_mut() {
+        super::processes::add_limits(p, r);
     }
 }
 
