@@ -311,8 +311,19 @@ fn decode(text: &str) -> Result<Vec<RawProvider>, String> {
     if kind != CONFIG_KIND {
         return Err(format!("failed to decode {kind:?} (wrong Kind)"));
     }
+    let is_v1 = api_version == format!("{CONFIG_GROUP}/v1");
     let raw: RawConfig = serde_json::from_value(value).map_err(|e| e.to_string())?;
-    Ok(raw.providers.unwrap_or_default())
+    let providers = raw.providers.unwrap_or_default();
+    // Only the v1 config type has tokenAttributes: in v1beta1 and v1alpha1
+    // it is an unknown field to upstream's strict decoder.
+    if !is_v1 {
+        if let Some(i) = providers.iter().position(|p| p.token_attributes.is_some()) {
+            return Err(format!(
+                "strict decoding error: unknown field \"providers[{i}].tokenAttributes\""
+            ));
+        }
+    }
+    Ok(providers)
 }
 
 /// Reads the config from a file, or from every `*.json`, `*.yaml` and
@@ -2199,6 +2210,21 @@ cat "$DIR/response""#;
             let e = load(attrs, api_version, gate).unwrap_err().to_string();
             assert!(e.contains(&want), "{attrs}\n got: {e}\nwant: {want}");
         }
+        // Only the v1 config type has tokenAttributes: an unknown field in
+        // the older ones.
+        let path = dir.join("old.yaml");
+        std::fs::write(
+            &path,
+            format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: CredentialProviderConfig\nproviders:\n- name: ecr\n  matchImages: [\"*.io\"]\n  defaultCacheDuration: 1m\n  apiVersion: {V1}\n  tokenAttributes: {{{SA_ATTRS}}}\n"),
+        )
+        .unwrap();
+        let e = CredentialProviders::load(&path, &bin)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("strict decoding error: unknown field \"providers[0].tokenAttributes\""),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
