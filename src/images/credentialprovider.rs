@@ -2,19 +2,25 @@
 //! config.go, plugin.go, plugins.go): executables named in a
 //! CredentialProviderConfig, run with a CredentialProviderRequest on stdin
 //! for the images their `matchImages` cover, whose CredentialProviderResponse
-//! logins join the node's keyring after the docker config files.
+//! logins join the node's keyring after the docker config files. A provider
+//! with `tokenAttributes` (service-account-token mode) also sends the pod's
+//! service account token, bound to the pod, and chosen annotations of its
+//! ServiceAccount.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::keyring::{urls_match, Credential, Keyring};
+use crate::objects::ObjectError;
 
 /// The CredentialProviderConfig group and the versions upstream registers.
 const CONFIG_GROUP: &str = "kubelet.config.k8s.io";
@@ -44,6 +50,13 @@ const MAX_STDERR: usize = 4 << 10;
 /// Expired cache entries nobody asks for again are dropped this often
 /// (upstream's cachePurgeInterval).
 const CACHE_PURGE_INTERVAL: Duration = Duration::from_secs(15 * 60);
+
+/// The only request version that carries a service account token.
+const TOKEN_API_VERSION: &str = "credentialprovider.kubelet.k8s.io/v1";
+
+/// The feature gate of service-account-token mode: beta and on by default
+/// in 1.34. Off, a config with `tokenAttributes` fails validation.
+pub const SA_TOKEN_GATE: &str = "KubeletServiceAccountTokenForCredentialProviders";
 
 /// Why the plugins could not be registered: start-up fails, as upstream's
 /// RegisterCredentialProviderPlugins makes the kubelet exit.
@@ -131,6 +144,52 @@ pub enum PluginError {
     Kind(String),
     #[error("credential provider plugin did not return a valid cacheKeyType: {0:?}")]
     CacheKeyType(String),
+    /// requireServiceAccount and a pod without one: the plugin is not run.
+    #[error("service account name is empty for pod {namespace}/{pod}")]
+    NoServiceAccount { namespace: String, pod: String },
+    /// A workload that did not opt in (upstream logs it at V(5)).
+    #[error("required annotation {0} not found")]
+    RequiredAnnotation(String),
+    #[error("failed to get service account {namespace}/{name}: {source}")]
+    ServiceAccount {
+        namespace: String,
+        name: String,
+        #[source]
+        source: ObjectError,
+    },
+    #[error("error getting service account token {namespace}/{name}: {source}")]
+    Token {
+        namespace: String,
+        name: String,
+        #[source]
+        source: ObjectError,
+    },
+    /// A plugin handing the token back as the registry password makes the
+    /// login live only as long as the token: only the Token cache type may
+    /// keep it.
+    #[error("credential provider plugin returned the service account token as the password for image {0:?}, which is not allowed when service account cache type is not set to 'Token'")]
+    TokenEchoed(String),
+}
+
+impl PluginError {
+    /// Upstream's runPlugin counts these in
+    /// kubelet_credential_provider_plugin_errors_total: the plugin could
+    /// not be run, failed or timed out; a bad answer is not counted.
+    fn is_run_failure(&self) -> bool {
+        matches!(
+            self,
+            PluginError::Spawn { .. } | PluginError::Failed { .. } | PluginError::Timeout { .. }
+        )
+    }
+
+    /// The pod did not opt in: upstream logs these at V(5) only, since
+    /// they come with every pull of such a pod.
+    fn is_opt_out(&self) -> bool {
+        matches!(
+            self,
+            PluginError::NoServiceAccount { .. } | PluginError::RequiredAnnotation(_)
+        )
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -160,8 +219,20 @@ struct RawProvider {
     api_version: String,
     args: Option<Vec<String>>,
     env: Option<Vec<RawEnvVar>>,
-    /// Service-account-token mode: parsed so it can be refused clearly.
-    token_attributes: Option<serde_json::Value>,
+    token_attributes: Option<RawTokenAttributes>,
+}
+
+/// A provider's `tokenAttributes` (ServiceAccountTokenAttributes).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawTokenAttributes {
+    #[serde(default)]
+    service_account_token_audience: String,
+    #[serde(default)]
+    cache_type: String,
+    require_service_account: Option<bool>,
+    required_service_account_annotation_keys: Option<Vec<String>>,
+    optional_service_account_annotation_keys: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,7 +253,36 @@ pub struct ProviderConfig {
     pub api_version: String,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Service-account-token mode.
+    pub token_attributes: Option<TokenAttributes>,
 }
+
+/// How a provider in service-account-token mode gets its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenAttributes {
+    /// The one audience of the token requested for the pod.
+    pub audience: String,
+    pub cache_type: TokenCacheType,
+    /// Without a service account the plugin is not run; else it runs
+    /// without a token.
+    pub require_service_account: bool,
+    /// The plugin is not run unless the ServiceAccount has all of these.
+    pub required_annotation_keys: Vec<String>,
+    /// Passed when present.
+    pub optional_annotation_keys: Vec<String>,
+}
+
+/// What a service-account-mode answer is cached under, besides the
+/// image/registry/global key: the account (and its annotations), or also
+/// the very token sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenCacheType {
+    ServiceAccount,
+    Token,
+}
+
+/// The cacheType values, sorted as upstream lists them.
+const TOKEN_CACHE_TYPES: [&str; 2] = ["ServiceAccount", "Token"];
 
 /// Decodes one config document (YAML or JSON), checking its kind and
 /// apiVersion as upstream's decoder does.
@@ -211,8 +311,19 @@ fn decode(text: &str) -> Result<Vec<RawProvider>, String> {
     if kind != CONFIG_KIND {
         return Err(format!("failed to decode {kind:?} (wrong Kind)"));
     }
+    let is_v1 = api_version == format!("{CONFIG_GROUP}/v1");
     let raw: RawConfig = serde_json::from_value(value).map_err(|e| e.to_string())?;
-    Ok(raw.providers.unwrap_or_default())
+    let providers = raw.providers.unwrap_or_default();
+    // Only the v1 config type has tokenAttributes: in v1beta1 and v1alpha1
+    // it is an unknown field to upstream's strict decoder.
+    if !is_v1 {
+        if let Some(i) = providers.iter().position(|p| p.token_attributes.is_some()) {
+            return Err(format!(
+                "strict decoding error: unknown field \"providers[{i}].tokenAttributes\""
+            ));
+        }
+    }
+    Ok(providers)
 }
 
 /// Reads the config from a file, or from every `*.json`, `*.yaml` and
@@ -272,7 +383,10 @@ fn read_config(path: &Path) -> Result<Vec<RawProvider>, ConfigError> {
 
 /// Upstream's validateCredentialProviderConfig, with field errors worded as
 /// apimachinery's field.Error (paths without indexes, as upstream's are).
-fn validate(raw: Vec<RawProvider>) -> Result<Vec<ProviderConfig>, ConfigError> {
+fn validate(
+    raw: Vec<RawProvider>,
+    sa_token_gate: bool,
+) -> Result<Vec<ProviderConfig>, ConfigError> {
     let mut errs: Vec<String> = Vec::new();
     if raw.is_empty() {
         errs.push("providers: Required value: at least 1 item in plugins is required".into());
@@ -359,15 +473,9 @@ fn validate(raw: Vec<RawProvider>) -> Result<Vec<ProviderConfig>, ConfigError> {
                 }
             },
         };
-        if p.token_attributes.is_some() {
-            // Upstream's service-account-token mode (the plugin gets a
-            // token bound to the pod) is not implemented: refusing beats
-            // calling the plugin without the token it was configured for.
-            errs.push(
-                "providers.tokenAttributes: Forbidden: service account token mode is not implemented by rkubelet"
-                    .into(),
-            );
-        }
+        let token_attributes = p
+            .token_attributes
+            .map(|t| validate_token_attributes(&mut errs, t, &p.api_version, sa_token_gate));
         out.push(ProviderConfig {
             name: p.name,
             match_images,
@@ -380,6 +488,7 @@ fn validate(raw: Vec<RawProvider>) -> Result<Vec<ProviderConfig>, ConfigError> {
                 .into_iter()
                 .map(|e| (e.name, e.value))
                 .collect(),
+            token_attributes,
         });
     }
     match errs.len() {
@@ -387,6 +496,162 @@ fn validate(raw: Vec<RawProvider>) -> Result<Vec<ProviderConfig>, ConfigError> {
         1 => Err(ConfigError::Invalid(errs.remove(0))),
         _ => Err(ConfigError::Invalid(format!("[{}]", errs.join(", ")))),
     }
+}
+
+/// The tokenAttributes checks of upstream's validateCredentialProviderConfig,
+/// in its order; returns what the provider runs with if they pass.
+fn validate_token_attributes(
+    errs: &mut Vec<String>,
+    t: RawTokenAttributes,
+    api_version: &str,
+    gate: bool,
+) -> TokenAttributes {
+    const PATH: &str = "providers.tokenAttributes";
+    if !gate {
+        errs.push(format!("{PATH}: Forbidden: tokenAttributes is not supported when {SA_TOKEN_GATE} feature gate is disabled"));
+    }
+    if t.service_account_token_audience.is_empty() {
+        errs.push(format!(
+            "{PATH}.serviceAccountTokenAudience: Required value"
+        ));
+    }
+    if t.require_service_account.is_none() {
+        errs.push(format!("{PATH}.requireServiceAccount: Required value"));
+    }
+    if api_version != TOKEN_API_VERSION {
+        errs.push(format!(
+            "{PATH}: Forbidden: tokenAttributes is only supported for {TOKEN_API_VERSION} API version"
+        ));
+    }
+    let required = t
+        .required_service_account_annotation_keys
+        .unwrap_or_default();
+    let optional = t
+        .optional_service_account_annotation_keys
+        .unwrap_or_default();
+    if t.require_service_account == Some(false) && !required.is_empty() {
+        errs.push(format!("{PATH}.requiredServiceAccountAnnotationKeys: Forbidden: requireServiceAccount cannot be false when requiredServiceAccountAnnotationKeys is set"));
+    }
+    for (field, keys) in [
+        ("requiredServiceAccountAnnotationKeys", &required),
+        ("optionalServiceAccountAnnotationKeys", &optional),
+    ] {
+        let mut seen: Vec<&str> = Vec::new();
+        for k in keys {
+            // Annotation keys: qualified names, case aside (as ObjectMeta's).
+            for msg in qualified_name_errors(&k.to_lowercase()) {
+                errs.push(format!("{PATH}.{field}: Invalid value: {k:?}: {msg}"));
+            }
+            if seen.contains(&k.as_str()) {
+                errs.push(format!("{PATH}.{field}: Duplicate value: {k:?}"));
+            }
+            seen.push(k);
+        }
+    }
+    let mut both: Vec<&String> = required.iter().filter(|k| optional.contains(k)).collect();
+    both.sort();
+    both.dedup();
+    if !both.is_empty() {
+        // Go's %#v of a []string, as field.Invalid prints it.
+        let list: Vec<String> = both.iter().map(|k| format!("{k:?}")).collect();
+        errs.push(format!(
+            "{PATH}: Invalid value: []string{{{}}}: annotation keys cannot be both required and optional",
+            list.join(", ")
+        ));
+    }
+    let cache_type = match t.cache_type.as_str() {
+        "" => {
+            errs.push(format!("{PATH}.cacheType: Required value: cacheType is required to be set when tokenAttributes is specified. Supported values are: {}", TOKEN_CACHE_TYPES.join(", ")));
+            TokenCacheType::Token
+        }
+        "ServiceAccount" => TokenCacheType::ServiceAccount,
+        "Token" => TokenCacheType::Token,
+        other => {
+            let supported: Vec<String> =
+                TOKEN_CACHE_TYPES.iter().map(|v| format!("{v:?}")).collect();
+            errs.push(format!(
+                "{PATH}.cacheType: Unsupported value: {other:?}: supported values: {}",
+                supported.join(", ")
+            ));
+            TokenCacheType::Token
+        }
+    };
+    TokenAttributes {
+        audience: t.service_account_token_audience,
+        cache_type,
+        require_service_account: t.require_service_account.unwrap_or(true),
+        required_annotation_keys: required,
+        optional_annotation_keys: optional,
+    }
+}
+
+/// apimachinery's RegexError wording: the rule, examples, the regex.
+fn regex_error(msg: &str, regex: &str, examples: &[&str]) -> String {
+    let examples: Vec<String> = examples.iter().map(|e| format!("'{e}', ")).collect();
+    format!(
+        "{msg} (e.g. {}regex used for validation is '{regex}')",
+        examples.join(" or ")
+    )
+}
+
+/// validation.IsQualifiedName's messages, worded as upstream's.
+fn qualified_name_errors(v: &str) -> Vec<String> {
+    const NAME_MSG: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+    const NAME_RE: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
+    const EXAMPLES: [&str; 3] = ["MyName", "my.name", "123-abc"];
+    let mut errs = Vec::new();
+    let name = match v.split('/').collect::<Vec<_>>().as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                errs.push("prefix part must be non-empty".to_string());
+            } else {
+                if prefix.len() > 253 {
+                    errs.push("prefix part must be no more than 253 characters".to_string());
+                }
+                let label_ok = |l: &str| {
+                    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+                    l.starts_with(alnum)
+                        && l.ends_with(alnum)
+                        && l.chars().all(|c| alnum(c) || c == '-')
+                };
+                if !prefix.split('.').all(label_ok) {
+                    errs.push(format!(
+                        "prefix part {}",
+                        regex_error(
+                            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+                            "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
+                            &["example.com"],
+                        )
+                    ));
+                }
+            }
+            *name
+        }
+        _ => {
+            errs.push(format!(
+                "a qualified name {} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
+                regex_error(NAME_MSG, NAME_RE, &EXAMPLES)
+            ));
+            return errs;
+        }
+    };
+    if name.is_empty() {
+        errs.push("name part must be non-empty".to_string());
+    } else if name.len() > 63 {
+        errs.push("name part must be no more than 63 characters".to_string());
+    }
+    let ext = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    let valid = name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name.chars().all(ext);
+    if !valid {
+        errs.push(format!(
+            "name part {}",
+            regex_error(NAME_MSG, NAME_RE, &EXAMPLES)
+        ));
+    }
+    errs
 }
 
 enum DurationError {
@@ -468,13 +733,17 @@ fn check_schemeless_url(s: &str) -> Result<(), String> {
 
 /// What the plugin reads on stdin. Field order as Go's encoder writes it
 /// (TypeMeta first); the service-account fields are omitted when empty
-/// upstream, and rkubelet never sets them.
+/// (`omitempty`), map keys sorted as Go sorts them.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Request<'a> {
     kind: &'static str,
     api_version: &'a str,
     image: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    service_account_token: &'a str,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    service_account_annotations: &'a BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -589,10 +858,121 @@ fn parse_response(data: &[u8], expected_api_version: &str) -> Result<Answer, Plu
 // ---------------------------------------------------------------------------
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum CacheKey {
+enum BaseKey {
     Image(String),
     Registry(String),
     Global,
+}
+
+/// A cache entry's key: the answer's cacheKeyType key and, in
+/// service-account-token mode, the account it was asked for (upstream's
+/// generateCacheKey of the base key and the service account cache key).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CacheKey {
+    base: BaseKey,
+    sa: Option<Arc<SaKey>>,
+}
+
+/// Upstream's service account cache key: namespace, name, UID and the
+/// annotations sent; with cacheType Token, the token too, so each token's
+/// answer stands alone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SaKey {
+    namespace: String,
+    name: String,
+    uid: String,
+    annotations: BTreeMap<String, String>,
+    token: Option<String>,
+}
+
+/// What concurrent callers share one plugin run by: the image and, in
+/// service-account-token mode, the token and annotations sent (upstream's
+/// singleflight key).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FlightKey {
+    image: String,
+    sa: Option<(String, BTreeMap<String, String>)>,
+}
+
+/// What a service-account-mode call sends and is cached under.
+#[derive(Debug, Clone)]
+struct SaContext {
+    token: String,
+    annotations: BTreeMap<String, String>,
+    key: Arc<SaKey>,
+}
+
+/// The pod an image is pulled for (upstream's perPodPluginProvider).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// `spec.serviceAccountName`; empty for pods without one.
+    pub service_account: String,
+}
+
+impl PodRef {
+    pub fn of(pod: &Pod) -> Self {
+        PodRef {
+            namespace: pod
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            service_account: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Where service-account-token mode reads the pod's ServiceAccount and
+/// gets its token: the object manager in cluster mode, a fake in tests.
+#[async_trait::async_trait]
+pub trait ServiceAccountSource: Send + Sync {
+    async fn service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Arc<ServiceAccount>, ObjectError>;
+
+    /// A TokenRequest for `name` in `namespace`, the account's UID as its
+    /// `metadata.uid`; the token.
+    async fn token(
+        &self,
+        namespace: &str,
+        name: &str,
+        sa_uid: &str,
+        spec: TokenRequestSpec,
+    ) -> Result<String, ObjectError>;
+}
+
+#[async_trait::async_trait]
+impl ServiceAccountSource for crate::objects::ObjectManager {
+    async fn service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Arc<ServiceAccount>, ObjectError> {
+        crate::objects::ObjectManager::service_account(self, namespace, name).await
+    }
+
+    async fn token(
+        &self,
+        namespace: &str,
+        name: &str,
+        sa_uid: &str,
+        spec: TokenRequestSpec,
+    ) -> Result<String, ObjectError> {
+        self.service_account_token_for_uid(namespace, name, sa_uid, spec)
+            .await
+            .map(|t| t.token)
+    }
 }
 
 /// The registry of an image: its first path element, port included
@@ -607,9 +987,9 @@ type Flight = Arc<OnceCell<Result<Answer, Arc<PluginError>>>>;
 struct State {
     cache: HashMap<CacheKey, (Instant, Logins)>,
     last_purge: Option<Instant>,
-    /// Plugin calls under way by image, shared by concurrent callers
-    /// (upstream's singleflight.Group).
-    in_flight: HashMap<String, Flight>,
+    /// Plugin calls under way, shared by concurrent callers (upstream's
+    /// singleflight.Group).
+    in_flight: HashMap<FlightKey, Flight>,
 }
 
 struct Provider {
@@ -625,9 +1005,9 @@ impl Provider {
     }
 
     /// A live cache entry for the image, by image, then registry, then
-    /// global key (upstream getCachedCredentials); expired entries are
-    /// purged every 15 minutes.
-    fn cached(&self, image: &str, now: Instant) -> Option<Logins> {
+    /// global key, each with the service account part if any (upstream
+    /// getCachedCredentials); expired entries are purged every 15 minutes.
+    fn cached(&self, image: &str, sa: Option<&Arc<SaKey>>, now: Instant) -> Option<Logins> {
         let mut st = self.state.lock();
         let due = st
             .last_purge
@@ -637,61 +1017,195 @@ impl Provider {
             st.last_purge = Some(now);
         }
         [
-            CacheKey::Image(image.to_string()),
-            CacheKey::Registry(registry(image).to_string()),
-            CacheKey::Global,
+            BaseKey::Image(image.to_string()),
+            BaseKey::Registry(registry(image).to_string()),
+            BaseKey::Global,
         ]
-        .iter()
-        .find_map(|k| match st.cache.get(k) {
+        .into_iter()
+        .map(|base| CacheKey {
+            base,
+            sa: sa.cloned(),
+        })
+        .find_map(|k| match st.cache.get(&k) {
             // Upstream's IsExpired: now.After(expiresAt).
             Some((expires, creds)) if now <= *expires => Some(creds.clone()),
             _ => None,
         })
     }
 
-    /// Upstream's pluginProvider.provide: cached logins, else one plugin
-    /// call shared by concurrent callers for the same image; a failure is
-    /// logged and gives nothing.
-    async fn provide(&self, image: &str) -> Logins {
-        if let Some(c) = self.cached(image, Instant::now()) {
-            return c;
+    /// Service-account-token mode's inputs for this pod (upstream's
+    /// getServiceAccountData and getServiceAccountToken): `None` when the
+    /// provider is not in that mode, or the pod has no service account and
+    /// none is required.
+    async fn service_account_context(
+        &self,
+        pod: &PodRef,
+        source: Option<&dyn ServiceAccountSource>,
+    ) -> Result<Option<SaContext>, PluginError> {
+        let Some(attrs) = &self.cfg.token_attributes else {
+            return Ok(None);
+        };
+        if pod.service_account.is_empty() {
+            if attrs.require_service_account {
+                return Err(PluginError::NoServiceAccount {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                });
+            }
+            // Allowed to run without a token (e.g. static pods).
+            return Ok(None);
         }
+        let (ns, name) = (pod.namespace.as_str(), pod.service_account.as_str());
+        let sa_err = |source| PluginError::ServiceAccount {
+            namespace: ns.into(),
+            name: name.into(),
+            source,
+        };
+        // Standalone: no API server to read the account from.
+        let source = source.ok_or_else(|| {
+            sa_err(ObjectError::NoApiServer {
+                kind: "serviceaccount",
+                name: name.into(),
+            })
+        })?;
+        let sa = source.service_account(ns, name).await.map_err(sa_err)?;
+        let have = sa.metadata.annotations.clone().unwrap_or_default();
+        let mut annotations = BTreeMap::new();
+        for k in &attrs.required_annotation_keys {
+            let v = have
+                .get(k)
+                .ok_or_else(|| PluginError::RequiredAnnotation(k.clone()))?;
+            annotations.insert(k.clone(), v.clone());
+        }
+        for k in &attrs.optional_annotation_keys {
+            if let Some(v) = have.get(k) {
+                annotations.insert(k.clone(), v.clone());
+            }
+        }
+        let uid = sa.metadata.uid.clone().unwrap_or_default();
+        // One audience, bound to the pod; expirationSeconds left to the
+        // server's default, as upstream.
+        let spec = TokenRequestSpec {
+            audiences: vec![attrs.audience.clone()],
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name.clone()),
+                uid: Some(pod.uid.clone()),
+            }),
+            expiration_seconds: None,
+        };
+        let token =
+            source
+                .token(ns, name, &uid, spec)
+                .await
+                .map_err(|source| PluginError::Token {
+                    namespace: ns.into(),
+                    name: name.into(),
+                    source,
+                })?;
+        let key = Arc::new(SaKey {
+            namespace: ns.into(),
+            name: name.into(),
+            uid,
+            annotations: annotations.clone(),
+            token: (attrs.cache_type == TokenCacheType::Token).then(|| token.clone()),
+        });
+        Ok(Some(SaContext {
+            token,
+            annotations,
+            key,
+        }))
+    }
+
+    /// Upstream's pluginProvider.provide: cached logins, else one plugin
+    /// call shared by concurrent callers for the same request; a failure
+    /// is logged and gives nothing.
+    async fn provide(
+        &self,
+        image: &str,
+        pod: &PodRef,
+        source: Option<&dyn ServiceAccountSource>,
+    ) -> Logins {
+        match self.provide_result(image, pod, source).await {
+            Ok(logins) => logins,
+            Err(e) => {
+                let (provider, ns, name) = (&self.cfg.name, &pod.namespace, &pod.name);
+                if e.is_opt_out() {
+                    tracing::debug!(provider = %provider, image, pod = %name, namespace = %ns, error = %e, "credential provider plugin not run for this pod");
+                } else {
+                    tracing::error!(provider = %provider, image, pod = %name, namespace = %ns, error = %e, "Failed getting credential from external registry credential provider");
+                }
+                Arc::from(Vec::new())
+            }
+        }
+    }
+
+    async fn provide_result(
+        &self,
+        image: &str,
+        pod: &PodRef,
+        source: Option<&dyn ServiceAccountSource>,
+    ) -> Result<Logins, Arc<PluginError>> {
+        let sa = self
+            .service_account_context(pod, source)
+            .await
+            .map_err(Arc::new)?;
+        let sa_key = sa.as_ref().map(|c| &c.key);
+        if let Some(c) = self.cached(image, sa_key, Instant::now()) {
+            return Ok(c);
+        }
+        let fkey = FlightKey {
+            image: image.to_string(),
+            sa: sa
+                .as_ref()
+                .map(|c| (c.token.clone(), c.annotations.clone())),
+        };
         let flight = self
             .state
             .lock()
             .in_flight
-            .entry(image.to_string())
+            .entry(fkey.clone())
             .or_default()
             .clone();
         // A caller that is cancelled mid-call hands the call over to the
         // next waiter (OnceCell), and its dropped child is killed.
-        let answer = flight.get_or_init(|| self.call(image)).await.clone();
+        let answer = flight
+            .get_or_init(|| self.call(image, sa.as_ref()))
+            .await
+            .clone();
         {
             let mut st = self.state.lock();
             if st
                 .in_flight
-                .get(image)
+                .get(&fkey)
                 .is_some_and(|f| Arc::ptr_eq(f, &flight))
             {
-                st.in_flight.remove(image);
+                st.in_flight.remove(&fkey);
             }
         }
-        let answer = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::error!(provider = %self.cfg.name, image, error = %e, "Failed getting credential from external registry credential provider");
-                return Arc::from(Vec::new());
+        let answer = answer?;
+        if let (Some(c), Some(attrs)) = (&sa, &self.cfg.token_attributes) {
+            let echoed = !c.token.is_empty()
+                && attrs.cache_type != TokenCacheType::Token
+                && answer.auth.iter().any(|(_, cred)| cred.password == c.token);
+            if echoed {
+                return Err(Arc::new(PluginError::TokenEchoed(image.into())));
             }
-        };
+        }
         let ttl = answer
             .cache_duration
             .unwrap_or(self.cfg.default_cache_duration);
         // Zero, from the response or the default, means not cached.
         if !ttl.is_zero() {
-            let key = match answer.key_type {
-                CacheKeyType::Image => CacheKey::Image(image.to_string()),
-                CacheKeyType::Registry => CacheKey::Registry(registry(image).to_string()),
-                CacheKeyType::Global => CacheKey::Global,
+            let base = match answer.key_type {
+                CacheKeyType::Image => BaseKey::Image(image.to_string()),
+                CacheKeyType::Registry => BaseKey::Registry(registry(image).to_string()),
+                CacheKeyType::Global => BaseKey::Global,
+            };
+            let key = CacheKey {
+                base,
+                sa: sa_key.cloned(),
             };
             let expires = Instant::now() + ttl;
             self.state
@@ -699,12 +1213,13 @@ impl Provider {
                 .cache
                 .insert(key, (expires, answer.auth.clone()));
         }
-        answer.auth
+        Ok(answer.auth)
     }
 
-    async fn call(&self, image: &str) -> Result<Answer, Arc<PluginError>> {
+    async fn call(&self, image: &str, sa: Option<&SaContext>) -> Result<Answer, Arc<PluginError>> {
         tracing::debug!(provider = %self.cfg.name, image, "getting image credentials from external exec plugin");
-        let out = match tokio::time::timeout(self.timeout, self.exec(image)).await {
+        let started = Instant::now();
+        let out = match tokio::time::timeout(self.timeout, self.exec(image, sa)).await {
             Ok(r) => r,
             Err(_) => Err(PluginError::Timeout {
                 name: self.cfg.name.clone(),
@@ -712,22 +1227,30 @@ impl Provider {
                 after: self.timeout,
             }),
         };
+        crate::metrics::credential_provider_plugin_run(
+            &self.cfg.name,
+            started.elapsed(),
+            out.as_ref().is_err_and(PluginError::is_run_failure),
+        );
         out.and_then(|stdout| parse_response(&stdout, &self.cfg.api_version))
             .map_err(Arc::new)
     }
 
     /// `ENV=... <bin-dir>/<name> args... <<< request`, the host's
     /// environment with the config's variables over it, as upstream.
-    async fn exec(&self, image: &str) -> Result<Vec<u8>, PluginError> {
+    async fn exec(&self, image: &str, sa: Option<&SaContext>) -> Result<Vec<u8>, PluginError> {
         let spawn_err = |source| PluginError::Spawn {
             name: self.cfg.name.clone(),
             image: image.into(),
             source,
         };
+        let no_annotations = BTreeMap::new();
         let mut request = serde_json::to_vec(&Request {
             kind: "CredentialProviderRequest",
             api_version: &self.cfg.api_version,
             image,
+            service_account_token: sa.map_or("", |c| c.token.as_str()),
+            service_account_annotations: sa.map_or(&no_annotations, |c| &c.annotations),
         })
         .expect("a request always encodes");
         // Go's JSON encoder ends the document with a newline.
@@ -814,6 +1337,9 @@ async fn read_bounded<R: AsyncRead + Unpin>(
 /// externalCredentialProviderKeyring).
 pub struct CredentialProviders {
     providers: Vec<Provider>,
+    /// Set in cluster mode: service-account-token mode reads the pod's
+    /// ServiceAccount and gets tokens through it.
+    service_accounts: std::sync::OnceLock<Arc<dyn ServiceAccountSource>>,
 }
 
 impl std::fmt::Debug for CredentialProviders {
@@ -830,6 +1356,15 @@ impl CredentialProviders {
     /// present. Runs once at start-up, before any pod, so its few file
     /// reads are synchronous.
     pub fn load(config: &Path, bin_dir: &Path) -> Result<Self, ConfigError> {
+        Self::load_gated(config, bin_dir, true)
+    }
+
+    /// [`Self::load`] with the service-account-token feature gate as given.
+    pub fn load_gated(
+        config: &Path,
+        bin_dir: &Path,
+        sa_token_gate: bool,
+    ) -> Result<Self, ConfigError> {
         if let Err(source) = std::fs::metadata(bin_dir) {
             return Err(if source.kind() == std::io::ErrorKind::NotFound {
                 ConfigError::BinDirMissing(bin_dir.into())
@@ -840,7 +1375,8 @@ impl CredentialProviders {
                 }
             });
         }
-        let providers = validate(read_config(config)?)?;
+        let providers = validate(read_config(config)?, sa_token_gate)?;
+        crate::metrics::register_credential_provider_metrics();
         let mut out = Vec::new();
         for cfg in providers {
             let bin = bin_dir.join(&cfg.name);
@@ -853,7 +1389,10 @@ impl CredentialProviders {
                 state: Default::default(),
             });
         }
-        Ok(CredentialProviders { providers: out })
+        Ok(CredentialProviders {
+            providers: out,
+            service_accounts: Default::default(),
+        })
     }
 
     /// The plugins `--image-credential-provider-config` and
@@ -869,17 +1408,30 @@ impl CredentialProviders {
         if config.is_empty() && bin_dir.is_empty() {
             return Ok(None);
         }
-        Self::load(Path::new(config), Path::new(bin_dir)).map(|p| Some(Arc::new(p)))
+        let gate = cfg
+            .feature_gates
+            .get(SA_TOKEN_GATE)
+            .copied()
+            .unwrap_or(true);
+        Self::load_gated(Path::new(config), Path::new(bin_dir), gate).map(|p| Some(Arc::new(p)))
+    }
+
+    /// Where service-account-token mode gets ServiceAccounts and tokens
+    /// (cluster mode; set once). Without it such providers get an error
+    /// for pods with a service account, as upstream's standalone kubelet.
+    pub fn set_service_accounts(&self, source: Arc<dyn ServiceAccountSource>) {
+        let _ = self.service_accounts.set(source);
     }
 
     /// The plugins' logins for an image (as [`super::keyring::repo_to_pull`]
     /// gives it, the form upstream sends plugins), most specific location
     /// first: every matching provider's `auth` map goes into one keyring,
     /// in config order, as upstream's externalCredentialProviderKeyring.
-    pub async fn lookup(&self, image: &str) -> Vec<Credential> {
+    pub async fn lookup(&self, image: &str, pod: &PodRef) -> Vec<Credential> {
         let mut ring = Keyring::default();
+        let source = self.service_accounts.get().map(|s| s.as_ref());
         for p in self.providers.iter().filter(|p| p.matches(image)) {
-            for (loc, cred) in p.provide(image).await.iter() {
+            for (loc, cred) in p.provide(image, pod, source).await.iter() {
                 ring.insert(loc, cred.clone(), &p.cfg.name);
             }
         }
@@ -970,6 +1522,14 @@ cat "$DIR/response""#;
         creds.iter().map(|c| c.username.as_str()).collect()
     }
 
+    /// A pod without a service account.
+    static NO_POD: PodRef = PodRef {
+        namespace: String::new(),
+        name: String::new(),
+        uid: String::new(),
+        service_account: String::new(),
+    };
+
     const MATCH_ALL_IO: &str = "  matchImages: [\"*.io\"]\n  defaultCacheDuration: 1h\n";
 
     #[test]
@@ -1007,6 +1567,7 @@ cat "$DIR/response""#;
                 api_version: "credentialprovider.kubelet.k8s.io/v1".into(),
                 args: vec!["get-credentials".into()],
                 env: vec![("AWS_PROFILE".into(), "nodes".into())],
+                token_attributes: None,
             }]
         );
         // JSON and the older config versions decode too.
@@ -1064,8 +1625,8 @@ cat "$DIR/response""#;
                 "defaultCacheDuration must be greater than or equal to 0",
             ),
             (
-                provider(&format!("name: ecr\n  {good}\n  tokenAttributes: {{serviceAccountTokenAudience: x}}")),
-                "providers.tokenAttributes: Forbidden: service account token mode is not implemented",
+                provider(&format!("name: ecr\n  {good}\n  tokenAttributes: {{serviceAccountTokenAudience: x, requireServiceAccount: true}}")),
+                "providers.tokenAttributes.cacheType: Required value: cacheType is required to be set when tokenAttributes is specified. Supported values are: ServiceAccount, Token",
             ),
             (
                 format!("{head}providers:\n- name: ecr\n  {good}\n- name: ecr\n  {good}\n"),
@@ -1201,7 +1762,7 @@ cat "$DIR/response""#;
             ),
         )
         .unwrap();
-        let creds = p.lookup("registry.io/team/app").await;
+        let creds = p.lookup("registry.io/team/app", &NO_POD).await;
         // Most specific location first; other registries' logins not used.
         assert_eq!(users(&creds), ["team", "host"]);
         assert_eq!(creds[0].password, "t");
@@ -1215,7 +1776,7 @@ cat "$DIR/response""#;
             "get-credentials --verbose"
         );
         // Not in matchImages: the plugin is not run.
-        assert!(p.lookup("quay.io/team/app").await.is_empty());
+        assert!(p.lookup("quay.io/team/app", &NO_POD).await.is_empty());
         assert_eq!(runs(&dir), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -1282,7 +1843,11 @@ cat "$DIR/response""#;
             .unwrap();
             std::fs::write(dir.join("response"), response(key_type, duration, auth)).unwrap();
             for (image, want) in images.into_iter().zip(want) {
-                assert_eq!(users(&p.lookup(image).await), ["u"], "case {i} {image}");
+                assert_eq!(
+                    users(&p.lookup(image, &NO_POD).await),
+                    ["u"],
+                    "case {i} {image}"
+                );
                 assert_eq!(
                     runs(&dir),
                     want,
@@ -1300,18 +1865,18 @@ cat "$DIR/response""#;
             response("Registry", Some("10m"), auth),
         )
         .unwrap();
-        p.lookup("reg.io/a").await;
+        p.lookup("reg.io/a", &NO_POD).await;
         let provider = &p.providers[0];
         let now = Instant::now();
         assert!(provider
-            .cached("reg.io/b", now + Duration::from_secs(599))
+            .cached("reg.io/b", None, now + Duration::from_secs(599))
             .is_some());
         assert!(provider
-            .cached("reg.io/b", now + Duration::from_secs(601))
+            .cached("reg.io/b", None, now + Duration::from_secs(601))
             .is_none());
         assert_eq!(provider.state.lock().cache.len(), 1);
         // Expired entries nobody asks for go at the next 15-minute purge.
-        provider.cached("elsewhere.io/x", now + Duration::from_secs(16 * 60));
+        provider.cached("elsewhere.io/x", None, now + Duration::from_secs(16 * 60));
         assert!(provider.state.lock().cache.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -1339,9 +1904,11 @@ cat "$DIR/response""#;
         // join! polls in order: both lookups have joined the flight
         // before the release starts.
         let (a, b, released) = tokio::time::timeout(Duration::from_secs(30), async {
-            tokio::join!(p.lookup("reg.io/app"), p.lookup("reg.io/app"), async {
-                release().await
-            })
+            tokio::join!(
+                p.lookup("reg.io/app", &NO_POD),
+                p.lookup("reg.io/app", &NO_POD),
+                async { release().await }
+            )
         })
         .await
         .expect("the plugin ran and was released");
@@ -1351,7 +1918,7 @@ cat "$DIR/response""#;
         assert!(p.providers[0].state.lock().in_flight.is_empty());
         // A later lookup runs the plugin again.
         let (c, released) = tokio::time::timeout(Duration::from_secs(30), async {
-            tokio::join!(p.lookup("reg.io/app"), release())
+            tokio::join!(p.lookup("reg.io/app", &NO_POD), release())
         })
         .await
         .expect("the plugin ran and was released");
@@ -1366,10 +1933,12 @@ cat "$DIR/response""#;
         let dir = tempdir("hang");
         let p = test_providers(&dir, "hang", "exec sleep 600", MATCH_ALL_IO).unwrap();
         let started = Instant::now();
-        let e = p.providers[0].call("reg.io/app").await.unwrap_err();
+        let e = p.providers[0].call("reg.io/app", None).await.unwrap_err();
         assert!(matches!(*e, PluginError::Timeout { .. }), "{e}");
         assert_eq!(started.elapsed(), EXEC_TIMEOUT);
-        assert!(p.lookup("reg.io/app").await.is_empty());
+        assert!(p.lookup("reg.io/app", &NO_POD).await.is_empty());
+        // Both timed-out runs are errors in the metrics.
+        assert_eq!(plugin_metrics("hang"), (2, 2));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1404,16 +1973,575 @@ cat "$DIR/response""#;
         for (i, (body, want)) in cases.into_iter().enumerate() {
             let dir = tempdir(&format!("bad{i}"));
             let p = test_providers(&dir, "bad", &body, MATCH_ALL_IO).unwrap();
-            let e = p.providers[0].call("reg.io/app").await.unwrap_err();
+            let e = p.providers[0].call("reg.io/app", None).await.unwrap_err();
             assert!(e.to_string().contains(want), "{body}: {e}");
-            assert!(p.lookup("reg.io/app").await.is_empty());
+            assert!(p.lookup("reg.io/app", &NO_POD).await.is_empty());
             let _ = std::fs::remove_dir_all(&dir);
         }
         // The same answer from a working plugin is used (the cases above
         // fail for their flaw only).
         let dir = tempdir("good");
         let p = test_providers(&dir, "good", &format!("echo '{ok}'"), MATCH_ALL_IO).unwrap();
-        assert_eq!(users(&p.lookup("reg.io/app").await), ["u"]);
+        assert_eq!(users(&p.lookup("reg.io/app", &NO_POD).await), ["u"]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    // ---------------------------------------------------------------
+    // Service-account-token mode.
+    // ---------------------------------------------------------------
+
+    /// ServiceAccounts by (namespace, name); tokens are
+    /// `tok-<account>-<pod uid>`, so one pod always gets the same token
+    /// and two pods different ones. Records every TokenRequest.
+    #[derive(Default)]
+    struct FakeAccounts {
+        accounts: parking_lot::Mutex<HashMap<(String, String), Arc<ServiceAccount>>>,
+        requests: parking_lot::Mutex<Vec<(String, String, String, TokenRequestSpec)>>,
+    }
+
+    impl FakeAccounts {
+        fn add(&self, ns: &str, name: &str, uid: &str, annotations: &[(&str, &str)]) {
+            let mut sa = ServiceAccount::default();
+            sa.metadata.name = Some(name.into());
+            sa.metadata.namespace = Some(ns.into());
+            sa.metadata.uid = Some(uid.into());
+            sa.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            self.accounts
+                .lock()
+                .insert((ns.into(), name.into()), Arc::new(sa));
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ServiceAccountSource for FakeAccounts {
+        async fn service_account(
+            &self,
+            namespace: &str,
+            name: &str,
+        ) -> Result<Arc<ServiceAccount>, ObjectError> {
+            self.accounts
+                .lock()
+                .get(&(namespace.to_string(), name.to_string()))
+                .cloned()
+                .ok_or_else(|| ObjectError::NotFound {
+                    kind: "serviceaccount",
+                    name: name.into(),
+                })
+        }
+
+        async fn token(
+            &self,
+            namespace: &str,
+            name: &str,
+            sa_uid: &str,
+            spec: TokenRequestSpec,
+        ) -> Result<String, ObjectError> {
+            let pod_uid = spec
+                .bound_object_ref
+                .as_ref()
+                .and_then(|r| r.uid.clone())
+                .unwrap_or_default();
+            self.requests
+                .lock()
+                .push((namespace.into(), name.into(), sa_uid.into(), spec));
+            Ok(format!("tok-{name}-{pod_uid}"))
+        }
+    }
+
+    fn pod(ns: &str, name: &str, uid: &str, sa: &str) -> PodRef {
+        PodRef {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: uid.into(),
+            service_account: sa.into(),
+        }
+    }
+
+    /// A recording provider in service-account-token mode with `attrs`
+    /// (YAML flow mapping body), wired to a fresh fake.
+    fn sa_providers(
+        dir: &Path,
+        name: &str,
+        attrs: &str,
+    ) -> (CredentialProviders, Arc<FakeAccounts>) {
+        let p = test_providers(
+            dir,
+            name,
+            RECORDING,
+            &format!("{MATCH_ALL_IO}  tokenAttributes: {{{attrs}}}\n"),
+        )
+        .unwrap();
+        let fake = Arc::new(FakeAccounts::default());
+        p.set_service_accounts(fake.clone());
+        (p, fake)
+    }
+
+    const SA_ATTRS: &str = "serviceAccountTokenAudience: registry.example, cacheType: ServiceAccount, requireServiceAccount: true, requiredServiceAccountAnnotationKeys: [example.com/role], optionalServiceAccountAnnotationKeys: [example.com/tier, example.com/absent]";
+
+    #[test]
+    fn token_attributes_are_validated_as_upstream() {
+        let dir = tempdir("sa-config");
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let p = bin.join("ecr");
+            std::fs::write(&p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let load = |attrs: &str, api_version: &str, gate: bool| {
+            let path = dir.join("c.yaml");
+            std::fs::write(
+                &path,
+                format!("apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders:\n- name: ecr\n  matchImages: [\"*.io\"]\n  defaultCacheDuration: 1m\n  apiVersion: {api_version}\n  tokenAttributes: {{{attrs}}}\n"),
+            )
+            .unwrap();
+            CredentialProviders::load_gated(&path, &bin, gate)
+                .map(|p| p.providers.into_iter().map(|p| p.cfg).collect::<Vec<_>>())
+        };
+        const V1: &str = "credentialprovider.kubelet.k8s.io/v1";
+        // Accepted: annotation keys are checked in lower case, as
+        // ObjectMeta's.
+        let ok = load(
+            "serviceAccountTokenAudience: aud, cacheType: Token, requireServiceAccount: false, optionalServiceAccountAnnotationKeys: [Example.com/Role]",
+            V1,
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            ok[0].token_attributes,
+            Some(TokenAttributes {
+                audience: "aud".into(),
+                cache_type: TokenCacheType::Token,
+                require_service_account: false,
+                required_annotation_keys: vec![],
+                optional_annotation_keys: vec!["Example.com/Role".into()],
+            })
+        );
+        let full = load(SA_ATTRS, V1, true).unwrap();
+        let t = full[0].token_attributes.as_ref().unwrap();
+        assert_eq!(t.cache_type, TokenCacheType::ServiceAccount);
+        assert_eq!(t.required_annotation_keys, ["example.com/role"]);
+
+        let name_rule = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+        let cases: Vec<(&str, &str, bool, String)> = vec![
+            // The gate off refuses the mode (upstream's 1.34 default is on).
+            (
+                "serviceAccountTokenAudience: aud, cacheType: Token, requireServiceAccount: true",
+                V1,
+                false,
+                "failed to validate credential provider config: providers.tokenAttributes: Forbidden: tokenAttributes is not supported when KubeletServiceAccountTokenForCredentialProviders feature gate is disabled".into(),
+            ),
+            (
+                "cacheType: Token, requireServiceAccount: true",
+                V1,
+                true,
+                "failed to validate credential provider config: providers.tokenAttributes.serviceAccountTokenAudience: Required value".into(),
+            ),
+            (
+                "serviceAccountTokenAudience: aud, cacheType: Token",
+                V1,
+                true,
+                "providers.tokenAttributes.requireServiceAccount: Required value".into(),
+            ),
+            (
+                "serviceAccountTokenAudience: aud, cacheType: Token, requireServiceAccount: true",
+                "credentialprovider.kubelet.k8s.io/v1beta1",
+                true,
+                "providers.tokenAttributes: Forbidden: tokenAttributes is only supported for credentialprovider.kubelet.k8s.io/v1 API version".into(),
+            ),
+            (
+                "serviceAccountTokenAudience: aud, cacheType: Token, requireServiceAccount: false, requiredServiceAccountAnnotationKeys: [a.io/x]",
+                V1,
+                true,
+                "providers.tokenAttributes.requiredServiceAccountAnnotationKeys: Forbidden: requireServiceAccount cannot be false when requiredServiceAccountAnnotationKeys is set".into(),
+            ),
+            (
+                "serviceAccountTokenAudience: aud, cacheType: Token, requireServiceAccount: true, requiredServiceAccountAnnotationKeys: [\"bad key!\"]",
+                V1,
+                true,
+                format!("providers.tokenAttributes.requiredServiceAccountAnnotationKeys: Invalid value: \"bad key!\": {name_rule}"),
+            ),
+            (
+                "serviceAccountTokenAudience: aud, cacheType: Token, requireServiceAccount: true, optionalServiceAccountAnnotationKeys: [\"-x.io/a\"]",
+                V1,
+                true,
+                "providers.tokenAttributes.optionalServiceAccountAnnotationKeys: Invalid value: \"-x.io/a\": prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".into(),
+            ),
+            (
+                "serviceAccountTokenAudience: aud, cacheType: Token, requireServiceAccount: true, optionalServiceAccountAnnotationKeys: [a.io/x, a.io/x]",
+                V1,
+                true,
+                "providers.tokenAttributes.optionalServiceAccountAnnotationKeys: Duplicate value: \"a.io/x\"".into(),
+            ),
+            (
+                "serviceAccountTokenAudience: aud, cacheType: Token, requireServiceAccount: true, requiredServiceAccountAnnotationKeys: [b.io/y, a.io/x], optionalServiceAccountAnnotationKeys: [a.io/x, b.io/y]",
+                V1,
+                true,
+                "providers.tokenAttributes: Invalid value: []string{\"a.io/x\", \"b.io/y\"}: annotation keys cannot be both required and optional".into(),
+            ),
+            (
+                "serviceAccountTokenAudience: aud, cacheType: Pod, requireServiceAccount: true",
+                V1,
+                true,
+                "providers.tokenAttributes.cacheType: Unsupported value: \"Pod\": supported values: \"ServiceAccount\", \"Token\"".into(),
+            ),
+            // Strict decoding: unknown fields are errors.
+            (
+                "serviceAccountTokenAudience: aud, cacheType: Token, requireServiceAccount: true, audiences: [x]",
+                V1,
+                true,
+                "unknown field `audiences`".into(),
+            ),
+            // Several errors: one bracketed aggregate.
+            (
+                "requireServiceAccount: true",
+                "credentialprovider.kubelet.k8s.io/v1alpha1",
+                true,
+                "config: [providers.tokenAttributes.serviceAccountTokenAudience: Required value, providers.tokenAttributes: Forbidden: tokenAttributes is only supported for credentialprovider.kubelet.k8s.io/v1 API version, providers.tokenAttributes.cacheType: Required value".into(),
+            ),
+        ];
+        for (attrs, api_version, gate, want) in cases {
+            let e = load(attrs, api_version, gate).unwrap_err().to_string();
+            assert!(e.contains(&want), "{attrs}\n got: {e}\nwant: {want}");
+        }
+        // Only the v1 config type has tokenAttributes: an unknown field in
+        // the older ones.
+        let path = dir.join("old.yaml");
+        std::fs::write(
+            &path,
+            format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: CredentialProviderConfig\nproviders:\n- name: ecr\n  matchImages: [\"*.io\"]\n  defaultCacheDuration: 1m\n  apiVersion: {V1}\n  tokenAttributes: {{{SA_ATTRS}}}\n"),
+        )
+        .unwrap();
+        let e = CredentialProviders::load(&path, &bin)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("strict decoding error: unknown field \"providers[0].tokenAttributes\""),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_token_mode_plugin_gets_a_pod_bound_token_and_the_chosen_annotations() {
+        let dir = tempdir("sa-request");
+        let (p, fake) = sa_providers(&dir, "wi", SA_ATTRS);
+        fake.add(
+            "team",
+            "builder",
+            "sa-uid-1",
+            &[
+                ("example.com/role", "puller"),
+                ("example.com/tier", "gold"),
+                ("example.com/other", "not sent"),
+            ],
+        );
+        std::fs::write(
+            dir.join("response"),
+            response(
+                "Image",
+                None,
+                r#"{"reg.io": {"username": "oauth", "password": "from-token"}}"#,
+            ),
+        )
+        .unwrap();
+        let web = pod("team", "web", "pod-1", "builder");
+        assert_eq!(users(&p.lookup("reg.io/app", &web).await), ["oauth"]);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("request.1")).unwrap(),
+            "{\"kind\":\"CredentialProviderRequest\",\"apiVersion\":\"credentialprovider.kubelet.k8s.io/v1\",\"image\":\"reg.io/app\",\"serviceAccountToken\":\"tok-builder-pod-1\",\"serviceAccountAnnotations\":{\"example.com/role\":\"puller\",\"example.com/tier\":\"gold\"}}\n"
+        );
+        // One TokenRequest: the configured audience, bound to the pod, the
+        // account's UID as precondition, the server's default expiry.
+        let reqs = fake.requests.lock().clone();
+        assert_eq!(reqs.len(), 1);
+        let (ns, name, uid, spec) = &reqs[0];
+        assert_eq!(
+            (ns.as_str(), name.as_str(), uid.as_str()),
+            ("team", "builder", "sa-uid-1")
+        );
+        assert_eq!(spec.audiences, ["registry.example"]);
+        assert_eq!(spec.expiration_seconds, None);
+        assert_eq!(
+            spec.bound_object_ref,
+            Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some("web".into()),
+                uid: Some("pod-1".into()),
+            })
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn without_the_required_account_or_annotation_the_plugin_is_not_run() {
+        let dir = tempdir("sa-optout");
+        let (p, fake) = sa_providers(&dir, "wi", SA_ATTRS);
+        fake.add("team", "plain", "sa-uid-2", &[("example.com/tier", "gold")]);
+        std::fs::write(
+            dir.join("response"),
+            response(
+                "Image",
+                Some("0s"),
+                r#"{"reg.io": {"username": "u", "password": "p"}}"#,
+            ),
+        )
+        .unwrap();
+        let provider = &p.providers[0];
+        let source: &dyn ServiceAccountSource = fake.as_ref();
+        let err = |pod: PodRef| async move {
+            provider
+                .provide_result("reg.io/app", &pod, Some(source))
+                .await
+                .unwrap_err()
+                .to_string()
+        };
+        // The account lacks a required annotation: upstream's error, no
+        // token asked for, no plugin run.
+        assert_eq!(
+            err(pod("team", "web", "pod-1", "plain")).await,
+            "required annotation example.com/role not found"
+        );
+        assert!(fake.requests.lock().is_empty());
+        // requireServiceAccount and a pod without one.
+        assert_eq!(
+            err(pod("team", "static", "pod-2", "")).await,
+            "service account name is empty for pod team/static"
+        );
+        // The account does not exist.
+        assert_eq!(
+            err(pod("team", "web", "pod-1", "ghost")).await,
+            "failed to get service account team/ghost: serviceaccount \"ghost\" not found"
+        );
+        assert!(p
+            .lookup("reg.io/app", &pod("team", "web", "pod-1", "plain"))
+            .await
+            .is_empty());
+        assert_eq!(runs(&dir), 0);
+
+        // requireServiceAccount false: a pod without an account gets the
+        // plugin run without a token.
+        let dir2 = tempdir("sa-optional");
+        let (p2, _) = sa_providers(
+            &dir2,
+            "wi",
+            "serviceAccountTokenAudience: aud, cacheType: ServiceAccount, requireServiceAccount: false",
+        );
+        std::fs::write(
+            dir2.join("response"),
+            response(
+                "Image",
+                None,
+                r#"{"reg.io": {"username": "anon", "password": "p"}}"#,
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            users(
+                &p2.lookup("reg.io/app", &pod("kube-system", "etcd", "s1", ""))
+                    .await
+            ),
+            ["anon"]
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir2.join("request.1")).unwrap(),
+            "{\"kind\":\"CredentialProviderRequest\",\"apiVersion\":\"credentialprovider.kubelet.k8s.io/v1\",\"image\":\"reg.io/app\"}\n"
+        );
+
+        // Standalone (no API server): a pod with an account gets nothing.
+        let dir3 = tempdir("sa-standalone");
+        let p3 = test_providers(
+            &dir3,
+            "wi",
+            RECORDING,
+            &format!("{MATCH_ALL_IO}  tokenAttributes: {{{SA_ATTRS}}}\n"),
+        )
+        .unwrap();
+        let e = p3.providers[0]
+            .provide_result("reg.io/app", &pod("team", "web", "pod-1", "builder"), None)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no API server"), "{e}");
+        assert_eq!(runs(&dir3), 0);
+        for d in [dir, dir2, dir3] {
+            let _ = std::fs::remove_dir_all(&d);
+        }
+    }
+
+    #[tokio::test]
+    async fn token_mode_answers_are_cached_per_account_or_per_token() {
+        let auth = r#"{"reg.io": {"username": "u", "password": "p"}}"#;
+        // (cacheType, pods looked up in turn, plugin runs after each).
+        let cases = [
+            (
+                "ServiceAccount",
+                // Two pods of one account share an answer; another
+                // account, or the same name in another namespace, does not.
+                [
+                    ("team", "a", "builder"),
+                    ("team", "b", "builder"),
+                    ("team", "a", "deployer"),
+                    ("other", "a", "builder"),
+                    ("team", "c", "builder"),
+                ],
+                [1, 1, 2, 3, 3],
+            ),
+            (
+                "Token",
+                // Each token has its own answer: a pod's second pull (same
+                // token) is cached, another pod's is not.
+                [
+                    ("team", "a", "builder"),
+                    ("team", "a", "builder"),
+                    ("team", "b", "builder"),
+                    ("team", "b", "builder"),
+                    ("team", "a", "builder"),
+                ],
+                [1, 1, 2, 2, 2],
+            ),
+        ];
+        for (i, (cache_type, pods, want)) in cases.into_iter().enumerate() {
+            let dir = tempdir(&format!("sa-cache{i}"));
+            let (p, fake) = sa_providers(
+                &dir,
+                "wi",
+                &format!("serviceAccountTokenAudience: aud, cacheType: {cache_type}, requireServiceAccount: true, optionalServiceAccountAnnotationKeys: [example.com/tier]"),
+            );
+            for ns in ["team", "other"] {
+                fake.add(ns, "builder", &format!("{ns}-builder-uid"), &[]);
+                fake.add(ns, "deployer", &format!("{ns}-deployer-uid"), &[]);
+            }
+            std::fs::write(dir.join("response"), response("Registry", Some("1h"), auth)).unwrap();
+            for ((ns, name, sa), want) in pods.into_iter().zip(want) {
+                let podref = pod(ns, name, &format!("{ns}-{name}"), sa);
+                assert_eq!(users(&p.lookup("reg.io/app", &podref).await), ["u"]);
+                assert_eq!(runs(&dir), want, "{cache_type}: {ns}/{name} as {sa}");
+            }
+            // A changed annotation is a different key: the plugin runs again.
+            fake.add(
+                "team",
+                "builder",
+                "team-builder-uid",
+                &[("example.com/tier", "gold")],
+            );
+            let before = runs(&dir);
+            p.lookup("reg.io/app", &pod("team", "a", "team-a", "builder"))
+                .await;
+            assert_eq!(runs(&dir), before + 1, "{cache_type}: annotation change");
+            // So is a recreated account (new UID).
+            fake.add(
+                "team",
+                "builder",
+                "team-builder-uid-2",
+                &[("example.com/tier", "gold")],
+            );
+            p.lookup("reg.io/app", &pod("team", "a", "team-a", "builder"))
+                .await;
+            assert_eq!(runs(&dir), before + 2, "{cache_type}: new account UID");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_token_echoed_as_password_is_used_only_with_cache_type_token() {
+        for (cache_type, used) in [("ServiceAccount", false), ("Token", true)] {
+            let dir = tempdir(&format!("sa-echo-{cache_type}"));
+            let (p, fake) = sa_providers(
+                &dir,
+                "wi",
+                &format!("serviceAccountTokenAudience: aud, cacheType: {cache_type}, requireServiceAccount: true"),
+            );
+            fake.add("team", "builder", "uid", &[]);
+            // The fake's token for this pod, handed back as the password.
+            std::fs::write(
+                dir.join("response"),
+                response(
+                    "Image",
+                    None,
+                    r#"{"reg.io": {"username": "t", "password": "tok-builder-pod-1"}}"#,
+                ),
+            )
+            .unwrap();
+            let web = pod("team", "web", "pod-1", "builder");
+            let got = p.lookup("reg.io/app", &web).await;
+            assert_eq!(!got.is_empty(), used, "{cache_type}");
+            if !used {
+                let e = p.providers[0]
+                    .provide_result("reg.io/app", &web, Some(fake.as_ref()))
+                    .await
+                    .unwrap_err();
+                assert!(e.to_string().starts_with("credential provider plugin returned the service account token as the password for image \"reg.io/app\""), "{e}");
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    /// (duration observations, errors) of `plugin` in the process-wide
+    /// metrics.
+    fn plugin_metrics(plugin: &str) -> (u64, u64) {
+        let mut reg = prometheus_client::registry::Registry::default();
+        let m = &*crate::metrics::METRICS;
+        reg.register("d", "d", m.credential_provider_plugin_duration.clone());
+        reg.register("e", "e", m.credential_provider_plugin_errors.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        let value = |prefix: &str| {
+            let want = format!("{prefix}{{plugin_name=\"{plugin}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&want))
+                .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+        };
+        (value("d_count"), value("e_total"))
+    }
+
+    #[tokio::test]
+    async fn plugin_runs_are_timed_and_failed_runs_counted() {
+        let dir = tempdir("metrics");
+        let ok = response(
+            "Image",
+            Some("0s"),
+            r#"{"reg.io": {"username": "u", "password": "p"}}"#,
+        );
+        let p = test_providers(&dir, "metrics-ok", &format!("echo '{ok}'"), MATCH_ALL_IO).unwrap();
+        p.lookup("reg.io/app", &NO_POD).await;
+        p.lookup("reg.io/app", &NO_POD).await;
+        assert_eq!(plugin_metrics("metrics-ok"), (2, 0));
+        // A failing run: timed and counted. A garbled answer from a run
+        // that succeeded is not a run failure (upstream counts in runPlugin).
+        let dir2 = tempdir("metrics-bad");
+        let bad = test_providers(&dir2, "metrics-fail", "exit 2", MATCH_ALL_IO).unwrap();
+        assert!(bad.lookup("reg.io/app", &NO_POD).await.is_empty());
+        assert_eq!(plugin_metrics("metrics-fail"), (1, 1));
+        let dir3 = tempdir("metrics-garbled");
+        let garbled =
+            test_providers(&dir3, "metrics-garbled", "echo nonsense", MATCH_ALL_IO).unwrap();
+        assert!(garbled.lookup("reg.io/app", &NO_POD).await.is_empty());
+        assert_eq!(plugin_metrics("metrics-garbled"), (1, 0));
+        for d in [dir, dir2, dir3] {
+            let _ = std::fs::remove_dir_all(&d);
+        }
+    }
+
+    #[test]
+    fn a_pods_identity_is_its_namespace_name_uid_and_service_account() {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "team", "uid": "u1"},
+            "spec": {"serviceAccountName": "builder", "containers": []}
+        }))
+        .unwrap();
+        assert_eq!(PodRef::of(&p), pod("team", "web", "u1", "builder"));
+        // A static pod as read from a file: no account.
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "etcd"}, "spec": {"containers": []}
+        }))
+        .unwrap();
+        assert_eq!(PodRef::of(&p), pod("default", "etcd", "", ""));
     }
 }

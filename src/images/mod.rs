@@ -256,6 +256,7 @@ impl ImageManager {
     async fn credentials(
         &self,
         image: &str,
+        pod: &Pod,
         pull_secrets: &[Arc<Secret>],
     ) -> Result<Vec<keyring::Credential>, String> {
         let ring = keyring::Keyring::from_secrets(pull_secrets).map_err(|e| e.to_string())?;
@@ -265,7 +266,10 @@ impl ImageManager {
             creds.extend(node.keyring().await.lookup(&repo));
         }
         if let Some(plugins) = &self.credential_providers {
-            creds.extend(plugins.lookup(&repo).await);
+            // The pod's identity: plugins in service-account-token mode
+            // get a token bound to it.
+            let pod = credentialprovider::PodRef::of(pod);
+            creds.extend(plugins.lookup(&repo, &pod).await);
         }
         Ok(creds)
     }
@@ -400,7 +404,7 @@ impl ImageManager {
         // Before taking a pull slot, as upstream looks credentials up
         // before its puller: a slow plugin (up to its 1-minute timeout)
         // must not hold a slot other pods' pulls wait for.
-        let creds = self.credentials(image, pull_secrets).await;
+        let creds = self.credentials(image, pod, pull_secrets).await;
         let _permit = self.pulls.acquire().await.expect("semaphore never closed");
         tracing::info!(
             image,

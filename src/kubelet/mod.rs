@@ -187,11 +187,11 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         seccomp_default: cfg.seccomp_default,
     };
     let max_parallel = cfg.max_parallel_image_pulls.map(|n| n.max(1) as usize);
+    let credential_providers =
+        crate::images::credentialprovider::CredentialProviders::from_flags(cfg)?;
     let image_manager = ImageManager::new(images, cfg.serialize_image_pulls, max_parallel)
         .with_node_credentials(crate::images::keyring::NodeCredentials::new(&opts.root_dir))
-        .with_credential_providers(
-            crate::images::credentialprovider::CredentialProviders::from_flags(cfg)?,
-        )
+        .with_credential_providers(credential_providers.clone())
         .with_pull_qps(cfg.registry_pull_qps, cfg.registry_burst);
     // Cluster mode fills this once its API client exists; :10250's webhook
     // authentication and authorization and the object manager use it.
@@ -209,6 +209,11 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         ),
         cfg.sync_frequency.0,
     );
+    // Service-account-token mode reads ServiceAccounts and requests
+    // tokens through the object manager (its client comes in cluster mode).
+    if let Some(p) = &credential_providers {
+        p.set_service_accounts(Arc::new(objects.clone()));
+    }
     let manager = Arc::new(
         RuntimeManager::new(runtime.clone(), image_manager, rt_opts).with_objects(objects.clone()),
     );

@@ -21,7 +21,7 @@ mod process;
 mod restclient;
 pub mod startup;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -207,6 +207,11 @@ pub struct RestClientLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginName {
+    pub plugin_name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildInfo {
     pub build_date: &'static str,
     pub compiler: &'static str,
@@ -254,6 +259,11 @@ pub struct KubeletMetrics {
     /// inodes, inodes_free, inodes_used}, refreshed from the volume stats
     /// cache at each scrape.
     pub volume_stats: [Family<VolumeLabels, Gauge>; 6],
+    /// kubelet_credential_provider_plugin_{duration, errors_total}: shown
+    /// only once plugins are registered (upstream's registerMetrics runs
+    /// in RegisterCredentialProviderPlugins).
+    pub credential_provider_plugin_duration: HistFamily<PluginName>,
+    pub credential_provider_plugin_errors: Family<PluginName, Counter>,
 }
 
 /// The process-wide metrics (upstream's package-level vars).
@@ -288,7 +298,13 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     rest_client_requests: Family::default(),
     build_info: Family::default(),
     volume_stats: Default::default(),
+    credential_provider_plugin_duration: Family::new_with_constructor(def_histogram),
+    credential_provider_plugin_errors: Family::default(),
 });
+
+/// Whether credential provider plugins were registered (their families are
+/// exposed from then on).
+static CREDENTIAL_PROVIDER_METRICS: AtomicBool = AtomicBool::new(false);
 
 /// component-base prefixes the help of ALPHA metrics so.
 macro_rules! alpha {
@@ -516,8 +532,26 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     }
     // Constant series, set once.
     m.build_info.get_or_create(&build_info()).set(1);
+    // pkg/credentialprovider/plugin/metrics.go; the counter is named
+    // `..._errors_total` there (since 1.34), sampled so here.
+    let plugins: Vec<Described> = vec![
+        (
+            "kubelet_credential_provider_plugin_errors",
+            alpha!("Number of errors from credential provider plugin"),
+            Box::new(m.credential_provider_plugin_errors.clone()),
+        ),
+        (
+            "kubelet_credential_provider_plugin_duration",
+            alpha!("Duration of execution in seconds for credential provider plugin"),
+            Box::new(m.credential_provider_plugin_duration.clone()),
+        ),
+    ];
     let mut r = Registry::default();
     r.register_collector(Box::new(Exact(v)));
+    r.register_collector(Box::new(Gated(
+        &CREDENTIAL_PROVIDER_METRICS,
+        Exact(plugins),
+    )));
     r.register_collector(Box::new(process::ProcessCollector));
     r
 });
@@ -551,6 +585,25 @@ impl Collector for Exact {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for (name, help, m) in &self.0 {
             m.encode(enc.encode_descriptor(name, help, None, m.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Families registered only once their part starts, as upstream registers
+/// them late.
+struct Gated(&'static AtomicBool, Exact);
+
+impl std::fmt::Debug for Gated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.1.fmt(f)
+    }
+}
+
+impl Collector for Gated {
+    fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if self.0.load(Ordering::Relaxed) {
+            self.1.encode(enc)?;
         }
         Ok(())
     }
@@ -837,6 +890,29 @@ pub fn pod_phase_changed(
         if let Some(d) = since_seen(pod) {
             pod_start(d);
         }
+    }
+}
+
+// ------------------------------------------------------------ credential provider plugins
+
+/// Credential provider plugins were registered: their two families are
+/// exposed from now on.
+pub fn register_credential_provider_metrics() {
+    CREDENTIAL_PROVIDER_METRICS.store(true, Ordering::Relaxed);
+}
+
+/// One plugin run (upstream's runPlugin): its duration whatever the
+/// outcome, and an error when it could not be run, failed or timed out.
+pub fn credential_provider_plugin_run(plugin: &str, took: Duration, failed: bool) {
+    let l = PluginName {
+        plugin_name: plugin.to_string(),
+    };
+    let m = &*METRICS;
+    m.credential_provider_plugin_duration
+        .get_or_create(&l)
+        .observe(took.as_secs_f64());
+    if failed {
+        m.credential_provider_plugin_errors.get_or_create(&l).inc();
     }
 }
 

@@ -184,6 +184,18 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "gauge",
         &["namespace", "persistentvolumeclaim"],
     ),
+    // pkg/credentialprovider/plugin/metrics.go (exposed once plugins
+    // are registered; the test registers them).
+    (
+        "kubelet_credential_provider_plugin_errors",
+        "counter",
+        &["plugin_name"],
+    ),
+    (
+        "kubelet_credential_provider_plugin_duration",
+        "histogram",
+        &["plugin_name"],
+    ),
     ("process_open_fds", "gauge", &[]),
     ("process_resident_memory_bytes", "gauge", &[]),
     ("process_start_time_seconds", "gauge", &[]),
@@ -207,6 +219,8 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
         })
         .observe(0.01);
     image_pulled(5 << 20, Duration::from_secs(3));
+    register_credential_provider_metrics();
+    credential_provider_plugin_run("ecr", Duration::from_millis(30), true);
     let _ = METRICS.evictions.get_or_create(&EvictionSignal {
         eviction_signal: "memory.available".into(),
     });
@@ -267,6 +281,12 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     ), "{text}");
     assert!(text.contains(
         "# HELP kubelet_running_pods [ALPHA] Number of pods that have a running pod sandbox\n"
+    ));
+    assert!(text.contains(
+        "# HELP kubelet_credential_provider_plugin_errors_total [ALPHA] Number of errors from credential provider plugin\n# TYPE kubelet_credential_provider_plugin_errors_total counter\n"
+    ), "{text}");
+    assert!(text.contains(
+        "# HELP kubelet_credential_provider_plugin_duration [ALPHA] Duration of execution in seconds for credential provider plugin\n"
     ));
     token.cancel();
 }
@@ -330,6 +350,18 @@ async fn histograms_use_upstream_buckets() {
     );
     assert_eq!(
         bucket_bounds(&text, "kubelet_pleg_relist_interval_seconds", ""),
+        fmt(&def)
+    );
+    register_credential_provider_metrics();
+    credential_provider_plugin_run("gcr", Duration::from_millis(2), false);
+    let text = render(&state);
+    // DefBuckets (metrics.go).
+    assert_eq!(
+        bucket_bounds(
+            &text,
+            "kubelet_credential_provider_plugin_duration",
+            "plugin_name=\"gcr\""
+        ),
         fmt(&def)
     );
     token.cancel();
@@ -591,4 +623,35 @@ async fn a_pull_is_timed_under_its_image_size_bucket() {
     // The fake's images have no size: upstream's "N/A". (At least one:
     // other tests pulling beside this one count there too.)
     assert!(count() > before);
+}
+
+#[test]
+fn plugin_families_appear_only_once_plugins_are_registered() {
+    // Upstream registers them in RegisterCredentialProviderPlugins: a
+    // kubelet without plugins exposes neither family.
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    let family: Family<PluginName, Counter> = Family::default();
+    family
+        .get_or_create(&PluginName {
+            plugin_name: "ecr".into(),
+        })
+        .inc();
+    let mut r = Registry::default();
+    r.register_collector(Box::new(Gated(
+        &REGISTERED,
+        Exact(vec![(
+            "kubelet_credential_provider_plugin_errors",
+            "h",
+            Box::new(family),
+        )]),
+    )));
+    let text = |r: &Registry| {
+        let mut out = String::new();
+        encode(&mut out, r).unwrap();
+        to_prometheus_text(&out)
+    };
+    assert_eq!(text(&r), "");
+    REGISTERED.store(true, Ordering::Relaxed);
+    assert!(text(&r)
+        .contains("kubelet_credential_provider_plugin_errors_total{plugin_name=\"ecr\"} 1\n"));
 }

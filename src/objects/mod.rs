@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service,
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
 use kube::api::PostParams;
 use kube::Api;
@@ -508,10 +508,35 @@ impl ObjectManager {
         sa: &str,
         spec: TokenRequestSpec,
     ) -> Result<Token, ObjectError> {
+        self.token_for(ns, sa, None, spec).await
+    }
+
+    /// As [`Self::service_account_token`], with the ServiceAccount's UID as
+    /// the TokenRequest's `metadata.uid`: the API server refuses the request
+    /// if the account was recreated meanwhile (upstream's credential
+    /// provider sets it so).
+    pub async fn service_account_token_for_uid(
+        &self,
+        ns: &str,
+        sa: &str,
+        sa_uid: &str,
+        spec: TokenRequestSpec,
+    ) -> Result<Token, ObjectError> {
+        let uid = Some(sa_uid.to_string()).filter(|u| !u.is_empty());
+        self.token_for(ns, sa, uid, spec).await
+    }
+
+    async fn token_for(
+        &self,
+        ns: &str,
+        sa: &str,
+        sa_uid: Option<String>,
+        spec: TokenRequestSpec,
+    ) -> Result<Token, ObjectError> {
         let now = crate::kuberuntime::wall_now().as_secs() as i64;
         let bound = spec.bound_object_ref.as_ref().and_then(|r| r.uid.clone());
         let key = format!(
-            "{ns}/{sa}/{:?}/{:?}/{:?}",
+            "{ns}/{sa}/{sa_uid:?}/{:?}/{:?}/{:?}",
             spec.audiences, spec.expiration_seconds, bound
         );
         let cached = self
@@ -526,7 +551,7 @@ impl ObjectManager {
                 return Ok(t.clone());
             }
         }
-        match self.request_token(ns, sa, spec, now).await {
+        match self.request_token(ns, sa, sa_uid, spec, now).await {
             Ok(t) => {
                 let mut st = self.inner.state.lock();
                 st.tokens.retain(|_, (t, _)| t.expires_at > now);
@@ -549,15 +574,17 @@ impl ObjectManager {
         &self,
         ns: &str,
         sa: &str,
+        sa_uid: Option<String>,
         spec: TokenRequestSpec,
         now: i64,
     ) -> Result<Token, ObjectError> {
         let c = self.client("serviceaccount", sa)?.client().await;
-        let api: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(c, ns);
-        let req = TokenRequest {
+        let api: Api<ServiceAccount> = Api::namespaced(c, ns);
+        let mut req = TokenRequest {
             spec,
             ..Default::default()
         };
+        req.metadata.uid = sa_uid;
         let tr = api
             .create_token_request(sa, &PostParams::default(), &req)
             .await
@@ -575,6 +602,23 @@ impl ObjectManager {
             expires_at,
             refresh_at: now + ((expires_at - now) * 4 / 5).min(24 * 3600),
         })
+    }
+
+    /// A ServiceAccount, read with a GET each time (upstream's credential
+    /// provider plugins read the pod's account so, through the kubelet's
+    /// client; the node authorizer allows it for accounts of pods bound to
+    /// the node).
+    pub async fn service_account(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Arc<ServiceAccount>, ObjectError> {
+        let c = self.client("serviceaccount", name)?.client().await;
+        Api::<ServiceAccount>::namespaced(c, ns)
+            .get(name)
+            .await
+            .map(Arc::new)
+            .map_err(|e| api_err("serviceaccount", name, e))
     }
 
     /// Services for service-link env vars: those of `ns` and of `default`,
