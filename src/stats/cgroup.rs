@@ -322,6 +322,8 @@ pub struct FileReader {
     keep_new: bool,
     /// Which v1 blkio files the host has, found at the first read.
     blkio_files: Option<blkio::V1Files>,
+    /// Process walks reused between collections.
+    pub(super) walks: processes::WalkCache,
 }
 
 /// Open cgroup value files, read again at offset 0 on the next collection.
@@ -375,6 +377,7 @@ impl FileReader {
             kept: None,
             keep_new: true,
             blkio_files: None,
+            walks: processes::WalkCache::default(),
         }
     }
 
@@ -410,6 +413,7 @@ impl FileReader {
     pub fn sweep(&mut self) {
         // Nor is a directory held open until the next collection.
         self.dirs.clear();
+        self.walks.sweep();
         let Some(k) = self.kept.as_mut() else { return };
         let now = std::time::Instant::now();
         if now.duration_since(k.swept) < KEPT_IDLE / 4 {

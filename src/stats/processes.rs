@@ -27,43 +27,60 @@ pub struct ProcessSample {
     pub max_open_files: Option<i64>,
 }
 
+/// How long a cgroup's process walk is reused: cAdvisor walks processes
+/// once per housekeeping (the kubelet sets 10 s), so its figures are that
+/// old at worst too. The walk reads every descriptor link of every process
+/// (thousands on a node whose shims sit in the root cgroup), most of a
+/// cAdvisor scrape's cost if done per scrape.
+pub const WALK_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Process walks by `cgroup.procs` directory, with when they were made.
+#[derive(Debug, Default)]
+pub struct WalkCache {
+    walks: std::collections::HashMap<std::path::PathBuf, (std::time::Instant, ProcessSample)>,
+    /// Open-files limits by pid.
+    limits: std::collections::HashMap<u32, (std::time::Instant, Option<i64>)>,
+}
+
+impl WalkCache {
+    /// Drops walks too old to be served, so cgroups that went away are
+    /// forgotten.
+    pub fn sweep(&mut self) {
+        self.walks.retain(|_, (at, _)| at.elapsed() < WALK_PERIOD);
+        self.limits.retain(|_, (at, _)| at.elapsed() < WALK_PERIOD);
+    }
+}
+
 /// Reads the processes of the cgroup whose `cgroup.procs` is in `procs_dir`
 /// (the cpu controller's on v1, as cAdvisor takes it) and the pids
 /// controller's figures in `pids_dir`. Every process's descriptors are
-/// listed and each link read, as cAdvisor does, to count sockets. `v2`:
-/// without a pids controller the processes are the thread count, as
-/// libcontainer's cgroup v2 reader has it.
+/// listed and each link read, as cAdvisor does, to count sockets; that walk
+/// (and the open-files limit) is reused for `WALK_PERIOD`, the thread
+/// figures are read each time. `v2`: without a pids controller the
+/// processes are the thread count, as libcontainer's cgroup v2 reader has
+/// it.
 pub fn read(
     procs_dir: &Path,
     pids_dir: Option<&Path>,
     v2: bool,
     r: &mut FileReader,
 ) -> ProcessSample {
-    let mut s = ProcessSample::default();
-    let pids: Vec<u32> = r
-        .whole(procs_dir, "cgroup.procs")
-        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default();
-    s.processes = pids.len() as u64;
-    s.first_pid = pids.iter().copied().min();
-    let mut fd_dir = String::new();
-    for pid in &pids {
-        use std::fmt::Write;
-        fd_dir.clear();
-        let _ = write!(fd_dir, "/proc/{pid}/fd");
-        // A process may exit between the list and here.
-        let Ok(rd) = std::fs::read_dir(&fd_dir) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            s.fds += 1;
-            if std::fs::read_link(e.path())
-                .is_ok_and(|l| l.as_os_str().as_encoded_bytes().starts_with(b"socket"))
-            {
-                s.sockets += 1;
-            }
+    let cached = r
+        .walks
+        .walks
+        .get(procs_dir)
+        .filter(|(at, _)| at.elapsed() < WALK_PERIOD)
+        .map(|(_, s)| *s);
+    let mut s = match cached {
+        Some(s) => s,
+        None => {
+            let s = walk(procs_dir, r);
+            r.walks
+                .walks
+                .insert(procs_dir.to_path_buf(), (std::time::Instant::now(), s));
+            s
         }
-    }
+    };
     if let Some(d) = pids_dir {
         match r.value(d, "pids.current").map(|t| t.trim().parse().ok()) {
             Some(current) => {
@@ -79,6 +96,77 @@ pub fn read(
         }
     }
     s
+}
+
+fn walk(procs_dir: &Path, r: &mut FileReader) -> ProcessSample {
+    let mut s = ProcessSample::default();
+    let pids: Vec<u32> = r
+        .whole(procs_dir, "cgroup.procs")
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    s.processes = pids.len() as u64;
+    s.first_pid = pids.iter().copied().min();
+    for pid in &pids {
+        // A process may exit between the list and here.
+        if let Some((fds, sockets)) = count_fds(*pid) {
+            s.fds += fds;
+            s.sockets += sockets;
+        }
+    }
+    s
+}
+
+/// A process's open descriptors and how many are sockets: its fd
+/// directory listed and each link read relative to it (no path walk
+/// through /proc per descriptor).
+fn count_fds(pid: u32) -> Option<(u64, u64)> {
+    let path = std::ffi::CString::new(format!("/proc/{pid}/fd")).ok()?;
+    // SAFETY: `path` is NUL-terminated; a descriptor returned is handed to
+    // fdopendir, and closedir below closes both.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is an open directory descriptor we own.
+    let dir = unsafe { libc::fdopendir(fd) };
+    if dir.is_null() {
+        // SAFETY: fdopendir failed, so `fd` is still ours to close.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    let (mut fds, mut sockets) = (0u64, 0u64);
+    let mut link = [0u8; 16];
+    loop {
+        // SAFETY: `dir` is an open DIR stream; the entry it returns stays
+        // valid until the next readdir on it, and is read before that.
+        let ent = unsafe { libc::readdir(dir) };
+        if ent.is_null() {
+            break;
+        }
+        // SAFETY: d_name is a NUL-terminated name within the entry.
+        let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) };
+        if name.to_bytes().first() == Some(&b'.') {
+            continue;
+        }
+        fds += 1;
+        // Only the start matters ("socket:[inode]"); a longer target is
+        // cut short, which readlinkat allows.
+        // SAFETY: `fd` is the stream's directory, `name` NUL-terminated,
+        // and `link` has the length given.
+        let n =
+            unsafe { libc::readlinkat(fd, name.as_ptr(), link.as_mut_ptr().cast(), link.len()) };
+        if n > 0 && link[..n as usize].starts_with(b"socket:") {
+            sockets += 1;
+        }
+    }
+    // SAFETY: `dir` is open; this closes it and its descriptor.
+    unsafe { libc::closedir(dir) };
+    Some((fds, sockets))
 }
 
 /// The soft `Max open files` limit in a `/proc/<pid>/limits` text, -1 for
@@ -102,12 +190,22 @@ pub fn parse_max_open_files(text: &str) -> Option<i64> {
 /// the container's init process (the task pid the runtime reports); rkubelet
 /// does not ask the runtime at scrape time and takes the lowest pid in the
 /// cgroup, which is the init process unless pids wrapped.
+/// Reused for `WALK_PERIOD` like the walk.
 pub fn add_limits(s: &mut ProcessSample, r: &mut FileReader) {
-    if let Some(pid) = s.first_pid {
-        s.max_open_files = r
-            .whole_path(Path::new(&format!("/proc/{pid}/limits")))
-            .and_then(parse_max_open_files);
+    let Some(pid) = s.first_pid else { return };
+    if let Some((at, soft)) = r.walks.limits.get(&pid) {
+        if at.elapsed() < WALK_PERIOD {
+            s.max_open_files = *soft;
+            return;
+        }
     }
+    let soft = r
+        .whole_path(Path::new(&format!("/proc/{pid}/limits")))
+        .and_then(parse_max_open_files);
+    r.walks
+        .limits
+        .insert(pid, (std::time::Instant::now(), soft));
+    s.max_open_files = soft;
 }
 
 #[cfg(test)]
@@ -146,7 +244,11 @@ mod tests {
         drop(sock);
         std::fs::write(root.join("pids.max"), "100\n").unwrap();
         std::fs::write(root.join("cgroup.procs"), "").unwrap();
+        // Within the walk period the walk is reused; the thread figures
+        // are read again.
         let s = read(&root, Some(&root), false, &mut r);
+        assert_eq!((s.processes, s.threads_max), (1, 100));
+        let s = read(&root, Some(&root), false, &mut FileReader::new());
         assert_eq!((s.processes, s.fds, s.threads_max), (0, 0, 100));
         let _ = std::fs::remove_dir_all(root);
     }
