@@ -634,3 +634,51 @@ fn cluster_trust_bundles_are_projected_and_follow_updates() {
     });
     k.stop();
 }
+
+/// ClusterTrustBundleProjection is off by default in 1.34: upstream's
+/// kubelet then uses its no-op manager, and the volume fails with its
+/// words (a FailedMount per attempt), the pod waiting for it. No
+/// ClusterTrustBundle is asked for.
+#[test]
+fn without_the_feature_gate_a_trust_bundle_source_fails_as_upstream() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-ctb-off";
+    let k = cluster_kubelet(node, &api);
+    let name = format!("ctb-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "ca", "projected": {"sources": [
+                {"clusterTrustBundle": {"name": "any", "optional": true, "path": "ca.pem"}}]}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "ca", "mountPath": "/ca"}]
+            }]
+        }
+    }));
+    wait_for("a FailedMount event for the trust bundle volume", T, || {
+        api.list("events").into_iter().find(|e| {
+            e["reason"] == "FailedMount"
+                && e["involvedObject"]["name"] == name.as_str()
+                && e["message"]
+                    == "MountVolume.SetUp failed for volume \"ca\" : ClusterTrustBundle projection is not supported in static kubelet mode"
+        })
+    });
+    let p = api.get("pods", Some("default"), &name).unwrap();
+    assert_ne!(p["status"]["phase"], "Running");
+    assert_eq!(api.count_requests("GET", "clustertrustbundles"), 0);
+    assert_eq!(
+        api.count_requests("GET", "/apis/certificates.k8s.io/v1beta1"),
+        0
+    );
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the pod gone", T, || {
+        api.get("pods", Some("default"), &name)
+            .is_none()
+            .then_some(())
+    });
+    drop(k);
+}
