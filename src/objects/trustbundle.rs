@@ -743,6 +743,123 @@ mod tests {
         assert!(picked(Some(expr("In", &[]))).is_err());
     }
 
+    /// A tiny API server: `answer(path)` gives (status, body); a watch is
+    /// answered with headers only and held open. Returns its URL and the
+    /// paths asked for.
+    async fn fake_server(
+        answer: fn(&str) -> (u16, String),
+    ) -> (String, Arc<parking_lot::Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let s = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut conn, _) = l.accept().await.unwrap();
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Ok(n) = conn.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                            buf.drain(..end + 4);
+                            let path = head.split(' ').nth(1).unwrap_or("").to_string();
+                            s.lock().push(path.clone());
+                            if path.contains("watch=") {
+                                let _ = conn
+                                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+                                    .await;
+                                std::future::pending::<()>().await;
+                            }
+                            let (code, body) = answer(&path);
+                            let resp = format!(
+                                "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            if conn.write_all(resp.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (url, seen)
+    }
+
+    fn manager_at(url: &str) -> (ObjectManager, tokio_util::sync::CancellationToken) {
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let slot = Arc::new(OnceLock::new());
+        let _ = slot.set(ApiClient::new(client, 50, 100));
+        let token = tokio_util::sync::CancellationToken::new();
+        let m = ObjectManager::new(slot, tokio_util::task::TaskTracker::new(), token.clone())
+            .with_cluster_trust_bundle_projection(true);
+        (m, token)
+    }
+
+    const NOT_FOUND: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"the server could not find the requested resource"}"#;
+
+    #[tokio::test]
+    async fn no_version_served_is_static_modes_error_for_good() {
+        let (url, seen) = fake_server(|_| (404, NOT_FOUND.to_string())).await;
+        let (m, token) = manager_at(&url);
+        for _ in 0..2 {
+            assert_eq!(
+                m.trust_anchors(&by_name("x")).await,
+                Err(TrustBundleError::Unsupported)
+            );
+        }
+        // v1beta1 then v1alpha1, asked once: upstream's lazy manager keeps
+        // its no-op manager.
+        assert_eq!(
+            *seen.lock(),
+            [
+                "/apis/certificates.k8s.io/v1beta1",
+                "/apis/certificates.k8s.io/v1alpha1"
+            ]
+        );
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn without_v1beta1_the_v1alpha1_api_is_watched() {
+        let (url, seen) = fake_server(|path| {
+            let ca = pem(&[1, 2, 3]).replace('\n', "\\n");
+            match path {
+                "/apis/certificates.k8s.io/v1alpha1" => (200, r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"certificates.k8s.io/v1alpha1","resources":[{"name":"clustertrustbundles","singularName":"clustertrustbundle","namespaced":false,"kind":"ClusterTrustBundle","verbs":["get","list","watch"]}]}"#.to_string()),
+                p if p.starts_with("/apis/certificates.k8s.io/v1alpha1/clustertrustbundles?") => (200, format!(
+                    r#"{{"kind":"ClusterTrustBundleList","apiVersion":"certificates.k8s.io/v1alpha1","metadata":{{"resourceVersion":"5"}},"items":[{{"metadata":{{"name":"example.com:s:a","resourceVersion":"4","labels":{{"k":"v"}}}},"spec":{{"signerName":"example.com/s","trustBundle":"{ca}"}}}}]}}"#
+                )),
+                _ => (404, NOT_FOUND.to_string()),
+            }
+        })
+        .await;
+        let (m, token) = manager_at(&url);
+        let sel = LabelSelector {
+            match_labels: Some(BTreeMap::from([("k".to_string(), "v".to_string())])),
+            ..Default::default()
+        };
+        let got = m
+            .trust_anchors(&by_signer("example.com/s", Some(sel)))
+            .await
+            .unwrap();
+        assert_eq!(ders(&got), vec![vec![1, 2, 3]]);
+        assert!(seen
+            .lock()
+            .iter()
+            .any(|p| p.starts_with("/apis/certificates.k8s.io/v1alpha1/clustertrustbundles?")));
+        token.cancel();
+    }
+
     #[tokio::test]
     async fn without_an_api_server_or_with_the_gate_off_it_is_static_modes_error() {
         let proj = by_name("x");
