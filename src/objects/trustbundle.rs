@@ -37,6 +37,8 @@ const GROUP: &str = "certificates.k8s.io";
 /// How long the first use waits for the new watch's first list (upstream
 /// waits 10 s for the informer to sync, then carries on in the background).
 const FIRST_SYNC_WAIT: Duration = Duration::from_secs(10);
+/// Upstream's maxLabelSelectorLength, on the selector's string form.
+const MAX_SELECTOR_LEN: usize = 100 * 1024;
 
 /// Errors, in upstream's words (`clustertrustbundle_manager.go`,
 /// `projected.go`).
@@ -57,6 +59,8 @@ pub enum TrustBundleError {
     NotFound(String),
     #[error("while parsing label selector: {0}")]
     Selector(String),
+    #[error("label selector length ({0}) is larger than {MAX_SELECTOR_LEN}")]
+    SelectorTooLong(usize),
     #[error("combination of signerName and labelSelector matched zero ClusterTrustBundles")]
     NoneMatched,
     #[error("ClusterTrustBundle projection requires either name or signerName to be set")]
@@ -316,6 +320,10 @@ pub fn anchors(
         return Err(TrustBundleError::NoNameOrSigner);
     };
     let selector = Selector::new(proj.label_selector.as_ref())?;
+    let len = selector.string_len();
+    if len > MAX_SELECTOR_LEN {
+        return Err(TrustBundleError::SelectorTooLong(len));
+    }
     let picked: Vec<&str> = bundles
         .values()
         .filter(|b| selector.matches(&b.labels) && b.signer_name == *signer)
@@ -465,6 +473,8 @@ enum Selector {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Requirement {
+    /// From matchLabels.
+    Equals(String, String),
     In(String, Vec<String>),
     NotIn(String, Vec<String>),
     Exists(String),
@@ -478,7 +488,7 @@ impl Selector {
         };
         let mut reqs = Vec::new();
         for (k, v) in ls.match_labels.iter().flatten() {
-            reqs.push(Requirement::In(k.clone(), vec![v.clone()]));
+            reqs.push(Requirement::Equals(k.clone(), v.clone()));
         }
         for e in ls.match_expressions.iter().flatten() {
             let values = e.values.clone().unwrap_or_default();
@@ -509,11 +519,33 @@ impl Selector {
         Ok(Selector::All(reqs))
     }
 
+    /// The length of the selector's string form as Go's labels package
+    /// writes it (`k=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`, joined
+    /// by commas), which upstream bounds.
+    fn string_len(&self) -> usize {
+        let Selector::All(reqs) = self else {
+            return 0;
+        };
+        let values = |vs: &[String]| vs.iter().map(String::len).sum::<usize>() + vs.len() - 1;
+        let each: usize = reqs
+            .iter()
+            .map(|r| match r {
+                Requirement::Equals(k, v) => k.len() + 1 + v.len(),
+                Requirement::In(k, vs) => k.len() + " in ()".len() + values(vs),
+                Requirement::NotIn(k, vs) => k.len() + " notin ()".len() + values(vs),
+                Requirement::Exists(k) => k.len(),
+                Requirement::DoesNotExist(k) => k.len() + 1,
+            })
+            .sum();
+        each + reqs.len().saturating_sub(1)
+    }
+
     fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         let Selector::All(reqs) = self else {
             return false;
         };
         reqs.iter().all(|r| match r {
+            Requirement::Equals(k, want) => labels.get(k) == Some(want),
             Requirement::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
             Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
             Requirement::Exists(k) => labels.contains_key(k),
@@ -741,6 +773,22 @@ mod tests {
             "while parsing label selector: \"Near\" is not a valid label selector operator"
         );
         assert!(picked(Some(expr("In", &[]))).is_err());
+        // upstream's bound on the selector's string form.
+        let big = labels("env", &"x".repeat(100 * 1024));
+        assert_eq!(
+            picked(Some(big)),
+            Err(TrustBundleError::SelectorTooLong(4 + 100 * 1024))
+        );
+        let two = LabelSelector {
+            match_labels: Some(BTreeMap::from([("a".to_string(), "1".to_string())])),
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "b".into(),
+                operator: "NotIn".into(),
+                values: Some(vec!["x".into(), "yz".into()]),
+            }]),
+        };
+        // "a=1,b notin (x,yz)"
+        assert_eq!(Selector::new(Some(&two)).unwrap().string_len(), 18);
     }
 
     /// A tiny API server: `answer(path)` gives (status, body); a watch is
