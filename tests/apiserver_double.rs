@@ -2243,3 +2243,200 @@ fn unsupported_field_labels_are_bad_requests() {
     assert_eq!(items.len(), 1);
     assert_eq!(items[0]["metadata"]["name"], "a");
 }
+
+// ---- ClusterTrustBundles (certificates.k8s.io/v1beta1) ----
+
+const CTBS: &str = "/apis/certificates.k8s.io/v1beta1/clustertrustbundles";
+
+fn ctb(name: &str, signer: &str, labels: Value, bundle: &str) -> Value {
+    json!({"apiVersion": "certificates.k8s.io/v1beta1", "kind": "ClusterTrustBundle",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"signerName": signer, "trustBundle": bundle}})
+}
+
+// Discovery as a 1.34 server with the beta API on: the group lists v1 and
+// v1beta1 (v1 preferred), and /apis/certificates.k8s.io/v1beta1 names the
+// cluster-scoped clustertrustbundles the kubelet looks for
+// (clusterTrustBundlesAvailable); v1alpha1 is not served (404).
+#[test]
+fn cluster_trust_bundles_are_discovered_at_v1beta1() {
+    let s = plain();
+    let c = s.client();
+    let groups = c.get("/apis").unwrap().body;
+    let certs = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "certificates.k8s.io")
+        .unwrap()
+        .clone();
+    assert_eq!(certs["preferredVersion"]["version"], "v1");
+    let versions: Vec<&str> = certs["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["version"].as_str().unwrap())
+        .collect();
+    assert_eq!(versions, ["v1", "v1beta1"]);
+    let list = c.get("/apis/certificates.k8s.io/v1beta1").unwrap().body;
+    let r = list["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "clustertrustbundles")
+        .expect("clustertrustbundles served");
+    assert_eq!(r["namespaced"], false);
+    assert_eq!(r["kind"], "ClusterTrustBundle");
+    assert_eq!(
+        c.get("/apis/certificates.k8s.io/v1alpha1").unwrap().status,
+        404
+    );
+}
+
+// pkg/apis/certificates/validation ValidateClusterTrustBundle(Update): a
+// signer's bundle is named with the signer as prefix ('/' as ':'), an
+// unsigned one has no ':'; the bundle holds CA certificates, at least one,
+// none twice; signerName is immutable.
+#[test]
+fn cluster_trust_bundles_are_validated_as_upstream_does() {
+    let s = plain();
+    let c = s.client();
+    let ca = common::apiserver::trustbundle::ca_certificate_pem("a");
+    let cases = [
+        (
+            ctb("wrong", "example.com/s", json!({}), &ca),
+            "metadata.name: Invalid value: \"wrong\": ClusterTrustBundle for signerName example.com/s must be named with prefix example.com:s:",
+        ),
+        (
+            ctb("a:b", "", json!({}), &ca),
+            "ClusterTrustBundle without signer name must not have \":\" in its name",
+        ),
+        (
+            ctb("empty", "", json!({}), ""),
+            "spec.trustBundle: Invalid value: \"<value omitted>\": at least one trust anchor must be provided",
+        ),
+        (
+            ctb("twice", "", json!({}), &format!("{ca}{ca}")),
+            "duplicate trust anchor (indices [0 1])",
+        ),
+    ];
+    for (obj, want) in cases {
+        let r = c.post(CTBS, &obj).unwrap();
+        assert_eq!(r.status, 422, "{:?}", r.body);
+        assert_eq!(r.body["reason"], "Invalid");
+        let msg = r.body["message"].as_str().unwrap();
+        assert!(msg.contains(want), "{msg}");
+    }
+    let r = c
+        .post(
+            CTBS,
+            &ctb("example.com:s:one", "example.com/s", json!({}), &ca),
+        )
+        .unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert!(
+        r.body["metadata"].get("namespace").is_none(),
+        "cluster-scoped"
+    );
+    let mut moved = r.body.clone();
+    moved["spec"]["signerName"] = json!("example.com/t");
+    let r = c.put(&format!("{CTBS}/example.com:s:one"), &moved).unwrap();
+    assert_eq!(r.status, 422, "{:?}", r.body);
+    assert!(r.body["message"]
+        .as_str()
+        .unwrap()
+        .contains("spec.signerName: Invalid value: \"example.com/t\": field is immutable"));
+}
+
+// The registry's selectable fields for ClusterTrustBundles are
+// metadata.name and spec.signerName (getAttrs; the v1beta1 field label
+// conversion refuses others: "field label not supported"); label
+// selectors filter lists and watches as for every kind. A watch from the
+// list's resourceVersion sees the update of a bundle.
+#[test]
+fn cluster_trust_bundles_list_and_watch_by_signer_and_labels() {
+    let s = plain();
+    let c = s.client();
+    let (a, b) = (
+        common::apiserver::trustbundle::ca_certificate_pem("a"),
+        common::apiserver::trustbundle::ca_certificate_pem("b"),
+    );
+    for o in [
+        ctb(
+            "example.com:s:x",
+            "example.com/s",
+            json!({"env": "prod"}),
+            &a,
+        ),
+        ctb(
+            "example.com:s:y",
+            "example.com/s",
+            json!({"env": "dev"}),
+            &b,
+        ),
+        ctb(
+            "example.com:t:x",
+            "example.com/t",
+            json!({"env": "prod"}),
+            &a,
+        ),
+        ctb("plain", "", json!({}), &b),
+    ] {
+        assert_eq!(c.post(CTBS, &o).unwrap().status, 201);
+    }
+    let names = |path: &str| -> Vec<String> {
+        let r = c.get(path).unwrap();
+        assert_eq!(r.status, 200, "{path}: {:?}", r.body);
+        r.body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(CTBS).len(), 4);
+    assert_eq!(
+        names(&format!(
+            "{CTBS}?fieldSelector=spec.signerName%3Dexample.com%2Fs"
+        )),
+        ["example.com:s:x", "example.com:s:y"]
+    );
+    assert_eq!(
+        names(&format!(
+            "{CTBS}?fieldSelector=spec.signerName%3Dexample.com%2Fs&labelSelector=env%3Dprod"
+        )),
+        ["example.com:s:x"]
+    );
+    let r = c
+        .get(&format!("{CTBS}?fieldSelector=spec.trustBundle%3Dx"))
+        .unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.body["message"],
+        "field label not supported: spec.trustBundle"
+    );
+    let g = c.get(&format!("{CTBS}/plain")).unwrap();
+    assert_eq!(
+        (g.status, g.body["spec"]["trustBundle"].as_str()),
+        (200, Some(b.as_str()))
+    );
+    assert_eq!(
+        c.get(&format!("{CTBS}/nope")).unwrap().body["message"],
+        "clustertrustbundles.certificates.k8s.io \"nope\" not found"
+    );
+    let list_rv = c.get(CTBS).unwrap().body["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut w = c
+        .watch(&format!("{CTBS}?watch=true&resourceVersion={list_rv}"))
+        .unwrap();
+    let mut obj = s
+        .get("clustertrustbundles", None, "example.com:s:y")
+        .unwrap();
+    obj["spec"]["trustBundle"] = json!(format!("{b}{a}"));
+    s.update(obj);
+    let e = w.next_non_bookmark().unwrap().unwrap();
+    assert_eq!(e["type"], "MODIFIED");
+    assert_eq!(e["object"]["metadata"]["name"], "example.com:s:y");
+}

@@ -525,3 +525,160 @@ fn get_and_cache_strategies_read_by_get_and_still_update_volumes() {
         k.stop();
     }
 }
+
+/// The DER contents of every PEM block in `text`, sorted (the kubelet's
+/// order is its own, fixed per process).
+fn ders(text: &str) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = x509_parser::pem::Pem::iter_from_buffer(text.as_bytes())
+        .map(|p| p.expect("PEM block").contents)
+        .collect();
+    out.sort();
+    out
+}
+
+fn ctb(name: &str, signer: &str, env: &str, bundle: &str) -> Value {
+    json!({"apiVersion": "certificates.k8s.io/v1beta1", "kind": "ClusterTrustBundle",
+        "metadata": {"name": name, "labels": {"env": env}},
+        "spec": {"signerName": signer, "trustBundle": bundle}})
+}
+
+/// clusterTrustBundle projected sources (upstream's projected plugin and
+/// clustertrustbundle manager, gate ClusterTrustBundleProjection on): one
+/// bundle by name, the bundles of a signer picked by labels, and all of a
+/// signer's (empty selector); each file holds the selected certificates,
+/// deduplicated, as CERTIFICATE blocks, and follows a bundle's update. The
+/// old code refused the source ("clusterTrustBundle projections are not
+/// supported yet"), so the pod never started.
+#[test]
+fn cluster_trust_bundles_are_projected_and_follow_updates() {
+    use common::apiserver::trustbundle::ca_certificate_pem;
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-ctb";
+    let (a, b, c, d) = (
+        ca_certificate_pem("a"),
+        ca_certificate_pem("b"),
+        ca_certificate_pem("c"),
+        ca_certificate_pem("d"),
+    );
+    let s = "example.com/s";
+    api.create(ctb("example.com:s:one", s, "prod", &a));
+    api.create(ctb("example.com:s:two", s, "dev", &format!("{b}{a}")));
+    api.create(ctb("example.com:t:one", "example.com/t", "prod", &d));
+    api.create(ctb("plain", "", "prod", &c));
+    let mut k = Kubelet::new(node);
+    let kc = api.node_kubeconfig(&k.dir, node);
+    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+    k.extra_config = "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\nfeatureGates:\n  ClusterTrustBundleProjection: true\n".into();
+    k.spawn();
+    let name = format!("ctb-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "ca", "projected": {"sources": [
+                {"clusterTrustBundle": {"name": "plain", "path": "by-name.pem"}},
+                {"clusterTrustBundle": {"signerName": s,
+                    "labelSelector": {"matchLabels": {"env": "prod"}}, "path": "prod.pem"}},
+                {"clusterTrustBundle": {"signerName": s, "labelSelector": {}, "path": "all.pem"}},
+                {"clusterTrustBundle": {"name": "missing", "optional": true, "path": "none.pem"}}
+            ]}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "ca", "mountPath": "/ca"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let id = container_id(&p, 0);
+    let cat = |f: &str| sh(&k, &id, &format!("cat /ca/{f}"));
+    assert_eq!(ders(&cat("by-name.pem")), ders(&c));
+    assert_eq!(ders(&cat("prod.pem")), ders(&a));
+    // Two bundles of the signer, `a` in both: once. Not the other signer's.
+    assert_eq!(ders(&cat("all.pem")), ders(&format!("{a}{b}")));
+    assert_eq!(cat("none.pem"), "", "optional and missing: an empty file");
+    // Only the blocks, in Go's encoding (64 columns, \n line ends).
+    let all = cat("all.pem");
+    assert_eq!(all.matches("-----BEGIN CERTIFICATE-----\n").count(), 2);
+    assert!(!all.contains('\r'));
+    assert!(all.lines().all(|l| l.len() <= 64), "{all}");
+
+    // An update of a selected bundle reaches the file; a bundle of the
+    // signer newly labelled prod joins the selection.
+    let mut one = api
+        .get("clustertrustbundles", None, "example.com:s:one")
+        .unwrap();
+    one["spec"]["trustBundle"] = json!(format!("{a}{d}"));
+    api.update(one);
+    wait_for("prod.pem to follow the updated bundle", T, || {
+        (ders(&cat("prod.pem")) == ders(&format!("{a}{d}"))).then_some(())
+    });
+    let mut two = api
+        .get("clustertrustbundles", None, "example.com:s:two")
+        .unwrap();
+    two["metadata"]["labels"]["env"] = json!("prod");
+    api.update(two);
+    wait_for("prod.pem to take in the relabelled bundle", T, || {
+        (ders(&cat("prod.pem")) == ders(&format!("{a}{b}{d}"))).then_some(())
+    });
+    // One watch of all bundles, found by discovery at v1beta1.
+    assert!(api.count_requests("GET", "/apis/certificates.k8s.io/v1beta1") >= 1);
+    assert!(api.count_requests("GET", "clustertrustbundles?") >= 1);
+
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the pod gone", T, || {
+        api.get("pods", Some("default"), &name)
+            .is_none()
+            .then_some(())
+    });
+    k.stop();
+}
+
+/// ClusterTrustBundleProjection is off by default in 1.34: upstream's
+/// kubelet then uses its no-op manager, and the volume fails with its
+/// words (a FailedMount per attempt), the pod waiting for it. No
+/// ClusterTrustBundle is asked for.
+#[test]
+fn without_the_feature_gate_a_trust_bundle_source_fails_as_upstream() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-ctb-off";
+    let k = cluster_kubelet(node, &api);
+    let name = format!("ctb-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "ca", "projected": {"sources": [
+                {"clusterTrustBundle": {"name": "any", "optional": true, "path": "ca.pem"}}]}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "ca", "mountPath": "/ca"}]
+            }]
+        }
+    }));
+    wait_for("a FailedMount event for the trust bundle volume", T, || {
+        api.list("events").into_iter().find(|e| {
+            e["reason"] == "FailedMount"
+                && e["involvedObject"]["name"] == name.as_str()
+                && e["message"]
+                    == "MountVolume.SetUp failed for volume \"ca\" : ClusterTrustBundle projection is not supported in static kubelet mode"
+        })
+    });
+    let p = api.get("pods", Some("default"), &name).unwrap();
+    assert_ne!(p["status"]["phase"], "Running");
+    assert_eq!(api.count_requests("GET", "clustertrustbundles"), 0);
+    assert_eq!(
+        api.count_requests("GET", "/apis/certificates.k8s.io/v1beta1"),
+        0
+    );
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the pod gone", T, || {
+        api.get("pods", Some("default"), &name)
+            .is_none()
+            .then_some(())
+    });
+    drop(k);
+}

@@ -208,6 +208,12 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
             &cfg.config_map_and_secret_change_detection_strategy,
         ),
         cfg.sync_frequency.0,
+    )
+    .with_cluster_trust_bundle_projection(
+        cfg.feature_gates
+            .get(crate::objects::trustbundle::FEATURE_GATE)
+            .copied()
+            .unwrap_or(crate::objects::trustbundle::FEATURE_GATE_DEFAULT),
     );
     // Service-account-token mode reads ServiceAccounts and requests
     // tokens through the object manager (its client comes in cluster mode).

@@ -27,6 +27,8 @@ use kube::Api;
 
 use crate::apiclient::ApiClient;
 
+pub mod trustbundle;
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ObjectError {
     /// Upstream's `apierrors.NewNotFound(v1.Resource(kind), name)`:
@@ -64,7 +66,8 @@ pub struct Token {
 /// A change to an object the manager watches, for remounting volumes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjectKey {
-    /// "configmap" or "secret".
+    /// "configmap", "secret" or "clustertrustbundle" (cluster-scoped: an
+    /// empty namespace).
     pub kind: &'static str,
     pub namespace: String,
     pub name: String,
@@ -124,6 +127,8 @@ struct Inner {
     strategy: OnceLock<(ChangeDetection, Duration)>,
     /// The Cache strategy's TTL, from the Node (cluster mode).
     ttl: OnceLock<TtlSource>,
+    /// ClusterTrustBundles: the feature gate and the lazily started watch.
+    trust_bundles: trustbundle::TrustBundles,
 }
 
 type ServiceMap = std::collections::BTreeMap<(String, String), Arc<Service>>;

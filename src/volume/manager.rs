@@ -583,8 +583,12 @@ impl VolumeManager {
     /// written again.
     fn object_changed(&self, key: &crate::objects::ObjectKey) {
         let mut st = self.inner.state.lock();
+        // ClusterTrustBundles are cluster-scoped: any pod may read them.
+        let cluster_scoped = key.kind == crate::objects::trustbundle::KIND;
         for d in st.desired.values_mut() {
-            if d.pod.metadata.namespace.as_deref().unwrap_or("default") != key.namespace {
+            if !cluster_scoped
+                && d.pod.metadata.namespace.as_deref().unwrap_or("default") != key.namespace
+            {
                 continue;
             }
             let reads = d
@@ -656,8 +660,18 @@ fn volume_names(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
-/// Whether the volume reads the object (`kind` "configmap" or "secret").
+/// Whether the volume reads the object (`kind` "configmap", "secret" or
+/// "clustertrustbundle"). Any change of a bundle rewrites every volume that
+/// projects one: a signer's selection can gain or lose it, and a rewrite
+/// with the same content leaves the files as they are.
 fn volume_reads(v: &Volume, kind: &str, name: &str) -> bool {
+    if kind == crate::objects::trustbundle::KIND {
+        return v
+            .projected
+            .iter()
+            .flat_map(|p| p.sources.iter().flatten())
+            .any(|s| s.cluster_trust_bundle.is_some());
+    }
     let (cms, secrets) = super::payload::refs(v);
     match kind {
         "configmap" => cms.iter().any(|n| n == name),

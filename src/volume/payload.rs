@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
 };
 
 use crate::kuberuntime::RuntimeOptions;
+use crate::objects::trustbundle::TrustBundleError;
 use crate::objects::{ObjectError, ObjectManager, Token};
 
 /// The API's default for every `defaultMode` (420 in decimal).
@@ -54,6 +55,9 @@ pub enum PayloadError {
     /// A resourceFieldRef naming no container of the pod or an unknown resource.
     #[error("{0}")]
     ResourceField(String),
+    /// A clusterTrustBundle source the manager could not serve, in its words.
+    #[error(transparent)]
+    TrustBundle(#[from] TrustBundleError),
     #[error("{0} projections are not supported yet")]
     UnsupportedProjection(&'static str),
     #[error("volume {0:?} is not a configMap, secret, downwardAPI or projected volume")]
@@ -471,8 +475,8 @@ pub fn service_account(pod: &Pod) -> &str {
         .unwrap_or("default")
 }
 
-/// The token file's mode, as upstream's projected plugin: the volume's
-/// defaultMode, but 0600 when the volume will be owned by the pod's fsUser
+/// The mode of token and trust-bundle files, as upstream's projected
+/// plugin: the volume's defaultMode, but 0600 when the volume will be owned by the pod's fsUser
 /// or fsGroup (the ownership step then opens it to the group).
 pub fn token_mode(pod: &Pod, default_mode: u32) -> u32 {
     let fs_group = pod
@@ -512,13 +516,15 @@ fn fs_user(pod: &Pod) -> Option<i64> {
     user
 }
 
-/// What a projected volume's sources fetched: objects by name, tokens by
-/// the index of their source. An entry left out reads as "not fetched".
+/// What a projected volume's sources fetched: objects by name, tokens and
+/// trust bundles by the index of their source. An entry left out reads as
+/// "not fetched".
 #[derive(Debug, Clone, Default)]
 pub struct Fetched {
     pub config_maps: HashMap<String, Result<Arc<ConfigMap>, ObjectError>>,
     pub secrets: HashMap<String, Result<Arc<Secret>, ObjectError>>,
     pub tokens: HashMap<usize, Result<Token, ObjectError>>,
+    pub trust_bundles: HashMap<usize, Result<Vec<u8>, TrustBundleError>>,
 }
 
 fn not_fetched<T>(kind: &'static str, name: &str) -> Result<T, ObjectError> {
@@ -599,8 +605,23 @@ pub fn projected_payload(
                     },
                 )])
             })
-        } else if p.cluster_trust_bundle.is_some() {
-            Err(PayloadError::UnsupportedProjection("clusterTrustBundle"))
+        } else if let Some(c) = &p.cluster_trust_bundle {
+            // The manager already applied `optional` (an empty file) and the
+            // name/signer rules; the file takes the token's mode rule.
+            let got = fetched
+                .trust_bundles
+                .get(&i)
+                .cloned()
+                .unwrap_or(Err(TrustBundleError::Unsupported));
+            got.map_err(PayloadError::from).map(|pem| {
+                Payload::from([(
+                    c.path.clone(),
+                    FileProjection {
+                        data: pem,
+                        mode: token_mode(pod, default_mode),
+                    },
+                )])
+            })
         } else if p.pod_certificate.is_some() {
             Err(PayloadError::UnsupportedProjection("podCertificate"))
         } else {
@@ -717,6 +738,10 @@ pub async fn build(
                     .service_account_token(ns, service_account(pod), spec)
                     .await;
                 fetched.tokens.insert(i, got);
+            } else if let Some(c) = &src.cluster_trust_bundle {
+                fetched
+                    .trust_bundles
+                    .insert(i, objects.trust_anchors(c).await);
             }
         }
         return projected_payload(pod, opts, p, &fetched);
@@ -1138,6 +1163,7 @@ mod tests {
             config_maps: HashMap::from([("cfg".to_string(), Ok(Arc::new(cm())))]),
             secrets: HashMap::from([("sec".to_string(), Ok(Arc::new(secret())))]),
             tokens: HashMap::from([(3, Ok(token("t1", 500))), (4, Ok(token("t2", 300)))]),
+            trust_bundles: HashMap::new(),
         }
     }
 
@@ -1188,6 +1214,78 @@ mod tests {
         // The optional secret left nothing; the ConfigMap's "shared" stays.
         assert_eq!(b.files["shared"], file("1", 0o440));
         assert_eq!(b.refresh_at, Some(500));
+    }
+
+    #[test]
+    fn cluster_trust_bundles_are_projected_at_their_path_with_the_token_mode_rule() {
+        use crate::objects::trustbundle::TrustBundleError;
+        use k8s_openapi::api::core::v1::ClusterTrustBundleProjection;
+        let opts = RuntimeOptions::default();
+        let ctb = |path: &str| VolumeProjection {
+            cluster_trust_bundle: Some(ClusterTrustBundleProjection {
+                name: Some("b".into()),
+                path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let src = ProjectedVolumeSource {
+            default_mode: Some(0o444),
+            sources: Some(vec![ctb("ca.pem"), ctb("other/ca.pem")]),
+        };
+        let pem = b"-----BEGIN CERTIFICATE-----\nAQID\n-----END CERTIFICATE-----\n".to_vec();
+        let mut f = Fetched::default();
+        f.trust_bundles.insert(0, Ok(pem.clone()));
+        f.trust_bundles.insert(1, Ok(Vec::new()));
+        let b = projected_payload(&pod(), &opts, &src, &f).unwrap();
+        assert_eq!(b.files["ca.pem"].data, pem);
+        assert_eq!(b.files["ca.pem"].mode, 0o444);
+        assert!(b.files["other/ca.pem"].data.is_empty(), "optional, missing");
+        let mut owned = pod();
+        owned.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+            fs_group: Some(2000),
+            ..Default::default()
+        });
+        let b = projected_payload(&owned, &opts, &src, &f).unwrap();
+        assert_eq!(b.files["ca.pem"].mode, 0o600);
+        // The manager's errors are the volume's, in its words.
+        f.trust_bundles
+            .insert(1, Err(TrustBundleError::NotFound("b".into())));
+        f.trust_bundles.remove(&0);
+        let e = projected_payload(&pod(), &opts, &src, &f).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "[ClusterTrustBundle projection is not supported in static kubelet mode, while getting ClusterTrustBundle: clustertrustbundle.certificates.k8s.io \"b\" not found]"
+        );
+    }
+
+    #[tokio::test]
+    async fn build_projects_a_trust_bundle_as_static_mode_refuses_it() {
+        use k8s_openapi::api::core::v1::ClusterTrustBundleProjection;
+        let objects = ObjectManager::default().with_cluster_trust_bundle_projection(true);
+        let v = Volume {
+            name: "v".into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection {
+                    cluster_trust_bundle: Some(ClusterTrustBundleProjection {
+                        signer_name: Some("example.com/s".into()),
+                        path: "ca.pem".into(),
+                        optional: Some(true),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = build(&objects, &RuntimeOptions::default(), &pod(), &v)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ClusterTrustBundle projection is not supported in static kubelet mode"
+        );
     }
 
     #[test]

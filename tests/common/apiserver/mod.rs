@@ -16,7 +16,9 @@
 //!   `persistentvolumeclaims` (+`/status`); `coordination.k8s.io/v1` `leases`;
 //!   `events.k8s.io/v1` `events` (stored apart from core events; tests name
 //!   it `events.events.k8s.io`); `certificates.k8s.io/v1`
-//!   `certificatesigningrequests` (+`/status`, `/approval`). Discovery:
+//!   `certificatesigningrequests` (+`/status`, `/approval`);
+//!   `certificates.k8s.io/v1beta1` `clustertrustbundles` (validation and
+//!   the `spec.signerName` field selector of upstream's registry). Discovery:
 //!   `/version`, `/api`, `/api/v1`, `/apis`, `/apis/{group}/{version}`.
 //! - Server-set metadata: `uid`, `creationTimestamp`, `resourceVersion`
 //!   (one global counter, decimal), `generation` (pods only: 1 at create, +1
@@ -134,6 +136,7 @@ mod pki;
 mod server;
 mod serviceaccount;
 mod store;
+pub mod trustbundle;
 
 #[allow(unused_imports)]
 pub use client::{Client, Response, WatchStream};

@@ -810,17 +810,24 @@ fn discovery(shared: &Shared, segs: &[&str]) -> Option<Value> {
                 "serverAddress": format!("127.0.0.1:{}", shared.port)}]}),
         ["api", "v1"] => resources("", "v1"),
         ["apis"] => {
-            let mut groups: Vec<&str> = store::RESOURCES
-                .iter()
-                .map(|r| r.group)
-                .filter(|g| !g.is_empty())
-                .collect();
-            groups.dedup();
+            // Each group with every version it serves, v1 preferred.
+            let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
+            for r in store::RESOURCES.iter().filter(|r| !r.group.is_empty()) {
+                match groups.iter_mut().find(|(g, _)| *g == r.group) {
+                    Some((_, vs)) if !vs.contains(&r.version) => vs.push(r.version),
+                    Some(_) => {}
+                    None => groups.push((r.group, vec![r.version])),
+                }
+            }
             let groups: Vec<Value> = groups
                 .into_iter()
-                .map(|g| {
-                    let gv = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
-                    json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+                .map(|(g, mut vs)| {
+                    vs.sort_by_key(|v| *v != "v1");
+                    let gvs: Vec<Value> = vs
+                        .iter()
+                        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+                        .collect();
+                    json!({"name": g, "versions": gvs, "preferredVersion": gvs[0]})
                 })
                 .collect();
             json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})

@@ -121,6 +121,17 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         false
     ),
+    // v1beta1 as a 1.34 cluster serves it with the ClusterTrustBundle gate
+    // and runtime-config on (see trustbundle.rs).
+    res!(
+        "clustertrustbundles",
+        "certificates.k8s.io",
+        "v1beta1",
+        "ClusterTrustBundle",
+        false,
+        false,
+        false
+    ),
 ];
 
 /// The resource served at `group`/`version`/`plural`.
@@ -441,6 +452,7 @@ fn convert_field_label(res: &ResourceInfo, label: &str) -> Result<String, String
             _ => unsupported(),
         },
         (false, "certificatesigningrequests") | (false, "events") => ok(label),
+        (false, "clustertrustbundles") => super::trustbundle::convert_field_label(label),
         _ => match label {
             "metadata.name" | "metadata.namespace" => ok(label),
             _ => Err(format!(
@@ -834,6 +846,9 @@ impl Store {
             }
             _ => {}
         }
+        if res.plural == "clustertrustbundles" {
+            super::trustbundle::validate(&obj, None)?;
+        }
         let created = self.commit(res, ns, &name, EventType::Added, obj, None);
         if res.plural == "certificatesigningrequests" && self.csr.auto_approve {
             self.approve_csr(&name, "AutoApproved", "approved by the API server double");
@@ -980,6 +995,9 @@ impl Store {
         );
         if next == old {
             return Ok(old);
+        }
+        if res.plural == "clustertrustbundles" {
+            super::trustbundle::validate(&next, Some(&old))?;
         }
         // Removing the last finalizer of an object marked deleting (grace 0)
         // deletes it, in place of the update (ShouldDeleteDuringUpdate).
