@@ -198,8 +198,23 @@ pub fn read_v1(d: &Path, files: V1Files, r: &mut FileReader) -> DiskIo {
         if !files.present[gi] {
             continue;
         }
-        let first = r.whole(d, group[0].0).map(parse_v1).unwrap_or_default();
+        // A cgroup's recursive figures hold all of its subtree's: under a
+        // cgroup whose were empty (read earlier in this collection, as the
+        // hierarchy is read from the root down) there is nothing to read.
+        let recursive = gi < 4;
+        let known_empty = recursive
+            && r.blkio_empty
+                .iter()
+                .any(|(p, g)| *g == gi && d.starts_with(p));
+        let first = if known_empty {
+            Vec::new()
+        } else {
+            r.whole(d, group[0].0).map(parse_v1).unwrap_or_default()
+        };
         if first.is_empty() {
+            if recursive && !known_empty {
+                r.blkio_empty.push((d.to_path_buf(), gi));
+            }
             // The recursive throttle file counts this cgroup's own I/O
             // too, so when it is there and empty the plain one is empty
             // as well: libcontainer's last try would find nothing.
@@ -389,6 +404,19 @@ mod tests {
         let before = r.opened;
         assert!(read_v1(&idle, files, &mut r).is_empty());
         assert_eq!(r.opened - before, 2, "bfq and throttle-recursive only");
+        // Under a cgroup whose recursive files were empty in this
+        // collection, nothing is read: they cover the whole subtree.
+        r.begin();
+        let pod = root.join("kubepods/pod1");
+        write(&pod, "blkio.bfq.io_serviced_recursive", empty);
+        write(&pod, "blkio.throttle.io_serviced_recursive", empty);
+        assert!(read_v1(&pod, files, &mut r).is_empty());
+        let before = r.opened;
+        assert!(read_v1(&cg, files, &mut r).is_empty());
+        assert_eq!(r.opened, before);
+        // A new collection reads again.
+        r.begin();
+        assert!(!read_v1(&cg, files, &mut r).is_empty());
         let _ = std::fs::remove_dir_all(root);
     }
 

@@ -322,6 +322,9 @@ pub struct FileReader {
     keep_new: bool,
     /// Which v1 blkio files the host has, found at the first read.
     blkio_files: Option<blkio::V1Files>,
+    /// This collection's v1 blkio directories whose recursive figures of
+    /// a file group were empty (see `blkio::read_v1`).
+    pub(super) blkio_empty: Vec<(PathBuf, usize)>,
     /// Process walks reused between collections.
     pub(super) walks: processes::WalkCache,
 }
@@ -377,6 +380,7 @@ impl FileReader {
             kept: None,
             keep_new: true,
             blkio_files: None,
+            blkio_empty: Vec::new(),
             walks: processes::WalkCache::default(),
         }
     }
@@ -401,6 +405,7 @@ impl FileReader {
     pub fn begin(&mut self) {
         self.dirs.clear();
         self.opened = 0;
+        self.blkio_empty.clear();
     }
 
     /// Descriptors held open between collections.

@@ -85,11 +85,18 @@ pub fn read(
         match r.value(d, "pids.current").map(|t| t.trim().parse().ok()) {
             Some(current) => {
                 s.threads = current.unwrap_or(0);
-                // "max": no limit, which libcontainer reports as 0.
-                s.threads_max = r
-                    .value(d, "pids.max")
-                    .and_then(|t| t.trim().parse().ok())
-                    .unwrap_or(0);
+                // The limit changes only when the cgroup is updated: read
+                // with the walk. "max": no limit, which libcontainer
+                // reports as 0.
+                if cached.is_none() {
+                    s.threads_max = r
+                        .value(d, "pids.max")
+                        .and_then(|t| t.trim().parse().ok())
+                        .unwrap_or(0);
+                    if let Some(w) = r.walks.walks.get_mut(procs_dir) {
+                        w.1.threads_max = s.threads_max;
+                    }
+                }
             }
             None if v2 => s.threads = s.processes,
             None => {}
@@ -243,11 +250,12 @@ mod tests {
         assert_eq!(soft, want);
         drop(sock);
         std::fs::write(root.join("pids.max"), "100\n").unwrap();
+        std::fs::write(root.join("pids.current"), "9\n").unwrap();
         std::fs::write(root.join("cgroup.procs"), "").unwrap();
-        // Within the walk period the walk is reused; the thread figures
-        // are read again.
+        // Within the walk period the walk (and the limit) is reused; the
+        // thread count is read again.
         let s = read(&root, Some(&root), false, &mut r);
-        assert_eq!((s.processes, s.threads_max), (1, 100));
+        assert_eq!((s.processes, s.threads, s.threads_max), (1, 9, 0));
         let s = read(&root, Some(&root), false, &mut FileReader::new());
         assert_eq!((s.processes, s.fds, s.threads_max), (0, 0, 100));
         let _ = std::fs::remove_dir_all(root);

@@ -1120,7 +1120,11 @@ fn read_files(
         if let Some((cg, sample)) = found {
             pod.sample = sample;
             if full {
-                pod.sample.pids = h.pids_with(&cg, &mut r);
+                // cAdvisor's text read the same file for its thread count.
+                pod.sample.pids = match &pod.sample.procs {
+                    Some(p) if detail == Detail::Full => Some(p.threads),
+                    _ => h.pids_with(&cg, &mut r),
+                };
             }
             // The sandbox's cgroup (its figures are cAdvisor's only) and
             // netns.
