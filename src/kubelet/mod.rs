@@ -170,6 +170,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         .or_else(detect_node_ip)
         .unwrap_or_default();
     let machine = Arc::new(MachineInfo::read());
+    crate::stats::procfs::init_machine_facts();
     let machine_for_node = machine.clone();
 
     let rt_opts = RuntimeOptions {

@@ -125,6 +125,7 @@ async fn metrics_cadvisor(State(s): State<ServerState>) -> Response {
         boot_id: &m.boot_id,
         cores: m.num_cores,
         memory: m.memory_capacity,
+        facts: procfs::machine_facts(),
     };
     let body = expo::cadvisor(snap.as_deref().ok(), &machine);
     ([(header::CONTENT_TYPE, PROM_TEXT)], body).into_response()
