@@ -171,6 +171,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         .unwrap_or_default();
     let machine = Arc::new(MachineInfo::read());
     crate::stats::procfs::init_machine_facts();
+    crate::metrics::detect_cgroup_version();
     let machine_for_node = machine.clone();
 
     let rt_opts = RuntimeOptions {

@@ -84,7 +84,12 @@ pub async fn run_handler(
     };
     tokio::time::timeout(timeout, work)
         .await
-        .unwrap_or(Err(HookError::Timeout(timeout)))
+        .unwrap_or_else(|_| {
+            if h.sleep.is_some() {
+                crate::metrics::sleep_action_terminated_early();
+            }
+            Err(HookError::Timeout(timeout))
+        })
 }
 
 #[cfg(test)]

@@ -196,6 +196,82 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "histogram",
         &["plugin_name"],
     ),
+    // The rarer families of metrics.go's Register.
+    ("kubelet_containers_per_pod_count", "histogram", &[]),
+    ("kubelet_pod_status_sync_duration_seconds", "histogram", &[]),
+    (
+        "kubelet_evented_pleg_connection_error_count",
+        "counter",
+        &[],
+    ),
+    (
+        "kubelet_evented_pleg_connection_success_count",
+        "counter",
+        &[],
+    ),
+    (
+        "kubelet_evented_pleg_connection_latency_seconds",
+        "histogram",
+        &[],
+    ),
+    (
+        "kubelet_run_podsandbox_duration_seconds",
+        "histogram",
+        &["runtime_handler"],
+    ),
+    (
+        "kubelet_run_podsandbox_errors",
+        "counter",
+        &["runtime_handler"],
+    ),
+    ("kubelet_desired_pods", "gauge", &["static"]),
+    ("kubelet_active_pods", "gauge", &["static"]),
+    ("kubelet_mirror_pods", "gauge", &[]),
+    ("kubelet_orphaned_runtime_pods", "counter", &[]),
+    ("kubelet_managed_ephemeral_containers", "gauge", &[]),
+    ("kubelet_cpu_manager_pinning_requests", "counter", &[]),
+    ("kubelet_cpu_manager_pinning_errors", "counter", &[]),
+    ("kubelet_memory_manager_pinning_requests", "counter", &[]),
+    ("kubelet_memory_manager_pinning_errors", "counter", &[]),
+    (
+        "kubelet_topology_manager_admission_requests",
+        "counter",
+        &[],
+    ),
+    ("kubelet_topology_manager_admission_errors", "counter", &[]),
+    (
+        "kubelet_topology_manager_admission_duration_ms",
+        "histogram",
+        &[],
+    ),
+    ("kubelet_orphan_pod_cleaned_volumes", "gauge", &[]),
+    ("kubelet_orphan_pod_cleaned_volumes_errors", "gauge", &[]),
+    (
+        "kubelet_node_startup_pre_kubelet_duration_seconds",
+        "gauge",
+        &[],
+    ),
+    (
+        "kubelet_node_startup_pre_registration_duration_seconds",
+        "gauge",
+        &[],
+    ),
+    (
+        "kubelet_node_startup_registration_duration_seconds",
+        "gauge",
+        &[],
+    ),
+    (
+        "kubelet_node_startup_post_registration_duration_seconds",
+        "gauge",
+        &[],
+    ),
+    ("kubelet_node_startup_duration_seconds", "gauge", &[]),
+    ("kubelet_graceful_shutdown_start_time_seconds", "gauge", &[]),
+    ("kubelet_graceful_shutdown_end_time_seconds", "gauge", &[]),
+    ("kubelet_lifecycle_handler_http_fallbacks", "counter", &[]),
+    ("kubelet_sleep_action_terminated_early", "counter", &[]),
+    ("kubelet_cgroup_version", "gauge", &[]),
     ("process_open_fds", "gauge", &[]),
     ("process_resident_memory_bytes", "gauge", &[]),
     ("process_start_time_seconds", "gauge", &[]),
@@ -219,6 +295,8 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
         })
         .observe(0.01);
     image_pulled(5 << 20, Duration::from_secs(3));
+    run_podsandbox("", Duration::from_millis(40), false);
+    set_pod_counts([(false, true), (true, true)]);
     register_credential_provider_metrics();
     credential_provider_plugin_run("ecr", Duration::from_millis(30), true);
     let _ = METRICS.evictions.get_or_create(&EvictionSignal {
@@ -654,4 +732,74 @@ fn plugin_families_appear_only_once_plugins_are_registered() {
     REGISTERED.store(true, Ordering::Relaxed);
     assert!(text(&r)
         .contains("kubelet_credential_provider_plugin_errors_total{plugin_name=\"ecr\"} 1\n"));
+}
+
+#[test]
+fn pod_counts_split_static_and_active_as_handle_pod_cleanups() {
+    // (static, active)
+    let (desired, active) = pod_counts([
+        (false, true),
+        (false, false),
+        (true, true),
+        (false, true),
+        (true, false),
+    ]);
+    assert_eq!(desired, [3, 2]);
+    assert_eq!(active, [2, 1]);
+}
+
+#[tokio::test]
+async fn rarer_families_count_what_rkubelet_does_and_show_zero_otherwise() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let handler = "rkubelet-test-handler";
+    run_podsandbox(handler, Duration::from_millis(30), true);
+    run_podsandbox(handler, Duration::from_millis(300), false);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}
+    }))
+    .unwrap();
+    containers_per_pod(&pod);
+    set_cgroup_version(true);
+    let text = render(&state);
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .map(|l| l[prefix.len()..].trim().to_string())
+    };
+    let h = format!("{{runtime_handler=\"{handler}\"}}");
+    assert_eq!(
+        line(&format!("kubelet_run_podsandbox_duration_seconds_count{h}")).as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        line(&format!("kubelet_run_podsandbox_errors_total{h}")).as_deref(),
+        Some("1")
+    );
+    // ExponentialBuckets(1, 2, 5): 3 containers fall in le=4 and above.
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_containers_per_pod_count", ""),
+        fmt(&[1.0, 2.0, 4.0, 8.0, 16.0])
+    );
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_topology_manager_admission_duration_ms", "").len(),
+        16
+    );
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_pod_status_sync_duration_seconds", ""),
+        fmt(&POD_STATUS_SYNC_BUCKETS)
+    );
+    assert_eq!(line("kubelet_cgroup_version").as_deref(), Some("2"));
+    // Counters upstream names without _total keep their names.
+    assert!(text.contains("# TYPE kubelet_evented_pleg_connection_error_count counter\n"));
+    assert!(text.contains("\nkubelet_evented_pleg_connection_success_count 0\n"));
+    // Behaviour rkubelet lacks (no CPU manager): registered, zero.
+    assert_eq!(
+        line("kubelet_cpu_manager_pinning_requests_total").as_deref(),
+        Some("0")
+    );
+    assert!(text.contains(
+        "# HELP kubelet_memory_manager_pinning_errors_total [ALPHA] The number of memory pages allocations which required pinning that failed.\n"
+    ));
+    token.cancel();
 }
