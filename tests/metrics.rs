@@ -118,6 +118,16 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
         let a = value(&s, "kubelet_active_pods", &[("static", "true")])?;
         (d >= 1.0 && a >= 1.0).then_some(())
     });
+    // The container's log usage from the pod stats (logMetricsCollector).
+    assert!(
+        value(
+            &s,
+            "kubelet_container_log_filesystem_used_bytes",
+            &[("container", "main"), ("namespace", "default")]
+        )
+        .is_some(),
+        "no log usage for the static pod's container"
+    );
     for name in [
         "kubelet_mirror_pods",
         "kubelet_orphaned_runtime_pods_total",

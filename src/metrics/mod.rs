@@ -609,6 +609,71 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     rare: RareMetrics::new(),
 });
 
+/// `kubelet_container_log_filesystem_used_bytes` series of the scrape in
+/// progress (upstream's logMetricsCollector, `collectors/log_metrics.go`):
+/// set from the pod stats under `SCRAPE` just before encoding.
+static LOG_SIZES: Mutex<Vec<(LogLabels, u64)>> = Mutex::new(Vec::new());
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LogLabels {
+    pub container: String,
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+}
+
+/// The log sizes as a const-metric collector: like client_golang, no
+/// series means no family at all.
+#[derive(Debug)]
+struct LogSizes;
+
+impl Collector for LogSizes {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let sizes = LOG_SIZES.lock();
+        if sizes.is_empty() {
+            return Ok(());
+        }
+        let mut m = enc.encode_descriptor(
+            "kubelet_container_log_filesystem_used_bytes",
+            alpha!("Bytes used by the container's logs on the filesystem."),
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (l, used) in sizes.iter() {
+            let g = prometheus_client::metrics::gauge::ConstGauge::new(
+                (*used).min(i64::MAX as u64) as i64,
+            );
+            g.encode(m.encode_family(l)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Each container's log usage from the pod stats (none when they could not
+/// be collected: upstream logs the error and emits nothing).
+fn update_log_sizes(snap: Option<&crate::stats::provider::Snapshot>) {
+    let mut sizes = LOG_SIZES.lock();
+    sizes.clear();
+    let Some(snap) = snap else {
+        return;
+    };
+    for p in &snap.pods {
+        for c in &p.containers {
+            if let Some((used, _)) = c.logs {
+                sizes.push((
+                    LogLabels {
+                        container: c.name.clone(),
+                        namespace: p.namespace.clone(),
+                        pod: p.name.clone(),
+                        uid: p.uid.clone(),
+                    },
+                    used,
+                ));
+            }
+        }
+    }
+}
+
 /// Whether credential provider plugins were registered (their families are
 /// exposed from then on).
 static CREDENTIAL_PROVIDER_METRICS: AtomicBool = AtomicBool::new(false);
@@ -853,6 +918,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         &CREDENTIAL_PROVIDER_METRICS,
         Exact(plugins),
     )));
+    r.register_collector(Box::new(LogSizes));
     r.register_collector(Box::new(process::ProcessCollector));
     r
 });
@@ -1397,10 +1463,19 @@ static SCRAPE: Mutex<()> = Mutex::new(());
 /// The `/metrics` text for `state` (the node name and state gauges are
 /// refreshed from it first).
 pub fn render(state: &ServerState) -> String {
+    render_with(state, None)
+}
+
+/// `render` with the pod stats behind the container log sizes.
+pub fn render_with(
+    state: &ServerState,
+    stats: Option<&crate::stats::provider::Snapshot>,
+) -> String {
     let snap = state.pleg.snapshot();
     let reg = &*REGISTRY;
     let _g = SCRAPE.lock();
     update_running(&snap);
+    update_log_sizes(stats);
     update_volume_stats(&state.stats.volume_stats().claims());
     if !state.node_name.is_empty() {
         set_node_name(&state.node_name);
@@ -1419,8 +1494,10 @@ pub fn routes() -> Router<ServerState> {
 }
 
 async fn metrics(State(s): State<ServerState>) -> Response {
+    // Upstream's log collector lists the pod stats at each scrape.
+    let stats = crate::stats::summary_snapshot(&s).await;
     // The process collector reads /proc: off the async threads.
-    match tokio::task::spawn_blocking(move || render(&s)).await {
+    match tokio::task::spawn_blocking(move || render_with(&s, stats.as_deref())).await {
         Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "rendering /metrics failed");

@@ -803,3 +803,51 @@ async fn rarer_families_count_what_rkubelet_does_and_show_zero_otherwise() {
     ));
     token.cancel();
 }
+
+#[tokio::test]
+async fn container_log_sizes_come_from_the_pod_stats_and_vanish_without_them() {
+    use crate::stats::provider::{ContainerRaw, PodRaw, Snapshot};
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let snap = Snapshot {
+        pods: vec![PodRaw {
+            name: "web".into(),
+            namespace: "prod".into(),
+            uid: "u-1".into(),
+            containers: vec![
+                ContainerRaw {
+                    name: "app".into(),
+                    logs: Some((8192, 3)),
+                    ..Default::default()
+                },
+                // No log figures: no series (upstream skips nil UsedBytes).
+                ContainerRaw {
+                    name: "side".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let text = render_with(&state, Some(&snap));
+    assert!(text.contains(
+        "# HELP kubelet_container_log_filesystem_used_bytes [ALPHA] Bytes used by the container's logs on the filesystem.\n# TYPE kubelet_container_log_filesystem_used_bytes gauge\n"
+    ), "{text}");
+    let scrape = parse(&text);
+    let s: Vec<_> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "kubelet_container_log_filesystem_used_bytes")
+        .collect();
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].labels.get("uid"), Some("u-1"));
+    assert_eq!(s[0].labels.get("namespace"), Some("prod"));
+    assert_eq!(s[0].labels.get("pod"), Some("web"));
+    assert_eq!(s[0].labels.get("container"), Some("app"));
+    assert!(matches!(s[0].value, prometheus_parse::Value::Gauge(v) if v == 8192.0));
+    // Stats unavailable: the family is absent, as client_golang omits a
+    // collector's family with no metrics.
+    let text = render_with(&state, None);
+    assert!(!text.contains("kubelet_container_log_filesystem_used_bytes"));
+    token.cancel();
+}
