@@ -190,4 +190,17 @@ fn cluster_mode_counts_api_requests() {
     assert!(sample.labels.get("code").is_some_and(|c| !c.is_empty()));
     let host = sample.labels.get("host").unwrap_or_default();
     assert!(host.contains(':'), "host:port of the API server: {host:?}");
+    // This kubelet created its Node: upstream's node startup tracker sets
+    // the phases, the last two once the node is Ready.
+    wait_for("kubelet_node_startup_duration_seconds set", T, || {
+        let s = scrape(&k)?;
+        let total = value(&s, "kubelet_node_startup_duration_seconds", &[])?;
+        let pre = value(&s, "kubelet_node_startup_pre_kubelet_duration_seconds", &[])?;
+        let pre_reg = value(
+            &s,
+            "kubelet_node_startup_pre_registration_duration_seconds",
+            &[],
+        )?;
+        (total > 0.0 && pre > 0.0 && pre_reg > 0.0 && total >= pre + pre_reg).then_some(())
+    });
 }

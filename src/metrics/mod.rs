@@ -1353,6 +1353,131 @@ pub fn detect_cgroup_version() {
     set_cgroup_version(std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists());
 }
 
+// ------------------------------------------------------------ node startup
+
+/// Upstream's NodeStartupLatencyTracker (`pkg/kubelet/util/
+/// node_startup_latency_tracker.go`): boot, kubelet start, first
+/// registration attempt, registration of a new Node, first Ready. Only a
+/// kubelet that created its Node sets the gauges, as upstream.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NodeStartupTracker {
+    boot: Option<SystemTime>,
+    kubelet_start: Option<SystemTime>,
+    attempt: Option<SystemTime>,
+    registered: Option<SystemTime>,
+    ready: Option<SystemTime>,
+}
+
+fn secs_between(a: SystemTime, b: SystemTime) -> f64 {
+    match b.duration_since(a) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+impl NodeStartupTracker {
+    pub fn started(boot: Option<SystemTime>, now: SystemTime) -> Self {
+        NodeStartupTracker {
+            boot,
+            kubelet_start: Some(now),
+            ..Default::default()
+        }
+    }
+
+    pub fn attempt_register(&mut self, now: SystemTime) {
+        if self.attempt.is_none() {
+            self.attempt = Some(now);
+        }
+    }
+
+    /// (pre_kubelet, pre_registration, registration) when this is the first
+    /// new registration after an attempt.
+    pub fn registered_new(&mut self, now: SystemTime) -> Option<(Option<f64>, f64, f64)> {
+        let (Some(start), Some(attempt)) = (self.kubelet_start, self.attempt) else {
+            return None;
+        };
+        if self.registered.is_some() {
+            return None;
+        }
+        self.registered = Some(now);
+        Some((
+            self.boot.map(|b| secs_between(b, start)),
+            secs_between(start, attempt),
+            secs_between(attempt, now),
+        ))
+    }
+
+    /// (post_registration, total) on the first Ready after registering.
+    pub fn node_ready(&mut self, now: SystemTime) -> Option<(f64, Option<f64>)> {
+        let registered = self.registered?;
+        if self.ready.is_some() {
+            return None;
+        }
+        self.ready = Some(now);
+        Some((
+            secs_between(registered, now),
+            self.boot.map(|b| secs_between(b, now)),
+        ))
+    }
+}
+
+static NODE_STARTUP: Mutex<NodeStartupTracker> = Mutex::new(NodeStartupTracker {
+    boot: None,
+    kubelet_start: None,
+    attempt: None,
+    registered: None,
+    ready: None,
+});
+
+/// Boot time as upstream's GetBootTime: now less the uptime, truncated to
+/// the second.
+fn boot_time() -> Option<SystemTime> {
+    let up: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let boot = SystemTime::now().checked_sub(Duration::from_secs(up as u64))?;
+    let secs = boot.duration_since(UNIX_EPOCH).ok()?.as_secs();
+    Some(UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// The kubelet starts (blocking read of /proc/uptime; at startup).
+pub fn node_startup_kubelet_started() {
+    *NODE_STARTUP.lock() = NodeStartupTracker::started(boot_time(), SystemTime::now());
+}
+
+/// A registration attempt of the Node object.
+pub fn node_registration_attempt() {
+    NODE_STARTUP.lock().attempt_register(SystemTime::now());
+}
+
+/// The Node object was created by this kubelet.
+pub fn node_registered_new() {
+    let r = NODE_STARTUP.lock().registered_new(SystemTime::now());
+    if let Some((pre_kubelet, pre_reg, reg)) = r {
+        let g = &METRICS.rare.node_startup;
+        if let Some(p) = pre_kubelet {
+            g[0].set(p);
+        }
+        g[1].set(pre_reg);
+        g[2].set(reg);
+    }
+}
+
+/// The node's Ready condition is true.
+pub fn node_ready() {
+    let r = NODE_STARTUP.lock().node_ready(SystemTime::now());
+    if let Some((post, total)) = r {
+        let g = &METRICS.rare.node_startup;
+        g[3].set(post);
+        if let Some(t) = total {
+            g[4].set(t);
+        }
+    }
+}
+
 // ------------------------------------------------------------ credential provider plugins
 
 /// Credential provider plugins were registered: their two families are

@@ -851,3 +851,26 @@ async fn container_log_sizes_come_from_the_pod_stats_and_vanish_without_them() {
     assert!(!text.contains("kubelet_container_log_filesystem_used_bytes"));
     token.cancel();
 }
+
+#[test]
+fn node_startup_phases_follow_upstreams_tracker() {
+    let t = |s: u64| UNIX_EPOCH + Duration::from_secs(1_000_000 + s);
+    let mut n = NodeStartupTracker::started(Some(t(0)), t(30));
+    // Registered before any attempt: nothing (upstream needs the attempt).
+    assert_eq!(n.registered_new(t(31)), None);
+    // Ready before registering: nothing.
+    assert_eq!(n.node_ready(t(32)), None);
+    n.attempt_register(t(35));
+    // A later attempt keeps the first.
+    n.attempt_register(t(36));
+    assert_eq!(n.registered_new(t(40)), Some((Some(30.0), 5.0, 5.0)));
+    // Only the first new registration counts.
+    assert_eq!(n.registered_new(t(41)), None);
+    assert_eq!(n.node_ready(t(52)), Some((12.0, Some(52.0))));
+    assert_eq!(n.node_ready(t(60)), None);
+    // Unknown boot time: no pre-kubelet or total figures.
+    let mut n = NodeStartupTracker::started(None, t(0));
+    n.attempt_register(t(1));
+    assert_eq!(n.registered_new(t(3)), Some((None, 1.0, 2.0)));
+    assert_eq!(n.node_ready(t(4)), Some((1.0, None)));
+}
