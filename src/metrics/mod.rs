@@ -1353,6 +1353,39 @@ pub fn detect_cgroup_version() {
     set_cgroup_version(std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists());
 }
 
+// ------------------------------------------------------------ pod status sync
+
+/// Pod UID (of the API object) → when its first unsent status change was
+/// seen (upstream's versionedPodStatus.at: several changes before one
+/// write count from the first).
+static STATUS_PENDING: LazyLock<Mutex<std::collections::HashMap<String, tokio::time::Instant>>> =
+    LazyLock::new(Default::default);
+
+/// A status change of `uid` waits to be written to the API.
+pub fn pod_status_pending(uid: &str) {
+    STATUS_PENDING
+        .lock()
+        .entry(uid.to_string())
+        .or_insert_with(tokio::time::Instant::now);
+}
+
+/// `uid`'s status was written: `kubelet_pod_status_sync_duration_seconds`
+/// since its first pending change.
+pub fn pod_status_synced(uid: &str) {
+    if let Some(at) = STATUS_PENDING.lock().remove(uid) {
+        METRICS
+            .rare
+            .pod_status_sync_duration
+            .observe(at.elapsed().as_secs_f64());
+    }
+}
+
+/// `uid`'s status has nowhere to go (its object is gone or replaced):
+/// not observed, as upstream returns before its observation.
+pub fn pod_status_dropped(uid: &str) {
+    STATUS_PENDING.lock().remove(uid);
+}
+
 // ------------------------------------------------------------ node startup
 
 /// Upstream's NodeStartupLatencyTracker (`pkg/kubelet/util/

@@ -874,3 +874,38 @@ fn node_startup_phases_follow_upstreams_tracker() {
     assert_eq!(n.registered_new(t(3)), Some((None, 1.0, 2.0)));
     assert_eq!(n.node_ready(t(4)), Some((1.0, None)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn pod_status_sync_is_timed_from_the_first_unsent_change() {
+    let h = &METRICS.rare.pod_status_sync_duration;
+    // (count, sum); other tests only add to both.
+    let read = || {
+        let mut out = String::new();
+        let mut r = Registry::default();
+        r.register("h", "", h.clone());
+        encode(&mut out, &r).unwrap();
+        let get = |k: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().parse::<f64>().unwrap())
+                .unwrap()
+        };
+        (get("h_count "), get("h_sum "))
+    };
+    let (c0, s0) = read();
+    pod_status_pending("u-sync");
+    tokio::time::advance(Duration::from_millis(300)).await;
+    // A second change before the write keeps the first change's time.
+    pod_status_pending("u-sync");
+    tokio::time::advance(Duration::from_millis(200)).await;
+    pod_status_synced("u-sync");
+    let (c1, s1) = read();
+    assert!(c1 >= c0 + 1.0);
+    assert!(s1 - s0 >= 0.5 - 1e-9, "{s0} -> {s1}");
+    // A dropped status is never observed, and nothing stays pending.
+    pod_status_pending("u-gone");
+    pod_status_dropped("u-gone");
+    pod_status_synced("u-gone");
+    assert!(!STATUS_PENDING.lock().contains_key("u-sync"));
+    assert!(!STATUS_PENDING.lock().contains_key("u-gone"));
+}
