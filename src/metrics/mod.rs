@@ -1309,6 +1309,17 @@ fn pod_counts(pods: impl IntoIterator<Item = (bool, bool)>) -> ([i64; 2], [i64; 
     (desired, active)
 }
 
+/// `kubelet_managed_ephemeral_containers`: the ephemeral containers in
+/// the specs of the pods the pod manager holds (upstream's pod manager
+/// adds and subtracts them as pods come and go; the sum at scrape time is
+/// the same figure).
+fn ephemeral_containers(pods: &[std::sync::Arc<k8s_openapi::api::core::v1::Pod>]) -> i64 {
+    pods.iter()
+        .filter_map(|p| p.spec.as_ref()?.ephemeral_containers.as_ref())
+        .map(|e| e.len() as i64)
+        .sum()
+}
+
 /// The mirror pods the API shows for this node.
 pub fn set_mirror_pods(n: usize) {
     METRICS.rare.mirror_pods.set(n as i64);
@@ -1634,6 +1645,10 @@ pub fn render_with(
     let _g = SCRAPE.lock();
     update_running(&snap);
     update_log_sizes(stats);
+    METRICS
+        .rare
+        .managed_ephemeral_containers
+        .set(ephemeral_containers(&state.pods.pods()));
     update_volume_stats(&state.stats.volume_stats().claims());
     if !state.node_name.is_empty() {
         set_node_name(&state.node_name);

@@ -909,3 +909,21 @@ async fn pod_status_sync_is_timed_from_the_first_unsent_change() {
     assert!(!STATUS_PENDING.lock().contains_key("u-sync"));
     assert!(!STATUS_PENDING.lock().contains_key("u-gone"));
 }
+
+#[test]
+fn managed_ephemeral_containers_sum_the_pod_specs() {
+    let pod = |n: usize| {
+        let ecs: Vec<serde_json::Value> = (0..n)
+            .map(|i| serde_json::json!({"name": format!("debug-{i}")}))
+            .collect();
+        Arc::new(
+            serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": {"containers": [{"name": "a"}], "ephemeralContainers": ecs}
+            }))
+            .unwrap(),
+        )
+    };
+    assert_eq!(ephemeral_containers(&[pod(2), pod(0), pod(1)]), 3);
+    assert_eq!(ephemeral_containers(&[]), 0);
+}
