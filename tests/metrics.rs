@@ -116,7 +116,16 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
         let s = scrape(&k)?;
         let d = value(&s, "kubelet_desired_pods", &[("static", "true")])?;
         let a = value(&s, "kubelet_active_pods", &[("static", "true")])?;
-        (d >= 1.0 && a >= 1.0).then_some(())
+        let w = value(
+            &s,
+            "kubelet_working_pods",
+            &[
+                ("lifecycle", "sync"),
+                ("config", "desired"),
+                ("static", "true"),
+            ],
+        )?;
+        (d >= 1.0 && a >= 1.0 && w >= 1.0).then_some(())
     });
     // The container's log usage from the pod stats (logMetricsCollector).
     assert!(

@@ -193,6 +193,13 @@ pub struct StaticLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkingLabels {
+    pub lifecycle: &'static str,
+    pub config: &'static str,
+    pub r#static: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuntimeHandler {
     pub runtime_handler: String,
 }
@@ -308,6 +315,7 @@ pub struct RareMetrics {
     pub run_podsandbox_errors: Family<RuntimeHandler, Counter>,
     pub desired_pods: Family<StaticLabel, Gauge>,
     pub active_pods: Family<StaticLabel, Gauge>,
+    pub working_pods: Family<WorkingLabels, Gauge>,
     pub mirror_pods: Gauge,
     pub orphaned_runtime_pods: Counter,
     pub managed_ephemeral_containers: Gauge,
@@ -347,6 +355,7 @@ impl RareMetrics {
             run_podsandbox_errors: Family::default(),
             desired_pods: Family::default(),
             active_pods: Family::default(),
+            working_pods: Family::default(),
             mirror_pods: Gauge::default(),
             orphaned_runtime_pods: Counter::default(),
             managed_ephemeral_containers: Gauge::default(),
@@ -427,6 +436,12 @@ impl RareMetrics {
             "kubelet_active_pods",
             alpha!("The number of pods the kubelet considers active and which are being considered when admitting new pods. static is true if the pod is not from the apiserver."),
             self.active_pods.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_working_pods",
+            alpha!("Number of pods the kubelet is actually running, broken down by lifecycle phase, whether the pod is desired, orphaned, or runtime only (also orphaned), and whether the pod is static. An orphaned pod has been removed from local configuration or force deleted in the API and consumes resources that are not otherwise visible."),
+            self.working_pods.clone(),
         );
         add(
             &mut v,
@@ -1318,6 +1333,64 @@ fn ephemeral_containers(pods: &[std::sync::Arc<k8s_openapi::api::core::v1::Pod>]
         .filter_map(|p| p.spec.as_ref()?.ephemeral_containers.as_ref())
         .map(|e| e.len() as i64)
         .sum()
+}
+
+/// Upstream's PodWorkerState strings.
+pub fn worker_lifecycle(p: crate::podworkers::WorkerPhase) -> &'static str {
+    use crate::podworkers::WorkerPhase::*;
+    match p {
+        Syncing => "sync",
+        Terminating => "terminating",
+        Terminated => "terminated",
+    }
+}
+
+/// The 15 `kubelet_working_pods` series HandlePodCleanups sets: per
+/// lifecycle, "desired" (in config) and "orphan" (a pod spec no longer in
+/// config) by static "true"/"", and "runtime_only" (no spec: found only in
+/// the runtime) with static "unknown". `workers` yields (lifecycle,
+/// orphan, has a spec, static).
+fn working_pod_counts(
+    workers: impl IntoIterator<Item = (&'static str, bool, bool, bool)>,
+) -> Vec<(WorkingLabels, i64)> {
+    let key = |lifecycle: &'static str, orphan: bool, has_config: bool, st: bool| {
+        let (config, r#static) = match (orphan, has_config) {
+            (_, false) => ("runtime_only", "unknown"),
+            (false, true) => ("desired", if st { "true" } else { "" }),
+            (true, true) => ("orphan", if st { "true" } else { "" }),
+        };
+        WorkingLabels {
+            lifecycle,
+            config,
+            r#static,
+        }
+    };
+    let mut out: Vec<(WorkingLabels, i64)> = Vec::with_capacity(15);
+    for lifecycle in ["sync", "terminating", "terminated"] {
+        for (orphan, has_config, st) in [
+            (false, true, true),
+            (false, true, false),
+            (true, true, true),
+            (true, true, false),
+            (true, false, false),
+        ] {
+            out.push((key(lifecycle, orphan, has_config, st), 0));
+        }
+    }
+    for (lifecycle, orphan, has_config, st) in workers {
+        let k = key(lifecycle, orphan || !has_config, has_config, st);
+        if let Some(e) = out.iter_mut().find(|(l, _)| *l == k) {
+            e.1 += 1;
+        }
+    }
+    out
+}
+
+/// Sets `kubelet_working_pods` from the pod workers (at housekeeping).
+pub fn set_working_pods(workers: impl IntoIterator<Item = (&'static str, bool, bool, bool)>) {
+    for (l, n) in working_pod_counts(workers) {
+        METRICS.rare.working_pods.get_or_create(&l).set(n);
+    }
 }
 
 /// The mirror pods the API shows for this node.

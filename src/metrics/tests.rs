@@ -226,6 +226,11 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
     ),
     ("kubelet_desired_pods", "gauge", &["static"]),
     ("kubelet_active_pods", "gauge", &["static"]),
+    (
+        "kubelet_working_pods",
+        "gauge",
+        &["config", "lifecycle", "static"],
+    ),
     ("kubelet_mirror_pods", "gauge", &[]),
     ("kubelet_orphaned_runtime_pods", "counter", &[]),
     ("kubelet_managed_ephemeral_containers", "gauge", &[]),
@@ -297,6 +302,7 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     image_pulled(5 << 20, Duration::from_secs(3));
     run_podsandbox("", Duration::from_millis(40), false);
     set_pod_counts([(false, true), (true, true)]);
+    set_working_pods([("sync", false, true, false)]);
     register_credential_provider_metrics();
     credential_provider_plugin_run("ecr", Duration::from_millis(30), true);
     let _ = METRICS.evictions.get_or_create(&EvictionSignal {
@@ -926,4 +932,33 @@ fn managed_ephemeral_containers_sum_the_pod_specs() {
     };
     assert_eq!(ephemeral_containers(&[pod(2), pod(0), pod(1)]), 3);
     assert_eq!(ephemeral_containers(&[]), 0);
+}
+
+#[test]
+fn working_pods_fill_upstreams_fifteen_series() {
+    let counts = working_pod_counts([
+        // (lifecycle, orphan, has a spec, static)
+        ("sync", false, true, false),
+        ("sync", false, true, false),
+        ("sync", false, true, true),
+        ("terminating", true, true, false),
+        ("terminated", true, false, false),
+    ]);
+    assert_eq!(counts.len(), 15);
+    let get = |lifecycle: &str, config: &str, st: &str| {
+        counts
+            .iter()
+            .find(|(l, _)| l.lifecycle == lifecycle && l.config == config && l.r#static == st)
+            .map(|(_, n)| *n)
+    };
+    assert_eq!(get("sync", "desired", ""), Some(2));
+    assert_eq!(get("sync", "desired", "true"), Some(1));
+    assert_eq!(get("terminating", "orphan", ""), Some(1));
+    assert_eq!(get("terminated", "runtime_only", "unknown"), Some(1));
+    assert_eq!(get("sync", "runtime_only", "unknown"), Some(0));
+    assert_eq!(counts.iter().map(|(_, n)| n).sum::<i64>(), 5);
+    assert_eq!(
+        worker_lifecycle(crate::podworkers::WorkerPhase::Terminating),
+        "terminating"
+    );
 }

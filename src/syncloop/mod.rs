@@ -331,6 +331,16 @@ impl SyncLoop {
                         .is_some_and(|s| crate::status::generate::is_terminal(s.phase.as_deref())),
             )
         }));
+        crate::metrics::set_working_pods(self.workers.working().into_iter().map(
+            |(uid, phase, has_config, st)| {
+                (
+                    crate::metrics::worker_lifecycle(phase),
+                    !self.pods.contains(&uid),
+                    has_config,
+                    st,
+                )
+            },
+        ));
         if let Some(gc) = &self.gc {
             gc();
         }
