@@ -97,6 +97,63 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
     )
     .is_some_and(|n| n >= 1.0));
 
+    // The rarer families of metrics.go: the static pod was dispatched and
+    // its sandbox run through the default handler; housekeeping counted
+    // it as a desired, active static pod; the rest are registered with 0.
+    assert!(value(&s, "kubelet_containers_per_pod_count_count", &[]).is_some_and(|n| n >= 1.0));
+    assert!(value(
+        &s,
+        "kubelet_run_podsandbox_duration_seconds_count",
+        &[("runtime_handler", "")]
+    )
+    .is_some_and(|n| n >= 1.0));
+    let unified = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    assert_eq!(
+        value(&s, "kubelet_cgroup_version", &[]),
+        Some(if unified { 2.0 } else { 1.0 })
+    );
+    wait_for("kubelet_desired_pods{static=true} >= 1", T, || {
+        let s = scrape(&k)?;
+        let d = value(&s, "kubelet_desired_pods", &[("static", "true")])?;
+        let a = value(&s, "kubelet_active_pods", &[("static", "true")])?;
+        let w = value(
+            &s,
+            "kubelet_working_pods",
+            &[
+                ("lifecycle", "sync"),
+                ("config", "desired"),
+                ("static", "true"),
+            ],
+        )?;
+        (d >= 1.0 && a >= 1.0 && w >= 1.0).then_some(())
+    });
+    // The container's log usage from the pod stats (logMetricsCollector).
+    assert!(
+        value(
+            &s,
+            "kubelet_container_log_filesystem_used_bytes",
+            &[("container", "main"), ("namespace", "default")]
+        )
+        .is_some(),
+        "no log usage for the static pod's container"
+    );
+    for name in [
+        "kubelet_mirror_pods",
+        "kubelet_orphaned_runtime_pods_total",
+        "kubelet_cpu_manager_pinning_requests_total",
+        "kubelet_memory_manager_pinning_requests_total",
+        "kubelet_topology_manager_admission_requests_total",
+        "kubelet_evented_pleg_connection_error_count",
+        "kubelet_node_startup_duration_seconds",
+        "kubelet_graceful_shutdown_start_time_seconds",
+        "kubelet_lifecycle_handler_http_fallbacks_total",
+        "kubelet_sleep_action_terminated_early_total",
+        "kubelet_orphan_pod_cleaned_volumes",
+        "kubelet_managed_ephemeral_containers",
+    ] {
+        assert!(value(&s, name, &[]).is_some(), "no {name}");
+    }
+
     let (code, probes) = http_get(&k.read_only, "/metrics/probes").unwrap();
     assert_eq!(code, 200);
     assert!(
@@ -142,4 +199,17 @@ fn cluster_mode_counts_api_requests() {
     assert!(sample.labels.get("code").is_some_and(|c| !c.is_empty()));
     let host = sample.labels.get("host").unwrap_or_default();
     assert!(host.contains(':'), "host:port of the API server: {host:?}");
+    // This kubelet created its Node: upstream's node startup tracker sets
+    // the phases, the last two once the node is Ready.
+    wait_for("kubelet_node_startup_duration_seconds set", T, || {
+        let s = scrape(&k)?;
+        let total = value(&s, "kubelet_node_startup_duration_seconds", &[])?;
+        let pre = value(&s, "kubelet_node_startup_pre_kubelet_duration_seconds", &[])?;
+        let pre_reg = value(
+            &s,
+            "kubelet_node_startup_pre_registration_duration_seconds",
+            &[],
+        )?;
+        (total > 0.0 && pre > 0.0 && pre_reg > 0.0 && total >= pre + pre_reg).then_some(())
+    });
 }

@@ -281,6 +281,51 @@ fn summary_and_metrics_match_the_container_cgroup_and_upstream_names() {
             "gauge",
             set(&["boot_id", "machine_id", "system_uuid"]),
         ),
+        // The rest of cAdvisor's prometheus_machine.go without
+        // CPUTopologyMetrics (the kubelet does not include it); the dimm
+        // families only where EDAC lists DIMMs.
+        (
+            "machine_cpu_physical_cores",
+            "gauge",
+            set(&["boot_id", "machine_id", "system_uuid"]),
+        ),
+        (
+            "machine_cpu_sockets",
+            "gauge",
+            set(&["boot_id", "machine_id", "system_uuid"]),
+        ),
+        (
+            "machine_swap_bytes",
+            "gauge",
+            set(&["boot_id", "machine_id", "system_uuid"]),
+        ),
+        (
+            "machine_nvm_avg_power_budget_watts",
+            "gauge",
+            set(&["boot_id", "machine_id", "system_uuid"]),
+        ),
+        (
+            "machine_nvm_capacity",
+            "gauge",
+            set(&["boot_id", "machine_id", "mode", "system_uuid"]),
+        ),
+        ("machine_scrape_error", "gauge", set(&[])),
+        // The root container's file systems with their diskstats
+        // (cAdvisor's raw handler, GetGlobalFsInfo).
+        ("container_fs_limit_bytes", "gauge", with(&["device"])),
+        ("container_fs_inodes_total", "gauge", with(&["device"])),
+        ("container_fs_inodes_free", "gauge", with(&["device"])),
+        (
+            "container_fs_io_time_weighted_seconds_total",
+            "counter",
+            with(&["device"]),
+        ),
+        ("container_fs_io_current", "gauge", with(&["device"])),
+        (
+            "container_fs_reads_merged_total",
+            "counter",
+            with(&["device"]),
+        ),
     ];
     for (name, t, labels) in expected {
         assert_eq!(
@@ -294,6 +339,30 @@ fn summary_and_metrics_match_the_container_cgroup_and_upstream_names() {
             .find(|s| s.metric == *name)
             .unwrap_or_else(|| panic!("no {name} sample"));
         assert_eq!(&label_names(s), labels, "labels of {name}");
+    }
+    // The root container shows the file system holding `/` among its
+    // devices (whatever its type, cAdvisor lists ext*, xfs, btrfs, overlay,
+    // tmpfs, nfs and zfs mounts).
+    let root_devices: BTreeSet<&str> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "container_fs_limit_bytes" && s.labels.get("id") == Some("/"))
+        .filter_map(|s| s.labels.get("device"))
+        .collect();
+    assert!(!root_devices.is_empty(), "no file systems for id=/");
+    for fam in [
+        "container_fs_reads_total",
+        "container_fs_writes_total",
+        "container_fs_io_time_weighted_seconds_total",
+    ] {
+        for dev in &root_devices {
+            assert!(
+                scrape.samples.iter().any(|s| s.metric == fam
+                    && s.labels.get("id") == Some("/")
+                    && s.labels.get("device") == Some(*dev)),
+                "no {fam} for / on {dev}"
+            );
+        }
     }
     let id = format!("/{cg}");
     let ours = scrape

@@ -124,12 +124,15 @@ impl RuntimeService for RemoteRuntime {
         let mut c = self.runtime.clone();
         let req = v1::RunPodSandboxRequest {
             config: Some(config),
-            runtime_handler: handler,
+            runtime_handler: handler.clone(),
         };
+        let start = tokio::time::Instant::now();
         // Upstream doubles the deadline for sandbox creation (network setup).
         let r = self
             .call("RunPodSandbox", self.timeout * 2, c.run_pod_sandbox(req))
-            .await?;
+            .await;
+        crate::metrics::run_podsandbox(&handler, start.elapsed(), r.is_ok());
+        let r = r?;
         Ok(r.pod_sandbox_id)
     }
 

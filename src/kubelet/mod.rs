@@ -170,6 +170,9 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         .or_else(detect_node_ip)
         .unwrap_or_default();
     let machine = Arc::new(MachineInfo::read());
+    crate::stats::procfs::init_machine_facts();
+    crate::metrics::detect_cgroup_version();
+    crate::metrics::node_startup_kubelet_started();
     let machine_for_node = machine.clone();
 
     let rt_opts = RuntimeOptions {

@@ -84,7 +84,12 @@ pub async fn run_handler(
     };
     tokio::time::timeout(timeout, work)
         .await
-        .unwrap_or(Err(HookError::Timeout(timeout)))
+        .unwrap_or_else(|_| {
+            if h.sleep.is_some() {
+                crate::metrics::sleep_action_terminated_early();
+            }
+            Err(HookError::Timeout(timeout))
+        })
 }
 
 #[cfg(test)]
@@ -122,6 +127,8 @@ mod tests {
             sleep: Some(SleepAction { seconds: 100 }),
             ..Default::default()
         };
+        let cut = &crate::metrics::METRICS.rare.sleep_action_terminated_early;
+        let before = cut.get();
         let e = run_handler(
             &fake,
             &h,
@@ -133,6 +140,9 @@ mod tests {
         .await
         .unwrap_err();
         assert!(matches!(e, HookError::Timeout(_)));
+        // kubelet_sleep_action_terminated_early_total (counters only grow,
+        // whatever other tests do meanwhile).
+        assert!(cut.get() > before);
     }
 
     #[tokio::test]

@@ -46,12 +46,24 @@ use crate::server::ServerState;
 pub use http::track_http;
 pub use restclient::{RestClientLayer, RestClientMetrics};
 
+/// component-base prefixes the help of ALPHA metrics so.
+macro_rules! alpha {
+    ($s:literal) => {
+        concat!("[ALPHA] ", $s)
+    };
+}
+
 /// The Prometheus text format upstream's endpoints answer with.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Counters whose upstream name has no `_total` (component-base registers
 /// them as they are named; OpenMetrics would force the suffix).
-const COUNTERS_WITHOUT_TOTAL: &[&str] = &["kubelet_evictions", "kubelet_pleg_discard_events"];
+const COUNTERS_WITHOUT_TOTAL: &[&str] = &[
+    "kubelet_evictions",
+    "kubelet_pleg_discard_events",
+    "kubelet_evented_pleg_connection_error_count",
+    "kubelet_evented_pleg_connection_success_count",
+];
 
 /// Rewrites prometheus-client's OpenMetrics text as the Prometheus text
 /// format (0.0.4) upstream's kubelet serves, so series and `# TYPE` names
@@ -127,6 +139,11 @@ pub const IMAGE_PULL_BUCKETS: [f64; 18] = [
     1200.0, 1800.0, 2700.0, 3600.0,
 ];
 
+/// Upstream's PodStatusSyncDuration buckets.
+pub const POD_STATUS_SYNC_BUCKETS: [f64; 11] = [
+    0.010, 0.050, 0.100, 0.500, 1.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0,
+];
+
 type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 type GaugeF = Gauge<f64, AtomicU64>;
 
@@ -173,6 +190,18 @@ pub struct ImageSize {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StaticLabel {
     pub r#static: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkingLabels {
+    pub lifecycle: &'static str,
+    pub config: &'static str,
+    pub r#static: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeHandler {
+    pub runtime_handler: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -264,6 +293,298 @@ pub struct KubeletMetrics {
     /// in RegisterCredentialProviderPlugins).
     pub credential_provider_plugin_duration: HistFamily<PluginName>,
     pub credential_provider_plugin_errors: Family<PluginName, Counter>,
+    /// The rarer families of metrics.go's Register (issue 8).
+    pub rare: RareMetrics,
+}
+
+/// Families upstream's `metrics.Register` registers that count behaviour
+/// rkubelet has (pod counts, sandbox runs, orphans, cgroup version, sleep
+/// hooks) or lacks (CPU, memory and topology managers' pinning, evented
+/// PLEG, node startup, graceful shutdown, HTTP-to-HTTPS fallback). The
+/// plain ones (no labels) are always exposed, with 0 where nothing
+/// happened, as client_golang shows an unlabelled metric from
+/// registration; labelled ones appear with their first series, as
+/// client_golang's vectors do.
+pub struct RareMetrics {
+    pub containers_per_pod: Histogram,
+    pub pod_status_sync_duration: Histogram,
+    pub evented_pleg_conn_errors: Counter,
+    pub evented_pleg_conn: Counter,
+    pub evented_pleg_conn_latency: Histogram,
+    pub run_podsandbox_duration: HistFamily<RuntimeHandler>,
+    pub run_podsandbox_errors: Family<RuntimeHandler, Counter>,
+    pub desired_pods: Family<StaticLabel, Gauge>,
+    pub active_pods: Family<StaticLabel, Gauge>,
+    pub working_pods: Family<WorkingLabels, Gauge>,
+    pub mirror_pods: Gauge,
+    pub orphaned_runtime_pods: Counter,
+    pub managed_ephemeral_containers: Gauge,
+    pub cpu_manager_pinning_requests: Counter,
+    pub cpu_manager_pinning_errors: Counter,
+    pub memory_manager_pinning_requests: Counter,
+    pub memory_manager_pinning_errors: Counter,
+    pub topology_manager_admission_requests: Counter,
+    pub topology_manager_admission_errors: Counter,
+    pub topology_manager_admission_duration_ms: Histogram,
+    pub orphan_pod_cleaned_volumes: Gauge,
+    pub orphan_pod_cleaned_volumes_errors: Gauge,
+    /// pre_kubelet, pre_registration, registration, post_registration,
+    /// total.
+    pub node_startup: [GaugeF; 5],
+    pub graceful_shutdown_start: GaugeF,
+    pub graceful_shutdown_end: GaugeF,
+    pub lifecycle_handler_http_fallbacks: Counter,
+    pub sleep_action_terminated_early: Counter,
+    pub cgroup_version: Gauge,
+}
+
+impl RareMetrics {
+    fn new() -> Self {
+        RareMetrics {
+            // metrics.ExponentialBuckets(1, 2, 5)
+            containers_per_pod: Histogram::new(exponential_buckets(1.0, 2.0, 5)),
+            pod_status_sync_duration: Histogram::new(POD_STATUS_SYNC_BUCKETS),
+            evented_pleg_conn_latency: def_histogram(),
+            run_podsandbox_duration: Family::new_with_constructor(def_histogram),
+            // metrics.ExponentialBuckets(.05, 2, 15)
+            topology_manager_admission_duration_ms: Histogram::new(exponential_buckets(
+                0.05, 2.0, 15,
+            )),
+            evented_pleg_conn_errors: Counter::default(),
+            evented_pleg_conn: Counter::default(),
+            run_podsandbox_errors: Family::default(),
+            desired_pods: Family::default(),
+            active_pods: Family::default(),
+            working_pods: Family::default(),
+            mirror_pods: Gauge::default(),
+            orphaned_runtime_pods: Counter::default(),
+            managed_ephemeral_containers: Gauge::default(),
+            cpu_manager_pinning_requests: Counter::default(),
+            cpu_manager_pinning_errors: Counter::default(),
+            memory_manager_pinning_requests: Counter::default(),
+            memory_manager_pinning_errors: Counter::default(),
+            topology_manager_admission_requests: Counter::default(),
+            topology_manager_admission_errors: Counter::default(),
+            orphan_pod_cleaned_volumes: Gauge::default(),
+            orphan_pod_cleaned_volumes_errors: Gauge::default(),
+            node_startup: Default::default(),
+            graceful_shutdown_start: GaugeF::default(),
+            graceful_shutdown_end: GaugeF::default(),
+            lifecycle_handler_http_fallbacks: Counter::default(),
+            sleep_action_terminated_early: Counter::default(),
+            cgroup_version: Gauge::default(),
+        }
+    }
+
+    /// Name, help and metric of each, in metrics.go's order.
+    fn described(&self) -> Vec<Described> {
+        let mut v: Vec<Described> = Vec::new();
+        add(
+            &mut v,
+            "kubelet_containers_per_pod_count",
+            alpha!("The number of containers per pod."),
+            self.containers_per_pod.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_pod_status_sync_duration_seconds",
+            alpha!("Duration in seconds to sync a pod status update. Measures time from detection of a change to pod status until the API is successfully updated for that pod, even if multiple intevening changes to pod status occur."),
+            self.pod_status_sync_duration.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_evented_pleg_connection_error_count",
+            alpha!("The number of errors encountered during the establishment of streaming connection with the CRI runtime."),
+            self.evented_pleg_conn_errors.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_evented_pleg_connection_success_count",
+            alpha!("The number of times a streaming client was obtained to receive CRI Events."),
+            self.evented_pleg_conn.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_evented_pleg_connection_latency_seconds",
+            alpha!(
+                "The latency of streaming connection with the CRI runtime, measured in seconds."
+            ),
+            self.evented_pleg_conn_latency.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_run_podsandbox_duration_seconds",
+            alpha!("Duration in seconds of the run_podsandbox operations. Broken down by RuntimeClass.Handler."),
+            self.run_podsandbox_duration.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_run_podsandbox_errors",
+            alpha!(
+                "Cumulative number of the run_podsandbox operation errors by RuntimeClass.Handler."
+            ),
+            self.run_podsandbox_errors.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_desired_pods",
+            alpha!("The number of pods the kubelet is being instructed to run. static is true if the pod is not from the apiserver."),
+            self.desired_pods.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_active_pods",
+            alpha!("The number of pods the kubelet considers active and which are being considered when admitting new pods. static is true if the pod is not from the apiserver."),
+            self.active_pods.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_working_pods",
+            alpha!("Number of pods the kubelet is actually running, broken down by lifecycle phase, whether the pod is desired, orphaned, or runtime only (also orphaned), and whether the pod is static. An orphaned pod has been removed from local configuration or force deleted in the API and consumes resources that are not otherwise visible."),
+            self.working_pods.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_mirror_pods",
+            alpha!("The number of mirror pods the kubelet will try to create (one per admitted static pod)"),
+            self.mirror_pods.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_orphaned_runtime_pods",
+            alpha!("Number of pods that have been detected in the container runtime without being already known to the pod worker. This typically indicates the kubelet was restarted while a pod was force deleted in the API or in the local configuration, which is unusual."),
+            self.orphaned_runtime_pods.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_managed_ephemeral_containers",
+            alpha!("Current number of ephemeral containers in pods managed by this kubelet."),
+            self.managed_ephemeral_containers.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_cpu_manager_pinning_requests",
+            alpha!("The number of cpu core allocations which required pinning."),
+            self.cpu_manager_pinning_requests.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_cpu_manager_pinning_errors",
+            alpha!("The number of cpu core allocations which required pinning failed."),
+            self.cpu_manager_pinning_errors.clone(),
+        );
+        // Registered while the MemoryManager gate is on (GA, always).
+        add(
+            &mut v,
+            "kubelet_memory_manager_pinning_requests",
+            alpha!("The number of memory pages allocations which required pinning."),
+            self.memory_manager_pinning_requests.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_memory_manager_pinning_errors",
+            alpha!("The number of memory pages allocations which required pinning that failed."),
+            self.memory_manager_pinning_errors.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_topology_manager_admission_requests",
+            alpha!("The number of admission requests where resources have to be aligned."),
+            self.topology_manager_admission_requests.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_topology_manager_admission_errors",
+            alpha!(
+                "The number of admission request failures where resources could not be aligned."
+            ),
+            self.topology_manager_admission_errors.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_topology_manager_admission_duration_ms",
+            alpha!("Duration in milliseconds to serve a pod admission request."),
+            self.topology_manager_admission_duration_ms.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_orphan_pod_cleaned_volumes",
+            alpha!("The total number of orphaned Pods whose volumes were cleaned in the last periodic sweep."),
+            self.orphan_pod_cleaned_volumes.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_orphan_pod_cleaned_volumes_errors",
+            alpha!("The number of orphaned Pods whose volumes failed to be cleaned in the last periodic sweep."),
+            self.orphan_pod_cleaned_volumes_errors.clone(),
+        );
+        let [pre_kubelet, pre_reg, reg, post_reg, total] = &self.node_startup;
+        for (name, help, g) in [
+            (
+                "kubelet_node_startup_pre_kubelet_duration_seconds",
+                alpha!("Duration in seconds of node startup before kubelet starts."),
+                pre_kubelet,
+            ),
+            (
+                "kubelet_node_startup_pre_registration_duration_seconds",
+                alpha!("Duration in seconds of node startup before registration."),
+                pre_reg,
+            ),
+            (
+                "kubelet_node_startup_registration_duration_seconds",
+                alpha!("Duration in seconds of node startup during registration."),
+                reg,
+            ),
+            (
+                "kubelet_node_startup_post_registration_duration_seconds",
+                alpha!("Duration in seconds of node startup after registration."),
+                post_reg,
+            ),
+            (
+                "kubelet_node_startup_duration_seconds",
+                alpha!("Duration in seconds of node startup in total."),
+                total,
+            ),
+        ] {
+            add(&mut v, name, help, g.clone());
+        }
+        // Registered while GracefulNodeShutdown and
+        // GracefulNodeShutdownBasedOnPodPriority are on (both default on);
+        // upstream's end-time help repeats the start-time text.
+        add(
+            &mut v,
+            "kubelet_graceful_shutdown_start_time_seconds",
+            alpha!("Last graceful shutdown start time since unix epoch in seconds"),
+            self.graceful_shutdown_start.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_graceful_shutdown_end_time_seconds",
+            alpha!("Last graceful shutdown start time since unix epoch in seconds"),
+            self.graceful_shutdown_end.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_lifecycle_handler_http_fallbacks",
+            alpha!(
+                "The number of times lifecycle handlers successfully fell back to http from https."
+            ),
+            self.lifecycle_handler_http_fallbacks.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_sleep_action_terminated_early",
+            alpha!("The number of times lifecycle sleep handler got terminated before it finishes"),
+            self.sleep_action_terminated_early.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_cgroup_version",
+            alpha!("cgroup version on the hosts."),
+            self.cgroup_version.clone(),
+        );
+        v
+    }
 }
 
 /// The process-wide metrics (upstream's package-level vars).
@@ -300,18 +621,77 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     volume_stats: Default::default(),
     credential_provider_plugin_duration: Family::new_with_constructor(def_histogram),
     credential_provider_plugin_errors: Family::default(),
+    rare: RareMetrics::new(),
 });
+
+/// `kubelet_container_log_filesystem_used_bytes` series of the scrape in
+/// progress (upstream's logMetricsCollector, `collectors/log_metrics.go`):
+/// set from the pod stats under `SCRAPE` just before encoding.
+static LOG_SIZES: Mutex<Vec<(LogLabels, u64)>> = Mutex::new(Vec::new());
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LogLabels {
+    pub container: String,
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+}
+
+/// The log sizes as a const-metric collector: like client_golang, no
+/// series means no family at all.
+#[derive(Debug)]
+struct LogSizes;
+
+impl Collector for LogSizes {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let sizes = LOG_SIZES.lock();
+        if sizes.is_empty() {
+            return Ok(());
+        }
+        let mut m = enc.encode_descriptor(
+            "kubelet_container_log_filesystem_used_bytes",
+            alpha!("Bytes used by the container's logs on the filesystem."),
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (l, used) in sizes.iter() {
+            let g = prometheus_client::metrics::gauge::ConstGauge::new(
+                (*used).min(i64::MAX as u64) as i64,
+            );
+            g.encode(m.encode_family(l)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Each container's log usage from the pod stats (none when they could not
+/// be collected: upstream logs the error and emits nothing).
+fn update_log_sizes(snap: Option<&crate::stats::provider::Snapshot>) {
+    let mut sizes = LOG_SIZES.lock();
+    sizes.clear();
+    let Some(snap) = snap else {
+        return;
+    };
+    for p in &snap.pods {
+        for c in &p.containers {
+            if let Some((used, _)) = c.logs {
+                sizes.push((
+                    LogLabels {
+                        container: c.name.clone(),
+                        namespace: p.namespace.clone(),
+                        pod: p.name.clone(),
+                        uid: p.uid.clone(),
+                    },
+                    used,
+                ));
+            }
+        }
+    }
+}
 
 /// Whether credential provider plugins were registered (their families are
 /// exposed from then on).
 static CREDENTIAL_PROVIDER_METRICS: AtomicBool = AtomicBool::new(false);
-
-/// component-base prefixes the help of ALPHA metrics so.
-macro_rules! alpha {
-    ($s:literal) => {
-        concat!("[ALPHA] ", $s)
-    };
-}
 
 /// The `/metrics` registry. Names, help and label names follow upstream's
 /// metrics.go (kubelet subsystem), server/metrics/metrics.go (HTTP),
@@ -546,12 +926,14 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
             Box::new(m.credential_provider_plugin_duration.clone()),
         ),
     ];
+    v.extend(m.rare.described());
     let mut r = Registry::default();
     r.register_collector(Box::new(Exact(v)));
     r.register_collector(Box::new(Gated(
         &CREDENTIAL_PROVIDER_METRICS,
         Exact(plugins),
     )));
+    r.register_collector(Box::new(LogSizes));
     r.register_collector(Box::new(process::ProcessCollector));
     r
 });
@@ -893,6 +1275,326 @@ pub fn pod_phase_changed(
     }
 }
 
+// ------------------------------------------------------------ rarer families
+
+/// A pod handed to its worker for creation (upstream's dispatchWork with
+/// SyncPodCreate, after admission): its number of regular containers.
+pub fn containers_per_pod(pod: &k8s_openapi::api::core::v1::Pod) {
+    let n = pod.spec.as_ref().map_or(0, |s| s.containers.len());
+    METRICS.rare.containers_per_pod.observe(n as f64);
+}
+
+/// One RunPodSandbox call with the RuntimeClass handler it asked for ("" by
+/// default), as upstream's instrumented runtime service records it.
+pub fn run_podsandbox(handler: &str, took: Duration, ok: bool) {
+    let l = RuntimeHandler {
+        runtime_handler: handler.to_string(),
+    };
+    let r = &METRICS.rare;
+    r.run_podsandbox_duration
+        .get_or_create(&l)
+        .observe(took.as_secs_f64());
+    if !ok {
+        r.run_podsandbox_errors.get_or_create(&l).inc();
+    }
+}
+
+/// HandlePodCleanups' pod counts: `pods` yields (static, active) for each
+/// pod the sources want; `static` is "true" or "" as upstream labels it.
+pub fn set_pod_counts(pods: impl IntoIterator<Item = (bool, bool)>) {
+    let (desired, active) = pod_counts(pods);
+    let r = &METRICS.rare;
+    for (i, label) in ["", "true"].into_iter().enumerate() {
+        let l = StaticLabel { r#static: label };
+        r.desired_pods.get_or_create(&l).set(desired[i]);
+        r.active_pods.get_or_create(&l).set(active[i]);
+    }
+}
+
+/// (desired, active) pods, each as [regular, static].
+fn pod_counts(pods: impl IntoIterator<Item = (bool, bool)>) -> ([i64; 2], [i64; 2]) {
+    let (mut desired, mut active) = ([0i64; 2], [0i64; 2]);
+    for (is_static, is_active) in pods {
+        let i = usize::from(is_static);
+        desired[i] += 1;
+        if is_active {
+            active[i] += 1;
+        }
+    }
+    (desired, active)
+}
+
+/// `kubelet_managed_ephemeral_containers`: the ephemeral containers in
+/// the specs of the pods the pod manager holds (upstream's pod manager
+/// adds and subtracts them as pods come and go; the sum at scrape time is
+/// the same figure).
+fn ephemeral_containers(pods: &[std::sync::Arc<k8s_openapi::api::core::v1::Pod>]) -> i64 {
+    pods.iter()
+        .filter_map(|p| p.spec.as_ref()?.ephemeral_containers.as_ref())
+        .map(|e| e.len() as i64)
+        .sum()
+}
+
+/// Upstream's PodWorkerState strings.
+pub fn worker_lifecycle(p: crate::podworkers::WorkerPhase) -> &'static str {
+    use crate::podworkers::WorkerPhase::*;
+    match p {
+        Syncing => "sync",
+        Terminating => "terminating",
+        Terminated => "terminated",
+    }
+}
+
+/// The 15 `kubelet_working_pods` series HandlePodCleanups sets: per
+/// lifecycle, "desired" (in config) and "orphan" (a pod spec no longer in
+/// config) by static "true"/"", and "runtime_only" (no spec: found only in
+/// the runtime) with static "unknown". `workers` yields (lifecycle,
+/// orphan, has a spec, static).
+fn working_pod_counts(
+    workers: impl IntoIterator<Item = (&'static str, bool, bool, bool)>,
+) -> Vec<(WorkingLabels, i64)> {
+    let key = |lifecycle: &'static str, orphan: bool, has_config: bool, st: bool| {
+        let (config, r#static) = match (orphan, has_config) {
+            (_, false) => ("runtime_only", "unknown"),
+            (false, true) => ("desired", if st { "true" } else { "" }),
+            (true, true) => ("orphan", if st { "true" } else { "" }),
+        };
+        WorkingLabels {
+            lifecycle,
+            config,
+            r#static,
+        }
+    };
+    let mut out: Vec<(WorkingLabels, i64)> = Vec::with_capacity(15);
+    for lifecycle in ["sync", "terminating", "terminated"] {
+        for (orphan, has_config, st) in [
+            (false, true, true),
+            (false, true, false),
+            (true, true, true),
+            (true, true, false),
+            (true, false, false),
+        ] {
+            out.push((key(lifecycle, orphan, has_config, st), 0));
+        }
+    }
+    for (lifecycle, orphan, has_config, st) in workers {
+        let k = key(lifecycle, orphan || !has_config, has_config, st);
+        if let Some(e) = out.iter_mut().find(|(l, _)| *l == k) {
+            e.1 += 1;
+        }
+    }
+    out
+}
+
+/// Sets `kubelet_working_pods` from the pod workers (at housekeeping).
+pub fn set_working_pods(workers: impl IntoIterator<Item = (&'static str, bool, bool, bool)>) {
+    for (l, n) in working_pod_counts(workers) {
+        METRICS.rare.working_pods.get_or_create(&l).set(n);
+    }
+}
+
+/// The mirror pods the API shows for this node.
+pub fn set_mirror_pods(n: usize) {
+    METRICS.rare.mirror_pods.set(n as i64);
+}
+
+/// A pod found in the runtime that no pod worker knew.
+pub fn orphaned_runtime_pod() {
+    METRICS.rare.orphaned_runtime_pods.inc();
+}
+
+/// One topology manager admission (upstream's manager with the none
+/// policy admits every pod at once: 0 ms).
+pub fn topology_manager_admission(took: Duration) {
+    let r = &METRICS.rare;
+    r.topology_manager_admission_requests.inc();
+    // Upstream observes whole milliseconds.
+    r.topology_manager_admission_duration_ms
+        .observe(took.as_millis() as f64);
+}
+
+/// The last orphaned-pod-directory sweep: pods found, and those whose
+/// directories could not be removed.
+pub fn orphan_pod_sweep(found: usize, failed: usize) {
+    let r = &METRICS.rare;
+    r.orphan_pod_cleaned_volumes.set(found as i64);
+    r.orphan_pod_cleaned_volumes_errors.set(failed as i64);
+}
+
+/// A sleep lifecycle handler cut short by its deadline.
+pub fn sleep_action_terminated_early() {
+    METRICS.rare.sleep_action_terminated_early.inc();
+}
+
+/// `kubelet_cgroup_version`: 2 on the unified hierarchy, else 1.
+pub fn set_cgroup_version(unified: bool) {
+    METRICS.rare.cgroup_version.set(if unified { 2 } else { 1 });
+}
+
+/// Reads whether /sys/fs/cgroup is the unified (v2) hierarchy and sets
+/// `kubelet_cgroup_version` (blocking stat; at startup).
+pub fn detect_cgroup_version() {
+    set_cgroup_version(std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists());
+}
+
+// ------------------------------------------------------------ pod status sync
+
+/// Pod UID (of the API object) → when its first unsent status change was
+/// seen (upstream's versionedPodStatus.at: several changes before one
+/// write count from the first).
+static STATUS_PENDING: LazyLock<Mutex<std::collections::HashMap<String, tokio::time::Instant>>> =
+    LazyLock::new(Default::default);
+
+/// A status change of `uid` waits to be written to the API.
+pub fn pod_status_pending(uid: &str) {
+    STATUS_PENDING
+        .lock()
+        .entry(uid.to_string())
+        .or_insert_with(tokio::time::Instant::now);
+}
+
+/// `uid`'s status was written: `kubelet_pod_status_sync_duration_seconds`
+/// since its first pending change.
+pub fn pod_status_synced(uid: &str) {
+    if let Some(at) = STATUS_PENDING.lock().remove(uid) {
+        METRICS
+            .rare
+            .pod_status_sync_duration
+            .observe(at.elapsed().as_secs_f64());
+    }
+}
+
+/// `uid`'s status has nowhere to go (its object is gone or replaced):
+/// not observed, as upstream returns before its observation.
+pub fn pod_status_dropped(uid: &str) {
+    STATUS_PENDING.lock().remove(uid);
+}
+
+// ------------------------------------------------------------ node startup
+
+/// Upstream's NodeStartupLatencyTracker (`pkg/kubelet/util/
+/// node_startup_latency_tracker.go`): boot, kubelet start, first
+/// registration attempt, registration of a new Node, first Ready. Only a
+/// kubelet that created its Node sets the gauges, as upstream.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NodeStartupTracker {
+    boot: Option<SystemTime>,
+    kubelet_start: Option<SystemTime>,
+    attempt: Option<SystemTime>,
+    registered: Option<SystemTime>,
+    ready: Option<SystemTime>,
+}
+
+fn secs_between(a: SystemTime, b: SystemTime) -> f64 {
+    match b.duration_since(a) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+impl NodeStartupTracker {
+    pub fn started(boot: Option<SystemTime>, now: SystemTime) -> Self {
+        NodeStartupTracker {
+            boot,
+            kubelet_start: Some(now),
+            ..Default::default()
+        }
+    }
+
+    pub fn attempt_register(&mut self, now: SystemTime) {
+        if self.attempt.is_none() {
+            self.attempt = Some(now);
+        }
+    }
+
+    /// (pre_kubelet, pre_registration, registration) when this is the first
+    /// new registration after an attempt.
+    pub fn registered_new(&mut self, now: SystemTime) -> Option<(Option<f64>, f64, f64)> {
+        let (Some(start), Some(attempt)) = (self.kubelet_start, self.attempt) else {
+            return None;
+        };
+        if self.registered.is_some() {
+            return None;
+        }
+        self.registered = Some(now);
+        Some((
+            self.boot.map(|b| secs_between(b, start)),
+            secs_between(start, attempt),
+            secs_between(attempt, now),
+        ))
+    }
+
+    /// (post_registration, total) on the first Ready after registering.
+    pub fn node_ready(&mut self, now: SystemTime) -> Option<(f64, Option<f64>)> {
+        let registered = self.registered?;
+        if self.ready.is_some() {
+            return None;
+        }
+        self.ready = Some(now);
+        Some((
+            secs_between(registered, now),
+            self.boot.map(|b| secs_between(b, now)),
+        ))
+    }
+}
+
+static NODE_STARTUP: Mutex<NodeStartupTracker> = Mutex::new(NodeStartupTracker {
+    boot: None,
+    kubelet_start: None,
+    attempt: None,
+    registered: None,
+    ready: None,
+});
+
+/// Boot time as upstream's GetBootTime: now less the uptime, truncated to
+/// the second.
+fn boot_time() -> Option<SystemTime> {
+    let up: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let boot = SystemTime::now().checked_sub(Duration::from_secs(up as u64))?;
+    let secs = boot.duration_since(UNIX_EPOCH).ok()?.as_secs();
+    Some(UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// The kubelet starts (blocking read of /proc/uptime; at startup).
+pub fn node_startup_kubelet_started() {
+    *NODE_STARTUP.lock() = NodeStartupTracker::started(boot_time(), SystemTime::now());
+}
+
+/// A registration attempt of the Node object.
+pub fn node_registration_attempt() {
+    NODE_STARTUP.lock().attempt_register(SystemTime::now());
+}
+
+/// The Node object was created by this kubelet.
+pub fn node_registered_new() {
+    let r = NODE_STARTUP.lock().registered_new(SystemTime::now());
+    if let Some((pre_kubelet, pre_reg, reg)) = r {
+        let g = &METRICS.rare.node_startup;
+        if let Some(p) = pre_kubelet {
+            g[0].set(p);
+        }
+        g[1].set(pre_reg);
+        g[2].set(reg);
+    }
+}
+
+/// The node's Ready condition is true.
+pub fn node_ready() {
+    let r = NODE_STARTUP.lock().node_ready(SystemTime::now());
+    if let Some((post, total)) = r {
+        let g = &METRICS.rare.node_startup;
+        g[3].set(post);
+        if let Some(t) = total {
+            g[4].set(t);
+        }
+    }
+}
+
 // ------------------------------------------------------------ credential provider plugins
 
 /// Credential provider plugins were registered: their two families are
@@ -1003,10 +1705,23 @@ static SCRAPE: Mutex<()> = Mutex::new(());
 /// The `/metrics` text for `state` (the node name and state gauges are
 /// refreshed from it first).
 pub fn render(state: &ServerState) -> String {
+    render_with(state, None)
+}
+
+/// `render` with the pod stats behind the container log sizes.
+pub fn render_with(
+    state: &ServerState,
+    stats: Option<&crate::stats::provider::Snapshot>,
+) -> String {
     let snap = state.pleg.snapshot();
     let reg = &*REGISTRY;
     let _g = SCRAPE.lock();
     update_running(&snap);
+    update_log_sizes(stats);
+    METRICS
+        .rare
+        .managed_ephemeral_containers
+        .set(ephemeral_containers(&state.pods.pods()));
     update_volume_stats(&state.stats.volume_stats().claims());
     if !state.node_name.is_empty() {
         set_node_name(&state.node_name);
@@ -1025,8 +1740,10 @@ pub fn routes() -> Router<ServerState> {
 }
 
 async fn metrics(State(s): State<ServerState>) -> Response {
+    // Upstream's log collector lists the pod stats at each scrape.
+    let stats = crate::stats::summary_snapshot(&s).await;
     // The process collector reads /proc: off the async threads.
-    match tokio::task::spawn_blocking(move || render(&s)).await {
+    match tokio::task::spawn_blocking(move || render_with(&s, stats.as_deref())).await {
         Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "rendering /metrics failed");

@@ -196,6 +196,87 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "histogram",
         &["plugin_name"],
     ),
+    // The rarer families of metrics.go's Register.
+    ("kubelet_containers_per_pod_count", "histogram", &[]),
+    ("kubelet_pod_status_sync_duration_seconds", "histogram", &[]),
+    (
+        "kubelet_evented_pleg_connection_error_count",
+        "counter",
+        &[],
+    ),
+    (
+        "kubelet_evented_pleg_connection_success_count",
+        "counter",
+        &[],
+    ),
+    (
+        "kubelet_evented_pleg_connection_latency_seconds",
+        "histogram",
+        &[],
+    ),
+    (
+        "kubelet_run_podsandbox_duration_seconds",
+        "histogram",
+        &["runtime_handler"],
+    ),
+    (
+        "kubelet_run_podsandbox_errors",
+        "counter",
+        &["runtime_handler"],
+    ),
+    ("kubelet_desired_pods", "gauge", &["static"]),
+    ("kubelet_active_pods", "gauge", &["static"]),
+    (
+        "kubelet_working_pods",
+        "gauge",
+        &["config", "lifecycle", "static"],
+    ),
+    ("kubelet_mirror_pods", "gauge", &[]),
+    ("kubelet_orphaned_runtime_pods", "counter", &[]),
+    ("kubelet_managed_ephemeral_containers", "gauge", &[]),
+    ("kubelet_cpu_manager_pinning_requests", "counter", &[]),
+    ("kubelet_cpu_manager_pinning_errors", "counter", &[]),
+    ("kubelet_memory_manager_pinning_requests", "counter", &[]),
+    ("kubelet_memory_manager_pinning_errors", "counter", &[]),
+    (
+        "kubelet_topology_manager_admission_requests",
+        "counter",
+        &[],
+    ),
+    ("kubelet_topology_manager_admission_errors", "counter", &[]),
+    (
+        "kubelet_topology_manager_admission_duration_ms",
+        "histogram",
+        &[],
+    ),
+    ("kubelet_orphan_pod_cleaned_volumes", "gauge", &[]),
+    ("kubelet_orphan_pod_cleaned_volumes_errors", "gauge", &[]),
+    (
+        "kubelet_node_startup_pre_kubelet_duration_seconds",
+        "gauge",
+        &[],
+    ),
+    (
+        "kubelet_node_startup_pre_registration_duration_seconds",
+        "gauge",
+        &[],
+    ),
+    (
+        "kubelet_node_startup_registration_duration_seconds",
+        "gauge",
+        &[],
+    ),
+    (
+        "kubelet_node_startup_post_registration_duration_seconds",
+        "gauge",
+        &[],
+    ),
+    ("kubelet_node_startup_duration_seconds", "gauge", &[]),
+    ("kubelet_graceful_shutdown_start_time_seconds", "gauge", &[]),
+    ("kubelet_graceful_shutdown_end_time_seconds", "gauge", &[]),
+    ("kubelet_lifecycle_handler_http_fallbacks", "counter", &[]),
+    ("kubelet_sleep_action_terminated_early", "counter", &[]),
+    ("kubelet_cgroup_version", "gauge", &[]),
     ("process_open_fds", "gauge", &[]),
     ("process_resident_memory_bytes", "gauge", &[]),
     ("process_start_time_seconds", "gauge", &[]),
@@ -219,6 +300,9 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
         })
         .observe(0.01);
     image_pulled(5 << 20, Duration::from_secs(3));
+    run_podsandbox("", Duration::from_millis(40), false);
+    set_pod_counts([(false, true), (true, true)]);
+    set_working_pods([("sync", false, true, false)]);
     register_credential_provider_metrics();
     credential_provider_plugin_run("ecr", Duration::from_millis(30), true);
     let _ = METRICS.evictions.get_or_create(&EvictionSignal {
@@ -654,4 +738,227 @@ fn plugin_families_appear_only_once_plugins_are_registered() {
     REGISTERED.store(true, Ordering::Relaxed);
     assert!(text(&r)
         .contains("kubelet_credential_provider_plugin_errors_total{plugin_name=\"ecr\"} 1\n"));
+}
+
+#[test]
+fn pod_counts_split_static_and_active_as_handle_pod_cleanups() {
+    // (static, active)
+    let (desired, active) = pod_counts([
+        (false, true),
+        (false, false),
+        (true, true),
+        (false, true),
+        (true, false),
+    ]);
+    assert_eq!(desired, [3, 2]);
+    assert_eq!(active, [2, 1]);
+}
+
+#[tokio::test]
+async fn rarer_families_count_what_rkubelet_does_and_show_zero_otherwise() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let handler = "rkubelet-test-handler";
+    run_podsandbox(handler, Duration::from_millis(30), true);
+    run_podsandbox(handler, Duration::from_millis(300), false);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}
+    }))
+    .unwrap();
+    containers_per_pod(&pod);
+    set_cgroup_version(true);
+    let text = render(&state);
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .map(|l| l[prefix.len()..].trim().to_string())
+    };
+    let h = format!("{{runtime_handler=\"{handler}\"}}");
+    assert_eq!(
+        line(&format!("kubelet_run_podsandbox_duration_seconds_count{h}")).as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        line(&format!("kubelet_run_podsandbox_errors_total{h}")).as_deref(),
+        Some("1")
+    );
+    // ExponentialBuckets(1, 2, 5): 3 containers fall in le=4 and above.
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_containers_per_pod_count", ""),
+        fmt(&[1.0, 2.0, 4.0, 8.0, 16.0])
+    );
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_topology_manager_admission_duration_ms", "").len(),
+        16
+    );
+    assert_eq!(
+        bucket_bounds(&text, "kubelet_pod_status_sync_duration_seconds", ""),
+        fmt(&POD_STATUS_SYNC_BUCKETS)
+    );
+    assert_eq!(line("kubelet_cgroup_version").as_deref(), Some("2"));
+    // Counters upstream names without _total keep their names.
+    assert!(text.contains("# TYPE kubelet_evented_pleg_connection_error_count counter\n"));
+    assert!(text.contains("\nkubelet_evented_pleg_connection_success_count 0\n"));
+    // Behaviour rkubelet lacks (no CPU manager): registered, zero.
+    assert_eq!(
+        line("kubelet_cpu_manager_pinning_requests_total").as_deref(),
+        Some("0")
+    );
+    assert!(text.contains(
+        "# HELP kubelet_memory_manager_pinning_errors_total [ALPHA] The number of memory pages allocations which required pinning that failed.\n"
+    ));
+    token.cancel();
+}
+
+#[tokio::test]
+async fn container_log_sizes_come_from_the_pod_stats_and_vanish_without_them() {
+    use crate::stats::provider::{ContainerRaw, PodRaw, Snapshot};
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let snap = Snapshot {
+        pods: vec![PodRaw {
+            name: "web".into(),
+            namespace: "prod".into(),
+            uid: "u-1".into(),
+            containers: vec![
+                ContainerRaw {
+                    name: "app".into(),
+                    logs: Some((8192, 3)),
+                    ..Default::default()
+                },
+                // No log figures: no series (upstream skips nil UsedBytes).
+                ContainerRaw {
+                    name: "side".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let text = render_with(&state, Some(&snap));
+    assert!(text.contains(
+        "# HELP kubelet_container_log_filesystem_used_bytes [ALPHA] Bytes used by the container's logs on the filesystem.\n# TYPE kubelet_container_log_filesystem_used_bytes gauge\n"
+    ), "{text}");
+    let scrape = parse(&text);
+    let s: Vec<_> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "kubelet_container_log_filesystem_used_bytes")
+        .collect();
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].labels.get("uid"), Some("u-1"));
+    assert_eq!(s[0].labels.get("namespace"), Some("prod"));
+    assert_eq!(s[0].labels.get("pod"), Some("web"));
+    assert_eq!(s[0].labels.get("container"), Some("app"));
+    assert!(matches!(s[0].value, prometheus_parse::Value::Gauge(v) if v == 8192.0));
+    // Stats unavailable: the family is absent, as client_golang omits a
+    // collector's family with no metrics.
+    let text = render_with(&state, None);
+    assert!(!text.contains("kubelet_container_log_filesystem_used_bytes"));
+    token.cancel();
+}
+
+#[test]
+fn node_startup_phases_follow_upstreams_tracker() {
+    let t = |s: u64| UNIX_EPOCH + Duration::from_secs(1_000_000 + s);
+    let mut n = NodeStartupTracker::started(Some(t(0)), t(30));
+    // Registered before any attempt: nothing (upstream needs the attempt).
+    assert_eq!(n.registered_new(t(31)), None);
+    // Ready before registering: nothing.
+    assert_eq!(n.node_ready(t(32)), None);
+    n.attempt_register(t(35));
+    // A later attempt keeps the first.
+    n.attempt_register(t(36));
+    assert_eq!(n.registered_new(t(40)), Some((Some(30.0), 5.0, 5.0)));
+    // Only the first new registration counts.
+    assert_eq!(n.registered_new(t(41)), None);
+    assert_eq!(n.node_ready(t(52)), Some((12.0, Some(52.0))));
+    assert_eq!(n.node_ready(t(60)), None);
+    // Unknown boot time: no pre-kubelet or total figures.
+    let mut n = NodeStartupTracker::started(None, t(0));
+    n.attempt_register(t(1));
+    assert_eq!(n.registered_new(t(3)), Some((None, 1.0, 2.0)));
+    assert_eq!(n.node_ready(t(4)), Some((1.0, None)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn pod_status_sync_is_timed_from_the_first_unsent_change() {
+    let h = &METRICS.rare.pod_status_sync_duration;
+    // (count, sum); other tests only add to both.
+    let read = || {
+        let mut out = String::new();
+        let mut r = Registry::default();
+        r.register("h", "", h.clone());
+        encode(&mut out, &r).unwrap();
+        let get = |k: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().parse::<f64>().unwrap())
+                .unwrap()
+        };
+        (get("h_count "), get("h_sum "))
+    };
+    let (c0, s0) = read();
+    pod_status_pending("u-sync");
+    tokio::time::advance(Duration::from_millis(300)).await;
+    // A second change before the write keeps the first change's time.
+    pod_status_pending("u-sync");
+    tokio::time::advance(Duration::from_millis(200)).await;
+    pod_status_synced("u-sync");
+    let (c1, s1) = read();
+    assert!(c1 >= c0 + 1.0);
+    assert!(s1 - s0 >= 0.5 - 1e-9, "{s0} -> {s1}");
+    // A dropped status is never observed, and nothing stays pending.
+    pod_status_pending("u-gone");
+    pod_status_dropped("u-gone");
+    pod_status_synced("u-gone");
+    assert!(!STATUS_PENDING.lock().contains_key("u-sync"));
+    assert!(!STATUS_PENDING.lock().contains_key("u-gone"));
+}
+
+#[test]
+fn managed_ephemeral_containers_sum_the_pod_specs() {
+    let pod = |n: usize| {
+        let ecs: Vec<serde_json::Value> = (0..n)
+            .map(|i| serde_json::json!({"name": format!("debug-{i}")}))
+            .collect();
+        Arc::new(
+            serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": {"containers": [{"name": "a"}], "ephemeralContainers": ecs}
+            }))
+            .unwrap(),
+        )
+    };
+    assert_eq!(ephemeral_containers(&[pod(2), pod(0), pod(1)]), 3);
+    assert_eq!(ephemeral_containers(&[]), 0);
+}
+
+#[test]
+fn working_pods_fill_upstreams_fifteen_series() {
+    let counts = working_pod_counts([
+        // (lifecycle, orphan, has a spec, static)
+        ("sync", false, true, false),
+        ("sync", false, true, false),
+        ("sync", false, true, true),
+        ("terminating", true, true, false),
+        ("terminated", true, false, false),
+    ]);
+    assert_eq!(counts.len(), 15);
+    let get = |lifecycle: &str, config: &str, st: &str| {
+        counts
+            .iter()
+            .find(|(l, _)| l.lifecycle == lifecycle && l.config == config && l.r#static == st)
+            .map(|(_, n)| *n)
+    };
+    assert_eq!(get("sync", "desired", ""), Some(2));
+    assert_eq!(get("sync", "desired", "true"), Some(1));
+    assert_eq!(get("terminating", "orphan", ""), Some(1));
+    assert_eq!(get("terminated", "runtime_only", "unknown"), Some(1));
+    assert_eq!(get("sync", "runtime_only", "unknown"), Some(0));
+    assert_eq!(counts.iter().map(|(_, n)| n).sum::<i64>(), 5);
+    assert_eq!(
+        worker_lifecycle(crate::podworkers::WorkerPhase::Terminating),
+        "terminating"
+    );
 }

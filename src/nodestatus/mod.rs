@@ -353,6 +353,9 @@ pub fn node_status(
         address: cfg.hostname.clone(),
     });
     let ready = obs.errors.is_empty();
+    if ready {
+        crate::metrics::node_ready();
+    }
     let conditions = vec![
         condition(
             "MemoryPressure",
@@ -1039,9 +1042,13 @@ fn record_transitions(node: &str, before: &NodeStatus, after: &NodeStatus) {
 
 async fn register(api: &ApiClient, initial: &Node) -> Result<Node, kube::Error> {
     let name = initial.metadata.name.clone().unwrap_or_default();
+    crate::metrics::node_registration_attempt();
     let nodes: Api<Node> = Api::all(api.client().await);
     match nodes.create(&PostParams::default(), initial).await {
-        Ok(n) => return Ok(n),
+        Ok(n) => {
+            crate::metrics::node_registered_new();
+            return Ok(n);
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => return Err(e),
     }

@@ -406,6 +406,19 @@ impl PodWorkers {
             .spawn(async move { this.run(uid, wake).await }.instrument(span));
     }
 
+    /// Each worker's UID, phase, whether it has a pod spec and whether that
+    /// is a static pod (for `kubelet_working_pods`).
+    pub fn working(&self) -> Vec<(String, WorkerPhase, bool, bool)> {
+        let st = self.state.lock();
+        st.entries
+            .iter()
+            .map(|(uid, e)| {
+                let is_st = e.pod.as_deref().is_some_and(is_static);
+                (uid.clone(), e.phase, e.pod.is_some(), is_st)
+            })
+            .collect()
+    }
+
     pub fn is_known(&self, uid: &str) -> bool {
         self.state.lock().entries.contains_key(uid)
     }

@@ -40,10 +40,13 @@ impl MirrorPods {
     /// watch reports it: after an outage the watch may still be backing
     /// off, and the static pod's status must not wait for it.
     pub fn insert(&self, pod: Pod) {
-        self.0.write().insert(pod_full_name(&pod), pod);
+        let mut m = self.0.write();
+        m.insert(pod_full_name(&pod), pod);
+        crate::metrics::set_mirror_pods(m.len());
     }
 
     fn replace(&self, pods: BTreeMap<String, Pod>) {
+        crate::metrics::set_mirror_pods(pods.len());
         *self.0.write() = pods;
     }
 }

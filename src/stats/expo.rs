@@ -951,6 +951,209 @@ pub struct Machine<'a> {
     pub boot_id: &'a str,
     pub cores: usize,
     pub memory: u64,
+    /// The rest of cAdvisor's MachineInfo, read once at start.
+    pub facts: &'a super::procfs::MachineFacts,
+}
+
+/// cAdvisor's PrometheusMachineCollector with the kubelet's metric set
+/// (`pkg/kubelet/server/server.go` includes no CPUTopologyMetrics, so no
+/// `machine_cpu_cache_capacity_bytes`, `machine_thread_siblings_count` or
+/// `machine_node_*`). Unstamped: the kubelet zeroes MachineInfo's timestamp
+/// for this. The kubelet's cached MachineInfo never fails, so
+/// `machine_scrape_error` is 0. NVM figures are 0: the kubelet's cAdvisor is
+/// built without libipmctl.
+fn machine_families(e: &mut Exposition, m: &Machine) {
+    use Kind::*;
+    let ml = [
+        ("machine_id", m.machine_id),
+        ("system_uuid", m.system_uuid),
+        ("boot_id", m.boot_id),
+    ];
+    e.add(
+        "machine_scrape_error",
+        "1 if there was an error while getting machine metrics, 0 otherwise.",
+        Gauge,
+        &[],
+        0.0,
+        None,
+    );
+    let plain = [
+        (
+            "machine_cpu_physical_cores",
+            "Number of physical CPU cores.",
+            m.facts.physical_cores as f64,
+        ),
+        (
+            "machine_cpu_cores",
+            "Number of logical CPU cores.",
+            m.cores as f64,
+        ),
+        (
+            "machine_cpu_sockets",
+            "Number of CPU sockets.",
+            m.facts.sockets as f64,
+        ),
+        (
+            "machine_memory_bytes",
+            "Amount of memory installed on the machine.",
+            m.memory as f64,
+        ),
+        (
+            "machine_swap_bytes",
+            "Amount of swap memory available on the machine.",
+            m.facts.swap as f64,
+        ),
+        (
+            "machine_nvm_avg_power_budget_watts",
+            "NVM power budget.",
+            0.0,
+        ),
+    ];
+    for (name, help, v) in plain {
+        e.add(name, help, Gauge, &ml, v, None);
+    }
+    for mode in ["memory_mode", "app_direct_mode"] {
+        let mut l = ml.to_vec();
+        l.push(("mode", mode));
+        e.add(
+            "machine_nvm_capacity",
+            "NVM capacity value labeled by NVM mode (memory mode or app direct mode).",
+            Gauge,
+            &l,
+            0.0,
+            None,
+        );
+    }
+    for (ty, (count, cap)) in &m.facts.memory_by_type {
+        let mut l = ml.to_vec();
+        l.push(("type", ty.as_str()));
+        e.add(
+            "machine_dimm_count",
+            "Number of RAM DIMM (all types memory modules) value labeled by dimm type.",
+            Gauge,
+            &l,
+            *count as f64,
+            None,
+        );
+        e.add(
+            "machine_dimm_capacity_bytes",
+            "Total RAM DIMM capacity (all types memory modules) value labeled by dimm type.",
+            Gauge,
+            &l,
+            *cap as f64,
+            None,
+        );
+    }
+}
+
+/// The root container's file systems (cAdvisor's raw handler: every file
+/// system of its fsInfo, `fsValues` and the file-system half of
+/// `ioValues`). cAdvisor divides diskstats' milliseconds by a second's
+/// nanoseconds, so its `*_seconds_total` figures here are milliseconds
+/// over 1e9; kept so, as dashboards compare against that.
+fn root_fs_families(e: &mut Exposition, b: &Base, fss: &[super::procfs::FsStat], ts: Option<i64>) {
+    use Kind::*;
+    const SECOND_NS: f64 = 1e9;
+    for f in fss {
+        let l = b.with(&[("device", f.device.as_str())]);
+        let (inodes, inodes_free) = f.inodes.unwrap_or((0, 0));
+        let d = &f.disk.fields;
+        let rows: [(&str, &str, Kind, f64); 15] = [
+            (
+                "container_fs_inodes_free",
+                "Number of available Inodes",
+                Gauge,
+                inodes_free as f64,
+            ),
+            (
+                "container_fs_inodes_total",
+                "Number of Inodes",
+                Gauge,
+                inodes as f64,
+            ),
+            (
+                "container_fs_limit_bytes",
+                "Number of bytes that can be consumed by the container on this filesystem.",
+                Gauge,
+                f.capacity as f64,
+            ),
+            (
+                "container_fs_usage_bytes",
+                "Number of bytes that are consumed by the container on this filesystem.",
+                Gauge,
+                f.capacity.saturating_sub(f.free) as f64,
+            ),
+            (
+                "container_fs_reads_total",
+                "Cumulative count of reads completed",
+                Counter,
+                d[0] as f64,
+            ),
+            (
+                "container_fs_reads_merged_total",
+                "Cumulative count of reads merged",
+                Counter,
+                d[1] as f64,
+            ),
+            (
+                "container_fs_sector_reads_total",
+                "Cumulative count of sector reads completed",
+                Counter,
+                d[2] as f64,
+            ),
+            (
+                "container_fs_read_seconds_total",
+                "Cumulative count of seconds spent reading",
+                Counter,
+                d[3] as f64 / SECOND_NS,
+            ),
+            (
+                "container_fs_writes_total",
+                "Cumulative count of writes completed",
+                Counter,
+                d[4] as f64,
+            ),
+            (
+                "container_fs_writes_merged_total",
+                "Cumulative count of writes merged",
+                Counter,
+                d[5] as f64,
+            ),
+            (
+                "container_fs_sector_writes_total",
+                "Cumulative count of sector writes completed",
+                Counter,
+                d[6] as f64,
+            ),
+            (
+                "container_fs_write_seconds_total",
+                "Cumulative count of seconds spent writing",
+                Counter,
+                d[7] as f64 / SECOND_NS,
+            ),
+            (
+                "container_fs_io_current",
+                "Number of I/Os currently in progress",
+                Gauge,
+                d[8] as f64,
+            ),
+            (
+                "container_fs_io_time_seconds_total",
+                "Cumulative count of seconds spent doing I/Os",
+                Counter,
+                d[9] as f64 / SECOND_NS,
+            ),
+            (
+                "container_fs_io_time_weighted_seconds_total",
+                "Cumulative weighted I/O time in seconds",
+                Counter,
+                d[10] as f64 / SECOND_NS,
+            ),
+        ];
+        for (name, help, kind, v) in rows {
+            e.add(name, help, kind, &l, v, ts);
+        }
+    }
 }
 
 /// `/metrics/cadvisor`. `snap` None: the collection failed.
@@ -965,38 +1168,10 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
         if snap.is_some() { 0.0 } else { 1.0 },
         None,
     );
-    let ml = [
-        ("machine_id", m.machine_id),
-        ("system_uuid", m.system_uuid),
-        ("boot_id", m.boot_id),
-    ];
-    e.add(
-        "machine_cpu_cores",
-        "Number of logical CPU cores.",
-        Gauge,
-        &ml,
-        m.cores as f64,
-        None,
-    );
-    e.add(
-        "machine_memory_bytes",
-        "Amount of memory installed on the machine.",
-        Gauge,
-        &ml,
-        m.memory as f64,
-        None,
-    );
+    machine_families(&mut e, m);
     let Some(snap) = snap else {
         return e.render();
     };
-    e.add(
-        "machine_swap_bytes",
-        "Amount of swap memory available on the machine.",
-        Gauge,
-        &ml,
-        snap.node.meminfo.swap_total as f64,
-        None,
-    );
     let t = snap.time_ns;
     let none: &[super::procfs::Interface] = &[];
     // Raw cgroups: "/" (with the host's interfaces), kubepods, QoS classes,
@@ -1011,19 +1186,6 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
     for h in raw {
         let CgroupRaw { name, sample, .. } = h;
         let root = name == "/";
-        let fs = if root {
-            snap.node.rootfs.as_ref().map(|f| {
-                (
-                    snap.node.rootfs_device.clone().unwrap_or_default(),
-                    (f.capacity - f.free) as f64,
-                    f.capacity as f64,
-                    f.inodes as f64,
-                    f.inodes_free as f64,
-                )
-            })
-        } else {
-            None
-        };
         cadvisor_entry(
             &mut e,
             &CgEntry {
@@ -1038,7 +1200,7 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                 sample,
                 start_ns: snap.node.boot_ns,
                 interfaces: if root { &snap.node.interfaces } else { none },
-                fs,
+                fs: None,
                 disks: &snap.disk_names,
                 oom: snap
                     .oom
@@ -1047,6 +1209,17 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
             },
             t,
         );
+        if root {
+            let base = Base {
+                id: name,
+                name: "",
+                image: "",
+                pod: "",
+                namespace: "",
+                container: "",
+            };
+            root_fs_families(&mut e, &base, &snap.node.filesystems, Some(t));
+        }
     }
     let imagefs = snap.node.imagefs.as_ref().map(|(f, _, _)| *f);
     let dev = snap.node.imagefs_device.clone().unwrap_or_default();
@@ -1270,6 +1443,7 @@ mod tests {
             boot_id: "b",
             cores: 1,
             memory: 1,
+            facts: &Default::default(),
         };
         let text = cadvisor(Some(&snap), &m);
         // The sample of `name` whose labels include `extra`, as "value ts".
@@ -1361,5 +1535,183 @@ mod tests {
              b_total{a=\"p\"} +Inf\n\
              b_total{a=\"x\\\"y\\\\z\\nw\",z=\"1\"} 1.5 2\n"
         );
+    }
+
+    #[test]
+    fn machine_families_follow_cadvisor_with_the_kubelet_metric_set() {
+        let mut facts = super::super::procfs::MachineFacts {
+            physical_cores: 4,
+            sockets: 1,
+            swap: 2048,
+            ..Default::default()
+        };
+        facts
+            .memory_by_type
+            .insert("Unbuffered-DDR4".into(), (2, 16 << 30));
+        let m = Machine {
+            machine_id: "m",
+            system_uuid: "s",
+            boot_id: "b",
+            cores: 8,
+            memory: 1 << 30,
+            facts: &facts,
+        };
+        // Shown even when the container collection failed.
+        let text = cadvisor(None, &m);
+        let base = r#"boot_id="b",machine_id="m",system_uuid="s""#;
+        for (line, help) in [
+            (
+                format!("machine_cpu_physical_cores{{{base}}} 4"),
+                "# HELP machine_cpu_physical_cores Number of physical CPU cores.",
+            ),
+            (
+                format!("machine_cpu_cores{{{base}}} 8"),
+                "# HELP machine_cpu_cores Number of logical CPU cores.",
+            ),
+            (
+                format!("machine_cpu_sockets{{{base}}} 1"),
+                "# HELP machine_cpu_sockets Number of CPU sockets.",
+            ),
+            (
+                format!("machine_swap_bytes{{{base}}} 2048"),
+                "# HELP machine_swap_bytes Amount of swap memory available on the machine.",
+            ),
+            (
+                format!("machine_nvm_avg_power_budget_watts{{{base}}} 0"),
+                "# HELP machine_nvm_avg_power_budget_watts NVM power budget.",
+            ),
+            (
+                r#"machine_nvm_capacity{boot_id="b",machine_id="m",mode="app_direct_mode",system_uuid="s"} 0"#.to_string(),
+                "# TYPE machine_nvm_capacity gauge",
+            ),
+            (
+                r#"machine_nvm_capacity{boot_id="b",machine_id="m",mode="memory_mode",system_uuid="s"} 0"#.to_string(),
+                "# HELP machine_nvm_capacity NVM capacity value labeled by NVM mode (memory mode or app direct mode).",
+            ),
+            (
+                format!(r#"machine_dimm_count{{{base},type="Unbuffered-DDR4"}} 2"#),
+                "# HELP machine_dimm_count Number of RAM DIMM (all types memory modules) value labeled by dimm type.",
+            ),
+            (
+                format!(r#"machine_dimm_capacity_bytes{{{base},type="Unbuffered-DDR4"}} 17179869184"#),
+                "# HELP machine_dimm_capacity_bytes Total RAM DIMM capacity (all types memory modules) value labeled by dimm type.",
+            ),
+            (
+                "machine_scrape_error 0".to_string(),
+                "# HELP machine_scrape_error 1 if there was an error while getting machine metrics, 0 otherwise.",
+            ),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+            assert!(text.lines().any(|l| l == help), "{help}");
+        }
+        assert!(text.contains("container_scrape_error 1\n"));
+        // Topology families need cAdvisor's CPUTopologyMetrics, which the
+        // kubelet does not include; no DIMMs, no dimm families.
+        assert!(!text.contains("machine_thread_siblings_count"));
+        assert!(!text.contains("machine_node_"));
+        let no_dimms = super::super::procfs::MachineFacts::default();
+        let m = Machine {
+            facts: &no_dimms,
+            ..m
+        };
+        assert!(!cadvisor(None, &m).contains("machine_dimm"));
+    }
+
+    #[test]
+    fn root_container_reports_every_global_file_system_with_diskstats() {
+        use super::super::procfs::{DiskStats, FsStat};
+        let mut snap = Snapshot {
+            time_ns: 1_000_000_000_000,
+            hierarchy: vec![CgroupRaw {
+                name: "/".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        snap.node.filesystems = vec![
+            FsStat {
+                device: "/dev/sda1".into(),
+                capacity: 1000,
+                free: 400,
+                inodes: Some((50, 20)),
+                disk: DiskStats {
+                    major: 8,
+                    minor: 1,
+                    fields: [4, 1, 32, 2500, 6, 2, 48, 3000, 1, 4000, 5000],
+                },
+            },
+            FsStat {
+                device: "/run".into(),
+                capacity: 10,
+                free: 10,
+                inodes: None,
+                ..Default::default()
+            },
+        ];
+        let facts = Default::default();
+        let m = Machine {
+            machine_id: "m",
+            system_uuid: "s",
+            boot_id: "b",
+            cores: 1,
+            memory: 1,
+            facts: &facts,
+        };
+        let text = cadvisor(Some(&snap), &m);
+        let sample = |name: &str, dev: &str| -> Option<String> {
+            let pre = format!(
+                r#"{name}{{container="",device="{dev}",id="/",image="",name="",namespace="",pod=""}} "#
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(pre.as_str()).map(str::to_string))
+        };
+        for (name, dev, v) in [
+            ("container_fs_usage_bytes", "/dev/sda1", "600 1000000"),
+            ("container_fs_limit_bytes", "/dev/sda1", "1000 1000000"),
+            ("container_fs_inodes_total", "/dev/sda1", "50 1000000"),
+            ("container_fs_inodes_free", "/dev/sda1", "20 1000000"),
+            ("container_fs_reads_total", "/dev/sda1", "4 1000000"),
+            ("container_fs_reads_merged_total", "/dev/sda1", "1 1000000"),
+            ("container_fs_sector_reads_total", "/dev/sda1", "32 1000000"),
+            // cAdvisor's scaling: diskstats milliseconds over 1e9.
+            (
+                "container_fs_read_seconds_total",
+                "/dev/sda1",
+                "0.0000025 1000000",
+            ),
+            ("container_fs_writes_total", "/dev/sda1", "6 1000000"),
+            ("container_fs_writes_merged_total", "/dev/sda1", "2 1000000"),
+            (
+                "container_fs_sector_writes_total",
+                "/dev/sda1",
+                "48 1000000",
+            ),
+            (
+                "container_fs_write_seconds_total",
+                "/dev/sda1",
+                "0.000003 1000000",
+            ),
+            ("container_fs_io_current", "/dev/sda1", "1 1000000"),
+            (
+                "container_fs_io_time_seconds_total",
+                "/dev/sda1",
+                "0.000004 1000000",
+            ),
+            (
+                "container_fs_io_time_weighted_seconds_total",
+                "/dev/sda1",
+                "0.000005 1000000",
+            ),
+            ("container_fs_usage_bytes", "/run", "0 1000000"),
+            ("container_fs_inodes_total", "/run", "0 1000000"),
+            ("container_fs_reads_total", "/run", "0 1000000"),
+        ] {
+            assert_eq!(sample(name, dev).as_deref(), Some(v), "{name} {dev}");
+        }
+        assert!(text.contains("# TYPE container_fs_io_time_weighted_seconds_total counter\n"));
+        assert!(text.contains("# TYPE container_fs_io_current gauge\n"));
+        assert!(text.contains(
+            "# HELP container_fs_io_time_weighted_seconds_total Cumulative weighted I/O time in seconds\n"
+        ));
     }
 }

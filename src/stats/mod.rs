@@ -54,6 +54,20 @@ async fn snapshot(
     s.stats.snapshot(src, stats_config(s), detail).await
 }
 
+/// The pod stats of `/stats/summary` (shared with a concurrent summary
+/// scrape), for `/metrics`' container log sizes; None when they failed.
+pub(crate) async fn summary_snapshot(
+    s: &ServerState,
+) -> Option<std::sync::Arc<provider::Snapshot>> {
+    match snapshot(s, cgroup::Detail::Summary).await {
+        Ok(snap) => Some(snap),
+        Err(e) => {
+            tracing::warn!(error = %e, "pod stats for the container log sizes failed");
+            None
+        }
+    }
+}
+
 const PROM_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Upstream reads `only_cpu_and_memory` with strconv.ParseBool.
@@ -125,6 +139,7 @@ async fn metrics_cadvisor(State(s): State<ServerState>) -> Response {
         boot_id: &m.boot_id,
         cores: m.num_cores,
         memory: m.memory_capacity,
+        facts: procfs::machine_facts(),
     };
     let body = expo::cadvisor(snap.as_deref().ok(), &machine);
     ([(header::CONTENT_TYPE, PROM_TEXT)], body).into_response()

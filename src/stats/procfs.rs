@@ -183,6 +183,409 @@ pub fn dir_usage(dir: &Path) -> Option<(u64, u64)> {
     Some((bytes, inodes))
 }
 
+// ------------------------------------------------------------ machine facts
+
+/// cAdvisor's MachineInfo figures behind the `machine_*` families the
+/// kubelet's `/metrics/cadvisor` shows (v0.52.1 `machine/machine.go`,
+/// `machine/info.go`). The kubelet reads MachineInfo once at start and
+/// serves that cached copy, so these are read once too.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MachineFacts {
+    pub physical_cores: usize,
+    pub sockets: usize,
+    /// SwapTotal, bytes.
+    pub swap: u64,
+    /// DIMM type → (count, capacity in bytes), from the EDAC sysfs.
+    pub memory_by_type: std::collections::BTreeMap<String, (u64, u64)>,
+}
+
+static MACHINE_FACTS: std::sync::OnceLock<MachineFacts> = std::sync::OnceLock::new();
+
+/// The machine facts, read from /proc and /sys on first use (call
+/// `init_machine_facts` at start so no scrape pays for it).
+pub fn machine_facts() -> &'static MachineFacts {
+    MACHINE_FACTS.get_or_init(|| MachineFacts::read(Path::new("/proc"), Path::new("/sys")))
+}
+
+/// Reads the machine facts now (blocking; at startup).
+pub fn init_machine_facts() {
+    let _ = machine_facts();
+}
+
+impl MachineFacts {
+    pub fn read(proc_dir: &Path, sys_dir: &Path) -> Self {
+        let cpuinfo = std::fs::read_to_string(proc_dir.join("cpuinfo")).unwrap_or_default();
+        let meminfo = std::fs::read_to_string(proc_dir.join("meminfo")).unwrap_or_default();
+        let cpu_dir = sys_dir.join("devices/system/cpu");
+        // cAdvisor counts distinct "core id" / "physical id" lines and falls
+        // back to the sysfs topology when /proc/cpuinfo has none (arm64).
+        let mut physical_cores = unique_cpuinfo_lines(&cpuinfo, "core id");
+        if physical_cores == 0 {
+            physical_cores = cpu_property_count(&cpu_dir, "core_id");
+        }
+        let mut sockets = unique_cpuinfo_lines(&cpuinfo, "physical id");
+        if sockets == 0 {
+            sockets = cpu_property_count(&cpu_dir, "physical_package_id");
+        }
+        MachineFacts {
+            physical_cores,
+            sockets,
+            swap: parse_meminfo(&meminfo).swap_total,
+            memory_by_type: memory_by_type(&sys_dir.join("devices/system/edac/mc")),
+        }
+    }
+}
+
+/// The number of distinct lines `<key>\s*:\s*<digits>` (cAdvisor's
+/// getUniqueMatchesCount over the whole match: on a two-socket machine
+/// whose sockets reuse core ids, the physical cores of one socket).
+pub fn unique_cpuinfo_lines(cpuinfo: &str, key: &str) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    for line in cpuinfo.lines() {
+        let Some(rest) = line.strip_prefix(key) else {
+            continue;
+        };
+        let Some(v) = rest.trim_start().strip_prefix(':') else {
+            continue;
+        };
+        let v = v.trim_start();
+        if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+            seen.insert(line);
+        }
+    }
+    seen.len()
+}
+
+/// Whether `cpu` is in a cpu list such as `0-3,5`.
+fn in_cpu_list(list: &str, cpu: u32) -> bool {
+    list.trim().split(',').any(|r| match r.split_once('-') {
+        Some((a, b)) => match (a.parse::<u32>(), b.parse::<u32>()) {
+            (Ok(a), Ok(b)) => (a..=b).contains(&cpu),
+            _ => false,
+        },
+        None => r.parse::<u32>() == Ok(cpu),
+    })
+}
+
+/// cAdvisor's GetUniqueCPUPropertyCount: distinct (property, package) pairs
+/// over the online `cpuN` directories (a missing file counts as "0").
+pub fn cpu_property_count(cpu_dir: &Path, property: &str) -> usize {
+    let online = std::fs::read_to_string(cpu_dir.join("online")).ok();
+    let Ok(entries) = std::fs::read_dir(cpu_dir) else {
+        return 0;
+    };
+    let read = |p: std::path::PathBuf| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "0".to_string())
+    };
+    let mut seen = std::collections::HashSet::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(id) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("cpu"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if online.as_deref().is_some_and(|l| !in_cpu_list(l, id)) {
+            continue;
+        }
+        let topo = e.path().join("topology");
+        seen.insert((
+            read(topo.join(property)),
+            read(topo.join("physical_package_id")),
+        ));
+    }
+    seen.len()
+}
+
+/// cAdvisor's GetMachineMemoryByType: per `dimm_mem_type`, the number of
+/// `mc*/dimm*` entries and their `size` (MiB) in bytes. No EDAC (VMs, arm):
+/// empty, and the dimm families are then not shown.
+pub fn memory_by_type(edac: &Path) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut out = std::collections::BTreeMap::new();
+    let is = |name: &str, prefix: &str| {
+        name.strip_prefix(prefix)
+            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let Ok(mcs) = std::fs::read_dir(edac) else {
+        return out;
+    };
+    for mc in mcs.flatten() {
+        if !mc.file_name().to_str().is_some_and(|n| is(n, "mc")) {
+            continue;
+        }
+        let Ok(dimms) = std::fs::read_dir(mc.path()) else {
+            continue;
+        };
+        for d in dimms.flatten() {
+            if !d.file_name().to_str().is_some_and(|n| is(n, "dimm")) {
+                continue;
+            }
+            let read = |f: &str| std::fs::read_to_string(d.path().join(f)).ok();
+            let (Some(ty), Some(size)) = (read("dimm_mem_type"), read("size")) else {
+                continue;
+            };
+            let Ok(mib) = size.trim().parse::<u64>() else {
+                continue;
+            };
+            let e = out.entry(ty.trim().to_string()).or_insert((0, 0));
+            e.0 += 1;
+            e.1 += mib * 1024 * 1024;
+        }
+    }
+    out
+}
+
+// ------------------------------------------------------------ global file systems
+
+/// A file system cAdvisor's fsInfo tracks (v0.52.1 `fs/fs.go`
+/// processMounts): its `device` label, type, mount point and numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Partition {
+    pub device: String,
+    pub fs_type: String,
+    pub mountpoint: std::path::PathBuf,
+    pub major: u64,
+    pub minor: u64,
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape_mountinfo(s: &str) -> String {
+    if !s.contains('\\') {
+        return s.to_string();
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') as u32 * 64
+                + (b[i + 2] - b'0') as u32 * 8
+                + (b[i + 3] - b'0') as u32;
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Linux's dev_t split (glibc's gnu_dev_major/minor).
+fn dev_major_minor(dev: u64) -> (u64, u64) {
+    (
+        ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff),
+        (dev & 0xff) | ((dev >> 12) & !0xff),
+    )
+}
+
+/// cAdvisor's processMounts over `/proc/self/mountinfo`: ext*, nfs*,
+/// btrfs, overlay, tmpfs, xfs and zfs mounts; a source already seen is a
+/// bind mount and skipped (not for tmpfs, keyed by its mount point, the
+/// later mount replacing the earlier); overlay sources made unique as
+/// `overlay_<major>-<minor>`; btrfs's 0 major taken from the device node.
+/// The kubelet's (Docker-less) context excludes `/devicemapper/mnt`.
+pub fn partitions(mountinfo: &str) -> Vec<Partition> {
+    let mut out: Vec<Partition> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for line in mountinfo.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let pre: Vec<&str> = pre.split(' ').collect();
+        let mut post = post.split(' ');
+        let (Some(fs_type), Some(source)) = (post.next(), post.next()) else {
+            continue;
+        };
+        let (Some(devno), Some(mp)) = (pre.get(2), pre.get(4)) else {
+            continue;
+        };
+        let Some((Ok(mut major), Ok(mut minor))) = devno
+            .split_once(':')
+            .map(|(a, b)| (a.parse::<u64>(), b.parse::<u64>()))
+        else {
+            continue;
+        };
+        let supported = fs_type.starts_with("ext")
+            || fs_type.starts_with("nfs")
+            || matches!(fs_type, "btrfs" | "overlay" | "tmpfs" | "xfs" | "zfs");
+        if !supported {
+            continue;
+        }
+        let mut source = unescape_mountinfo(source);
+        let mountpoint = unescape_mountinfo(mp);
+        if index.contains_key(&source) && fs_type != "tmpfs" {
+            continue;
+        }
+        if mountpoint.starts_with("/devicemapper/mnt") {
+            continue;
+        }
+        if fs_type == "tmpfs" {
+            source = mountpoint.clone();
+        }
+        if fs_type == "btrfs" && major == 0 && source.starts_with("/dev/") {
+            use std::os::unix::fs::MetadataExt;
+            if let Ok(m) = std::fs::metadata(&source) {
+                (major, minor) = dev_major_minor(m.rdev());
+            }
+        }
+        if fs_type == "overlay" {
+            source = format!("{source}_{major}-{minor}");
+        }
+        let p = Partition {
+            device: source.clone(),
+            fs_type: fs_type.to_string(),
+            mountpoint: mountpoint.into(),
+            major,
+            minor,
+        };
+        match index.get(&source) {
+            Some(&i) => out[i] = p,
+            None => {
+                index.insert(source, out.len());
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// One `/proc/diskstats` line's eleven figures: reads completed, reads
+/// merged, sectors read, read ms, writes completed, writes merged, sectors
+/// written, write ms, I/Os in progress, I/O ms, weighted I/O ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DiskStats {
+    pub major: u64,
+    pub minor: u64,
+    pub fields: [u64; 11],
+}
+
+/// cAdvisor's partitionRegex `^(?:(?:s|v|xv)d[a-z]+\d*|dm-\d+)$`.
+fn is_stats_partition(name: &str) -> bool {
+    if let Some(n) = name.strip_prefix("dm-") {
+        return !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    }
+    let rest = name
+        .strip_prefix("xvd")
+        .or_else(|| name.strip_prefix("sd"))
+        .or_else(|| name.strip_prefix("vd"));
+    let Some(rest) = rest else {
+        return false;
+    };
+    let letters = rest.bytes().take_while(|b| b.is_ascii_lowercase()).count();
+    letters > 0 && rest[letters..].bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `/proc/diskstats` for the devices cAdvisor reads (its partitionRegex),
+/// keyed `/dev/<name>` as cAdvisor's getDiskStatsMap.
+pub fn parse_diskstats(text: &str) -> std::collections::HashMap<String, DiskStats> {
+    let mut out = std::collections::HashMap::new();
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() < 14 || !is_stats_partition(w[2]) {
+            continue;
+        }
+        let (Ok(major), Ok(minor)) = (w[0].parse(), w[1].parse()) else {
+            continue;
+        };
+        let mut fields = [0u64; 11];
+        if w[3..14]
+            .iter()
+            .zip(fields.iter_mut())
+            .any(|(v, f)| v.parse().map(|v| *f = v).is_err())
+        {
+            continue;
+        }
+        out.insert(
+            format!("/dev/{}", w[2]),
+            DiskStats {
+                major,
+                minor,
+                fields,
+            },
+        );
+    }
+    out
+}
+
+/// One file system of the root container (cAdvisor's FsStats).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FsStat {
+    pub device: String,
+    pub capacity: u64,
+    pub free: u64,
+    /// (inodes, free inodes), when statfs gave them.
+    pub inodes: Option<(u64, u64)>,
+    pub disk: DiskStats,
+}
+
+/// cAdvisor's GetFsInfoForPath(nil) (`GetGlobalFsInfo`): statfs of every
+/// partition and its diskstats, by device name or else by major:minor.
+/// An nfs or zfs mount whose statfs fails is left out (one statfs per
+/// major:minor); any other whose mount point is gone is reported with
+/// zeros, as cAdvisor does; `statfs` is a parameter for tests.
+pub fn global_fs_stats(
+    partitions: &[Partition],
+    diskstats: &std::collections::HashMap<String, DiskStats>,
+    statfs: impl Fn(&Path) -> Option<FsFigures>,
+) -> Vec<FsStat> {
+    let mut by_devno: std::collections::HashMap<(u64, u64), FsStat> =
+        std::collections::HashMap::new();
+    let mut out = Vec::with_capacity(partitions.len());
+    for p in partitions {
+        // cAdvisor's zfs case falls through to the nfs one (its /dev/zfs
+        // test is never true).
+        let vfs_shared = p.fs_type.starts_with("nfs") || p.fs_type == "zfs";
+        let mut st = if vfs_shared {
+            if let Some(s) = by_devno.get(&(p.major, p.minor)) {
+                s.clone()
+            } else {
+                let Some(f) = statfs(&p.mountpoint) else {
+                    continue;
+                };
+                let s = fs_stat_of(&f);
+                by_devno.insert((p.major, p.minor), s.clone());
+                s
+            }
+        } else if p.mountpoint.exists() {
+            let Some(f) = statfs(&p.mountpoint) else {
+                continue;
+            };
+            fs_stat_of(&f)
+        } else {
+            FsStat::default()
+        };
+        st.device = p.device.clone();
+        st.disk = diskstats
+            .get(&p.device)
+            .or_else(|| {
+                diskstats
+                    .values()
+                    .find(|d| d.major == p.major && d.minor == p.minor)
+            })
+            .copied()
+            .unwrap_or_default();
+        out.push(st);
+    }
+    out
+}
+
+fn fs_stat_of(f: &FsFigures) -> FsStat {
+    FsStat {
+        capacity: f.capacity,
+        free: f.free,
+        inodes: Some((f.inodes, f.inodes_free)),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,5 +629,198 @@ eth0: 5000 10 1 2 0 0 0 0 7000 20 3 4 0 0 0 0\n";
     fn statvfs_of_root_has_capacity() {
         let f = statvfs(Path::new("/")).unwrap();
         assert!(f.capacity > 0 && f.capacity >= f.available);
+    }
+
+    fn write(p: &std::path::Path, text: &str) {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn machine_facts_count_cpuinfo_lines_edac_dimms_and_swap() {
+        let root = crate::testutil::tempdir("machine-facts");
+        // Two sockets reusing core ids 0 and 1, hyperthreaded: cAdvisor's
+        // unique-line count gives 2 physical cores, 2 sockets.
+        let mut cpuinfo = String::new();
+        for (cpu, phys, core) in [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1), (4, 0, 0)] {
+            cpuinfo.push_str(&format!(
+                "processor\t: {cpu}\nphysical id\t: {phys}\ncore id\t\t: {core}\n\n"
+            ));
+        }
+        write(&root.join("proc/cpuinfo"), &cpuinfo);
+        write(
+            &root.join("proc/meminfo"),
+            "MemTotal: 100 kB\nSwapTotal: 2048 kB\n",
+        );
+        let mc = root.join("sys/devices/system/edac/mc");
+        for (m, d, ty, mib) in [
+            ("mc0", "dimm0", "Unbuffered-DDR4", "8192"),
+            ("mc0", "dimm1", "Unbuffered-DDR4", "8192"),
+            ("mc1", "dimm0", "Non-volatile-RAM", "1024"),
+            ("mc1", "rank0", "Unbuffered-DDR4", "9999"),
+        ] {
+            write(
+                &mc.join(m).join(d).join("dimm_mem_type"),
+                &format!("{ty}\n"),
+            );
+            write(&mc.join(m).join(d).join("size"), &format!("{mib}\n"));
+        }
+        let f = MachineFacts::read(&root.join("proc"), &root.join("sys"));
+        assert_eq!((f.physical_cores, f.sockets, f.swap), (2, 2, 2048 * 1024));
+        assert_eq!(
+            f.memory_by_type.get("Unbuffered-DDR4"),
+            Some(&(2, 16384 << 20))
+        );
+        assert_eq!(
+            f.memory_by_type.get("Non-volatile-RAM"),
+            Some(&(1, 1 << 30))
+        );
+        assert_eq!(f.memory_by_type.len(), 2);
+    }
+
+    #[test]
+    fn machine_facts_fall_back_to_sysfs_topology_of_online_cpus() {
+        let root = crate::testutil::tempdir("machine-topology");
+        write(
+            &root.join("proc/cpuinfo"),
+            "processor\t: 0\nBogoMIPS\t: 50.00\n",
+        );
+        let cpu = root.join("sys/devices/system/cpu");
+        write(&cpu.join("online"), "0-2\n");
+        for (n, core, pkg) in [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 7, 1)] {
+            write(
+                &cpu.join(format!("cpu{n}/topology/core_id")),
+                &format!("{core}\n"),
+            );
+            write(
+                &cpu.join(format!("cpu{n}/topology/physical_package_id")),
+                &format!("{pkg}\n"),
+            );
+        }
+        // Not a cpu directory.
+        std::fs::create_dir_all(cpu.join("cpufreq")).unwrap();
+        let f = MachineFacts::read(&root.join("proc"), &root.join("sys"));
+        // cpu3 is offline: (0,0), (1,0), (0,1).
+        assert_eq!((f.physical_cores, f.sockets), (3, 2));
+        assert!(f.memory_by_type.is_empty());
+    }
+
+    #[test]
+    fn partitions_follow_cadvisor_process_mounts() {
+        let mi = "\
+22 1 8:1 / / rw - ext4 /dev/sda1 rw\n\
+23 22 0:5 / /dev rw - devtmpfs udev rw\n\
+24 22 0:22 / /run rw - tmpfs tmpfs rw\n\
+25 22 8:1 /var/lib/x /mnt/bind rw - ext4 /dev/sda1 rw\n\
+26 22 0:40 / /var/lib/kubelet/pods/u/volumes/kubernetes.io~projected/t rw - tmpfs tmpfs rw\n\
+27 22 0:41 / /run/containerd/io.containerd.runtime.v2.task/k8s.io/abc/rootfs rw - overlay overlay rw,lowerdir=a\n\
+28 22 0:42 / /mnt/nfs rw - nfs4 srv:/export rw\n\
+29 22 253:0 / /data\\040dir rw - xfs /dev/mapper/vg-data rw\n\
+30 22 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n\
+31 22 0:43 / /devicemapper/mnt/x rw - xfs /dev/dm-9 rw\n\
+32 22 0:44 / /run rw - tmpfs tmpfs rw,size=1k\n";
+        let p = partitions(mi);
+        let devs: Vec<&str> = p.iter().map(|p| p.device.as_str()).collect();
+        assert_eq!(
+            devs,
+            [
+                "/dev/sda1",
+                "/run",
+                "/var/lib/kubelet/pods/u/volumes/kubernetes.io~projected/t",
+                "overlay_0-41",
+                "srv:/export",
+                "/dev/mapper/vg-data",
+            ]
+        );
+        // The later tmpfs over /run replaces the earlier one.
+        assert_eq!((p[1].major, p[1].minor), (0, 44));
+        assert_eq!(p[5].mountpoint, std::path::PathBuf::from("/data dir"));
+        assert_eq!(p[4].fs_type, "nfs4");
+    }
+
+    #[test]
+    fn diskstats_keep_cadvisor_partition_names_only() {
+        let d = parse_diskstats(
+            "   8       0 sda 10 1 80 5 20 2 160 7 0 9 12 0 0 0 0\n\
+                8       1 sda1 4 0 32 2 6 0 48 3 1 4 5\n\
+              259       0 nvme0n1 1 1 1 1 1 1 1 1 1 1 1\n\
+              253       0 dm-0 3 0 24 1 2 0 16 1 0 2 2\n\
+                7       0 loop0 1 1 1 1 1 1 1 1 1 1 1\n\
+              202      16 xvdb 1 0 8 0 0 0 0 0 0 0 0\n\
+                8      16 sdb 1 2\n",
+        );
+        let mut names: Vec<&str> = d.keys().map(String::as_str).collect();
+        names.sort();
+        assert_eq!(names, ["/dev/dm-0", "/dev/sda", "/dev/sda1", "/dev/xvdb"]);
+        assert_eq!(
+            d["/dev/sda1"],
+            DiskStats {
+                major: 8,
+                minor: 1,
+                fields: [4, 0, 32, 2, 6, 0, 48, 3, 1, 4, 5],
+            }
+        );
+    }
+
+    #[test]
+    fn global_fs_stats_match_diskstats_by_name_then_number() {
+        let part = |device: &str, fs_type: &str, mp: &str, major, minor| Partition {
+            device: device.into(),
+            fs_type: fs_type.into(),
+            mountpoint: mp.into(),
+            major,
+            minor,
+        };
+        let parts = [
+            part("/dev/sda1", "ext4", "/", 8, 1),
+            part("/dev/mapper/vg-data", "xfs", "/", 253, 0),
+            part("/gone/tmpfs", "tmpfs", "/nonexistent/rkubelet/mp", 0, 50),
+            part("srv:/a", "nfs4", "/", 0, 60),
+            part("srv:/b", "nfs4", "/", 0, 60),
+            part("srv:/down", "nfs", "/", 0, 61),
+            part("/dev/sdz1", "ext4", "/", 8, 99),
+        ];
+        let disks = parse_diskstats(
+            "8 1 sda1 4 0 32 2 6 0 48 3 1 4 5\n253 0 dm-0 3 0 24 1 2 0 16 1 0 2 2\n",
+        );
+        let calls = std::cell::Cell::new(0);
+        let fig = FsFigures {
+            capacity: 1000,
+            available: 300,
+            free: 400,
+            inodes: 50,
+            inodes_free: 20,
+        };
+        let out = global_fs_stats(&parts, &disks, |_| {
+            calls.set(calls.get() + 1);
+            // The second nfs device's statfs fails.
+            (calls.get() != 4).then_some(fig)
+        });
+        let devs: Vec<&str> = out.iter().map(|f| f.device.as_str()).collect();
+        assert_eq!(
+            devs,
+            [
+                "/dev/sda1",
+                "/dev/mapper/vg-data",
+                "/gone/tmpfs",
+                "srv:/a",
+                "srv:/b",
+                "/dev/sdz1"
+            ]
+        );
+        // sda1, vg-data, srv:/a, srv:/down (failed), sdz1: srv:/b reuses srv:/a's.
+        assert_eq!(calls.get(), 5);
+        assert_eq!(out[0].disk.fields[0], 4);
+        assert_eq!(
+            (out[0].capacity, out[0].free, out[0].inodes),
+            (1000, 400, Some((50, 20)))
+        );
+        // By major:minor: dm-0.
+        assert_eq!(out[1].disk.fields[0], 3);
+        // A mount point that is gone: zeros, no inodes.
+        assert_eq!((out[2].capacity, out[2].inodes), (0, None));
+        assert_eq!(out[4].capacity, 1000);
+        // No diskstats line: zeros.
+        assert_eq!(out[5].disk, DiskStats::default());
     }
 }

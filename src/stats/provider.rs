@@ -63,6 +63,9 @@ pub struct NodeRaw {
     pub imagefs: Option<(FsFigures, Option<u64>, Option<u64>)>,
     pub imagefs_device: Option<String>,
     pub logs_fs: Option<FsFigures>,
+    /// Every file system cAdvisor's fsInfo knows, with its diskstats (the
+    /// root container's `container_fs_*` on /metrics/cadvisor).
+    pub filesystems: Vec<procfs::FsStat>,
     pub maxpid: Option<i64>,
     pub curproc: Option<i64>,
     pub boot_ns: i64,
@@ -280,6 +283,9 @@ struct Inner {
     fixed_hierarchy: Option<Hierarchy>,
     /// OOM kills per cgroup, when the kmsg watcher runs.
     oom: Option<super::oom::OomCounts>,
+    /// The file systems of the root container's figures, from mountinfo
+    /// once: cAdvisor's fsInfo lists its partitions once, at start.
+    partitions: std::sync::OnceLock<Vec<procfs::Partition>>,
 }
 
 /// Cheap to clone; one per kubelet.
@@ -931,6 +937,18 @@ fn devices_of(inner: &Inner, paths: &[&Path]) -> Vec<Option<String>> {
     out
 }
 
+/// The root container's file systems (cAdvisor's GetGlobalFsInfo): the
+/// partitions found at the first scrape, one statfs each, and one read of
+/// /proc/diskstats.
+fn global_fs_stats(inner: &Inner, r: &mut FileReader) -> Vec<procfs::FsStat> {
+    let parts = inner.partitions.get_or_init(|| {
+        procfs::partitions(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+    });
+    let disks =
+        procfs::parse_diskstats(r.whole(Path::new("/proc"), "diskstats").unwrap_or_default());
+    procfs::global_fs_stats(parts, &disks, procfs::statvfs)
+}
+
 /// CPU time of the calling thread (the collection's own cost, apart from
 /// whatever else the process does meanwhile).
 fn thread_cpu_ns() -> u64 {
@@ -1034,6 +1052,7 @@ fn read_files(
             let mut devs = devices_of(inner, &paths).into_iter();
             node.rootfs_device = devs.next().flatten();
             node.imagefs_device = devs.next().flatten();
+            node.filesystems = global_fs_stats(inner, &mut r);
         }
     }
 

@@ -148,6 +148,7 @@ impl ApiStatusSync {
             if sent.get(&uid) == Some(&version) {
                 continue;
             }
+            crate::metrics::pod_status_pending(&uid);
             if self.patch_status(&uid, &ns, &name, &status).await {
                 sent.insert(uid, version);
             } else {
@@ -179,6 +180,7 @@ impl ApiStatusSync {
             };
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
+            crate::metrics::pod_status_pending(&target_uid);
             if self.patch_status(&target_uid, &ns, &name, &status).await {
                 debug!(pod = %name, namespace = %ns, version, "status sent");
                 sent.insert(uid, version);
@@ -198,8 +200,12 @@ impl ApiStatusSync {
             .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
             .await
         {
-            Ok(_) => true,
+            Ok(_) => {
+                crate::metrics::pod_status_synced(uid);
+                true
+            }
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                crate::metrics::pod_status_dropped(uid);
                 // The object is gone or is another pod now: this status has
                 // no home; a new mirror or pod starts over.
                 debug!(pod = %name, namespace = %ns, reason = %s.reason, "status not sent: pod gone or replaced");

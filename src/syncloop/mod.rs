@@ -178,6 +178,9 @@ impl SyncLoop {
                 PodOperation::Add | PodOperation::Update | PodOperation::Set => {
                     info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, op = ?u.op, "syncing pod");
                     let pod = self.pods.upsert(pod);
+                    if u.op == PodOperation::Add {
+                        crate::metrics::containers_per_pod(&pod);
+                    }
                     self.workers.update(&uid, Work::Sync(pod));
                 }
                 PodOperation::Delete | PodOperation::Remove => self.terminate(pod, &uid, u.op),
@@ -218,6 +221,7 @@ impl SyncLoop {
         let refs: Vec<&crate::source::Pod> = others.iter().map(|p| p.as_ref()).collect();
         let is_static = crate::status::apisync::is_static_pod(pod);
         let verdict = crate::lifecycle::admit(pod, &refs, &a.node.read(), is_static);
+        crate::metrics::topology_manager_admission(Duration::ZERO);
         match verdict {
             Ok(()) => true,
             Err(r) => {
@@ -302,6 +306,7 @@ impl SyncLoop {
         for uid in snap.keys() {
             if !self.pods.contains(uid) && !self.workers.is_known(uid) {
                 info!(pod_uid = %uid, "cleaning up orphaned pod");
+                crate::metrics::orphaned_runtime_pod();
                 self.workers.update(
                     uid,
                     Work::Terminate {
@@ -316,6 +321,26 @@ impl SyncLoop {
                 self.status.remove(&uid);
             }
         }
+        crate::metrics::set_pod_counts(self.pods.pods().iter().map(|p| {
+            (
+                crate::status::apisync::is_static_pod(p),
+                !self.is_rejected(crate::source::pod_uid(p))
+                    && !self
+                        .status
+                        .get(crate::source::pod_uid(p))
+                        .is_some_and(|s| crate::status::generate::is_terminal(s.phase.as_deref())),
+            )
+        }));
+        crate::metrics::set_working_pods(self.workers.working().into_iter().map(
+            |(uid, phase, has_config, st)| {
+                (
+                    crate::metrics::worker_lifecycle(phase),
+                    !self.pods.contains(&uid),
+                    has_config,
+                    st,
+                )
+            },
+        ));
         if let Some(gc) = &self.gc {
             gc();
         }

@@ -323,6 +323,7 @@ impl VolumeManager {
                         })
                         .collect()
                 };
+                let (found, mut failed) = (orphans.len(), 0);
                 for uid in orphans {
                     let (root, u) = (me.inner.root.clone(), uid.clone());
                     let r = crate::blocking::try_run(
@@ -338,6 +339,7 @@ impl VolumeManager {
                             o.1.remove(&uid);
                         }
                         Err(e) => {
+                            failed += 1;
                             let now = Instant::now();
                             let quiet = o.1.get(&uid).is_some_and(|t| {
                                 now.duration_since(*t) < Duration::from_secs(600)
@@ -349,6 +351,7 @@ impl VolumeManager {
                         }
                     }
                 }
+                crate::metrics::orphan_pod_sweep(found, failed);
                 me.inner.orphans.lock().0 = false;
             },
             tracing::debug_span!("orphaned-pod-dirs"),
