@@ -296,6 +296,19 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         stats: crate::stats::StatsProvider::with_oom_watcher(&opts.node_name),
         streams: server::Streams::new(token.child_token()),
     };
+    // cAdvisor lists the host's file systems when the kubelet starts.
+    {
+        let stats = state.stats.clone();
+        if let Err(e) = crate::blocking::run(
+            "stats/filesystems".into(),
+            Duration::from_secs(10),
+            move || stats.list_file_systems(),
+        )
+        .await
+        {
+            tracing::warn!(error = %e, "listing file systems at start");
+        }
+    }
     let streams = state.streams.clone();
     {
         // Pod volume usage every volumeStatsAggPeriod (upstream's

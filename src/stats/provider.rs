@@ -324,6 +324,13 @@ impl StatsProvider {
         }
     }
 
+    /// Lists the root container's file systems now (blocking), as
+    /// cAdvisor's fsInfo does when the kubelet starts: the mounts of pods
+    /// started later are not among them, as upstream.
+    pub fn list_file_systems(&self) {
+        partitions(&self.inner);
+    }
+
     /// The OOM counts, when watched (tests record kills through it).
     /// The pod volume figures the background calculation keeps.
     pub fn volume_stats(&self) -> &super::volumes::VolumeStatsCache {
@@ -937,13 +944,18 @@ fn devices_of(inner: &Inner, paths: &[&Path]) -> Vec<Option<String>> {
     out
 }
 
+/// The file systems listed once (at start, else at the first full scrape).
+fn partitions(inner: &Inner) -> &[procfs::Partition] {
+    inner.partitions.get_or_init(|| {
+        procfs::partitions(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+    })
+}
+
 /// The root container's file systems (cAdvisor's GetGlobalFsInfo): the
-/// partitions found at the first scrape, one statfs each, and one read of
+/// partitions listed once, one statfs each, and one read of
 /// /proc/diskstats.
 fn global_fs_stats(inner: &Inner, r: &mut FileReader) -> Vec<procfs::FsStat> {
-    let parts = inner.partitions.get_or_init(|| {
-        procfs::partitions(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
-    });
+    let parts = partitions(inner);
     let disks =
         procfs::parse_diskstats(r.whole(Path::new("/proc"), "diskstats").unwrap_or_default());
     procfs::global_fs_stats(parts, &disks, procfs::statvfs)
