@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Container;
 use crate::cri::v1::{Mount, MountPropagation};
 
 pub mod atomic_writer;
+pub mod csi;
 pub mod manager;
 pub mod ownership;
 pub mod payload;

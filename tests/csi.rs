@@ -1,0 +1,429 @@
+//! CSI node plugins on real containerd, in cluster mode against the
+//! in-process API server double (static pods may not name CSI volumes,
+//! as upstream): this test process plays the CSI driver (a tonic node
+//! service on a Unix socket that mounts a tmpfs with a file in it at the
+//! target path) and its node-driver-registrar (a registration socket in
+//! `<root-dir>/plugins_registry/`). A pod with an inline `csi` volume
+//! waits while the driver is unregistered, starts once it registers,
+//! reads the driver's file, and on deletion the driver is asked to
+//! unpublish and rkubelet's directories are gone.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::apiserver::{ApiServer, ApiServerOptions};
+use common::*;
+use parking_lot::Mutex;
+use rkubelet::cri::RuntimeService;
+use rkubelet::volume::csi::proto::{self, node_server};
+use rkubelet::volume::csi::registration_proto::{self as rp, registration_server};
+use serde_json::{json, Value};
+use tonic::{Request, Response, Status};
+
+const T: Duration = Duration::from_secs(60);
+const DRIVER: &str = "fake.csi.rkubelet.test";
+
+/// What the fake driver was asked.
+#[derive(Default)]
+struct Calls {
+    published: Vec<proto::NodePublishVolumeRequest>,
+    unpublished: Vec<proto::NodeUnpublishVolumeRequest>,
+}
+
+#[derive(Clone, Default)]
+struct FakeDriver {
+    calls: Arc<Mutex<Calls>>,
+}
+
+fn mount_tmpfs(target: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let t = std::ffi::CString::new(target.as_os_str().as_bytes()).unwrap();
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"csi-test".as_ptr(),
+            t.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            c"size=1m".as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn unmount(target: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let t = std::ffi::CString::new(target.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated string that outlives the call.
+    if unsafe { libc::umount2(t.as_ptr(), 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl node_server::Node for FakeDriver {
+    async fn node_stage_volume(
+        &self,
+        _: Request<proto::NodeStageVolumeRequest>,
+    ) -> Result<Response<proto::NodeStageVolumeResponse>, Status> {
+        Err(Status::unimplemented("no staging"))
+    }
+    async fn node_unstage_volume(
+        &self,
+        _: Request<proto::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<proto::NodeUnstageVolumeResponse>, Status> {
+        Err(Status::unimplemented("no staging"))
+    }
+    /// As a real driver: creates the target, mounts a tmpfs there and
+    /// fills it.
+    async fn node_publish_volume(
+        &self,
+        r: Request<proto::NodePublishVolumeRequest>,
+    ) -> Result<Response<proto::NodePublishVolumeResponse>, Status> {
+        let r = r.into_inner();
+        let target = PathBuf::from(&r.target_path);
+        let greeting = r
+            .volume_context
+            .get("greeting")
+            .cloned()
+            .unwrap_or_default();
+        let id = r.volume_id.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::create_dir_all(&target)?;
+            mount_tmpfs(&target)?;
+            std::fs::write(target.join("hello"), format!("{greeting} from {id}\n"))
+        })
+        .await
+        .unwrap()
+        .map_err(|e| Status::internal(e.to_string()))?;
+        self.calls.lock().published.push(r);
+        Ok(Response::new(proto::NodePublishVolumeResponse {}))
+    }
+    async fn node_unpublish_volume(
+        &self,
+        r: Request<proto::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
+        let r = r.into_inner();
+        let target = PathBuf::from(&r.target_path);
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            if target.exists() {
+                unmount(&target)?;
+                std::fs::remove_dir(&target)?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap()
+        .map_err(|e| Status::internal(e.to_string()))?;
+        self.calls.lock().unpublished.push(r);
+        Ok(Response::new(proto::NodeUnpublishVolumeResponse {}))
+    }
+    async fn node_get_capabilities(
+        &self,
+        _: Request<proto::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<proto::NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(Default::default()))
+    }
+    async fn node_get_info(
+        &self,
+        _: Request<proto::NodeGetInfoRequest>,
+    ) -> Result<Response<proto::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(proto::NodeGetInfoResponse {
+            node_id: "it-csi".into(),
+            ..Default::default()
+        }))
+    }
+}
+
+#[derive(Clone)]
+struct Registrar {
+    endpoint: String,
+    statuses: Arc<Mutex<Vec<rp::RegistrationStatus>>>,
+}
+
+#[tonic::async_trait]
+impl registration_server::Registration for Registrar {
+    async fn get_info(
+        &self,
+        _: Request<rp::InfoRequest>,
+    ) -> Result<Response<rp::PluginInfo>, Status> {
+        Ok(Response::new(rp::PluginInfo {
+            r#type: "CSIPlugin".into(),
+            name: DRIVER.into(),
+            endpoint: self.endpoint.clone(),
+            supported_versions: vec!["1.0.0".into()],
+        }))
+    }
+    async fn notify_registration_status(
+        &self,
+        r: Request<rp::RegistrationStatus>,
+    ) -> Result<Response<rp::RegistrationStatusResponse>, Status> {
+        self.statuses.lock().push(r.into_inner());
+        Ok(Response::new(rp::RegistrationStatusResponse {}))
+    }
+}
+
+/// Serves a generated tonic service on a Unix socket with hyper's HTTP/2
+/// server.
+fn serve<S>(rt: &tokio::runtime::Runtime, path: &Path, svc: S)
+where
+    S: tower::Service<
+            tonic::codegen::http::Request<hyper::body::Incoming>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let _g = rt.enter();
+    let listener = tokio::net::UnixListener::bind(path).unwrap();
+    rt.spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let hs = hyper::service::service_fn(move |req| {
+                    let mut s = svc.clone();
+                    tower::Service::call(&mut s, req)
+                });
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), hs)
+                        .await;
+            });
+        }
+    });
+}
+
+fn sha256_hex(data: &str) -> String {
+    ring::digest::digest(&ring::digest::SHA256, data.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn container_id(p: &Value) -> String {
+    p["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_string()
+}
+
+fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
+    let mut k = Kubelet::new(node);
+    let kc = api.node_kubeconfig(&k.dir, node);
+    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+    k.extra_config = "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\n".into();
+    k.spawn();
+    k
+}
+
+fn running_pod(api: &ApiServer, name: &str) -> Value {
+    wait_for(&format!("pod {name} Running in the API"), T, || {
+        api.get("pods", Some("default"), name).filter(|p| {
+            p["status"]["phase"] == "Running"
+                && p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().all(|c| c["state"]["running"].is_object()))
+        })
+    })
+}
+
+/// The FailedMount events of a pod, messages only.
+fn failed_mounts(api: &ApiServer, pod: &str) -> Vec<String> {
+    api.list("events")
+        .into_iter()
+        .filter(|e| e["reason"] == "FailedMount" && e["involvedObject"]["name"] == pod)
+        .filter_map(|e| e["message"].as_str().map(String::from))
+        .collect()
+}
+
+#[test]
+fn an_inline_csi_volume_waits_for_its_driver_is_published_read_and_unpublished() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi";
+    let k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver::default();
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    // The driver asks for pod information and allows inline volumes.
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {"podInfoOnMount": true, "attachRequired": false,
+            "volumeLifecycleModes": ["Ephemeral"]}
+    }));
+
+    // The pod comes first: its driver has not registered.
+    let name = format!("csi-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "serviceAccountName": "default",
+            "volumes": [{"name": "data", "csi": {"driver": DRIVER,
+                "volumeAttributes": {"greeting": "hi"}}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let msg = wait_for("FailedMount for the unregistered driver", T, || {
+        failed_mounts(&api, &name).into_iter().next()
+    });
+    assert_eq!(
+        msg,
+        format!("MountVolume.SetUp failed for volume \"data\" : kubernetes.io/csi: mounter.SetUpAt failed to get CSI client: driver name {DRIVER} not found in the list of registered CSI drivers")
+    );
+    let p = api.get("pods", Some("default"), &name).unwrap();
+    assert_ne!(p["status"]["phase"], "Running");
+
+    // The registrar appears: the driver registers and the pod starts.
+    let reg_dir = root.join("plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join(format!("{DRIVER}-reg.sock")),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    let p = running_pod(&api, &name);
+    let st = registrar.statuses.lock().clone();
+    assert_eq!(st.len(), 1);
+    assert!(st[0].plugin_registered, "{:?}", st[0]);
+
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let handle = format!("csi-{}", sha256_hex(&format!("{uid}data")));
+    let vol_dir = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/data"));
+    let target = vol_dir.join("mount");
+    let published = driver.calls.lock().published.clone();
+    assert_eq!(published.len(), 1);
+    let req = &published[0];
+    assert_eq!(req.volume_id, handle);
+    assert_eq!(Path::new(&req.target_path), target);
+    assert!(req.staging_target_path.is_empty() && !req.readonly);
+    let want: HashMap<String, String> = [
+        ("greeting", "hi"),
+        ("csi.storage.k8s.io/pod.name", name.as_str()),
+        ("csi.storage.k8s.io/pod.namespace", "default"),
+        ("csi.storage.k8s.io/pod.uid", uid.as_str()),
+        ("csi.storage.k8s.io/serviceAccount.name", "default"),
+        ("csi.storage.k8s.io/ephemeral", "true"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(req.volume_context, want);
+    let data: Value =
+        serde_json::from_str(&std::fs::read_to_string(vol_dir.join("vol_data.json")).unwrap())
+            .unwrap();
+    assert_eq!(data["driverName"], DRIVER);
+    assert_eq!(data["volumeHandle"], handle.as_str());
+    assert_eq!(data["specVolID"], "data");
+    assert_eq!(data["nodeName"], node);
+    assert_eq!(data["volumeLifecycleMode"], "Ephemeral");
+
+    // The container reads what the driver put there.
+    let id = container_id(&p);
+    let out = k
+        .cri
+        .rt
+        .block_on(
+            k.cri
+                .client
+                .exec_sync(&id, vec!["cat".into(), "/data/hello".into()], 10),
+        )
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("hi from {handle}")
+    );
+
+    // Pod deleted: the driver unpublishes, rkubelet's directories go.
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnpublishVolume", T, || {
+        (!driver.calls.lock().unpublished.is_empty()).then_some(())
+    });
+    let un = driver.calls.lock().unpublished.clone();
+    assert_eq!(un[0].volume_id, handle);
+    assert_eq!(Path::new(&un[0].target_path), target);
+    wait_for("the volume directory removed", T, || {
+        (!path_exists(&vol_dir)).then_some(())
+    });
+    assert_eq!(driver.calls.lock().published.len(), 1);
+}
+
+#[test]
+fn an_inline_volume_of_a_driver_without_ephemeral_mode_is_refused_as_upstream() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-mode";
+    let k = cluster_kubelet(node, &api);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver::default();
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    let reg_dir = k.dir.join("root/plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join("reg.sock"),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    wait_for("the driver registered", T, || {
+        (!registrar.statuses.lock().is_empty()).then_some(())
+    });
+    // No CSIDriver object: only persistent volumes (upstream).
+    let name = format!("nomode-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "csi": {"driver": DRIVER}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let msg = wait_for("FailedMount for the missing CSIDriver", T, || {
+        failed_mounts(&api, &name).into_iter().next()
+    });
+    assert_eq!(
+        msg,
+        format!("MountVolume.SetUp failed for volume \"data\" : kubernetes.io/csi: mounter.SetupAt failed to check volume lifecycle mode: volume mode \"Ephemeral\" not supported by driver {DRIVER} (no CSIDriver object)")
+    );
+    assert!(driver.calls.lock().published.is_empty());
+    api.delete("pods", Some("default"), &name, Some(0));
+}
