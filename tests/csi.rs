@@ -30,6 +30,8 @@ const DRIVER: &str = "fake.csi.rkubelet.test";
 /// What the fake driver was asked.
 #[derive(Default)]
 struct Calls {
+    staged: Vec<proto::NodeStageVolumeRequest>,
+    unstaged: Vec<proto::NodeUnstageVolumeRequest>,
     published: Vec<proto::NodePublishVolumeRequest>,
     unpublished: Vec<proto::NodeUnpublishVolumeRequest>,
 }
@@ -37,6 +39,9 @@ struct Calls {
 #[derive(Clone, Default)]
 struct FakeDriver {
     calls: Arc<Mutex<Calls>>,
+    /// Reports STAGE_UNSTAGE_VOLUME: stages a tmpfs at the global mount
+    /// path and bind-mounts it into each target.
+    stages: bool,
 }
 
 fn mount_tmpfs(target: &Path) -> std::io::Result<()> {
@@ -50,6 +55,26 @@ fn mount_tmpfs(target: &Path) -> std::io::Result<()> {
             c"tmpfs".as_ptr(),
             0,
             c"size=1m".as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn bind(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let f = std::ffi::CString::new(from.as_os_str().as_bytes()).unwrap();
+    let t = std::ffi::CString::new(to.as_os_str().as_bytes()).unwrap();
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            f.as_ptr(),
+            t.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
         )
     };
     if rc != 0 {
@@ -72,15 +97,43 @@ fn unmount(target: &Path) -> std::io::Result<()> {
 impl node_server::Node for FakeDriver {
     async fn node_stage_volume(
         &self,
-        _: Request<proto::NodeStageVolumeRequest>,
+        r: Request<proto::NodeStageVolumeRequest>,
     ) -> Result<Response<proto::NodeStageVolumeResponse>, Status> {
-        Err(Status::unimplemented("no staging"))
+        if !self.stages {
+            return Err(Status::unimplemented("no staging"));
+        }
+        let r = r.into_inner();
+        let g = PathBuf::from(&r.staging_target_path);
+        let id = r.volume_id.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::create_dir_all(&g)?;
+            mount_tmpfs(&g)?;
+            std::fs::write(g.join("hello"), format!("staged {id}\n"))
+        })
+        .await
+        .unwrap()
+        .map_err(|e| Status::internal(e.to_string()))?;
+        self.calls.lock().staged.push(r);
+        Ok(Response::new(proto::NodeStageVolumeResponse {}))
     }
     async fn node_unstage_volume(
         &self,
-        _: Request<proto::NodeUnstageVolumeRequest>,
+        r: Request<proto::NodeUnstageVolumeRequest>,
     ) -> Result<Response<proto::NodeUnstageVolumeResponse>, Status> {
-        Err(Status::unimplemented("no staging"))
+        let r = r.into_inner();
+        let g = PathBuf::from(&r.staging_target_path);
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            if g.exists() {
+                unmount(&g)?;
+                std::fs::remove_dir(&g)?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap()
+        .map_err(|e| Status::internal(e.to_string()))?;
+        self.calls.lock().unstaged.push(r);
+        Ok(Response::new(proto::NodeUnstageVolumeResponse {}))
     }
     /// As a real driver: creates the target, mounts a tmpfs there and
     /// fills it.
@@ -96,10 +149,15 @@ impl node_server::Node for FakeDriver {
             .cloned()
             .unwrap_or_default();
         let id = r.volume_id.clone();
+        let staged = PathBuf::from(&r.staging_target_path);
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             std::fs::create_dir_all(&target)?;
-            mount_tmpfs(&target)?;
-            std::fs::write(target.join("hello"), format!("{greeting} from {id}\n"))
+            if staged.as_os_str().is_empty() {
+                mount_tmpfs(&target)?;
+                std::fs::write(target.join("hello"), format!("{greeting} from {id}\n"))
+            } else {
+                bind(&staged, &target)
+            }
         })
         .await
         .unwrap()
@@ -130,7 +188,19 @@ impl node_server::Node for FakeDriver {
         &self,
         _: Request<proto::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<proto::NodeGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(Default::default()))
+        use proto::node_service_capability::{rpc::Type, Rpc, Type as Cap};
+        let capabilities = if self.stages {
+            vec![proto::NodeServiceCapability {
+                r#type: Some(Cap::Rpc(Rpc {
+                    r#type: Type::StageUnstageVolume as i32,
+                })),
+            }]
+        } else {
+            vec![]
+        };
+        Ok(Response::new(proto::NodeGetCapabilitiesResponse {
+            capabilities,
+        }))
     }
     async fn node_get_info(
         &self,
@@ -426,4 +496,125 @@ fn an_inline_volume_of_a_driver_without_ephemeral_mode_is_refused_as_upstream() 
     );
     assert!(driver.calls.lock().published.is_empty());
     api.delete("pods", Some("default"), &name, Some(0));
+}
+
+#[test]
+fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-pv";
+    let k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    let reg_dir = root.join("plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join("reg.sock"),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    // rkubelet does not attach: the driver says it needs none.
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {"attachRequired": false, "volumeLifecycleModes": ["Persistent"]}
+    }));
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "csi-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "csi-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-1", "volumeAttributes": {"tier": "gold"}},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+
+    let name = format!("pv-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let global = root.join(format!(
+        "plugins/kubernetes.io/csi/{DRIVER}/{}/globalmount",
+        sha256_hex("vol-1")
+    ));
+    let target = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/data/mount"));
+    let calls = driver.calls.lock();
+    assert_eq!(calls.staged.len(), 1);
+    assert_eq!(calls.staged[0].volume_id, "vol-1");
+    assert_eq!(Path::new(&calls.staged[0].staging_target_path), global);
+    assert_eq!(calls.staged[0].volume_context["tier"], "gold");
+    let mode = calls.staged[0]
+        .volume_capability
+        .as_ref()
+        .and_then(|c| c.access_mode.as_ref())
+        .map(|m| m.mode);
+    assert_eq!(
+        mode,
+        Some(proto::volume_capability::access_mode::Mode::SingleNodeWriter as i32)
+    );
+    assert_eq!(calls.published.len(), 1);
+    let pubr = &calls.published[0];
+    assert_eq!(pubr.volume_id, "vol-1");
+    assert_eq!(Path::new(&pubr.staging_target_path), global);
+    assert_eq!(Path::new(&pubr.target_path), target);
+    // No podInfoOnMount: the PV's attributes only.
+    let want: HashMap<String, String> = [("tier".to_string(), "gold".to_string())].into();
+    assert_eq!(pubr.volume_context, want);
+    drop(calls);
+    let id = container_id(&p);
+    let out = k
+        .cri
+        .rt
+        .block_on(
+            k.cri
+                .client
+                .exec_sync(&id, vec!["cat".into(), "/data/hello".into()], 10),
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "staged vol-1");
+
+    // Deleted: unpublished, then unstaged; rkubelet's directories go.
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnstageVolume", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+    let calls = driver.calls.lock();
+    assert_eq!(calls.unpublished.len(), 1);
+    assert_eq!(Path::new(&calls.unpublished[0].target_path), target);
+    assert_eq!(calls.unstaged[0].volume_id, "vol-1");
+    assert_eq!(Path::new(&calls.unstaged[0].staging_target_path), global);
+    drop(calls);
+    wait_for("the global mount directory removed", T, || {
+        (!path_exists(global.parent().unwrap())).then_some(())
+    });
+    assert!(!path_exists(target.parent().unwrap()));
 }
