@@ -2441,12 +2441,14 @@ fn cluster_trust_bundles_list_and_watch_by_signer_and_labels() {
     assert_eq!(e["object"]["metadata"]["name"], "example.com:s:y");
 }
 
-// pkg/registry/storage/csidriver: CSIDriver is a cluster-scoped
-// storage.k8s.io/v1 resource without a status subresource; a missing one
-// is NotFound with the group-qualified resource in the message (what the
-// kubelet's CSI plugin tells apart from other errors).
+// pkg/registry/storage/csidriver and csinode: CSIDriver and CSINode are
+// cluster-scoped storage.k8s.io/v1 resources without a status
+// subresource; a missing one is NotFound with the group-qualified
+// resource in the message (what the kubelet's CSI plugin tells apart from
+// other errors); an update with a stale resourceVersion conflicts (the
+// kubelet's nodeinfomanager retries on it).
 #[test]
-fn csidrivers_are_cluster_scoped_storage_objects() {
+fn csidrivers_and_csinodes_are_cluster_scoped_storage_objects() {
     const CSIDRIVERS: &str = "/apis/storage.k8s.io/v1/csidrivers";
     let s = plain();
     let c = s.client();
@@ -2478,4 +2480,25 @@ fn csidrivers_are_cluster_scoped_storage_objects() {
         .unwrap()
         .iter()
         .any(|r| r["name"] == "csidrivers" && r["namespaced"] == false));
+    const CSINODES: &str = "/apis/storage.k8s.io/v1/csinodes";
+    let n = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+        "metadata": {"name": "node-1"},
+        "spec": {"drivers": [{"name": "d", "nodeID": "n1", "topologyKeys": ["zone"]}]}
+    });
+    let r = c.post(CSINODES, &n).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let mut stale = r.body.clone();
+    let mut upd = r.body.clone();
+    upd["spec"]["drivers"] = json!([]);
+    assert_eq!(
+        c.put(&format!("{CSINODES}/node-1"), &upd).unwrap().status,
+        200
+    );
+    stale["spec"]["drivers"][0]["nodeID"] = json!("n2");
+    let r = c.put(&format!("{CSINODES}/node-1"), &stale).unwrap();
+    assert_eq!(r.status, 409);
+    assert_eq!(r.body["reason"], "Conflict");
+    let g = c.get(&format!("{CSINODES}/node-1")).unwrap();
+    assert_eq!(g.body["spec"]["drivers"], json!([]));
 }

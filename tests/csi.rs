@@ -207,8 +207,11 @@ impl node_server::Node for FakeDriver {
         _: Request<proto::NodeGetInfoRequest>,
     ) -> Result<Response<proto::NodeGetInfoResponse>, Status> {
         Ok(Response::new(proto::NodeGetInfoResponse {
-            node_id: "it-csi".into(),
-            ..Default::default()
+            node_id: "fake-node-id".into(),
+            max_volumes_per_node: 5,
+            accessible_topology: Some(proto::Topology {
+                segments: [("topology.fake.csi/zone".to_string(), "z1".to_string())].into(),
+            }),
         }))
     }
 }
@@ -383,6 +386,24 @@ fn an_inline_csi_volume_waits_for_its_driver_is_published_read_and_unpublished()
     let st = registrar.statuses.lock().clone();
     assert_eq!(st.len(), 1);
     assert!(st[0].plugin_registered, "{:?}", st[0]);
+    // What NodeGetInfo said is on the Node and in its CSINode.
+    let n = api.get("nodes", None, node).unwrap();
+    assert_eq!(
+        n["metadata"]["annotations"]["csi.volume.kubernetes.io/nodeid"],
+        format!("{{\"{DRIVER}\":\"fake-node-id\"}}")
+    );
+    assert_eq!(n["metadata"]["labels"]["topology.fake.csi/zone"], "z1");
+    let cn = api.get("csinodes", None, node).expect("a CSINode");
+    assert_eq!(
+        cn["spec"]["drivers"],
+        json!([{"name": DRIVER, "nodeID": "fake-node-id",
+            "topologyKeys": ["topology.fake.csi/zone"], "allocatable": {"count": 5}}])
+    );
+    assert_eq!(cn["metadata"]["ownerReferences"][0]["kind"], "Node");
+    assert_eq!(
+        cn["metadata"]["ownerReferences"][0]["uid"],
+        n["metadata"]["uid"]
+    );
 
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
     let handle = format!("csi-{}", sha256_hex(&format!("{uid}data")));
@@ -617,4 +638,24 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
         (!path_exists(global.parent().unwrap())).then_some(())
     });
     assert!(!path_exists(target.parent().unwrap()));
+
+    // The registrar goes: the driver is deregistered and leaves the
+    // CSINode and the Node's annotation (its topology labels stay).
+    wait_for("the driver in the CSINode", T, || {
+        api.get("csinodes", None, node).filter(|c| {
+            c["spec"]["drivers"]
+                .as_array()
+                .is_some_and(|d| d.len() == 1)
+        })
+    });
+    std::fs::remove_file(reg_dir.join("reg.sock")).unwrap();
+    wait_for("the driver gone from the CSINode", T, || {
+        api.get("csinodes", None, node)
+            .filter(|c| c["spec"]["drivers"] == json!([]))
+    });
+    let n = api.get("nodes", None, node).unwrap();
+    assert!(n["metadata"]["annotations"]
+        .get("csi.volume.kubernetes.io/nodeid")
+        .is_none());
+    assert_eq!(n["metadata"]["labels"]["topology.fake.csi/zone"], "z1");
 }

@@ -227,7 +227,9 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     // CSI drivers register through sockets in <root-dir>/plugins_registry
     // (upstream's plugin manager).
     manager.volumes.csi_drivers().set_node_name(&opts.node_name);
-    manager.volumes.csi_drivers().set_api(api_slot.clone());
+    if opts.kubeconfig.is_some() {
+        manager.volumes.csi_drivers().set_api(api_slot.clone());
+    }
     crate::volume::csi::registration::spawn(
         opts.root_dir
             .join(crate::volume::csi::registration::REGISTRY_DIR),

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 pub mod client;
 pub mod mounter;
+pub mod nodeinfo;
 pub mod registration;
 
 /// Generated protobuf and gRPC code for the CSI node side (`csi.v1`).
@@ -210,16 +211,28 @@ impl Registry {
         self.inner.node_name.lock().clone()
     }
 
-    /// Where the API client will be (cluster mode).
+    /// Where the API client will be (cluster mode only).
     pub fn set_api(&self, slot: Arc<OnceLock<crate::apiclient::ApiClient>>) {
         *self.inner.api.lock() = Some(slot);
+    }
+
+    /// The API client: None in standalone mode, an error in cluster mode
+    /// before the client exists (TLS bootstrap still running).
+    pub(crate) fn api_client(&self) -> Result<Option<crate::apiclient::ApiClient>, String> {
+        match self.inner.api.lock().as_ref() {
+            None => Ok(None),
+            Some(slot) => slot
+                .get()
+                .cloned()
+                .map(Some)
+                .ok_or_else(|| "no API client yet".to_string()),
+        }
     }
 
     /// The driver's CSIDriver object (upstream reads it through an
     /// informer; rkubelet asks at each set-up).
     pub(crate) async fn csi_driver(&self, name: &str) -> Result<DriverObject, String> {
-        let slot = self.inner.api.lock().clone();
-        let Some(client) = slot.as_ref().and_then(|s| s.get()) else {
+        let Some(client) = self.api_client()? else {
             return Ok(DriverObject::NoApiServer);
         };
         let c = client.client().await;

@@ -145,7 +145,7 @@ async fn reconcile(dir: &Path, registry: &Registry, seen: &mut HashMap<PathBuf, 
             ..
         }) = seen.remove(&p)
         {
-            deregister(registry, &name, &endpoint);
+            deregister(registry, &name, &endpoint).await;
         }
     }
     let due: Vec<(PathBuf, Ident, u32)> = now
@@ -184,9 +184,12 @@ async fn reconcile(dir: &Path, registry: &Registry, seen: &mut HashMap<PathBuf, 
     }
 }
 
-fn deregister(registry: &Registry, name: &str, endpoint: &str) {
+async fn deregister(registry: &Registry, name: &str, endpoint: &str) {
     if registry.remove(name, endpoint) {
         info!(driver = %name, endpoint = %endpoint, "CSI driver deregistered: its registration socket is gone");
+        if let Err(e) = super::nodeinfo::uninstall(registry, name).await {
+            warn!(driver = %name, error = %e, "registrationHandler.DeRegisterPlugin failed");
+        }
     }
 }
 
@@ -260,6 +263,13 @@ async fn register(registry: &Registry, socket: &Path) -> Result<(String, String)
                 .map(|t| t.segments.into_iter().collect())
                 .unwrap_or_default();
             registry.set(&name, driver.clone());
+            // Upstream: a failed node info update fails the registration.
+            if let Err(e) = super::nodeinfo::install(registry, &name, &driver).await {
+                registry.remove(&name, &endpoint);
+                let e = format!("RegisterPlugin error -- plugin registration failed with err: {e}");
+                let _ = notify(client, false, e.clone()).await;
+                return Err(e);
+            }
         }
         Err(e) => {
             registry.remove(&name, &endpoint);

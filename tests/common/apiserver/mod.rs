@@ -19,7 +19,8 @@
 //!   `certificatesigningrequests` (+`/status`, `/approval`);
 //!   `certificates.k8s.io/v1beta1` `clustertrustbundles` (validation and
 //!   the `spec.signerName` field selector of upstream's registry);
-//!   `storage.k8s.io/v1` `csidrivers` (cluster-scoped, stored as given).
+//!   `storage.k8s.io/v1` `csidrivers` and `csinodes` (cluster-scoped,
+//!   stored as given).
 //!   Discovery:
 //!   `/version`, `/api`, `/api/v1`, `/apis`, `/apis/{group}/{version}`.
 //! - Server-set metadata: `uid`, `creationTimestamp`, `resourceVersion`

@@ -143,6 +143,16 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         false
     ),
+    // The kubelet keeps its node's CSINode (registered drivers).
+    res!(
+        "csinodes",
+        "storage.k8s.io",
+        "v1",
+        "CSINode",
+        false,
+        false,
+        false
+    ),
 ];
 
 /// The resource served at `group`/`version`/`plural`.
