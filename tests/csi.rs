@@ -653,9 +653,88 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
         api.get("csinodes", None, node)
             .filter(|c| c["spec"]["drivers"] == json!([]))
     });
-    let n = api.get("nodes", None, node).unwrap();
-    assert!(n["metadata"]["annotations"]
-        .get("csi.volume.kubernetes.io/nodeid")
-        .is_none());
+    // The annotation goes after the CSINode entry (upstream's order).
+    let n = wait_for("the node ID annotation removed", T, || {
+        api.get("nodes", None, node).filter(|n| {
+            n["metadata"]["annotations"]
+                .get("csi.volume.kubernetes.io/nodeid")
+                .is_none()
+        })
+    });
     assert_eq!(n["metadata"]["labels"]["topology.fake.csi/zone"], "z1");
+}
+
+#[test]
+fn a_pod_deleted_while_rkubelet_was_down_has_its_csi_volume_unpublished_after_restart() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-restart";
+    let mut k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver::default();
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    let reg_dir = root.join("plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join("reg.sock"),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {"volumeLifecycleModes": ["Ephemeral"]}
+    }));
+    let name = format!("gone-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "csi": {"driver": DRIVER}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let pod_dir = root.join("pods").join(&uid);
+    let target = pod_dir.join("volumes/kubernetes.io~csi/data/mount");
+    assert_eq!(driver.calls.lock().published.len(), 1);
+
+    // Deleted while rkubelet is down: after the restart the driver (found
+    // again by the scan at start) unpublishes what vol_data.json names,
+    // and only then does the pod directory go.
+    k.stop();
+    api.delete("pods", Some("default"), &name, Some(0));
+    k.spawn();
+    wait_for("NodeUnpublishVolume after the restart", T, || {
+        (!driver.calls.lock().unpublished.is_empty()).then_some(())
+    });
+    let un = driver.calls.lock().unpublished.clone();
+    assert_eq!(Path::new(&un[0].target_path), target);
+    assert_eq!(
+        un[0].volume_id,
+        format!("csi-{}", sha256_hex(&format!("{uid}data")))
+    );
+    wait_for("the orphaned pod directory removed", T, || {
+        (!path_exists(&pod_dir)).then_some(())
+    });
+    let st = registrar.statuses.lock().clone();
+    assert!(
+        st.len() >= 2 && st.last().is_some_and(|s| s.plugin_registered),
+        "registered again after the restart: {st:?}"
+    );
 }

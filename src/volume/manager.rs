@@ -241,7 +241,14 @@ impl VolumeManager {
         let until = Instant::now() + deadline;
         let gone = |me: &Self| !me.inner.state.lock().actual.contains_key(uid);
         if self.wait_until(uid, until, gone).await {
-            return Ok(());
+            // CSI volumes set up before a restart are not in the actual
+            // state: their vol_data.json says what to unpublish.
+            return super::csi::mounter::tear_down_orphaned(&self.inner.csi, &self.inner.root, uid)
+                .await
+                .map_err(|e| VolumeError::Timeout {
+                    message: format!("CSI volumes of pod {uid} are still published"),
+                    errors: e,
+                });
         }
         Err(VolumeError::Timeout {
             message: format!("volumes of pod {uid} are still set up"),
@@ -330,12 +337,25 @@ impl VolumeManager {
                 };
                 for uid in orphans {
                     let (root, u) = (me.inner.root.clone(), uid.clone());
-                    let r = crate::blocking::try_run(
-                        format!("cleanup of orphaned pod {uid}"),
-                        FS_DEADLINE,
-                        move || super::cleanup_pod_dir(&root, &u),
+                    // CSI drivers unpublish their volumes first; the
+                    // directory stays while one cannot.
+                    let r = match super::csi::mounter::tear_down_orphaned(
+                        &me.inner.csi,
+                        &root,
+                        &uid,
                     )
-                    .await;
+                    .await
+                    {
+                        Err(e) => Err(e),
+                        Ok(()) => {
+                            crate::blocking::try_run(
+                                format!("cleanup of orphaned pod {uid}"),
+                                FS_DEADLINE,
+                                move || super::cleanup_pod_dir(&root, &u),
+                            )
+                            .await
+                        }
+                    };
                     let mut o = me.inner.orphans.lock();
                     match r {
                         Ok(()) => {

@@ -435,6 +435,52 @@ pub async fn tear_down(registry: &Registry, p: &Published, still_used: bool) -> 
     Ok(())
 }
 
+/// CSI volumes left in the directory of a pod nobody owns any more (one
+/// deleted while rkubelet was down): each `vol_data.json` names the
+/// driver and handle, and the driver unpublishes before the directory may
+/// go (upstream reconstructs such volumes from the same file). A staged
+/// volume is not unstaged here. An error keeps the pod directory.
+pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> Result<(), String> {
+    let dir = crate::volume::pod_dir(root, uid)
+        .join("volumes")
+        .join(PLUGIN_NAME.replace('/', "~"));
+    let d = dir.clone();
+    let found = crate::blocking::try_run(
+        format!("list {}", dir.display()),
+        FS_DEADLINE,
+        move || -> Result<Vec<Published>, String> {
+            let entries = match std::fs::read_dir(&d) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+                Err(e) => return Err(e.to_string()),
+            };
+            let mut out = Vec::new();
+            for e in entries.flatten() {
+                let data = e.path().join(VOL_DATA_FILE);
+                let Ok(text) = std::fs::read_to_string(&data) else {
+                    continue;
+                };
+                let v: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|err| format!("{}: {err}", data.display()))?;
+                let field = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+                out.push(Published {
+                    driver: field("driverName"),
+                    volume_id: field("volumeHandle"),
+                    target: e.path().join("mount"),
+                    staging: None,
+                });
+            }
+            Ok(out)
+        },
+    )
+    .await?;
+    for p in found {
+        tear_down(registry, &p, true).await?;
+        info!(pod_uid = %uid, driver = %p.driver, target = %p.target.display(), "CSI volume of an orphaned pod unpublished");
+    }
+    Ok(())
+}
+
 /// Whether `p` is a mount point (another device than its parent, or the
 /// root of its own bind).
 fn is_mount_point(p: &Path) -> std::io::Result<bool> {
@@ -567,6 +613,103 @@ mod tests {
             assert!(v.get(k).is_some_and(|x| x.is_string()), "{k}");
         }
         assert_eq!(v["volumeLifecycleMode"], "Ephemeral");
+    }
+
+    /// A node service that records NodeUnpublishVolume.
+    #[derive(Clone, Default)]
+    struct Recorder(std::sync::Arc<parking_lot::Mutex<Vec<(String, String)>>>);
+
+    #[tonic::async_trait]
+    impl super::super::proto::node_server::Node for Recorder {
+        async fn node_stage_volume(
+            &self,
+            _: tonic::Request<proto::NodeStageVolumeRequest>,
+        ) -> Result<tonic::Response<proto::NodeStageVolumeResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no"))
+        }
+        async fn node_unstage_volume(
+            &self,
+            _: tonic::Request<proto::NodeUnstageVolumeRequest>,
+        ) -> Result<tonic::Response<proto::NodeUnstageVolumeResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no"))
+        }
+        async fn node_publish_volume(
+            &self,
+            _: tonic::Request<proto::NodePublishVolumeRequest>,
+        ) -> Result<tonic::Response<proto::NodePublishVolumeResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no"))
+        }
+        async fn node_unpublish_volume(
+            &self,
+            r: tonic::Request<proto::NodeUnpublishVolumeRequest>,
+        ) -> Result<tonic::Response<proto::NodeUnpublishVolumeResponse>, tonic::Status> {
+            let r = r.into_inner();
+            self.0.lock().push((r.volume_id, r.target_path));
+            Ok(tonic::Response::new(Default::default()))
+        }
+        async fn node_get_capabilities(
+            &self,
+            _: tonic::Request<proto::NodeGetCapabilitiesRequest>,
+        ) -> Result<tonic::Response<proto::NodeGetCapabilitiesResponse>, tonic::Status> {
+            Ok(tonic::Response::new(Default::default()))
+        }
+        async fn node_get_info(
+            &self,
+            _: tonic::Request<proto::NodeGetInfoRequest>,
+        ) -> Result<tonic::Response<proto::NodeGetInfoResponse>, tonic::Status> {
+            Ok(tonic::Response::new(Default::default()))
+        }
+    }
+
+    use super::super::proto;
+
+    #[tokio::test]
+    async fn an_orphaned_pods_csi_volumes_are_unpublished_from_vol_data() {
+        let root = std::env::temp_dir().join(format!("rkubelet-csiorph-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let target = target_path(&root, "u1", "data");
+        std::fs::create_dir_all(&target).unwrap();
+        let data = vol_data("data", "csi-abc", "d.csi", "n", "Ephemeral");
+        std::fs::write(
+            target.parent().unwrap().join(VOL_DATA_FILE),
+            data.to_string(),
+        )
+        .unwrap();
+        let registry = Registry::default();
+        // Without the driver the directory stays (its mount would
+        // otherwise be cut from under the driver).
+        let e = tear_down_orphaned(&registry, &root, "u1")
+            .await
+            .unwrap_err();
+        assert!(e.contains("driver name d.csi not found"), "{e}");
+        assert!(target.is_dir());
+        let sock = root.join("csi.sock");
+        let rec = Recorder::default();
+        crate::volume::csi::registration::tests::serve(
+            tokio::net::UnixListener::bind(&sock).unwrap(),
+            proto::node_server::NodeServer::new(rec.clone()),
+        );
+        registry.set(
+            "d.csi",
+            super::super::Driver {
+                endpoint: sock.to_string_lossy().into_owned(),
+                version: super::super::Version::parse("1.0.0").unwrap(),
+                node_id: String::new(),
+                max_volumes: 0,
+                topology: Default::default(),
+            },
+        );
+        tear_down_orphaned(&registry, &root, "u1").await.unwrap();
+        assert_eq!(
+            rec.0.lock().clone(),
+            vec![("csi-abc".to_string(), target.to_string_lossy().into_owned())]
+        );
+        assert!(!target.parent().unwrap().exists());
+        // Nothing left: nothing to do.
+        tear_down_orphaned(&registry, &root, "u1").await.unwrap();
+        tear_down_orphaned(&registry, &root, "u2").await.unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

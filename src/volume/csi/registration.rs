@@ -119,6 +119,11 @@ fn list_sockets(dir: &Path) -> std::io::Result<Vec<(PathBuf, Ident)>> {
 /// or due for a retry. Registrations run concurrently, so one hung plugin
 /// does not hold up the others.
 async fn reconcile(dir: &Path, registry: &Registry, seen: &mut HashMap<PathBuf, Seen>) {
+    // Cluster mode before the API client exists (TLS bootstrap): a
+    // registration now could not record the node's driver info, so wait.
+    if registry.api_client().is_err() {
+        return;
+    }
     let d = dir.to_path_buf();
     let listed = match crate::blocking::try_run(
         format!("list {}", dir.display()),
