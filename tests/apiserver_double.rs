@@ -2440,3 +2440,65 @@ fn cluster_trust_bundles_list_and_watch_by_signer_and_labels() {
     assert_eq!(e["type"], "MODIFIED");
     assert_eq!(e["object"]["metadata"]["name"], "example.com:s:y");
 }
+
+// pkg/registry/storage/csidriver and csinode: CSIDriver and CSINode are
+// cluster-scoped storage.k8s.io/v1 resources without a status
+// subresource; a missing one is NotFound with the group-qualified
+// resource in the message (what the kubelet's CSI plugin tells apart from
+// other errors); an update with a stale resourceVersion conflicts (the
+// kubelet's nodeinfomanager retries on it).
+#[test]
+fn csidrivers_and_csinodes_are_cluster_scoped_storage_objects() {
+    const CSIDRIVERS: &str = "/apis/storage.k8s.io/v1/csidrivers";
+    let s = plain();
+    let c = s.client();
+    let d = json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSIDriver",
+        "metadata": {"name": "fake.csi.example.com"},
+        "spec": {"podInfoOnMount": true, "volumeLifecycleModes": ["Ephemeral"]}
+    });
+    let r = c.post(CSIDRIVERS, &d).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let g = c
+        .get(&format!("{CSIDRIVERS}/fake.csi.example.com"))
+        .unwrap();
+    assert_eq!(g.status, 200);
+    assert_eq!(g.body["spec"]["podInfoOnMount"], true);
+    assert!(g.body["metadata"].get("namespace").is_none());
+    let missing = c.get(&format!("{CSIDRIVERS}/nope")).unwrap();
+    assert_eq!(missing.status, 404);
+    assert_eq!(
+        missing.body["message"],
+        "csidrivers.storage.k8s.io \"nope\" not found"
+    );
+    // Discovery lists the group version.
+    let v = c.get("/apis/storage.k8s.io/v1").unwrap();
+    assert_eq!(v.status, 200);
+    assert!(v.body["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["name"] == "csidrivers" && r["namespaced"] == false));
+    const CSINODES: &str = "/apis/storage.k8s.io/v1/csinodes";
+    let n = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+        "metadata": {"name": "node-1"},
+        "spec": {"drivers": [{"name": "d", "nodeID": "n1", "topologyKeys": ["zone"]}]}
+    });
+    let r = c.post(CSINODES, &n).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let mut stale = r.body.clone();
+    let mut upd = r.body.clone();
+    upd["spec"]["drivers"] = json!([]);
+    assert_eq!(
+        c.put(&format!("{CSINODES}/node-1"), &upd).unwrap().status,
+        200
+    );
+    stale["spec"]["drivers"][0]["nodeID"] = json!("n2");
+    let r = c.put(&format!("{CSINODES}/node-1"), &stale).unwrap();
+    assert_eq!(r.status, 409);
+    assert_eq!(r.body["reason"], "Conflict");
+    let g = c.get(&format!("{CSINODES}/node-1")).unwrap();
+    assert_eq!(g.body["spec"]["drivers"], json!([]));
+}

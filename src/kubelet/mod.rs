@@ -227,6 +227,19 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         RuntimeManager::new(runtime.clone(), image_manager, rt_opts).with_objects(objects.clone()),
     );
     manager.volumes.start(&cluster_tasks, token.child_token());
+    // CSI drivers register through sockets in <root-dir>/plugins_registry
+    // (upstream's plugin manager).
+    manager.volumes.csi_drivers().set_node_name(&opts.node_name);
+    if opts.kubeconfig.is_some() {
+        manager.volumes.csi_drivers().set_api(api_slot.clone());
+    }
+    crate::volume::csi::registration::spawn(
+        opts.root_dir
+            .join(crate::volume::csi::registration::REGISTRY_DIR),
+        manager.volumes.csi_drivers().clone(),
+        &cluster_tasks,
+        token.child_token(),
+    );
     let gc_manager = manager.clone();
 
     let (runtime_state, runtime_state_task) = crate::runtimestate::spawn(

@@ -55,6 +55,8 @@ pub struct Mounted {
     /// Has volume stats: upstream's hostPath plugin (also behind a PV)
     /// offers no metrics, so its volumes are left out of pod stats.
     measured: bool,
+    /// A CSI volume: its driver unpublishes it at tear-down.
+    csi: Option<Arc<super::csi::mounter::Published>>,
 }
 
 struct Desired {
@@ -90,6 +92,8 @@ struct Inner {
     tasks: std::sync::OnceLock<TaskTracker>,
     /// An orphan cleanup is running; and when each orphan was last logged.
     orphans: Mutex<(bool, HashMap<String, Instant>)>,
+    /// The CSI drivers registered on this node.
+    csi: super::csi::Registry,
 }
 
 /// The handle pod workers and servers hold; cheap to clone.
@@ -125,6 +129,7 @@ impl VolumeManager {
                 started: Default::default(),
                 tasks: Default::default(),
                 orphans: Default::default(),
+                csi: Default::default(),
             }),
         }
     }
@@ -236,7 +241,14 @@ impl VolumeManager {
         let until = Instant::now() + deadline;
         let gone = |me: &Self| !me.inner.state.lock().actual.contains_key(uid);
         if self.wait_until(uid, until, gone).await {
-            return Ok(());
+            // CSI volumes set up before a restart are not in the actual
+            // state: their vol_data.json says what to unpublish.
+            return super::csi::mounter::tear_down_orphaned(&self.inner.csi, &self.inner.root, uid)
+                .await
+                .map_err(|e| VolumeError::Timeout {
+                    message: format!("CSI volumes of pod {uid} are still published"),
+                    errors: e,
+                });
         }
         Err(VolumeError::Timeout {
             message: format!("volumes of pod {uid} are still set up"),
@@ -326,12 +338,25 @@ impl VolumeManager {
                 let (found, mut failed) = (orphans.len(), 0);
                 for uid in orphans {
                     let (root, u) = (me.inner.root.clone(), uid.clone());
-                    let r = crate::blocking::try_run(
-                        format!("cleanup of orphaned pod {uid}"),
-                        FS_DEADLINE,
-                        move || super::cleanup_pod_dir(&root, &u),
+                    // CSI drivers unpublish their volumes first; the
+                    // directory stays while one cannot.
+                    let r = match super::csi::mounter::tear_down_orphaned(
+                        &me.inner.csi,
+                        &root,
+                        &uid,
                     )
-                    .await;
+                    .await
+                    {
+                        Err(e) => Err(e),
+                        Ok(()) => {
+                            crate::blocking::try_run(
+                                format!("cleanup of orphaned pod {uid}"),
+                                FS_DEADLINE,
+                                move || super::cleanup_pod_dir(&root, &u),
+                            )
+                            .await
+                        }
+                    };
                     let mut o = me.inner.orphans.lock();
                     match r {
                         Ok(()) => {
@@ -356,6 +381,11 @@ impl VolumeManager {
             },
             tracing::debug_span!("orphaned-pod-dirs"),
         ));
+    }
+
+    /// The registry of CSI drivers the plugin watcher fills.
+    pub fn csi_drivers(&self) -> &super::csi::Registry {
+        &self.inner.csi
     }
 
     /// The pod's volumes as set up: name → host path.
@@ -548,15 +578,33 @@ impl VolumeManager {
                 }
             }
             Op::Unmount { uid, name, mounted } => {
-                let r = match mounted.owned.clone() {
-                    Some(dir) => crate::blocking::try_run(
-                        format!("tear down volume {name} of pod {uid}"),
-                        FS_DEADLINE,
-                        move || super::subpath::remove_tree(&dir),
-                    )
-                    .await
-                    .map_err(|e| e.to_string()),
-                    None => Ok(()),
+                let r = match (mounted.owned.clone(), mounted.csi.clone()) {
+                    (_, Some(p)) => {
+                        // A staged volume is unstaged when no other pod
+                        // still publishes it.
+                        let still_used = p.staging.is_some() && {
+                            let st = self.inner.state.lock();
+                            st.actual.iter().any(|(u, vols)| {
+                                vols.iter().any(|(n, m)| {
+                                    (u != &uid || n != &name)
+                                        && m.csi.as_ref().is_some_and(|o| {
+                                            o.driver == p.driver && o.staging == p.staging
+                                        })
+                                })
+                            })
+                        };
+                        super::csi::mounter::tear_down(&self.inner.csi, &p, still_used).await
+                    }
+                    (owned, None) => match owned {
+                        Some(dir) => crate::blocking::try_run(
+                            format!("tear down volume {name} of pod {uid}"),
+                            FS_DEADLINE,
+                            move || super::subpath::remove_tree(&dir),
+                        )
+                        .await
+                        .map_err(|e| e.to_string()),
+                        None => Ok(()),
+                    },
                 };
                 let mut st = self.inner.state.lock();
                 st.in_flight.remove(&(uid.clone(), name.clone()));
@@ -611,6 +659,7 @@ impl VolumeManager {
         // Without watches nothing says when a ConfigMap or Secret changed:
         // API-data volumes are written again every resync period, as
         // upstream's pod syncs remount them (Get and Cache strategies).
+        let mut drivers = self.inner.csi.subscribe();
         let (strategy, resync) = self.inner.objects.strategy();
         let mut resync_tick = (strategy != crate::objects::ChangeDetection::Watch).then(|| {
             let period = resync.max(Duration::from_secs(1));
@@ -633,6 +682,14 @@ impl VolumeManager {
                 _ = token.cancelled() => return,
                 _ = self.inner.wake.notified() => {}
                 _ = tokio::time::sleep_until(next) => {}
+                // A CSI driver came or went: volumes waiting for one are
+                // tried now rather than at their backoff.
+                Ok(()) = drivers.changed() => {
+                    let now = Instant::now();
+                    for f in self.inner.state.lock().failures.values_mut() {
+                        f.retry_at = f.retry_at.min(now);
+                    }
+                }
                 _ = resync_due => {
                     for d in self.inner.state.lock().desired.values_mut() {
                         d.remount = true;
@@ -704,7 +761,14 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
             remountable: false,
             refresh_at: None,
             measured: false,
+            csi: None,
         });
+    }
+    if let Some(src) = &v.csi {
+        let p =
+            super::csi::mounter::set_up_inline(&inner.csi, &inner.objects, root, pod, &v.name, src)
+                .await?;
+        return Ok(csi_mounted(p));
     }
     if let Some(ed) = &v.empty_dir {
         let dir = plugin_dir(root, uid, "empty-dir", &v.name);
@@ -745,17 +809,32 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
             remountable: false,
             refresh_at: None,
             measured: true,
+            csi: None,
         });
     }
     if let Some(claim) = pvc_name(pod, v) {
-        let (path, local) = persistent_path(&inner.objects, pod, v, &claim).await?;
-        // Upstream's local plugin applies the fsGroup to a writable mount;
-        // hostPath PVs are the host's and left alone.
+        let pv = bound_pv(&inner.objects, pod, v, &claim).await?;
         let read_only = v
             .persistent_volume_claim
             .as_ref()
             .and_then(|c| c.read_only)
             .unwrap_or(false);
+        if pv.spec.as_ref().is_some_and(|s| s.csi.is_some()) {
+            let p = super::csi::mounter::set_up_persistent(
+                &inner.csi,
+                &inner.objects,
+                root,
+                pod,
+                &v.name,
+                &pv,
+                read_only,
+            )
+            .await?;
+            return Ok(csi_mounted(p));
+        }
+        let (path, local) = persistent_path(v, &pv).await?;
+        // Upstream's local plugin applies the fsGroup to a writable mount;
+        // hostPath PVs are the host's and left alone.
         if let (true, false, Some((gid, on_mismatch))) = (local, read_only, fs_group(pod)) {
             let d = path.clone();
             crate::blocking::try_run(
@@ -772,6 +851,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
             remountable: false,
             refresh_at: None,
             measured: local,
+            csi: None,
         });
     }
     let plugin = if v.config_map.is_some() {
@@ -829,7 +909,22 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
         remountable: true,
         refresh_at,
         measured: true,
+        csi: None,
     })
+}
+
+/// A published CSI volume: the driver's mount is what containers bind;
+/// rkubelet's directories go with the driver's unpublish, not before.
+fn csi_mounted(p: super::csi::mounter::Published) -> Mounted {
+    Mounted {
+        path: p.target.clone(),
+        owned: None,
+        remountable: false,
+        refresh_at: None,
+        // No NodeGetVolumeStats yet: left out of pod stats.
+        measured: false,
+        csi: Some(Arc::new(p)),
+    }
 }
 
 /// The pod's fsGroup and whether its change policy is OnRootMismatch.
@@ -930,16 +1025,15 @@ fn pvc_name(pod: &Pod, v: &Volume) -> Option<String> {
     })
 }
 
-/// The host path behind a claim bound to a hostPath or local PV (and
-/// whether it is local), with
-/// upstream's checks: the claim is Bound to a PV that names it back, and
-/// an ephemeral volume's claim is owned by this pod.
-async fn persistent_path(
+/// The PV behind a claim, with upstream's checks: the claim is Bound to a
+/// PV that names it back, and an ephemeral volume's claim is owned by
+/// this pod.
+async fn bound_pv(
     objects: &ObjectManager,
     pod: &Pod,
     v: &Volume,
     claim: &str,
-) -> Result<(PathBuf, bool), String> {
+) -> Result<Arc<k8s_openapi::api::core::v1::PersistentVolume>, String> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let pvc = objects
         .persistent_volume_claim(ns, claim)
@@ -980,6 +1074,17 @@ async fn persistent_path(
     if back.and_then(|r| r.uid.as_ref()) != pvc.metadata.uid.as_ref() {
         return Err(format!("PV {pv_name} is not bound to claim {ns}/{claim}"));
     }
+    Ok(pv)
+}
+
+/// The host path behind a claim bound to a hostPath or local PV (and
+/// whether it is local).
+async fn persistent_path(
+    v: &Volume,
+    pv: &k8s_openapi::api::core::v1::PersistentVolume,
+) -> Result<(PathBuf, bool), String> {
+    let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+    let spec = pv.spec.as_ref().ok_or("the PV has no spec")?;
     let (path, kind, local) = if let Some(hp) = &spec.host_path {
         (
             PathBuf::from(&hp.path),
@@ -990,7 +1095,7 @@ async fn persistent_path(
         (PathBuf::from(&l.path), "Directory".to_string(), true)
     } else {
         return Err(format!(
-            "PV {pv_name}: only hostPath and local persistent volumes are supported"
+            "PV {pv_name}: only hostPath, local and CSI persistent volumes are supported"
         ));
     };
     check_host_path(&v.name, &path, &kind).await?;

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Container;
 use crate::cri::v1::{Mount, MountPropagation};
 
 pub mod atomic_writer;
+pub mod csi;
 pub mod manager;
 pub mod ownership;
 pub mod payload;
@@ -183,7 +184,15 @@ pub fn container_mounts(
 
 /// Removes the pod's directory once its containers are gone: subPath binds
 /// are unmounted first, symlinks are never followed, mounts never entered.
+/// A CSI volume directory still there means its driver has not
+/// unpublished: the directory stays (its mount is the driver's to undo).
 pub fn cleanup_pod_dir(root: &Path, uid: &str) -> Result<(), subpath::SubPathError> {
+    let csi = pod_dir(root, uid)
+        .join("volumes")
+        .join(csi::PLUGIN_NAME.replace('/', "~"));
+    if std::fs::read_dir(&csi).is_ok_and(|mut d| d.next().is_some()) {
+        return Err(subpath::SubPathError::MountedInside { path: csi });
+    }
     subpath::remove_tree(&pod_dir(root, uid))
 }
 

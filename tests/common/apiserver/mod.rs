@@ -18,7 +18,10 @@
 //!   it `events.events.k8s.io`); `certificates.k8s.io/v1`
 //!   `certificatesigningrequests` (+`/status`, `/approval`);
 //!   `certificates.k8s.io/v1beta1` `clustertrustbundles` (validation and
-//!   the `spec.signerName` field selector of upstream's registry). Discovery:
+//!   the `spec.signerName` field selector of upstream's registry);
+//!   `storage.k8s.io/v1` `csidrivers` and `csinodes` (cluster-scoped,
+//!   stored as given).
+//!   Discovery:
 //!   `/version`, `/api`, `/api/v1`, `/apis`, `/apis/{group}/{version}`.
 //! - Server-set metadata: `uid`, `creationTimestamp`, `resourceVersion`
 //!   (one global counter, decimal), `generation` (pods only: 1 at create, +1

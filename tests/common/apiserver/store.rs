@@ -132,6 +132,27 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         false
     ),
+    // CSI: the kubelet reads a driver's CSIDriver (podInfoOnMount,
+    // volumeLifecycleModes); cluster-scoped, no status subresource.
+    res!(
+        "csidrivers",
+        "storage.k8s.io",
+        "v1",
+        "CSIDriver",
+        false,
+        false,
+        false
+    ),
+    // The kubelet keeps its node's CSINode (registered drivers).
+    res!(
+        "csinodes",
+        "storage.k8s.io",
+        "v1",
+        "CSINode",
+        false,
+        false,
+        false
+    ),
 ];
 
 /// The resource served at `group`/`version`/`plural`.

@@ -1,0 +1,740 @@
+//! CSI node plugins on real containerd, in cluster mode against the
+//! in-process API server double (static pods may not name CSI volumes,
+//! as upstream): this test process plays the CSI driver (a tonic node
+//! service on a Unix socket that mounts a tmpfs with a file in it at the
+//! target path) and its node-driver-registrar (a registration socket in
+//! `<root-dir>/plugins_registry/`). A pod with an inline `csi` volume
+//! waits while the driver is unregistered, starts once it registers,
+//! reads the driver's file, and on deletion the driver is asked to
+//! unpublish and rkubelet's directories are gone.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::apiserver::{ApiServer, ApiServerOptions};
+use common::*;
+use parking_lot::Mutex;
+use rkubelet::cri::RuntimeService;
+use rkubelet::volume::csi::proto::{self, node_server};
+use rkubelet::volume::csi::registration_proto::{self as rp, registration_server};
+use serde_json::{json, Value};
+use tonic::{Request, Response, Status};
+
+const T: Duration = Duration::from_secs(60);
+const DRIVER: &str = "fake.csi.rkubelet.test";
+
+/// What the fake driver was asked.
+#[derive(Default)]
+struct Calls {
+    staged: Vec<proto::NodeStageVolumeRequest>,
+    unstaged: Vec<proto::NodeUnstageVolumeRequest>,
+    published: Vec<proto::NodePublishVolumeRequest>,
+    unpublished: Vec<proto::NodeUnpublishVolumeRequest>,
+}
+
+#[derive(Clone, Default)]
+struct FakeDriver {
+    calls: Arc<Mutex<Calls>>,
+    /// Reports STAGE_UNSTAGE_VOLUME: stages a tmpfs at the global mount
+    /// path and bind-mounts it into each target.
+    stages: bool,
+}
+
+fn mount_tmpfs(target: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let t = std::ffi::CString::new(target.as_os_str().as_bytes()).unwrap();
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"csi-test".as_ptr(),
+            t.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            c"size=1m".as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn bind(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let f = std::ffi::CString::new(from.as_os_str().as_bytes()).unwrap();
+    let t = std::ffi::CString::new(to.as_os_str().as_bytes()).unwrap();
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            f.as_ptr(),
+            t.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn unmount(target: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let t = std::ffi::CString::new(target.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated string that outlives the call.
+    if unsafe { libc::umount2(t.as_ptr(), 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl node_server::Node for FakeDriver {
+    async fn node_stage_volume(
+        &self,
+        r: Request<proto::NodeStageVolumeRequest>,
+    ) -> Result<Response<proto::NodeStageVolumeResponse>, Status> {
+        if !self.stages {
+            return Err(Status::unimplemented("no staging"));
+        }
+        let r = r.into_inner();
+        let g = PathBuf::from(&r.staging_target_path);
+        let id = r.volume_id.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::create_dir_all(&g)?;
+            mount_tmpfs(&g)?;
+            std::fs::write(g.join("hello"), format!("staged {id}\n"))
+        })
+        .await
+        .unwrap()
+        .map_err(|e| Status::internal(e.to_string()))?;
+        self.calls.lock().staged.push(r);
+        Ok(Response::new(proto::NodeStageVolumeResponse {}))
+    }
+    async fn node_unstage_volume(
+        &self,
+        r: Request<proto::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<proto::NodeUnstageVolumeResponse>, Status> {
+        let r = r.into_inner();
+        let g = PathBuf::from(&r.staging_target_path);
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            if g.exists() {
+                unmount(&g)?;
+                std::fs::remove_dir(&g)?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap()
+        .map_err(|e| Status::internal(e.to_string()))?;
+        self.calls.lock().unstaged.push(r);
+        Ok(Response::new(proto::NodeUnstageVolumeResponse {}))
+    }
+    /// As a real driver: creates the target, mounts a tmpfs there and
+    /// fills it.
+    async fn node_publish_volume(
+        &self,
+        r: Request<proto::NodePublishVolumeRequest>,
+    ) -> Result<Response<proto::NodePublishVolumeResponse>, Status> {
+        let r = r.into_inner();
+        let target = PathBuf::from(&r.target_path);
+        let greeting = r
+            .volume_context
+            .get("greeting")
+            .cloned()
+            .unwrap_or_default();
+        let id = r.volume_id.clone();
+        let staged = PathBuf::from(&r.staging_target_path);
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::create_dir_all(&target)?;
+            if staged.as_os_str().is_empty() {
+                mount_tmpfs(&target)?;
+                std::fs::write(target.join("hello"), format!("{greeting} from {id}\n"))
+            } else {
+                bind(&staged, &target)
+            }
+        })
+        .await
+        .unwrap()
+        .map_err(|e| Status::internal(e.to_string()))?;
+        self.calls.lock().published.push(r);
+        Ok(Response::new(proto::NodePublishVolumeResponse {}))
+    }
+    async fn node_unpublish_volume(
+        &self,
+        r: Request<proto::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
+        let r = r.into_inner();
+        let target = PathBuf::from(&r.target_path);
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            if target.exists() {
+                unmount(&target)?;
+                std::fs::remove_dir(&target)?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap()
+        .map_err(|e| Status::internal(e.to_string()))?;
+        self.calls.lock().unpublished.push(r);
+        Ok(Response::new(proto::NodeUnpublishVolumeResponse {}))
+    }
+    async fn node_get_capabilities(
+        &self,
+        _: Request<proto::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<proto::NodeGetCapabilitiesResponse>, Status> {
+        use proto::node_service_capability::{rpc::Type, Rpc, Type as Cap};
+        let capabilities = if self.stages {
+            vec![proto::NodeServiceCapability {
+                r#type: Some(Cap::Rpc(Rpc {
+                    r#type: Type::StageUnstageVolume as i32,
+                })),
+            }]
+        } else {
+            vec![]
+        };
+        Ok(Response::new(proto::NodeGetCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+    async fn node_get_info(
+        &self,
+        _: Request<proto::NodeGetInfoRequest>,
+    ) -> Result<Response<proto::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(proto::NodeGetInfoResponse {
+            node_id: "fake-node-id".into(),
+            max_volumes_per_node: 5,
+            accessible_topology: Some(proto::Topology {
+                segments: [("topology.fake.csi/zone".to_string(), "z1".to_string())].into(),
+            }),
+        }))
+    }
+}
+
+#[derive(Clone)]
+struct Registrar {
+    endpoint: String,
+    statuses: Arc<Mutex<Vec<rp::RegistrationStatus>>>,
+}
+
+#[tonic::async_trait]
+impl registration_server::Registration for Registrar {
+    async fn get_info(
+        &self,
+        _: Request<rp::InfoRequest>,
+    ) -> Result<Response<rp::PluginInfo>, Status> {
+        Ok(Response::new(rp::PluginInfo {
+            r#type: "CSIPlugin".into(),
+            name: DRIVER.into(),
+            endpoint: self.endpoint.clone(),
+            supported_versions: vec!["1.0.0".into()],
+        }))
+    }
+    async fn notify_registration_status(
+        &self,
+        r: Request<rp::RegistrationStatus>,
+    ) -> Result<Response<rp::RegistrationStatusResponse>, Status> {
+        self.statuses.lock().push(r.into_inner());
+        Ok(Response::new(rp::RegistrationStatusResponse {}))
+    }
+}
+
+/// Serves a generated tonic service on a Unix socket with hyper's HTTP/2
+/// server.
+fn serve<S>(rt: &tokio::runtime::Runtime, path: &Path, svc: S)
+where
+    S: tower::Service<
+            tonic::codegen::http::Request<hyper::body::Incoming>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let _g = rt.enter();
+    let listener = tokio::net::UnixListener::bind(path).unwrap();
+    rt.spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let hs = hyper::service::service_fn(move |req| {
+                    let mut s = svc.clone();
+                    tower::Service::call(&mut s, req)
+                });
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), hs)
+                        .await;
+            });
+        }
+    });
+}
+
+fn sha256_hex(data: &str) -> String {
+    ring::digest::digest(&ring::digest::SHA256, data.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn container_id(p: &Value) -> String {
+    p["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_string()
+}
+
+fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
+    let mut k = Kubelet::new(node);
+    let kc = api.node_kubeconfig(&k.dir, node);
+    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+    k.extra_config = "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\n".into();
+    k.spawn();
+    k
+}
+
+fn running_pod(api: &ApiServer, name: &str) -> Value {
+    wait_for(&format!("pod {name} Running in the API"), T, || {
+        api.get("pods", Some("default"), name).filter(|p| {
+            p["status"]["phase"] == "Running"
+                && p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().all(|c| c["state"]["running"].is_object()))
+        })
+    })
+}
+
+/// The FailedMount events of a pod, messages only.
+fn failed_mounts(api: &ApiServer, pod: &str) -> Vec<String> {
+    api.list("events")
+        .into_iter()
+        .filter(|e| e["reason"] == "FailedMount" && e["involvedObject"]["name"] == pod)
+        .filter_map(|e| e["message"].as_str().map(String::from))
+        .collect()
+}
+
+#[test]
+fn an_inline_csi_volume_waits_for_its_driver_is_published_read_and_unpublished() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi";
+    let k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver::default();
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    // The driver asks for pod information and allows inline volumes.
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {"podInfoOnMount": true, "attachRequired": false,
+            "volumeLifecycleModes": ["Ephemeral"]}
+    }));
+
+    // The pod comes first: its driver has not registered.
+    let name = format!("csi-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "serviceAccountName": "default",
+            "volumes": [{"name": "data", "csi": {"driver": DRIVER,
+                "volumeAttributes": {"greeting": "hi"}}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let msg = wait_for("FailedMount for the unregistered driver", T, || {
+        failed_mounts(&api, &name).into_iter().next()
+    });
+    assert_eq!(
+        msg,
+        format!("MountVolume.SetUp failed for volume \"data\" : kubernetes.io/csi: mounter.SetUpAt failed to get CSI client: driver name {DRIVER} not found in the list of registered CSI drivers")
+    );
+    let p = api.get("pods", Some("default"), &name).unwrap();
+    assert_ne!(p["status"]["phase"], "Running");
+
+    // The registrar appears: the driver registers and the pod starts.
+    let reg_dir = root.join("plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join(format!("{DRIVER}-reg.sock")),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    let p = running_pod(&api, &name);
+    let st = registrar.statuses.lock().clone();
+    assert_eq!(st.len(), 1);
+    assert!(st[0].plugin_registered, "{:?}", st[0]);
+    // What NodeGetInfo said is on the Node and in its CSINode.
+    let n = api.get("nodes", None, node).unwrap();
+    assert_eq!(
+        n["metadata"]["annotations"]["csi.volume.kubernetes.io/nodeid"],
+        format!("{{\"{DRIVER}\":\"fake-node-id\"}}")
+    );
+    assert_eq!(n["metadata"]["labels"]["topology.fake.csi/zone"], "z1");
+    let cn = api.get("csinodes", None, node).expect("a CSINode");
+    assert_eq!(
+        cn["spec"]["drivers"],
+        json!([{"name": DRIVER, "nodeID": "fake-node-id",
+            "topologyKeys": ["topology.fake.csi/zone"], "allocatable": {"count": 5}}])
+    );
+    assert_eq!(cn["metadata"]["ownerReferences"][0]["kind"], "Node");
+    assert_eq!(
+        cn["metadata"]["ownerReferences"][0]["uid"],
+        n["metadata"]["uid"]
+    );
+
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let handle = format!("csi-{}", sha256_hex(&format!("{uid}data")));
+    let vol_dir = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/data"));
+    let target = vol_dir.join("mount");
+    let published = driver.calls.lock().published.clone();
+    assert_eq!(published.len(), 1);
+    let req = &published[0];
+    assert_eq!(req.volume_id, handle);
+    assert_eq!(Path::new(&req.target_path), target);
+    assert!(req.staging_target_path.is_empty() && !req.readonly);
+    let want: HashMap<String, String> = [
+        ("greeting", "hi"),
+        ("csi.storage.k8s.io/pod.name", name.as_str()),
+        ("csi.storage.k8s.io/pod.namespace", "default"),
+        ("csi.storage.k8s.io/pod.uid", uid.as_str()),
+        ("csi.storage.k8s.io/serviceAccount.name", "default"),
+        ("csi.storage.k8s.io/ephemeral", "true"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(req.volume_context, want);
+    let data: Value =
+        serde_json::from_str(&std::fs::read_to_string(vol_dir.join("vol_data.json")).unwrap())
+            .unwrap();
+    assert_eq!(data["driverName"], DRIVER);
+    assert_eq!(data["volumeHandle"], handle.as_str());
+    assert_eq!(data["specVolID"], "data");
+    assert_eq!(data["nodeName"], node);
+    assert_eq!(data["volumeLifecycleMode"], "Ephemeral");
+
+    // The container reads what the driver put there.
+    let id = container_id(&p);
+    let out = k
+        .cri
+        .rt
+        .block_on(
+            k.cri
+                .client
+                .exec_sync(&id, vec!["cat".into(), "/data/hello".into()], 10),
+        )
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("hi from {handle}")
+    );
+
+    // Pod deleted: the driver unpublishes, rkubelet's directories go.
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnpublishVolume", T, || {
+        (!driver.calls.lock().unpublished.is_empty()).then_some(())
+    });
+    let un = driver.calls.lock().unpublished.clone();
+    assert_eq!(un[0].volume_id, handle);
+    assert_eq!(Path::new(&un[0].target_path), target);
+    wait_for("the volume directory removed", T, || {
+        (!path_exists(&vol_dir)).then_some(())
+    });
+    assert_eq!(driver.calls.lock().published.len(), 1);
+}
+
+#[test]
+fn an_inline_volume_of_a_driver_without_ephemeral_mode_is_refused_as_upstream() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-mode";
+    let k = cluster_kubelet(node, &api);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver::default();
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    let reg_dir = k.dir.join("root/plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join("reg.sock"),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    wait_for("the driver registered", T, || {
+        (!registrar.statuses.lock().is_empty()).then_some(())
+    });
+    // No CSIDriver object: only persistent volumes (upstream).
+    let name = format!("nomode-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "csi": {"driver": DRIVER}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let msg = wait_for("FailedMount for the missing CSIDriver", T, || {
+        failed_mounts(&api, &name).into_iter().next()
+    });
+    assert_eq!(
+        msg,
+        format!("MountVolume.SetUp failed for volume \"data\" : kubernetes.io/csi: mounter.SetupAt failed to check volume lifecycle mode: volume mode \"Ephemeral\" not supported by driver {DRIVER} (no CSIDriver object)")
+    );
+    assert!(driver.calls.lock().published.is_empty());
+    api.delete("pods", Some("default"), &name, Some(0));
+}
+
+#[test]
+fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-pv";
+    let k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    let reg_dir = root.join("plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join("reg.sock"),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    // rkubelet does not attach: the driver says it needs none.
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {"attachRequired": false, "volumeLifecycleModes": ["Persistent"]}
+    }));
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "csi-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "csi-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-1", "volumeAttributes": {"tier": "gold"}},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+
+    let name = format!("pv-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let global = root.join(format!(
+        "plugins/kubernetes.io/csi/{DRIVER}/{}/globalmount",
+        sha256_hex("vol-1")
+    ));
+    let target = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/data/mount"));
+    let calls = driver.calls.lock();
+    assert_eq!(calls.staged.len(), 1);
+    assert_eq!(calls.staged[0].volume_id, "vol-1");
+    assert_eq!(Path::new(&calls.staged[0].staging_target_path), global);
+    assert_eq!(calls.staged[0].volume_context["tier"], "gold");
+    let mode = calls.staged[0]
+        .volume_capability
+        .as_ref()
+        .and_then(|c| c.access_mode.as_ref())
+        .map(|m| m.mode);
+    assert_eq!(
+        mode,
+        Some(proto::volume_capability::access_mode::Mode::SingleNodeWriter as i32)
+    );
+    assert_eq!(calls.published.len(), 1);
+    let pubr = &calls.published[0];
+    assert_eq!(pubr.volume_id, "vol-1");
+    assert_eq!(Path::new(&pubr.staging_target_path), global);
+    assert_eq!(Path::new(&pubr.target_path), target);
+    // No podInfoOnMount: the PV's attributes only.
+    let want: HashMap<String, String> = [("tier".to_string(), "gold".to_string())].into();
+    assert_eq!(pubr.volume_context, want);
+    drop(calls);
+    let id = container_id(&p);
+    let out = k
+        .cri
+        .rt
+        .block_on(
+            k.cri
+                .client
+                .exec_sync(&id, vec!["cat".into(), "/data/hello".into()], 10),
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "staged vol-1");
+
+    // Deleted: unpublished, then unstaged; rkubelet's directories go.
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnstageVolume", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+    let calls = driver.calls.lock();
+    assert_eq!(calls.unpublished.len(), 1);
+    assert_eq!(Path::new(&calls.unpublished[0].target_path), target);
+    assert_eq!(calls.unstaged[0].volume_id, "vol-1");
+    assert_eq!(Path::new(&calls.unstaged[0].staging_target_path), global);
+    drop(calls);
+    wait_for("the global mount directory removed", T, || {
+        (!path_exists(global.parent().unwrap())).then_some(())
+    });
+    assert!(!path_exists(target.parent().unwrap()));
+
+    // The registrar goes: the driver is deregistered and leaves the
+    // CSINode and the Node's annotation (its topology labels stay).
+    wait_for("the driver in the CSINode", T, || {
+        api.get("csinodes", None, node).filter(|c| {
+            c["spec"]["drivers"]
+                .as_array()
+                .is_some_and(|d| d.len() == 1)
+        })
+    });
+    std::fs::remove_file(reg_dir.join("reg.sock")).unwrap();
+    wait_for("the driver gone from the CSINode", T, || {
+        api.get("csinodes", None, node)
+            .filter(|c| c["spec"]["drivers"] == json!([]))
+    });
+    // The annotation goes after the CSINode entry (upstream's order).
+    let n = wait_for("the node ID annotation removed", T, || {
+        api.get("nodes", None, node).filter(|n| {
+            n["metadata"]["annotations"]
+                .get("csi.volume.kubernetes.io/nodeid")
+                .is_none()
+        })
+    });
+    assert_eq!(n["metadata"]["labels"]["topology.fake.csi/zone"], "z1");
+}
+
+#[test]
+fn a_pod_deleted_while_rkubelet_was_down_has_its_csi_volume_unpublished_after_restart() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-restart";
+    let mut k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver::default();
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    let reg_dir = root.join("plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join("reg.sock"),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {"volumeLifecycleModes": ["Ephemeral"]}
+    }));
+    let name = format!("gone-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "csi": {"driver": DRIVER}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let pod_dir = root.join("pods").join(&uid);
+    let target = pod_dir.join("volumes/kubernetes.io~csi/data/mount");
+    assert_eq!(driver.calls.lock().published.len(), 1);
+
+    // Deleted while rkubelet is down: after the restart the driver (found
+    // again by the scan at start) unpublishes what vol_data.json names,
+    // and only then does the pod directory go.
+    k.stop();
+    api.delete("pods", Some("default"), &name, Some(0));
+    k.spawn();
+    wait_for("NodeUnpublishVolume after the restart", T, || {
+        (!driver.calls.lock().unpublished.is_empty()).then_some(())
+    });
+    let un = driver.calls.lock().unpublished.clone();
+    assert_eq!(Path::new(&un[0].target_path), target);
+    assert_eq!(
+        un[0].volume_id,
+        format!("csi-{}", sha256_hex(&format!("{uid}data")))
+    );
+    wait_for("the orphaned pod directory removed", T, || {
+        (!path_exists(&pod_dir)).then_some(())
+    });
+    let st = registrar.statuses.lock().clone();
+    assert!(
+        st.len() >= 2 && st.last().is_some_and(|s| s.plugin_registered),
+        "registered again after the restart: {st:?}"
+    );
+}
