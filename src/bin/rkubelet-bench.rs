@@ -287,6 +287,8 @@ impl Drop for Kubelet {
                 let _ = out.write_all(&log);
             }
         }
+        // The killed kubelet's pod volume mounts would stay on the host.
+        rkubelet::volume::subpath::detach_all_below(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -268,6 +268,17 @@ fn unmount(path: &Path) {
     }
 }
 
+/// Detaches every mount at or below `dir`, deepest first; the count. For
+/// test and benchmark harnesses that drop a kubelet's whole root directory
+/// after killing it (its pods' tmpfs and bind mounts would stay on the host).
+pub fn detach_all_below(dir: &Path) -> usize {
+    let found = mounts_below(dir);
+    for m in &found {
+        unmount(m);
+    }
+    found.len()
+}
+
 /// Mount points at or below `dir`, deepest first (from /proc/self/mountinfo).
 fn mounts_below(dir: &Path) -> Vec<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();

@@ -352,6 +352,9 @@ impl Drop for Kubelet {
             eprintln!("---- rkubelet log ({}) ----\n{}", self.node, self.log());
         }
         self.cri.remove_pods_of_node(&self.node);
+        // The killed kubelet's volume mounts (tmpfs, subPath binds) would
+        // stay on the host, and remove_dir_all would empty them in place.
+        rkubelet::volume::subpath::detach_all_below(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
