@@ -83,6 +83,20 @@ fn bind(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// What the fake driver does to unstage and unpublish: unmount the path
+/// and remove its directory, if it is there.
+async fn unmount_and_remove(dir: PathBuf) -> Result<(), Status> {
+    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        if dir.exists() {
+            unmount(&dir)?;
+            std::fs::remove_dir(&dir)?;
+        }
+        Ok(())
+    })
+    .await
+    .unwrap()
+    .map_err(|e| Status::internal(e.to_string()))
+}
 fn unmount(target: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let t = std::ffi::CString::new(target.as_os_str().as_bytes()).unwrap();
@@ -121,17 +135,7 @@ impl node_server::Node for FakeDriver {
         r: Request<proto::NodeUnstageVolumeRequest>,
     ) -> Result<Response<proto::NodeUnstageVolumeResponse>, Status> {
         let r = r.into_inner();
-        let g = PathBuf::from(&r.staging_target_path);
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            if g.exists() {
-                unmount(&g)?;
-                std::fs::remove_dir(&g)?;
-            }
-            Ok(())
-        })
-        .await
-        .unwrap()
-        .map_err(|e| Status::internal(e.to_string()))?;
+        unmount_and_remove(PathBuf::from(&r.staging_target_path)).await?;
         self.calls.lock().unstaged.push(r);
         Ok(Response::new(proto::NodeUnstageVolumeResponse {}))
     }
@@ -170,17 +174,7 @@ impl node_server::Node for FakeDriver {
         r: Request<proto::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
         let r = r.into_inner();
-        let target = PathBuf::from(&r.target_path);
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            if target.exists() {
-                unmount(&target)?;
-                std::fs::remove_dir(&target)?;
-            }
-            Ok(())
-        })
-        .await
-        .unwrap()
-        .map_err(|e| Status::internal(e.to_string()))?;
+        unmount_and_remove(PathBuf::from(&r.target_path)).await?;
         self.calls.lock().unpublished.push(r);
         Ok(Response::new(proto::NodeUnpublishVolumeResponse {}))
     }

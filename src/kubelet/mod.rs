@@ -170,7 +170,6 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         .or_else(detect_node_ip)
         .unwrap_or_default();
     let machine = Arc::new(MachineInfo::read());
-    crate::stats::procfs::init_machine_facts();
     crate::metrics::detect_cgroup_version();
     crate::metrics::node_startup_kubelet_started();
     let machine_for_node = machine.clone();
@@ -309,17 +308,18 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
         stats: crate::stats::StatsProvider::with_oom_watcher(&opts.node_name),
         streams: server::Streams::new(token.child_token()),
     };
-    // cAdvisor lists the host's file systems when the kubelet starts.
+    // cAdvisor reads the machine's facts and lists its file systems when
+    // the kubelet starts (off the async threads: /proc and /sys reads).
     {
         let stats = state.stats.clone();
-        if let Err(e) = crate::blocking::run(
-            "stats/filesystems".into(),
-            Duration::from_secs(10),
-            move || stats.list_file_systems(),
-        )
-        .await
+        if let Err(e) =
+            crate::blocking::run("stats/machine".into(), Duration::from_secs(10), move || {
+                crate::stats::procfs::init_machine_facts();
+                stats.list_file_systems();
+            })
+            .await
         {
-            tracing::warn!(error = %e, "listing file systems at start");
+            tracing::warn!(error = %e, "reading machine facts and file systems at start");
         }
     }
     let streams = state.streams.clone();

@@ -352,8 +352,9 @@ pub struct Partition {
     pub minor: u64,
 }
 
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape_mountinfo(s: &str) -> String {
+/// Undoes mountinfo's octal escapes (`\040` for a space, also tab,
+/// newline and backslash).
+pub fn unescape_mountinfo(s: &str) -> String {
     if !s.contains('\\') {
         return s.to_string();
     }

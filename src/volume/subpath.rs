@@ -285,30 +285,12 @@ fn mounts_below(dir: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = info
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape_mountinfo(p)))
+        .map(|p| PathBuf::from(crate::stats::procfs::unescape_mountinfo(p)))
         .filter(|p| p.starts_with(dir))
         .collect();
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     found.dedup();
     found
-}
-
-/// mountinfo writes space, tab, newline and backslash as octal escapes.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..=i + 3].iter().all(u8::is_ascii_digit) {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Removes `dir` and everything in it: first every mount below it is
@@ -484,6 +466,7 @@ mod tests {
 
     #[test]
     fn mountinfo_escapes_are_decoded() {
+        use crate::stats::procfs::unescape_mountinfo;
         assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
         assert_eq!(unescape_mountinfo("/plain"), "/plain");
     }

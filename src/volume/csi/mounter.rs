@@ -496,16 +496,8 @@ fn is_mount_point(p: &Path) -> std::io::Result<bool> {
     Ok(info.lines().any(|l| {
         l.split(' ')
             .nth(4)
-            .is_some_and(|mp| unescape_mountinfo(mp) == want)
+            .is_some_and(|mp| crate::stats::procfs::unescape_mountinfo(mp) == want)
     }))
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mountinfo(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
 }
 
 fn remove_if_unmounted(p: &Path) -> std::io::Result<()> {
