@@ -31,3 +31,4 @@ pub mod syncloop;
 #[cfg(test)]
 mod testutil;
 pub mod volume;
+pub mod yaml;

@@ -245,7 +245,7 @@ pub fn client_kubeconfig(
         "users": [{"name": "default-auth", "user": {
             "client-certificate": pem, "client-key": pem}}],
     });
-    serde_yaml_ng::to_string(&v).map_err(|e| e.to_string())
+    crate::yaml::to_string(&v).map_err(|e| e.to_string())
 }
 
 /// Makes sure `kubeconfig` holds valid client credentials, bootstrapping

@@ -1198,7 +1198,7 @@ impl KubeletConfiguration {
         // First pass: generic value, to report emptiness and type metadata before field errors.
         let value: serde_json::Value = match format {
             Format::Json => serde_json::from_str(text).map_err(|e| e.to_string()),
-            Format::Yaml => serde_yaml_ng::from_str(text).map_err(|e| e.to_string()),
+            Format::Yaml => crate::yaml::from_str(text).map_err(|e| e.to_string()),
         }
         .map_err(ConfigError::Decode)?;
         let map = match value {
@@ -1225,7 +1225,7 @@ impl KubeletConfiguration {
         // Second pass straight from the text so errors carry line/column information.
         let raw: RawKubeletConfiguration = match format {
             Format::Json => serde_json::from_str(text).map_err(|e| e.to_string()),
-            Format::Yaml => serde_yaml_ng::from_str(text).map_err(|e| e.to_string()),
+            Format::Yaml => crate::yaml::from_str(text).map_err(|e| e.to_string()),
         }
         .map_err(ConfigError::Decode)?;
         let warnings = raw.unknown_fields();

@@ -290,7 +290,7 @@ fn decode(text: &str) -> Result<Vec<RawProvider>, String> {
     let value: serde_json::Value = if text.trim_start().starts_with('{') {
         serde_json::from_str(text).map_err(|e| e.to_string())?
     } else {
-        serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?
+        crate::yaml::from_str(text).map_err(|e| e.to_string())?
     };
     let field = |k: &str| value.get(k).and_then(|v| v.as_str()).unwrap_or_default();
     let (api_version, kind) = (field("apiVersion"), field("kind"));

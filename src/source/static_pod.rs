@@ -112,7 +112,7 @@ pub fn parse_pods(bytes: &[u8], url: &str) -> Result<Vec<Pod>, SourceError> {
         #[serde(default)]
         items: Vec<Pod>,
     }
-    let list = serde_yaml_ng::from_slice::<PodList>(bytes).and_then(|l| {
+    let list = crate::yaml::from_slice::<PodList>(bytes).and_then(|l| {
         if l.kind == "PodList" {
             Ok(l.items)
         } else {
@@ -245,7 +245,7 @@ fn parse_pod(bytes: &[u8], path: &Path) -> Result<Pod, SourceError> {
         #[serde(rename = "apiVersion")]
         api_version: Option<serde_json::Value>,
     }
-    let meta: TypeMeta = serde_yaml_ng::from_slice(bytes)
+    let meta: TypeMeta = crate::yaml::from_slice(bytes)
         .map_err(|e| decode_err(&format_args!("expected an object with kind Pod: {e}")))?;
     for (field, got, want) in [
         ("kind", meta.kind, "Pod"),
@@ -262,7 +262,7 @@ fn parse_pod(bytes: &[u8], path: &Path) -> Result<Pod, SourceError> {
         }
     }
     // Decode the typed pod from the source text so errors carry line and column.
-    serde_yaml_ng::from_slice::<Pod>(bytes).map_err(|e| decode_err(&e))
+    crate::yaml::from_slice::<Pod>(bytes).map_err(|e| decode_err(&e))
 }
 
 /// The UID a static pod gets when its manifest has none: md5 hex over the pod's content,
@@ -1026,6 +1026,20 @@ mod tests {
 
     /// Manifests a hostile or careless user drops in: each is rejected with
     /// a short error, quickly, without blowing up memory.
+    /// Upstream decodes manifests through sigs.k8s.io/yaml (go-yaml v2): a plain `0644` is
+    /// octal, `yes` is true, and a repeated key keeps its last value. libyaml through
+    /// serde_yaml_ng refused the first and the last.
+    #[test]
+    fn manifests_read_yaml_scalars_and_repeated_keys_as_upstream() {
+        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: c\n    image: old\n    image: busybox\n  securityContext: {runAsNonRoot: yes}\n  volumes:\n  - name: v\n    downwardAPI: {defaultMode: 0644}\n";
+        let pod = decode_static_pod(text.as_bytes(), Path::new("/m/web.yaml"), "node").unwrap();
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.containers[0].image.as_deref(), Some("busybox"));
+        assert_eq!(spec.security_context.unwrap().run_as_non_root, Some(true));
+        let dapi = spec.volumes.unwrap()[0].downward_api.clone().unwrap();
+        assert_eq!(dapi.default_mode, Some(0o644));
+    }
+
     #[test]
     fn hostile_manifests_are_rejected_cheaply_with_short_errors() {
         let p = Path::new("/m/x.yaml");
