@@ -37,14 +37,25 @@ fn options() -> serde_saphyr::Options {
     }
 }
 
-/// Decodes one YAML (or JSON) document held in `bytes`.
+/// Decodes the YAML (or JSON) document held in `bytes`; of several, the first, as go-yaml
+/// v2's Unmarshal reads only the first (a manifest ending in `---` is common).
 pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
-    serde_saphyr::from_slice_with_options(bytes, options())
+    match serde_saphyr::from_slice_with_options(bytes, options()) {
+        Err(Error::MultipleDocuments { .. }) => first_document(bytes),
+        r => r,
+    }
 }
 
-/// Decodes one YAML (or JSON) document.
+/// As `from_slice`, for text.
 pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
-    serde_saphyr::from_str_with_options(text, options())
+    from_slice(text.as_bytes())
+}
+
+/// The first document that is not empty; the later ones are not parsed.
+fn first_document<T: DeserializeOwned>(mut bytes: &[u8]) -> Result<T, Error> {
+    serde_saphyr::read_with_options(&mut bytes, options())
+        .next()
+        .unwrap_or_else(|| Err(serde::de::Error::custom("no YAML document")))
 }
 
 /// Serializes `value` as a YAML document.
@@ -93,6 +104,23 @@ mod tests {
         // One level fewer than the limit is fine.
         let ok = format!("{}{}", "[".repeat(MAX_DEPTH - 1), "]".repeat(MAX_DEPTH - 1));
         from_str::<Value>(&ok).unwrap();
+    }
+
+    /// go-yaml v2 decodes the first document and ignores the rest.
+    #[test]
+    fn of_several_documents_the_first_is_read() {
+        for text in [
+            "a: 1\n---\n",
+            "---\na: 1\n---\nb: [\n",
+            "# head\n---\na: 1\n---\nb: 2\n",
+        ] {
+            assert_eq!(
+                from_str::<Value>(text).unwrap(),
+                json!({"a": 1}),
+                "{text:?}"
+            );
+        }
+        assert_eq!(from_str::<Value>("---\na: 1\n").unwrap(), json!({"a": 1}));
     }
 
     #[test]

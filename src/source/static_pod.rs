@@ -1027,11 +1027,12 @@ mod tests {
     /// Manifests a hostile or careless user drops in: each is rejected with
     /// a short error, quickly, without blowing up memory.
     /// Upstream decodes manifests through sigs.k8s.io/yaml (go-yaml v2): a plain `0644` is
-    /// octal, `yes` is true, and a repeated key keeps its last value. libyaml through
-    /// serde_yaml_ng refused the first and the last.
+    /// octal, `yes` is true, a repeated key keeps its last value, and only the first
+    /// document counts (a trailing `---`). libyaml through serde_yaml_ng refused the octal,
+    /// the repeated key and the second document.
     #[test]
     fn manifests_read_yaml_scalars_and_repeated_keys_as_upstream() {
-        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: c\n    image: old\n    image: busybox\n  securityContext: {runAsNonRoot: yes}\n  volumes:\n  - name: v\n    downwardAPI: {defaultMode: 0644}\n";
+        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: c\n    image: old\n    image: busybox\n  securityContext: {runAsNonRoot: yes}\n  volumes:\n  - name: v\n    downwardAPI: {defaultMode: 0644}\n---\n";
         let pod = decode_static_pod(text.as_bytes(), Path::new("/m/web.yaml"), "node").unwrap();
         let spec = pod.spec.unwrap();
         assert_eq!(spec.containers[0].image.as_deref(), Some("busybox"));
