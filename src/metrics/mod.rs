@@ -53,6 +53,9 @@ macro_rules! alpha {
     };
 }
 
+pub mod v134;
+pub use v134::record_credential_provider_config;
+
 /// The Prometheus text format upstream's endpoints answer with.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -295,6 +298,8 @@ pub struct KubeletMetrics {
     pub credential_provider_plugin_errors: Family<PluginName, Counter>,
     /// The rarer families of metrics.go's Register (issue 8).
     pub rare: RareMetrics,
+    /// The families 1.34 added (issue 8).
+    pub v134: v134::V134Metrics,
 }
 
 /// Families upstream's `metrics.Register` registers that count behaviour
@@ -622,6 +627,7 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     credential_provider_plugin_duration: Family::new_with_constructor(def_histogram),
     credential_provider_plugin_errors: Family::default(),
     rare: RareMetrics::new(),
+    v134: v134::V134Metrics::new(),
 });
 
 /// `kubelet_container_log_filesystem_used_bytes` series of the scrape in
@@ -927,12 +933,14 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         ),
     ];
     v.extend(m.rare.described());
+    v.extend(m.v134.described());
     let mut r = Registry::default();
     r.register_collector(Box::new(Exact(v)));
     r.register_collector(Box::new(Gated(
         &CREDENTIAL_PROVIDER_METRICS,
         Exact(plugins),
     )));
+    r.register_collector(Box::new(v134::ConfigInfo(&v134::CONFIG_HASH)));
     r.register_collector(Box::new(LogSizes));
     r.register_collector(Box::new(process::ProcessCollector));
     r
@@ -1616,6 +1624,21 @@ pub fn credential_provider_plugin_run(plugin: &str, took: Duration, failed: bool
     if failed {
         m.credential_provider_plugin_errors.get_or_create(&l).inc();
     }
+}
+
+// ------------------------------------------------------------ admission
+
+/// A pod refused at admission, by its rejection reason
+/// (`kubelet_admission_rejections_total{reason}`, upstream's
+/// recordAdmissionRejection: unknown reasons fold into "Other").
+pub fn admission_rejected(reason: &str) {
+    METRICS
+        .v134
+        .admission_rejections
+        .get_or_create(&v134::ReasonLabel {
+            reason: v134::admission_rejection_label(reason),
+        })
+        .inc();
 }
 
 /// One API request from the kube-rs client.
