@@ -150,6 +150,10 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
         "kubelet_sleep_action_terminated_early_total",
         "kubelet_orphan_pod_cleaned_volumes",
         "kubelet_managed_ephemeral_containers",
+        // New in 1.34: nothing resized in place or user-namespaced here.
+        "kubelet_pod_in_progress_resizes",
+        "kubelet_started_user_namespaced_pods_total",
+        "kubelet_started_user_namespaced_pods_errors_total",
     ] {
         assert!(value(&s, name, &[]).is_some(), "no {name}");
     }

@@ -11,10 +11,15 @@
 //!
 //! Exposition is OpenMetrics text (what `prometheus-client` writes), so a
 //! counter family registered as `kubelet_runtime_operations` is sampled as
-//! `kubelet_runtime_operations_total`, upstream's series name. The two
+//! `kubelet_runtime_operations_total`, upstream's series name. The
 //! upstream counters whose names lack `_total` (`kubelet_evictions`,
-//! `kubelet_pleg_discard_events`) therefore appear with a `_total` sample
-//! suffix: OpenMetrics requires it.
+//! `kubelet_pleg_discard_events`, `kubelet_preemptions`, the pod-resources
+//! endpoint's) are renamed back by [`to_prometheus_text`]
+//! (`COUNTERS_WITHOUT_TOTAL`).
+//!
+//! `v134.rs` holds the families new in 1.34 and the credential provider
+//! config hash; `absent.rs` those upstream registers for parts rkubelet
+//! does not have.
 
 mod http;
 mod process;
@@ -53,6 +58,7 @@ macro_rules! alpha {
     };
 }
 
+mod absent;
 pub mod v134;
 pub use v134::record_credential_provider_config;
 
@@ -66,6 +72,13 @@ const COUNTERS_WITHOUT_TOTAL: &[&str] = &[
     "kubelet_pleg_discard_events",
     "kubelet_evented_pleg_connection_error_count",
     "kubelet_evented_pleg_connection_success_count",
+    "kubelet_preemptions",
+    "kubelet_pod_resources_endpoint_requests_list",
+    "kubelet_pod_resources_endpoint_requests_get_allocatable",
+    "kubelet_pod_resources_endpoint_errors_list",
+    "kubelet_pod_resources_endpoint_errors_get_allocatable",
+    "kubelet_pod_resources_endpoint_requests_get",
+    "kubelet_pod_resources_endpoint_errors_get",
 ];
 
 /// Rewrites prometheus-client's OpenMetrics text as the Prometheus text
@@ -300,6 +313,8 @@ pub struct KubeletMetrics {
     pub rare: RareMetrics,
     /// The families 1.34 added (issue 8).
     pub v134: v134::V134Metrics,
+    /// Families registered for parts rkubelet lacks (issue 8).
+    pub absent: absent::AbsentMetrics,
 }
 
 /// Families upstream's `metrics.Register` registers that count behaviour
@@ -628,6 +643,7 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     credential_provider_plugin_errors: Family::default(),
     rare: RareMetrics::new(),
     v134: v134::V134Metrics::new(),
+    absent: absent::AbsentMetrics::new(),
 });
 
 /// `kubelet_container_log_filesystem_used_bytes` series of the scrape in
@@ -934,6 +950,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     ];
     v.extend(m.rare.described());
     v.extend(m.v134.described());
+    v.extend(m.absent.described());
     let mut r = Registry::default();
     r.register_collector(Box::new(Exact(v)));
     r.register_collector(Box::new(Gated(

@@ -313,6 +313,69 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "gauge",
         &["hash"],
     ),
+    // Registered for parts rkubelet lacks (eviction, preemption, device
+    // plugins, pod-resources endpoint, Windows host-process containers).
+    (
+        "kubelet_eviction_stats_age_seconds",
+        "histogram",
+        &["eviction_signal"],
+    ),
+    ("kubelet_preemptions", "counter", &["preemption_signal"]),
+    (
+        "kubelet_device_plugin_registration",
+        "counter",
+        &["resource_name"],
+    ),
+    (
+        "kubelet_device_plugin_alloc_duration_seconds",
+        "histogram",
+        &["resource_name"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_requests",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_requests_list",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_requests_get_allocatable",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_errors_list",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_errors_get_allocatable",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_requests_get",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_errors_get",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_started_host_process_containers",
+        "counter",
+        &["container_type"],
+    ),
+    (
+        "kubelet_started_host_process_containers_errors",
+        "counter",
+        &["code", "container_type"],
+    ),
     ("process_open_fds", "gauge", &[]),
     ("process_resident_memory_bytes", "gauge", &[]),
     ("process_start_time_seconds", "gauge", &[]),
@@ -370,6 +433,41 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     n.pod_deferred_accepted_resizes
         .get_or_create(&v134::RetryTriggerLabel {
             retry_trigger: "pod_resized",
+        })
+        .inc();
+    let a = &METRICS.absent;
+    a.eviction_stats_age
+        .get_or_create(&absent::EvictionSignalLabel {
+            eviction_signal: "memory.available".into(),
+        })
+        .observe(1.0);
+    a.preemptions
+        .get_or_create(&absent::PreemptionSignal {
+            preemption_signal: "cpu".into(),
+        })
+        .inc();
+    let gpu = absent::ResourceName {
+        resource_name: "example.com/gpu".into(),
+    };
+    a.device_plugin_registrations.get_or_create(&gpu).inc();
+    a.device_plugin_alloc_duration
+        .get_or_create(&gpu)
+        .observe(0.01);
+    for f in &a.pod_resources {
+        f.get_or_create(&absent::ServerApiVersion {
+            server_api_version: "v1".into(),
+        })
+        .inc();
+    }
+    a.started_host_process_containers
+        .get_or_create(&ContainerType {
+            container_type: "container",
+        })
+        .inc();
+    a.started_host_process_containers_errors
+        .get_or_create(&ContainerTypeCode {
+            container_type: "container",
+            code: "Unknown".into(),
         })
         .inc();
     let _ = METRICS.evictions.get_or_create(&EvictionSignal {
@@ -447,6 +545,27 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     assert!(text.contains(
         "# HELP kubelet_container_requested_resizes_total [ALPHA] Number of requested resizes, counted at the container level."
     ), "{text}");
+    // Upstream's names without _total keep them; the others gain it.
+    assert!(
+        text.contains("\nkubelet_pod_resources_endpoint_requests_list{server_api_version=\"v1\"} "),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\nkubelet_pod_resources_endpoint_requests_total{server_api_version=\"v1\"} "
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nkubelet_preemptions{preemption_signal=\"cpu\"} "),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\nkubelet_device_plugin_registration_total{resource_name=\"example.com/gpu\"} "
+        ),
+        "{text}"
+    );
     token.cancel();
 }
 
