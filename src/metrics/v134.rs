@@ -101,9 +101,12 @@ impl V134Metrics {
         }
     }
 
-    /// Name, help and metric of each. Upstream registers all of them in
-    /// metrics.Register whatever the feature gates (InPlacePodVerticalScaling
-    /// is on by default in 1.34 anyway).
+    /// Name, help and metric of each, registered always: metrics.Register
+    /// adds its newer families unconditionally (as the 1.31 source shows
+    /// for the sleep-action and cgroup-version ones). Whether 1.34 puts the
+    /// resize families behind InPlacePodVerticalScaling could not be read
+    /// here; that gate is on by default in 1.34, so a default kubelet shows
+    /// them either way.
     pub(super) fn described(&self) -> Vec<Described> {
         let mut v: Vec<Described> = Vec::new();
         add(
