@@ -150,9 +150,22 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
         "kubelet_sleep_action_terminated_early_total",
         "kubelet_orphan_pod_cleaned_volumes",
         "kubelet_managed_ephemeral_containers",
+        // New in 1.34: nothing resized in place or user-namespaced here.
+        "kubelet_pod_in_progress_resizes",
+        "kubelet_started_user_namespaced_pods_total",
+        "kubelet_started_user_namespaced_pods_errors_total",
     ] {
         assert!(value(&s, name, &[]).is_some(), "no {name}");
     }
+
+    // No credential provider config: upstream registers the config-info
+    // collector only with plugins.
+    assert!(
+        !s.samples
+            .iter()
+            .any(|x| x.metric.starts_with("kubelet_credential_provider_")),
+        "credential provider families without plugins"
+    );
 
     let (code, probes) = http_get(&k.read_only, "/metrics/probes").unwrap();
     assert_eq!(code, 200);
@@ -212,4 +225,64 @@ fn cluster_mode_counts_api_requests() {
         )?;
         (total > 0.0 && pre > 0.0 && pre_reg > 0.0 && total >= pre + pre_reg).then_some(())
     });
+}
+
+/// Upstream's readCredentialProviderConfig hash, computed apart from
+/// rkubelet's: SHA-256 of each file's length (big-endian u64) and bytes.
+fn expected_config_hash(files: &[&[u8]]) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for f in files {
+        ctx.update(&(f.len() as u64).to_be_bytes());
+        ctx.update(f);
+    }
+    let hex: String = ctx
+        .finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256:{hex}")
+}
+
+/// With credential provider plugins configured, `/metrics` shows
+/// `kubelet_credential_provider_config_info{hash}` for the config read at
+/// start-up (pkg/credentialprovider/plugin/metrics.go, 1.34).
+#[test]
+fn credential_provider_config_hash_is_exposed() {
+    let mut k = Kubelet::new("it-metrics-cp");
+    let bin = k.dir.join("plugins");
+    std::fs::create_dir_all(&bin).unwrap();
+    let plugin = bin.join("noop");
+    std::fs::write(&plugin, "#!/bin/sh\nexit 1\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    // A directory of configs: hashed in lexical order.
+    let configs = k.dir.join("credential-providers");
+    std::fs::create_dir_all(&configs).unwrap();
+    let a = "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders:\n- name: noop\n  apiVersion: credentialprovider.kubelet.k8s.io/v1\n  matchImages: [\"registry.invalid\"]\n  defaultCacheDuration: 1m\n";
+    let b = "{\"apiVersion\": \"kubelet.config.k8s.io/v1\", \"kind\": \"CredentialProviderConfig\", \"providers\": []}\n";
+    std::fs::write(configs.join("10-noop.yaml"), a).unwrap();
+    std::fs::write(configs.join("20-empty.json"), b).unwrap();
+    k.extra_args = vec![
+        format!("--image-credential-provider-config={}", configs.display()),
+        format!("--image-credential-provider-bin-dir={}", bin.display()),
+    ];
+    k.spawn();
+    let want = expected_config_hash(&[a.as_bytes(), b.as_bytes()]);
+    let s = scrape(&k).expect("a /metrics scrape");
+    assert_eq!(
+        value(
+            &s,
+            "kubelet_credential_provider_config_info",
+            &[("hash", &want)]
+        ),
+        Some(1.0),
+        "{:?}",
+        s.samples
+            .iter()
+            .filter(|x| x.metric.starts_with("kubelet_credential_provider"))
+            .collect::<Vec<_>>()
+    );
 }

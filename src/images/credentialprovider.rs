@@ -1377,6 +1377,7 @@ impl CredentialProviders {
         }
         let providers = validate(read_config(config)?, sa_token_gate)?;
         crate::metrics::register_credential_provider_metrics();
+        crate::metrics::record_credential_provider_config(config);
         let mut out = Vec::new();
         for cfg in providers {
             let bin = bin_dir.join(&cfg.name);

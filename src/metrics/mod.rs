@@ -11,10 +11,15 @@
 //!
 //! Exposition is OpenMetrics text (what `prometheus-client` writes), so a
 //! counter family registered as `kubelet_runtime_operations` is sampled as
-//! `kubelet_runtime_operations_total`, upstream's series name. The two
+//! `kubelet_runtime_operations_total`, upstream's series name. The
 //! upstream counters whose names lack `_total` (`kubelet_evictions`,
-//! `kubelet_pleg_discard_events`) therefore appear with a `_total` sample
-//! suffix: OpenMetrics requires it.
+//! `kubelet_pleg_discard_events`, `kubelet_preemptions`, the pod-resources
+//! endpoint's) are renamed back by [`to_prometheus_text`]
+//! (`COUNTERS_WITHOUT_TOTAL`).
+//!
+//! `v134.rs` holds the families new in 1.34 and the credential provider
+//! config hash; `absent.rs` those upstream registers for parts rkubelet
+//! does not have.
 
 mod http;
 mod process;
@@ -53,6 +58,10 @@ macro_rules! alpha {
     };
 }
 
+mod absent;
+pub mod v134;
+pub use v134::record_credential_provider_config;
+
 /// The Prometheus text format upstream's endpoints answer with.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -63,6 +72,13 @@ const COUNTERS_WITHOUT_TOTAL: &[&str] = &[
     "kubelet_pleg_discard_events",
     "kubelet_evented_pleg_connection_error_count",
     "kubelet_evented_pleg_connection_success_count",
+    "kubelet_preemptions",
+    "kubelet_pod_resources_endpoint_requests_list",
+    "kubelet_pod_resources_endpoint_requests_get_allocatable",
+    "kubelet_pod_resources_endpoint_errors_list",
+    "kubelet_pod_resources_endpoint_errors_get_allocatable",
+    "kubelet_pod_resources_endpoint_requests_get",
+    "kubelet_pod_resources_endpoint_errors_get",
 ];
 
 /// Rewrites prometheus-client's OpenMetrics text as the Prometheus text
@@ -295,6 +311,10 @@ pub struct KubeletMetrics {
     pub credential_provider_plugin_errors: Family<PluginName, Counter>,
     /// The rarer families of metrics.go's Register (issue 8).
     pub rare: RareMetrics,
+    /// The families 1.34 added (issue 8).
+    pub v134: v134::V134Metrics,
+    /// Families registered for parts rkubelet lacks (issue 8).
+    pub absent: absent::AbsentMetrics,
 }
 
 /// Families upstream's `metrics.Register` registers that count behaviour
@@ -622,6 +642,8 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     credential_provider_plugin_duration: Family::new_with_constructor(def_histogram),
     credential_provider_plugin_errors: Family::default(),
     rare: RareMetrics::new(),
+    v134: v134::V134Metrics::new(),
+    absent: absent::AbsentMetrics::new(),
 });
 
 /// `kubelet_container_log_filesystem_used_bytes` series of the scrape in
@@ -927,12 +949,15 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         ),
     ];
     v.extend(m.rare.described());
+    v.extend(m.v134.described());
+    v.extend(m.absent.described());
     let mut r = Registry::default();
     r.register_collector(Box::new(Exact(v)));
     r.register_collector(Box::new(Gated(
         &CREDENTIAL_PROVIDER_METRICS,
         Exact(plugins),
     )));
+    r.register_collector(Box::new(v134::ConfigInfo(&v134::CONFIG_HASH)));
     r.register_collector(Box::new(LogSizes));
     r.register_collector(Box::new(process::ProcessCollector));
     r
@@ -1616,6 +1641,21 @@ pub fn credential_provider_plugin_run(plugin: &str, took: Duration, failed: bool
     if failed {
         m.credential_provider_plugin_errors.get_or_create(&l).inc();
     }
+}
+
+// ------------------------------------------------------------ admission
+
+/// A pod refused at admission, by its rejection reason
+/// (`kubelet_admission_rejections_total{reason}`, upstream's
+/// recordAdmissionRejection: unknown reasons fold into "Other").
+pub fn admission_rejected(reason: &str) {
+    METRICS
+        .v134
+        .admission_rejections
+        .get_or_create(&v134::ReasonLabel {
+            reason: v134::admission_rejection_label(reason),
+        })
+        .inc();
 }
 
 /// One API request from the kube-rs client.

@@ -277,6 +277,105 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
     ("kubelet_lifecycle_handler_http_fallbacks", "counter", &[]),
     ("kubelet_sleep_action_terminated_early", "counter", &[]),
     ("kubelet_cgroup_version", "gauge", &[]),
+    // New or changed in 1.34 (metrics.go; credentialprovider/plugin).
+    ("kubelet_admission_rejections", "counter", &["reason"]),
+    ("kubelet_started_user_namespaced_pods", "counter", &[]),
+    (
+        "kubelet_started_user_namespaced_pods_errors",
+        "counter",
+        &[],
+    ),
+    ("kubelet_cri_losing_support", "gauge", &["version"]),
+    (
+        "kubelet_container_requested_resizes",
+        "counter",
+        &["operation", "requirement", "resource"],
+    ),
+    (
+        "kubelet_pod_resize_duration_milliseconds",
+        "histogram",
+        &["success"],
+    ),
+    ("kubelet_pod_pending_resizes", "gauge", &["reason"]),
+    (
+        "kubelet_pod_infeasible_resizes",
+        "counter",
+        &["reason_detail"],
+    ),
+    ("kubelet_pod_in_progress_resizes", "gauge", &[]),
+    (
+        "kubelet_pod_deferred_accepted_resizes",
+        "counter",
+        &["retry_trigger"],
+    ),
+    (
+        "kubelet_credential_provider_config_info",
+        "gauge",
+        &["hash"],
+    ),
+    // Registered for parts rkubelet lacks (eviction, preemption, device
+    // plugins, pod-resources endpoint, Windows host-process containers).
+    (
+        "kubelet_eviction_stats_age_seconds",
+        "histogram",
+        &["eviction_signal"],
+    ),
+    ("kubelet_preemptions", "counter", &["preemption_signal"]),
+    (
+        "kubelet_device_plugin_registration",
+        "counter",
+        &["resource_name"],
+    ),
+    (
+        "kubelet_device_plugin_alloc_duration_seconds",
+        "histogram",
+        &["resource_name"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_requests",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_requests_list",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_requests_get_allocatable",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_errors_list",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_errors_get_allocatable",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_requests_get",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_pod_resources_endpoint_errors_get",
+        "counter",
+        &["server_api_version"],
+    ),
+    (
+        "kubelet_started_host_process_containers",
+        "counter",
+        &["container_type"],
+    ),
+    (
+        "kubelet_started_host_process_containers_errors",
+        "counter",
+        &["code", "container_type"],
+    ),
     ("process_open_fds", "gauge", &[]),
     ("process_resident_memory_bytes", "gauge", &[]),
     ("process_start_time_seconds", "gauge", &[]),
@@ -305,6 +404,72 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     set_working_pods([("sync", false, true, false)]);
     register_credential_provider_metrics();
     credential_provider_plugin_run("ecr", Duration::from_millis(30), true);
+    v134::set_credential_provider_config_hash("sha256:abcd1234".into());
+    admission_rejected("OutOfcpu");
+    // The labelled 1.34 families rkubelet never counts (no in-place
+    // resize, no RuntimeConfig query): one series each, to see the labels.
+    let n = &METRICS.v134;
+    n.cri_losing_support
+        .get_or_create(&v134::VersionLabel { version: "1.36.0" })
+        .set(1);
+    n.container_requested_resizes
+        .get_or_create(&v134::ResizeRequestLabels {
+            operation: "increase",
+            requirement: "requests",
+            resource: "cpu",
+        })
+        .inc();
+    n.pod_resize_duration_ms
+        .get_or_create(&v134::SuccessLabel { success: "true" })
+        .observe(42.0);
+    n.pod_pending_resizes
+        .get_or_create(&v134::ReasonLabel { reason: "deferred" })
+        .set(0);
+    n.pod_infeasible_resizes
+        .get_or_create(&v134::ReasonDetailLabel {
+            reason_detail: "static_pod",
+        })
+        .inc();
+    n.pod_deferred_accepted_resizes
+        .get_or_create(&v134::RetryTriggerLabel {
+            retry_trigger: "pod_resized",
+        })
+        .inc();
+    let a = &METRICS.absent;
+    a.eviction_stats_age
+        .get_or_create(&absent::EvictionSignalLabel {
+            eviction_signal: "memory.available".into(),
+        })
+        .observe(1.0);
+    a.preemptions
+        .get_or_create(&absent::PreemptionSignal {
+            preemption_signal: "cpu".into(),
+        })
+        .inc();
+    let gpu = absent::ResourceName {
+        resource_name: "example.com/gpu".into(),
+    };
+    a.device_plugin_registrations.get_or_create(&gpu).inc();
+    a.device_plugin_alloc_duration
+        .get_or_create(&gpu)
+        .observe(0.01);
+    for f in &a.pod_resources {
+        f.get_or_create(&absent::ServerApiVersion {
+            server_api_version: "v1".into(),
+        })
+        .inc();
+    }
+    a.started_host_process_containers
+        .get_or_create(&ContainerType {
+            container_type: "container",
+        })
+        .inc();
+    a.started_host_process_containers_errors
+        .get_or_create(&ContainerTypeCode {
+            container_type: "container",
+            code: "Unknown".into(),
+        })
+        .inc();
     let _ = METRICS.evictions.get_or_create(&EvictionSignal {
         eviction_signal: "memory.available".into(),
     });
@@ -372,6 +537,35 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     assert!(text.contains(
         "# HELP kubelet_credential_provider_plugin_duration [ALPHA] Duration of execution in seconds for credential provider plugin\n"
     ));
+    // Upstream's TestKubeletCredentialProviderConfigInfo exposition (the
+    // hash itself may be another test's: plugin tests load configs too).
+    assert!(text.contains(
+        "# HELP kubelet_credential_provider_config_info [ALPHA] Information about the last applied credential provider configuration with hash as label\n# TYPE kubelet_credential_provider_config_info gauge\nkubelet_credential_provider_config_info{hash=\"sha256:"
+    ), "{text}");
+    assert!(text.contains(
+        "# HELP kubelet_container_requested_resizes_total [ALPHA] Number of requested resizes, counted at the container level."
+    ), "{text}");
+    // Upstream's names without _total keep them; the others gain it.
+    assert!(
+        text.contains("\nkubelet_pod_resources_endpoint_requests_list{server_api_version=\"v1\"} "),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\nkubelet_pod_resources_endpoint_requests_total{server_api_version=\"v1\"} "
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nkubelet_preemptions{preemption_signal=\"cpu\"} "),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\nkubelet_device_plugin_registration_total{resource_name=\"example.com/gpu\"} "
+        ),
+        "{text}"
+    );
     token.cancel();
 }
 
@@ -960,5 +1154,128 @@ fn working_pods_fill_upstreams_fifteen_series() {
     assert_eq!(
         worker_lifecycle(crate::podworkers::WorkerPhase::Terminating),
         "terminating"
+    );
+}
+
+#[tokio::test]
+async fn families_new_in_1_34_have_upstreams_buckets_and_zero_values() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    METRICS
+        .v134
+        .pod_resize_duration_ms
+        .get_or_create(&v134::SuccessLabel { success: "false" })
+        .observe(750.0);
+    let text = render(&state);
+    // metrics.go (1.34): 10ms .. 10min.
+    let ms = [
+        10.0, 50.0, 100.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0, 30000.0, 60000.0,
+        120000.0, 300000.0, 600000.0,
+    ];
+    let bounds: Vec<String> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("kubelet_pod_resize_duration_milliseconds_bucket{")
+                && l.contains("success=\"false\"")
+        })
+        .map(|l| {
+            let i = l.find("le=\"").unwrap() + 4;
+            let j = l[i..].find('"').unwrap();
+            l[i..i + j].to_string()
+        })
+        .collect();
+    assert_eq!(bounds, fmt(&ms));
+    // 750 ms falls in le=1000 and above, not in le=500.
+    assert!(
+        text.contains(
+            "kubelet_pod_resize_duration_milliseconds_bucket{le=\"500.0\",success=\"false\"} 0\n"
+        ) || text.contains(
+            "kubelet_pod_resize_duration_milliseconds_bucket{success=\"false\",le=\"500.0\"} 0\n"
+        ),
+        "{text}"
+    );
+    // Unlabelled families show 0: rkubelet resizes nothing in place and
+    // starts no pod in a user namespace.
+    let value = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .map(|l| l[name.len()..].trim().to_string())
+    };
+    assert_eq!(
+        value("kubelet_pod_in_progress_resizes").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        value("kubelet_started_user_namespaced_pods_total").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        value("kubelet_started_user_namespaced_pods_errors_total").as_deref(),
+        Some("0")
+    );
+    token.cancel();
+}
+
+#[test]
+fn admission_rejections_keep_upstreams_reasons_and_fold_the_rest() {
+    use v134::admission_rejection_label as label;
+    assert_eq!(label("OutOfcpu"), "OutOfcpu");
+    assert_eq!(label("OutOfpods"), "OutOfpods");
+    assert_eq!(label("PodOSNotSupported"), "PodOSNotSupported");
+    assert_eq!(label("OutOfexample.com/gpu"), "OutOfExtendedResources");
+    assert_eq!(label("NodeAffinity"), "Other");
+    assert_eq!(label("NodePorts"), "Other");
+    let l = v134::ReasonLabel {
+        reason: "PodOSSelectorNodeLabelDoesNotMatch",
+    };
+    let before = METRICS.v134.admission_rejections.get_or_create(&l).get();
+    admission_rejected("PodOSSelectorNodeLabelDoesNotMatch");
+    assert_eq!(
+        METRICS.v134.admission_rejections.get_or_create(&l).get(),
+        before + 1
+    );
+}
+
+#[test]
+fn credential_provider_config_hash_is_upstreams_length_prefixed_sha256() {
+    // Computed apart: sha256(be_u64(3) || "abc").
+    assert_eq!(
+        v134::config_hash([b"abc".as_slice()]),
+        "sha256:c3494ca1a2cf8eeb8a11ded316fb55b83c3bbbedb6313cd50415251e5d09e12f"
+    );
+    // A directory: its *.json/*.yaml/*.yml files in lexical order, each
+    // length-prefixed; other files and subdirectories are not hashed.
+    let dir = std::env::temp_dir().join(format!("rkubelet-cp-hash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("d.yaml")).unwrap();
+    std::fs::write(dir.join("b.yaml"), "a: 1\n").unwrap();
+    std::fs::write(dir.join("a.json"), "{}").unwrap();
+    std::fs::write(dir.join("c.txt"), "ignored").unwrap();
+    assert_eq!(
+        v134::credential_provider_config_hash(&dir).unwrap(),
+        "sha256:dec125761ba96f51cd4bd2471a0c3454d1075816304590abae123d8fd119121b"
+    );
+    // A single file hashes alone.
+    assert_eq!(
+        v134::credential_provider_config_hash(&dir.join("b.yaml")).unwrap(),
+        v134::config_hash([b"a: 1\n".as_slice()])
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn credential_provider_config_info_appears_only_with_a_hash() {
+    static STORE: parking_lot::Mutex<Option<String>> = parking_lot::Mutex::new(None);
+    let mut r = Registry::default();
+    r.register_collector(Box::new(v134::ConfigInfo(&STORE)));
+    let text = |r: &Registry| {
+        let mut out = String::new();
+        encode(&mut out, r).unwrap();
+        to_prometheus_text(&out)
+    };
+    assert_eq!(text(&r), "");
+    *STORE.lock() = Some("sha256:00ff".into());
+    assert_eq!(
+        text(&r),
+        "# HELP kubelet_credential_provider_config_info [ALPHA] Information about the last applied credential provider configuration with hash as label\n# TYPE kubelet_credential_provider_config_info gauge\nkubelet_credential_provider_config_info{hash=\"sha256:00ff\"} 1\n"
     );
 }

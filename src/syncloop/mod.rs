@@ -226,6 +226,7 @@ impl SyncLoop {
             Ok(()) => true,
             Err(r) => {
                 tracing::warn!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, reason = %r.reason, message = %r.message, "pod rejected at admission");
+                crate::metrics::admission_rejected(&r.reason);
                 a.rejected.lock().insert(uid.to_string());
                 crate::events::pod(
                     pod,
