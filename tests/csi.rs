@@ -975,3 +975,98 @@ fn driver_stats_tokens_mount_group_and_republish_follow_the_csidriver() {
         (!driver.calls.lock().unpublished.is_empty()).then_some(())
     });
 }
+
+#[test]
+fn a_staged_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unstaged_after_restart() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-restart-pv";
+    let mut k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    let reg_dir = root.join("plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join("reg.sock"),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {"attachRequired": false}
+    }));
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "restart-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "restart-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-r"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+    let name = format!("gone-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let pod_dir = root.join("pods").join(&uid);
+    let global = root.join(format!(
+        "plugins/kubernetes.io/csi/{DRIVER}/{}/globalmount",
+        sha256_hex("vol-r")
+    ));
+    assert_eq!(driver.calls.lock().staged.len(), 1);
+
+    // Deleted while rkubelet is down: after the restart the volume is
+    // unpublished and, no other pod having it, unstaged; the global
+    // directory and the pod directory go.
+    k.stop();
+    api.delete("pods", Some("default"), &name, Some(0));
+    k.spawn();
+    wait_for("NodeUnstageVolume after the restart", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+    let calls = driver.calls.lock();
+    assert_eq!(calls.unpublished.len(), 1);
+    assert_eq!(
+        Path::new(&calls.unpublished[0].target_path),
+        pod_dir.join("volumes/kubernetes.io~csi/restart-pv/mount")
+    );
+    assert_eq!(calls.unstaged[0].volume_id, "vol-r");
+    assert_eq!(Path::new(&calls.unstaged[0].staging_target_path), global);
+    drop(calls);
+    wait_for("the global mount directory removed", T, || {
+        (!path_exists(global.parent().unwrap())).then_some(())
+    });
+    wait_for("the orphaned pod directory removed", T, || {
+        (!path_exists(&pod_dir)).then_some(())
+    });
+}
