@@ -1,8 +1,9 @@
 //! CSI node plugins (upstream `pkg/volume/csi` and the CSI side of
 //! `pkg/kubelet/pluginmanager`): the registry of drivers that registered
 //! through `<root-dir>/plugins_registry/` (`registration.rs`), the gRPC
-//! client to a driver's node service (`client.rs`), and the set-up and
-//! tear-down of CSI volumes in pods (`mounter.rs`). Mounting is the
+//! client to a driver's node service (`client.rs`), the set-up and
+//! tear-down of CSI volumes in pods (`mounter.rs`), and their figures from
+//! NodeGetVolumeStats (`metrics.rs`). Mounting is the
 //! driver's job; rkubelet computes the paths, makes the parent
 //! directories and removes them after the driver unpublished.
 

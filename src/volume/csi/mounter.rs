@@ -5,6 +5,10 @@
 //! NodeUnpublish/NodeUnstage on tear-down. The driver mounts and unmounts;
 //! rkubelet makes the parent directories and removes them afterwards,
 //! never following symlinks and never removing a directory still mounted.
+//! The CSIDriver object decides the rest as upstream: the lifecycle modes,
+//! pod information and service-account tokens in the volume context, who
+//! applies the fsGroup (`fsGroupPolicy`, VOLUME_MOUNT_GROUP), and
+//! republishing.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
