@@ -20,6 +20,9 @@ pub enum CsiError {
     Status { code: tonic::Code, message: String },
     #[error("rpc error: code = DeadlineExceeded desc = context deadline exceeded")]
     Timeout,
+    /// An answer that breaks the protocol's rules.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl CsiError {
@@ -30,6 +33,7 @@ impl CsiError {
         use tonic::Code::*;
         match self {
             CsiError::Timeout => false,
+            CsiError::Invalid(_) => true,
             CsiError::Status { code, .. } => !matches!(
                 code,
                 Cancelled | DeadlineExceeded | Unavailable | ResourceExhausted | Aborted
@@ -194,7 +198,7 @@ impl NodeService {
     /// NodeGetVolumeStats for a published volume (upstream's
     /// `NodeGetVolumeStats`: bytes and inodes from the usage entries by
     /// unit, zero for a unit the driver did not report; unknown units are
-    /// skipped).
+    /// skipped; no usage at all is an error).
     pub async fn volume_stats(
         &self,
         volume_id: &str,
@@ -208,6 +212,12 @@ impl NodeService {
             staging_target_path: String::new(),
         };
         let resp = with_deadline(self.timeout, c.node_get_volume_stats(r)).await?;
+        if resp.usage.is_empty() {
+            // Upstream's check (an empty list decodes as nil in Go).
+            return Err(CsiError::Invalid(
+                "failed to get usage from response. usage is nil".into(),
+            ));
+        }
         let mut s = VolumeStats::default();
         for u in &resp.usage {
             // Negative figures from a broken driver count as zero.

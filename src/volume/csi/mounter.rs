@@ -943,6 +943,8 @@ mod tests {
     struct FakeNode {
         caps: Vec<CapType>,
         calls: std::sync::Arc<parking_lot::Mutex<Calls>>,
+        /// NodeGetVolumeStats answers no usage.
+        no_usage: bool,
     }
 
     #[tonic::async_trait]
@@ -992,6 +994,9 @@ mod tests {
         ) -> Result<tonic::Response<proto::NodeGetVolumeStatsResponse>, tonic::Status> {
             use proto::volume_usage::Unit;
             self.calls.lock().stats.push(r.into_inner());
+            if self.no_usage {
+                return Ok(tonic::Response::new(Default::default()));
+            }
             Ok(tonic::Response::new(proto::NodeGetVolumeStatsResponse {
                 usage: vec![
                     proto::VolumeUsage {
@@ -1396,6 +1401,21 @@ mod tests {
         let asked = with.calls.lock().stats[0].clone();
         assert_eq!(asked.volume_id, "h");
         assert_eq!(asked.volume_path, p.target.to_string_lossy());
+        // An answer without usage is an error (upstream), not zeros.
+        let empty = FakeNode {
+            caps: vec![CapType::GetVolumeStats],
+            no_usage: true,
+            ..Default::default()
+        };
+        register(&root, &registry, "d3.csi", empty);
+        let p = Published {
+            driver: "d3.csi".into(),
+            ..p
+        };
+        let e = super::super::metrics::volume_stats(&registry, &p, t)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("usage is nil"), "{e}");
         let _ = std::fs::remove_dir_all(&root);
     }
 
