@@ -2466,6 +2466,7 @@ fn csidrivers_and_csinodes_are_cluster_scoped_storage_objects() {
     assert_eq!(g.status, 200);
     assert_eq!(g.body["spec"]["podInfoOnMount"], true);
     assert!(g.body["metadata"].get("namespace").is_none());
+    assert_eq!(g.body["spec"]["volumeLifecycleModes"], json!(["Ephemeral"]));
     let missing = c.get(&format!("{CSIDRIVERS}/nope")).unwrap();
     assert_eq!(missing.status, 404);
     assert_eq!(
@@ -2501,4 +2502,42 @@ fn csidrivers_and_csinodes_are_cluster_scoped_storage_objects() {
     assert_eq!(r.body["reason"], "Conflict");
     let g = c.get(&format!("{CSINODES}/node-1")).unwrap();
     assert_eq!(g.body["spec"]["drivers"], json!([]));
+}
+
+// pkg/apis/storage/v1/defaults.go SetDefaults_CSIDriver: a CSIDriver
+// written without them gets attachRequired true, podInfoOnMount,
+// storageCapacity, requiresRepublish and seLinuxMount false, fsGroupPolicy
+// ReadWriteOnceWithFSType and volumeLifecycleModes [Persistent]; set
+// fields are kept, on create and on update (defaulting runs on every
+// decoded write).
+#[test]
+fn csidrivers_are_defaulted_as_the_api_server_does() {
+    const CSIDRIVERS: &str = "/apis/storage.k8s.io/v1/csidrivers";
+    let s = plain();
+    let c = s.client();
+    let r = c
+        .post(
+            CSIDRIVERS,
+            &json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+                "metadata": {"name": "d.example.com"}, "spec": {}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert_eq!(
+        r.body["spec"],
+        json!({"attachRequired": true, "podInfoOnMount": false, "storageCapacity": false,
+            "fsGroupPolicy": "ReadWriteOnceWithFSType", "requiresRepublish": false,
+            "seLinuxMount": false, "volumeLifecycleModes": ["Persistent"]})
+    );
+    let mut upd = r.body.clone();
+    upd["spec"] = json!({"fsGroupPolicy": "File", "requiresRepublish": true});
+    let r = c.put(&format!("{CSIDRIVERS}/d.example.com"), &upd).unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.body["spec"]["fsGroupPolicy"], "File");
+    assert_eq!(r.body["spec"]["requiresRepublish"], true);
+    assert_eq!(r.body["spec"]["attachRequired"], true);
+    assert_eq!(
+        r.body["spec"]["volumeLifecycleModes"],
+        json!(["Persistent"])
+    );
 }

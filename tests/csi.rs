@@ -6,7 +6,11 @@
 //! `<root-dir>/plugins_registry/`). A pod with an inline `csi` volume
 //! waits while the driver is unregistered, starts once it registers,
 //! reads the driver's file, and on deletion the driver is asked to
-//! unpublish and rkubelet's directories are gone.
+//! unpublish and rkubelet's directories are gone. A persistent volume is
+//! staged and published; a driver with GET_VOLUME_STATS feeds the pod's
+//! volume stats and its claim's `kubelet_volume_stats_*`; tokenRequests
+//! put tokens into the volume context, and requiresRepublish publishes
+//! again at pod syncs.
 
 mod common;
 
@@ -34,6 +38,7 @@ struct Calls {
     unstaged: Vec<proto::NodeUnstageVolumeRequest>,
     published: Vec<proto::NodePublishVolumeRequest>,
     unpublished: Vec<proto::NodeUnpublishVolumeRequest>,
+    stats: Vec<proto::NodeGetVolumeStatsRequest>,
 }
 
 #[derive(Clone, Default)]
@@ -42,7 +47,16 @@ struct FakeDriver {
     /// Reports STAGE_UNSTAGE_VOLUME: stages a tmpfs at the global mount
     /// path and bind-mounts it into each target.
     stages: bool,
+    /// Reports GET_VOLUME_STATS: answers fixed figures.
+    stats: bool,
+    /// Reports VOLUME_MOUNT_GROUP.
+    mount_group: bool,
 }
+
+/// What the fake driver's NodeGetVolumeStats answers: bytes
+/// (available, total, used), inodes (free, total, used).
+const STATS_BYTES: (i64, i64, i64) = (7_000, 10_000, 3_000);
+const STATS_INODES: (i64, i64, i64) = (90, 100, 10);
 
 fn mount_tmpfs(target: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
@@ -147,6 +161,13 @@ impl node_server::Node for FakeDriver {
     ) -> Result<Response<proto::NodePublishVolumeResponse>, Status> {
         let r = r.into_inner();
         let target = PathBuf::from(&r.target_path);
+        // A republish of a published target (requiresRepublish) is
+        // answered as a real driver does: nothing more to mount (the
+        // target exists from the first publish until the unpublish).
+        if target.exists() {
+            self.calls.lock().published.push(r);
+            return Ok(Response::new(proto::NodePublishVolumeResponse {}));
+        }
         let greeting = r
             .volume_context
             .get("greeting")
@@ -178,20 +199,45 @@ impl node_server::Node for FakeDriver {
         self.calls.lock().unpublished.push(r);
         Ok(Response::new(proto::NodeUnpublishVolumeResponse {}))
     }
+    async fn node_get_volume_stats(
+        &self,
+        r: Request<proto::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<proto::NodeGetVolumeStatsResponse>, Status> {
+        use proto::volume_usage::Unit;
+        if !self.stats {
+            return Err(Status::unimplemented("no stats"));
+        }
+        self.calls.lock().stats.push(r.into_inner());
+        let usage = |(available, total, used), unit: Unit| proto::VolumeUsage {
+            available,
+            total,
+            used,
+            unit: unit as i32,
+        };
+        Ok(Response::new(proto::NodeGetVolumeStatsResponse {
+            usage: vec![
+                usage(STATS_BYTES, Unit::Bytes),
+                usage(STATS_INODES, Unit::Inodes),
+            ],
+            volume_condition: None,
+        }))
+    }
     async fn node_get_capabilities(
         &self,
         _: Request<proto::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<proto::NodeGetCapabilitiesResponse>, Status> {
         use proto::node_service_capability::{rpc::Type, Rpc, Type as Cap};
-        let capabilities = if self.stages {
-            vec![proto::NodeServiceCapability {
-                r#type: Some(Cap::Rpc(Rpc {
-                    r#type: Type::StageUnstageVolume as i32,
-                })),
-            }]
-        } else {
-            vec![]
-        };
+        let capabilities = [
+            (self.stages, Type::StageUnstageVolume),
+            (self.stats, Type::GetVolumeStats),
+            (self.mount_group, Type::VolumeMountGroup),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, t)| proto::NodeServiceCapability {
+            r#type: Some(Cap::Rpc(Rpc { r#type: t as i32 })),
+        })
+        .collect();
         Ok(Response::new(proto::NodeGetCapabilitiesResponse {
             capabilities,
         }))
@@ -290,7 +336,8 @@ fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
     let mut k = Kubelet::new(node);
     let kc = api.node_kubeconfig(&k.dir, node);
     k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
-    k.extra_config = "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\n".into();
+    k.extra_config =
+        "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\nvolumeStatsAggPeriod: 1s\n".into();
     k.spawn();
     k
 }
@@ -581,7 +628,22 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
         "plugins/kubernetes.io/csi/{DRIVER}/{}/globalmount",
         sha256_hex("vol-1")
     ));
-    let target = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/data/mount"));
+    // Upstream names a claim's directory after the PV.
+    let target = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/csi-pv/mount"));
+    let data: Value = serde_json::from_str(
+        &std::fs::read_to_string(target.parent().unwrap().join("vol_data.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(data["specVolID"], "csi-pv");
+    assert_eq!(data["volumeLifecycleMode"], "Persistent");
+    let device_data: Value = serde_json::from_str(
+        &std::fs::read_to_string(global.parent().unwrap().join("vol_data.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        device_data,
+        json!({"driverName": DRIVER, "volumeHandle": "vol-1"})
+    );
     let calls = driver.calls.lock();
     assert_eq!(calls.staged.len(), 1);
     assert_eq!(calls.staged[0].volume_id, "vol-1");
@@ -731,4 +793,280 @@ fn a_pod_deleted_while_rkubelet_was_down_has_its_csi_volume_unpublished_after_re
         st.len() >= 2 && st.last().is_some_and(|s| s.plugin_registered),
         "registered again after the restart: {st:?}"
     );
+}
+
+#[test]
+fn driver_stats_tokens_mount_group_and_republish_follow_the_csidriver() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-stats";
+    api.create(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": "default"}}));
+    let k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver {
+        stats: true,
+        mount_group: true,
+        ..Default::default()
+    };
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    let reg_dir = root.join("plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join("reg.sock"),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    // Tokens for one audience, published again at every pod sync.
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {"attachRequired": false, "requiresRepublish": true,
+            "tokenRequests": [{"audience": "vault", "expirationSeconds": 600}]}
+    }));
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "stats-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "stats-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-s", "fsType": "ext4"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+
+    let name = format!("stats-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "serviceAccountName": "default",
+            "securityContext": {"fsGroup": 2000},
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let target = root.join(format!(
+        "pods/{uid}/volumes/kubernetes.io~csi/stats-pv/mount"
+    ));
+
+    // The token for "vault" is in the volume context, bound to the pod.
+    let first = driver.calls.lock().published[0].clone();
+    assert_eq!(Path::new(&first.target_path), target);
+    let tokens: Value = serde_json::from_str(
+        first
+            .volume_context
+            .get("csi.storage.k8s.io/serviceAccount.tokens")
+            .expect("the tokens key"),
+    )
+    .unwrap();
+    let t = &tokens["vault"];
+    assert!(
+        t["token"].as_str().is_some_and(|t| !t.is_empty()),
+        "{tokens}"
+    );
+    assert!(
+        t["expirationTimestamp"]
+            .as_str()
+            .is_some_and(|s| s.ends_with('Z')),
+        "{tokens}"
+    );
+    assert_eq!(tokens.as_object().unwrap().len(), 1);
+    let asked: Vec<Value> = api
+        .token_requests()
+        .into_iter()
+        .filter(|(ns, sa, _)| ns == "default" && sa == "default")
+        .map(|(_, _, spec)| spec)
+        .collect();
+    let spec = asked
+        .iter()
+        .find(|s| s["audiences"] == json!(["vault"]))
+        .expect("a TokenRequest for vault");
+    assert_eq!(spec["expirationSeconds"], 600);
+    assert_eq!(spec["boundObjectRef"]["kind"], "Pod");
+    assert_eq!(spec["boundObjectRef"]["name"], name.as_str());
+    assert_eq!(spec["boundObjectRef"]["uid"], uid.as_str());
+    // VOLUME_MOUNT_GROUP: the fsGroup goes to the driver.
+    let group = match first
+        .volume_capability
+        .as_ref()
+        .and_then(|c| c.access_type.clone())
+    {
+        Some(proto::volume_capability::AccessType::Mount(m)) => m.volume_mount_group,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(group, "2000");
+
+    // requiresRepublish: published again at a later pod sync (every 5 s
+    // here), to the same target.
+    wait_for("a second NodePublishVolume", T, || {
+        (driver.calls.lock().published.len() >= 2).then_some(())
+    });
+    let again = driver.calls.lock().published[1].clone();
+    assert_eq!(again.target_path, first.target_path);
+    assert!(again
+        .volume_context
+        .contains_key("csi.storage.k8s.io/serviceAccount.tokens"));
+
+    // The driver's figures are the pod's volume stats, with the claim.
+    let vol = wait_for("the CSI volume in /stats/summary", T, || {
+        let (code, body) = http_get(&k.read_only, "/stats/summary")?;
+        if code != 200 {
+            return None;
+        }
+        let s: Value = serde_json::from_str(&body).ok()?;
+        s["pods"]
+            .as_array()?
+            .iter()
+            .find(|p| p["podRef"]["uid"] == uid.as_str())?["volume"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == "data")
+            .cloned()
+    });
+    assert_eq!(vol["usedBytes"], STATS_BYTES.2);
+    assert_eq!(vol["capacityBytes"], STATS_BYTES.1);
+    assert_eq!(vol["availableBytes"], STATS_BYTES.0);
+    assert_eq!(vol["inodes"], STATS_INODES.1);
+    assert_eq!(vol["inodesFree"], STATS_INODES.0);
+    assert_eq!(vol["inodesUsed"], STATS_INODES.2);
+    assert_eq!(
+        vol["pvcRef"],
+        json!({"name": "claim", "namespace": "default"})
+    );
+    let asked = driver.calls.lock().stats[0].clone();
+    assert_eq!(asked.volume_id, "vol-s");
+    assert_eq!(Path::new(&asked.volume_path), target);
+    let (_, metrics) = http_get(&k.read_only, "/metrics").expect("/metrics");
+    assert!(
+        metrics.lines().any(|l| l
+            == format!(
+                "kubelet_volume_stats_used_bytes{{namespace=\"default\",persistentvolumeclaim=\"claim\"}} {}",
+                STATS_BYTES.2
+            )),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("kubelet_volume_stats"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnpublishVolume", T, || {
+        (!driver.calls.lock().unpublished.is_empty()).then_some(())
+    });
+}
+
+#[test]
+fn a_staged_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unstaged_after_restart() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-restart-pv";
+    let mut k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    let reg_dir = root.join("plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        &rt,
+        &reg_dir.join("reg.sock"),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {"attachRequired": false}
+    }));
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "restart-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "restart-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-r"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+    let name = format!("gone-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let pod_dir = root.join("pods").join(&uid);
+    let global = root.join(format!(
+        "plugins/kubernetes.io/csi/{DRIVER}/{}/globalmount",
+        sha256_hex("vol-r")
+    ));
+    assert_eq!(driver.calls.lock().staged.len(), 1);
+
+    // Deleted while rkubelet is down: after the restart the volume is
+    // unpublished and, no other pod having it, unstaged; the global
+    // directory and the pod directory go.
+    k.stop();
+    api.delete("pods", Some("default"), &name, Some(0));
+    k.spawn();
+    wait_for("NodeUnstageVolume after the restart", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+    let calls = driver.calls.lock();
+    assert_eq!(calls.unpublished.len(), 1);
+    assert_eq!(
+        Path::new(&calls.unpublished[0].target_path),
+        pod_dir.join("volumes/kubernetes.io~csi/restart-pv/mount")
+    );
+    assert_eq!(calls.unstaged[0].volume_id, "vol-r");
+    assert_eq!(Path::new(&calls.unstaged[0].staging_target_path), global);
+    drop(calls);
+    wait_for("the global mount directory removed", T, || {
+        (!path_exists(global.parent().unwrap())).then_some(())
+    });
+    wait_for("the orphaned pod directory removed", T, || {
+        (!path_exists(&pod_dir)).then_some(())
+    });
 }

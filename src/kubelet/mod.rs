@@ -326,11 +326,16 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     {
         // Pod volume usage every volumeStatsAggPeriod (upstream's
         // fsResourceAnalyzer), for /stats/summary and /metrics.
-        let (cache, p, v) = (
+        let (cache, p, v, vc) = (
             state.stats.volume_stats().clone(),
             pods.clone(),
             manager.volumes.clone(),
+            manager.volumes.clone(),
         );
+        let csi = crate::stats::volumes::CsiVolumes {
+            registry: vc.csi_drivers().clone(),
+            volumes: Box::new(move |uid| vc.csi_volumes(uid)),
+        };
         let period = cfg.volume_stats_agg_period.0;
         let t = token.child_token();
         cluster_tasks.spawn(tracing::Instrument::instrument(
@@ -338,6 +343,7 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
                 cache,
                 move || p.pods(),
                 move |uid| v.measured_volumes(uid),
+                Some(csi),
                 period,
                 t,
             ),

@@ -7,6 +7,8 @@
 //! kubelet's on-disk volumes (emptyDir, configMap, secret, downwardAPI,
 //! projected). hostPath volumes report nothing, as upstream's plugin (those
 //! behind a PV are left out by the volume manager's `measured_volumes`).
+//! CSI volumes are asked of their driver (NodeGetVolumeStats, when it has
+//! the GET_VOLUME_STATS capability; none otherwise, as upstream).
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -101,9 +103,9 @@ enum Measure {
     Du,
 }
 
-/// What to measure for `pod`'s volume `name` mounted at `path` (None: no
-/// figures, as for hostPath), and the claim behind it.
-fn plan(pod: &Pod, name: &str, path: &Path) -> Option<(Measure, Option<(String, String)>)> {
+/// The claim behind `pod`'s volume `name` (upstream's PVCReference: the
+/// claim a volume names, or a generic ephemeral volume's).
+fn claim_of(pod: &Pod, name: &str) -> Option<(String, String)> {
     let v = pod
         .spec
         .as_ref()?
@@ -117,12 +119,69 @@ fn plan(pod: &Pod, name: &str, path: &Path) -> Option<(Measure, Option<(String, 
         .clone()
         .unwrap_or_else(|| "default".into());
     if let Some(c) = &v.persistent_volume_claim {
-        return Some((Measure::StatFs, Some((ns, c.claim_name.clone()))));
+        return Some((ns, c.claim_name.clone()));
     }
-    if v.ephemeral.is_some() {
-        // The generic ephemeral volume's claim is `<pod>-<volume>`.
-        let claim = format!("{}-{}", pod.metadata.name.as_deref().unwrap_or(""), v.name);
-        return Some((Measure::StatFs, Some((ns, claim))));
+    // The generic ephemeral volume's claim is `<pod>-<volume>`.
+    v.ephemeral.as_ref().map(|_| {
+        (
+            ns,
+            format!("{}-{}", pod.metadata.name.as_deref().unwrap_or(""), v.name),
+        )
+    })
+}
+
+/// Where CSI volumes' figures come from: the registered drivers and the
+/// volume manager's published CSI volumes of a pod.
+pub struct CsiVolumes {
+    pub registry: crate::volume::csi::Registry,
+    #[allow(clippy::type_complexity)]
+    pub volumes: Box<
+        dyn Fn(&str) -> Vec<(String, Arc<crate::volume::csi::mounter::Published>)> + Send + Sync,
+    >,
+}
+
+/// The pod's CSI volumes as their drivers report them; a volume whose
+/// driver fails or offers no stats is left out (upstream logs the failure
+/// at V(4) and skips the volume).
+async fn measure_csi(pod: &Pod, uid: &str, csi: &CsiVolumes) -> Vec<VolumeFigures> {
+    let mut out = Vec::new();
+    for (name, p) in (csi.volumes)(uid) {
+        let time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        match crate::volume::csi::metrics::volume_stats(&csi.registry, &p, POD_BUDGET).await {
+            Ok(Some(s)) => out.push(VolumeFigures {
+                name: name.clone(),
+                pvc: claim_of(pod, &name),
+                time,
+                capacity: s.capacity,
+                available: s.available,
+                used: s.used,
+                inodes: s.inodes,
+                inodes_free: s.inodes_free,
+                inodes_used: s.inodes_used,
+            }),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(pod_uid = %uid, volume = %name, error = %e, "Failed to calculate volume metrics")
+            }
+        }
+    }
+    out
+}
+
+/// What to measure for `pod`'s volume `name` mounted at `path` (None: no
+/// figures, as for hostPath), and the claim behind it.
+fn plan(pod: &Pod, name: &str, path: &Path) -> Option<(Measure, Option<(String, String)>)> {
+    let v = pod
+        .spec
+        .as_ref()?
+        .volumes
+        .as_ref()?
+        .iter()
+        .find(|v| v.name == name)?;
+    if v.persistent_volume_claim.is_some() || v.ephemeral.is_some() {
+        return Some((Measure::StatFs, claim_of(pod, name)));
     }
     if v.host_path.is_some() {
         return None;
@@ -262,11 +321,13 @@ fn measure_pod(pod: &Pod, volumes: &[(String, PathBuf)], budget: Duration) -> Ve
 const POD_BUDGET: Duration = Duration::from_secs(10);
 
 /// Measures the volumes of every pod `pods()` lists (with `volumes(uid)` as
-/// the volume manager has them) every `period`, until `token` is cancelled.
+/// the volume manager has them, and its CSI volumes through `csi`) every
+/// `period`, until `token` is cancelled.
 pub async fn run(
     cache: VolumeStatsCache,
     pods: impl Fn() -> Vec<Arc<Pod>> + Send + Sync,
     volumes: impl Fn(&str) -> Vec<(String, PathBuf)> + Send + Sync,
+    csi: Option<CsiVolumes>,
     period: Duration,
     token: CancellationToken,
 ) {
@@ -285,23 +346,29 @@ pub async fn run(
             };
             live.insert(uid.clone());
             let vols = volumes(&uid);
-            if vols.is_empty() {
-                cache.set(&uid, Vec::new());
-                continue;
-            }
-            let p = pod.clone();
-            let work = tokio::task::spawn_blocking(move || measure_pod(&p, &vols, POD_BUDGET));
-            let figures = tokio::select! {
-                _ = token.cancelled() => return,
-                r = tokio::time::timeout(POD_BUDGET * 2, work) => match r {
-                    Ok(Ok(f)) => f,
-                    // A hung file system: keep the last figures.
-                    _ => {
-                        tracing::debug!(pod_uid = %uid, "volume stats calculation did not finish");
-                        continue;
-                    }
-                },
+            let mut figures = if vols.is_empty() {
+                Vec::new()
+            } else {
+                let p = pod.clone();
+                let work = tokio::task::spawn_blocking(move || measure_pod(&p, &vols, POD_BUDGET));
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    r = tokio::time::timeout(POD_BUDGET * 2, work) => match r {
+                        Ok(Ok(f)) => f,
+                        // A hung file system: keep the last figures.
+                        _ => {
+                            tracing::debug!(pod_uid = %uid, "volume stats calculation did not finish");
+                            continue;
+                        }
+                    },
+                }
             };
+            if let Some(csi) = &csi {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    f = measure_csi(&pod, &uid, csi) => figures.extend(f),
+                }
+            }
             cache.set(&uid, figures);
         }
         cache.retain(&live);
@@ -402,6 +469,7 @@ mod tests {
                 c,
                 move || l.lock().clone(),
                 move |_| vec![("data".to_string(), dd.clone())],
+                None,
                 Duration::from_secs(1),
                 t,
             )

@@ -59,10 +59,21 @@ pub struct Mounted {
     csi: Option<Arc<super::csi::mounter::Published>>,
 }
 
+impl Mounted {
+    /// A CSI volume whose CSIDriver asks for `requiresRepublish`.
+    fn republish(&self) -> bool {
+        self.csi.as_ref().is_some_and(|p| p.republish)
+    }
+}
+
 struct Desired {
     pod: Arc<Pod>,
     /// Remount requested (a pod sync, an object change).
     remount: bool,
+    /// A pod sync happened: CSI volumes with requiresRepublish are
+    /// published again (upstream's ReprocessPod marks every pod sync's
+    /// volumes for remount; the CSI plugin's RequiresRemount says yes).
+    resync: bool,
 }
 
 struct Failure {
@@ -181,8 +192,11 @@ impl VolumeManager {
                     Desired {
                         pod: Arc::new(pod.clone()),
                         remount: true,
+                        resync: true,
                     },
                 );
+            } else if let Some(d) = st.desired.get_mut(&uid) {
+                d.resync = true;
             }
         }
         self.inner.wake.notify_one();
@@ -399,6 +413,21 @@ impl VolumeManager {
         self.volumes_where(uid, |m| m.measured)
     }
 
+    /// The pod's published CSI volumes, by volume name (their stats come
+    /// from the driver).
+    pub fn csi_volumes(&self, uid: &str) -> Vec<(String, Arc<super::csi::mounter::Published>)> {
+        let st = self.inner.state.lock();
+        let mut v: Vec<_> = st
+            .actual
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|(n, m)| m.csi.clone().map(|p| (n.clone(), p)))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
     fn volumes_where(&self, uid: &str, keep: impl Fn(&Mounted) -> bool) -> Vec<(String, PathBuf)> {
         let st = self.inner.state.lock();
         let mut v: Vec<_> = st
@@ -474,6 +503,7 @@ impl VolumeManager {
                 continue;
             }
             let remount = std::mem::take(&mut d.remount);
+            let resync = std::mem::take(&mut d.resync);
             let got = st.actual.get(uid);
             for v in d.pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
                 let key = (uid.clone(), v.name.clone());
@@ -483,7 +513,9 @@ impl VolumeManager {
                 let due = match got.and_then(|g| g.get(&v.name)) {
                     None => st.failures.get(&key).is_none_or(|f| f.retry_at <= now),
                     Some(m) => {
-                        m.remountable && (remount || m.refresh_at.is_some_and(|at| at <= now_wall))
+                        (m.remountable
+                            && (remount || m.refresh_at.is_some_and(|at| at <= now_wall)))
+                            || (m.republish() && (remount || resync))
                     }
                 };
                 if due {
@@ -534,7 +566,7 @@ impl VolumeManager {
                     .get(&uid)
                     .and_then(|g| g.get(&volume.name))
                     .is_some();
-                let r = set_up(&self.inner, &pod, &volume).await;
+                let r = set_up(&self.inner, &pod, &volume, had).await;
                 let mut st = self.inner.state.lock();
                 let key = (uid.clone(), volume.name.clone());
                 st.in_flight.remove(&key);
@@ -749,7 +781,8 @@ fn plugin_dir(root: &Path, uid: &str, plugin: &str, name: &str) -> PathBuf {
 }
 
 /// Sets up (or writes again) one volume.
-async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String> {
+/// `had`: the volume is set up already (a remount or republish).
+async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mounted, String> {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let root = &inner.root;
     if let Some(hp) = &v.host_path {
@@ -825,9 +858,11 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume) -> Result<Mounted, String>
                 &inner.objects,
                 root,
                 pod,
-                &v.name,
                 &pv,
                 read_only,
+                // Staged already when set up before (upstream's device
+                // mount state).
+                !had,
             )
             .await?;
             return Ok(csi_mounted(p));
@@ -921,7 +956,8 @@ fn csi_mounted(p: super::csi::mounter::Published) -> Mounted {
         owned: None,
         remountable: false,
         refresh_at: None,
-        // No NodeGetVolumeStats yet: left out of pod stats.
+        // Measured through the driver's NodeGetVolumeStats instead
+        // (`csi_volumes`).
         measured: false,
         csi: Some(Arc::new(p)),
     }

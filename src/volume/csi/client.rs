@@ -20,6 +20,9 @@ pub enum CsiError {
     Status { code: tonic::Code, message: String },
     #[error("rpc error: code = DeadlineExceeded desc = context deadline exceeded")]
     Timeout,
+    /// An answer that breaks the protocol's rules.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl CsiError {
@@ -30,6 +33,7 @@ impl CsiError {
         use tonic::Code::*;
         match self {
             CsiError::Timeout => false,
+            CsiError::Invalid(_) => true,
             CsiError::Status { code, .. } => !matches!(
                 code,
                 Cancelled | DeadlineExceeded | Unavailable | ResourceExhausted | Aborted
@@ -74,6 +78,38 @@ pub(crate) async fn with_deadline<T>(
     }
 }
 
+/// What NodeGetCapabilities listed (RPC types).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capabilities(Vec<i32>);
+
+impl Capabilities {
+    fn has(&self, t: proto::node_service_capability::rpc::Type) -> bool {
+        self.0.contains(&(t as i32))
+    }
+    pub fn stage_unstage(&self) -> bool {
+        self.has(proto::node_service_capability::rpc::Type::StageUnstageVolume)
+    }
+    pub fn volume_stats(&self) -> bool {
+        self.has(proto::node_service_capability::rpc::Type::GetVolumeStats)
+    }
+    pub fn volume_mount_group(&self) -> bool {
+        self.has(proto::node_service_capability::rpc::Type::VolumeMountGroup)
+    }
+}
+
+/// NodeGetVolumeStats' answer, by unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub capacity: u64,
+    pub available: u64,
+    pub used: u64,
+    pub inodes: u64,
+    pub inodes_free: u64,
+    pub inodes_used: u64,
+    /// The driver's volume condition (abnormal, message), when it sent one.
+    pub condition: Option<(bool, String)>,
+}
+
 /// One driver's node service.
 #[derive(Clone)]
 pub struct NodeService {
@@ -93,6 +129,9 @@ pub struct VolumeRequest {
     pub publish_context: HashMap<String, String>,
     pub volume_context: HashMap<String, String>,
     pub secrets: HashMap<String, String>,
+    /// The pod's fsGroup, for a driver with VOLUME_MOUNT_GROUP (upstream
+    /// hands the group to the driver instead of changing ownership).
+    pub volume_mount_group: Option<i64>,
 }
 
 impl VolumeRequest {
@@ -110,7 +149,10 @@ impl VolumeRequest {
             access_type: Some(AccessType::Mount(MountVolume {
                 fs_type: self.fs_type.clone(),
                 mount_flags: self.mount_flags.clone(),
-                volume_mount_group: String::new(),
+                volume_mount_group: self
+                    .volume_mount_group
+                    .map(|g| g.to_string())
+                    .unwrap_or_default(),
             })),
             access_mode: Some(AccessMode { mode: mode as i32 }),
         }
@@ -130,19 +172,70 @@ impl NodeService {
         with_deadline(self.timeout, c.node_get_info(proto::NodeGetInfoRequest {})).await
     }
 
-    /// Whether the driver stages volumes (the STAGE_UNSTAGE_VOLUME node
-    /// capability).
-    pub async fn supports_stage_unstage(&self) -> Result<bool, CsiError> {
-        use proto::node_service_capability::{rpc::Type, Type as Cap};
+    /// The node service's RPC capabilities (NodeGetCapabilities).
+    pub async fn capabilities(&self) -> Result<Capabilities, CsiError> {
+        use proto::node_service_capability::Type as Cap;
         let mut c = self.client.clone();
         let caps = with_deadline(
             self.timeout,
             c.node_get_capabilities(proto::NodeGetCapabilitiesRequest {}),
         )
         .await?;
-        Ok(caps.capabilities.iter().any(|cap| {
-            matches!(&cap.r#type, Some(Cap::Rpc(r)) if r.r#type == Type::StageUnstageVolume as i32)
-        }))
+        Ok(Capabilities(
+            caps.capabilities
+                .iter()
+                .filter_map(|cap| cap.r#type.as_ref().map(|Cap::Rpc(r)| r.r#type))
+                .collect(),
+        ))
+    }
+
+    /// Whether the driver stages volumes (the STAGE_UNSTAGE_VOLUME node
+    /// capability).
+    pub async fn supports_stage_unstage(&self) -> Result<bool, CsiError> {
+        Ok(self.capabilities().await?.stage_unstage())
+    }
+
+    /// NodeGetVolumeStats for a published volume (upstream's
+    /// `NodeGetVolumeStats`: bytes and inodes from the usage entries by
+    /// unit, zero for a unit the driver did not report; unknown units are
+    /// skipped; no usage at all is an error).
+    pub async fn volume_stats(
+        &self,
+        volume_id: &str,
+        target_path: &str,
+    ) -> Result<VolumeStats, CsiError> {
+        use proto::volume_usage::Unit;
+        let mut c = self.client.clone();
+        let r = proto::NodeGetVolumeStatsRequest {
+            volume_id: volume_id.to_string(),
+            volume_path: target_path.to_string(),
+            staging_target_path: String::new(),
+        };
+        let resp = with_deadline(self.timeout, c.node_get_volume_stats(r)).await?;
+        if resp.usage.is_empty() {
+            // Upstream's check (an empty list decodes as nil in Go).
+            return Err(CsiError::Invalid(
+                "failed to get usage from response. usage is nil".into(),
+            ));
+        }
+        let mut s = VolumeStats::default();
+        for u in &resp.usage {
+            // Negative figures from a broken driver count as zero.
+            let (a, t, used) = (
+                u.available.max(0) as u64,
+                u.total.max(0) as u64,
+                u.used.max(0) as u64,
+            );
+            match Unit::try_from(u.unit) {
+                Ok(Unit::Bytes) => (s.available, s.capacity, s.used) = (a, t, used),
+                Ok(Unit::Inodes) => (s.inodes_free, s.inodes, s.inodes_used) = (a, t, used),
+                _ => {
+                    tracing::warn!(volume_id = %volume_id, unit = u.unit, "unknown unit in NodeGetVolumeStats usage")
+                }
+            }
+        }
+        s.condition = resp.volume_condition.map(|c| (c.abnormal, c.message));
+        Ok(s)
     }
 
     pub async fn publish(

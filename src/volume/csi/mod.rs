@@ -1,8 +1,9 @@
 //! CSI node plugins (upstream `pkg/volume/csi` and the CSI side of
 //! `pkg/kubelet/pluginmanager`): the registry of drivers that registered
 //! through `<root-dir>/plugins_registry/` (`registration.rs`), the gRPC
-//! client to a driver's node service (`client.rs`), and the set-up and
-//! tear-down of CSI volumes in pods (`mounter.rs`). Mounting is the
+//! client to a driver's node service (`client.rs`), the set-up and
+//! tear-down of CSI volumes in pods (`mounter.rs`), and their figures from
+//! NodeGetVolumeStats (`metrics.rs`). Mounting is the
 //! driver's job; rkubelet computes the paths, makes the parent
 //! directories and removes them after the driver unpublished.
 
@@ -15,6 +16,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 pub mod client;
+pub mod metrics;
 pub mod mounter;
 pub mod nodeinfo;
 pub mod registration;
@@ -308,6 +310,52 @@ impl DriverObject {
     }
 }
 
+/// A CSIDriver's `fsGroupPolicy`: whether the kubelet applies the pod's
+/// fsGroup to a published volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsGroupPolicy {
+    /// Only for a volume with an fsType and a ReadWriteOnce access mode
+    /// (the API server's default, and upstream's without a CSIDriver).
+    ReadWriteOnceWithFsType,
+    File,
+    None,
+}
+
+impl DriverObject {
+    /// Upstream `getFSGroupPolicy`: the default without a CSIDriver; an
+    /// object without the field (the API server always defaults it) is
+    /// an error.
+    pub fn fs_group_policy(&self) -> Result<FsGroupPolicy, String> {
+        let DriverObject::Found(d) = self else {
+            return Ok(FsGroupPolicy::ReadWriteOnceWithFsType);
+        };
+        match d.spec.fs_group_policy.as_deref() {
+            Some("File") => Ok(FsGroupPolicy::File),
+            Some("None") => Ok(FsGroupPolicy::None),
+            Some("ReadWriteOnceWithFSType") => Ok(FsGroupPolicy::ReadWriteOnceWithFsType),
+            None | Some("") => Err(log_msg(
+                "expected valid fsGroupPolicy, received nil value or empty string",
+            )),
+            // The API server admits only the three values; anything else
+            // is treated as the default, as upstream's comparisons do.
+            Some(_) => Ok(FsGroupPolicy::ReadWriteOnceWithFsType),
+        }
+    }
+
+    /// `requiresRepublish`: NodePublishVolume again at each pod sync.
+    pub fn requires_republish(&self) -> bool {
+        matches!(self, DriverObject::Found(d) if d.spec.requires_republish == Some(true))
+    }
+
+    /// `tokenRequests`: the audiences the driver wants pod tokens for.
+    pub fn token_requests(&self) -> Vec<k8s_openapi::api::storage::v1::TokenRequest> {
+        match self {
+            DriverObject::Found(d) => d.spec.token_requests.clone().unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 /// Lower-case hex of SHA-256.
 pub(crate) fn sha256_hex(data: &[u8]) -> String {
     use std::fmt::Write;
@@ -400,6 +448,49 @@ mod tests {
         found.supports_mode("d", "Ephemeral").unwrap();
         assert!(found.supports_mode("d", "Persistent").is_err());
         assert!(found.pod_info_on_mount() && !found.attach_required());
+    }
+
+    #[test]
+    fn fs_group_policy_republish_and_tokens_follow_the_csidriver() {
+        assert_eq!(
+            DriverObject::Missing.fs_group_policy(),
+            Ok(FsGroupPolicy::ReadWriteOnceWithFsType)
+        );
+        assert_eq!(
+            DriverObject::NoApiServer.fs_group_policy(),
+            Ok(FsGroupPolicy::ReadWriteOnceWithFsType)
+        );
+        let mut d = CSIDriver::default();
+        assert_eq!(
+            DriverObject::Found(Box::new(d.clone()))
+                .fs_group_policy()
+                .unwrap_err(),
+            "kubernetes.io/csi: expected valid fsGroupPolicy, received nil value or empty string"
+        );
+        for (v, want) in [
+            ("File", FsGroupPolicy::File),
+            ("None", FsGroupPolicy::None),
+            (
+                "ReadWriteOnceWithFSType",
+                FsGroupPolicy::ReadWriteOnceWithFsType,
+            ),
+        ] {
+            d.spec.fs_group_policy = Some(v.into());
+            assert_eq!(
+                DriverObject::Found(Box::new(d.clone())).fs_group_policy(),
+                Ok(want)
+            );
+        }
+        assert!(!DriverObject::Found(Box::new(d.clone())).requires_republish());
+        d.spec.requires_republish = Some(true);
+        d.spec.token_requests = Some(vec![k8s_openapi::api::storage::v1::TokenRequest {
+            audience: "vault".into(),
+            expiration_seconds: Some(600),
+        }]);
+        let o = DriverObject::Found(Box::new(d));
+        assert!(o.requires_republish());
+        assert_eq!(o.token_requests()[0].audience, "vault");
+        assert!(DriverObject::Missing.token_requests().is_empty());
     }
 
     #[test]

@@ -411,6 +411,12 @@ pub(crate) mod tests {
         ) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
             Err(Status::unimplemented("no"))
         }
+        async fn node_get_volume_stats(
+            &self,
+            _: Request<proto::NodeGetVolumeStatsRequest>,
+        ) -> Result<Response<proto::NodeGetVolumeStatsResponse>, Status> {
+            Err(Status::unimplemented("no"))
+        }
         async fn node_get_capabilities(
             &self,
             _: Request<proto::NodeGetCapabilitiesRequest>,

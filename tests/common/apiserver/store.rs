@@ -870,6 +870,9 @@ impl Store {
         if res.plural == "clustertrustbundles" {
             super::trustbundle::validate(&obj, None)?;
         }
+        if res.plural == "csidrivers" {
+            csidriver_defaults(&mut obj);
+        }
         let created = self.commit(res, ns, &name, EventType::Added, obj, None);
         if res.plural == "certificatesigningrequests" && self.csr.auto_approve {
             self.approve_csr(&name, "AutoApproved", "approved by the API server double");
@@ -1014,6 +1017,9 @@ impl Store {
             "resourceVersion".into(),
             old["metadata"]["resourceVersion"].clone(),
         );
+        if res.plural == "csidrivers" {
+            csidriver_defaults(&mut next);
+        }
         if next == old {
             return Ok(old);
         }
@@ -1361,5 +1367,35 @@ pub fn watch_event(
         }
         _ if now => Some(json!({"type": ev.typ.as_str(), "object": ev.object})),
         _ => None,
+    }
+}
+
+/// CSIDriver defaulting (pkg/apis/storage/v1 SetDefaults_CSIDriver),
+/// applied when a write is decoded: attachRequired true, podInfoOnMount,
+/// storageCapacity, requiresRepublish and seLinuxMount false,
+/// fsGroupPolicy ReadWriteOnceWithFSType, volumeLifecycleModes
+/// [Persistent] when empty.
+fn csidriver_defaults(obj: &mut Value) {
+    if !obj["spec"].is_object() {
+        obj["spec"] = json!({});
+    }
+    let spec = &mut obj["spec"];
+    for (k, v) in [
+        ("attachRequired", json!(true)),
+        ("podInfoOnMount", json!(false)),
+        ("storageCapacity", json!(false)),
+        ("fsGroupPolicy", json!("ReadWriteOnceWithFSType")),
+        ("requiresRepublish", json!(false)),
+        ("seLinuxMount", json!(false)),
+    ] {
+        if spec.get(k).is_none_or(Value::is_null) {
+            spec[k] = v;
+        }
+    }
+    if spec["volumeLifecycleModes"]
+        .as_array()
+        .is_none_or(|m| m.is_empty())
+    {
+        spec["volumeLifecycleModes"] = json!(["Persistent"]);
     }
 }
