@@ -98,6 +98,30 @@ impl RuntimeService for RemoteRuntime {
         self.call("Status", self.timeout, c.status(req)).await
     }
 
+    async fn runtime_config(&self) -> CriResult<Option<v1::CgroupDriver>> {
+        let mut c = self.runtime.clone();
+        let r = self
+            .call(
+                "RuntimeConfig",
+                self.timeout,
+                c.runtime_config(v1::RuntimeConfigRequest {}),
+            )
+            .await?;
+        let Some(linux) = r.linux else {
+            return Ok(None);
+        };
+        v1::CgroupDriver::try_from(linux.cgroup_driver)
+            .map(Some)
+            .map_err(|_| CriError::Status {
+                op: "RuntimeConfig",
+                code: tonic::Code::Internal,
+                message: format!(
+                    "runtime returned an unknown cgroup driver {}",
+                    linux.cgroup_driver
+                ),
+            })
+    }
+
     async fn update_runtime_config(&self, pod_cidr: &str) -> CriResult<()> {
         let mut c = self.runtime.clone();
         let req = v1::UpdateRuntimeConfigRequest {

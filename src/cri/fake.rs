@@ -12,6 +12,9 @@ use super::*;
 
 #[derive(Default)]
 struct State {
+    /// Scripted RuntimeConfig answers, first first: a driver (`None`: no
+    /// Linux config) or an error code. Unscripted: Unimplemented.
+    runtime_config: std::collections::VecDeque<Result<Option<v1::CgroupDriver>, tonic::Code>>,
     sandboxes: BTreeMap<String, (PodSandboxConfig, i32)>,
     containers: BTreeMap<String, FakeContainer>,
     images: BTreeMap<String, Image>,
@@ -79,6 +82,11 @@ impl FakeRuntime {
     /// (container name, timeout seconds) of every StopContainer call.
     pub fn stop_timeouts(&self) -> Vec<(String, i64)> {
         self.state.lock().stop_timeouts.clone()
+    }
+
+    /// Queues the answer of the next RuntimeConfig call.
+    pub fn push_runtime_config(&self, answer: Result<Option<v1::CgroupDriver>, tonic::Code>) {
+        self.state.lock().runtime_config.push_back(answer);
     }
 
     /// Calls made so far, as "Op id-or-name" strings.
@@ -180,6 +188,21 @@ impl RuntimeService for FakeRuntime {
             runtime_name: "fake".into(),
             runtime_version: "0".into(),
             runtime_api_version: "v1".into(),
+        })
+    }
+
+    async fn runtime_config(&self) -> CriResult<Option<v1::CgroupDriver>> {
+        let mut s = self.state.lock();
+        self.record(&mut s, "RuntimeConfig".to_string());
+        let code = match s.runtime_config.pop_front() {
+            Some(Ok(d)) => return Ok(d),
+            Some(Err(code)) => code,
+            None => tonic::Code::Unimplemented,
+        };
+        Err(CriError::Status {
+            op: "RuntimeConfig",
+            code,
+            message: "scripted".into(),
         })
     }
 

@@ -74,6 +74,16 @@ pub trait RuntimeService: Send + Sync + 'static {
     async fn status(&self) -> CriResult<v1::StatusResponse>;
     /// CRI UpdateRuntimeConfig with the node's pod CIDR.
     async fn update_runtime_config(&self, pod_cidr: &str) -> CriResult<()>;
+    /// CRI RuntimeConfig: the runtime's cgroup driver, `None` when it gives
+    /// no Linux configuration. Unimplemented unless a runtime overrides it
+    /// (older runtimes, and the fakes).
+    async fn runtime_config(&self) -> CriResult<Option<v1::CgroupDriver>> {
+        Err(CriError::Status {
+            op: "RuntimeConfig",
+            code: tonic::Code::Unimplemented,
+            message: "RuntimeConfig is not implemented".into(),
+        })
+    }
     async fn run_pod_sandbox(&self, config: PodSandboxConfig, handler: String)
         -> CriResult<String>;
     async fn stop_pod_sandbox(&self, id: &str) -> CriResult<()>;

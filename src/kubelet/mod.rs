@@ -134,8 +134,71 @@ fn mkdir(path: &std::path::Path) -> Result<(), KubeletError> {
     })
 }
 
+/// Upstream's gate for taking the cgroup driver from the runtime (beta and on
+/// by default since 1.28).
+const CGROUP_DRIVER_FROM_CRI_GATE: &str = "KubeletCgroupDriverFromCRI";
+
+/// The cgroup driver the runtime reports through CRI RuntimeConfig, else
+/// `configured`, as upstream's getCgroupDriverFromCRI: three tries, `pause`
+/// apart, for a runtime still starting; a runtime without RuntimeConfig
+/// keeps the configured driver and sets `kubelet_cri_losing_support`.
+/// Upstream exits when the runtime keeps failing; rkubelet keeps the
+/// configured driver and goes on, as it does for a runtime that is down.
+async fn cgroup_driver_from_runtime(
+    runtime: &dyn RuntimeService,
+    configured: String,
+    pause: Duration,
+) -> String {
+    use crate::cri::v1::CgroupDriver;
+    let mut last = None;
+    for attempt in 0..3 {
+        if attempt > 0 {
+            tokio::time::sleep(pause).await;
+        }
+        match runtime.runtime_config().await {
+            Ok(Some(d)) => {
+                let driver = match d {
+                    CgroupDriver::Systemd => "systemd",
+                    CgroupDriver::Cgroupfs => "cgroupfs",
+                };
+                info!(
+                    cgroup_driver = driver,
+                    "using cgroup driver setting received from the CRI runtime"
+                );
+                return driver.to_string();
+            }
+            Ok(None) => return configured,
+            Err(e) if e.is_unimplemented() => {
+                info!(cgroup_driver = %configured, "CRI implementation should be updated to support RuntimeConfig; falling back to the cgroupDriver from the kubelet config");
+                crate::metrics::cri_losing_support("1.36.0");
+                return configured;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    if let Some(e) = last {
+        warn!(error = %e, cgroup_driver = %configured, "could not get the cgroup driver from the CRI runtime; using the configured one");
+    }
+    configured
+}
+
 /// Runs until `token` is cancelled. Running pods are left running on exit.
-pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), KubeletError> {
+pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(), KubeletError> {
+    let remote = Arc::new(RemoteRuntime::connect_lazy(
+        &opts.config.container_runtime_endpoint,
+        opts.config.runtime_request_timeout.0,
+    )?);
+    if opts
+        .config
+        .feature_gates
+        .get(CGROUP_DRIVER_FROM_CRI_GATE)
+        .copied()
+        .unwrap_or(true)
+    {
+        let configured = std::mem::take(&mut opts.config.cgroup_driver);
+        opts.config.cgroup_driver =
+            cgroup_driver_from_runtime(remote.as_ref(), configured, Duration::from_secs(2)).await;
+    }
     let cfg = &opts.config;
     set_own_oom_score_adj(cfg.oom_score_adj);
     set_open_file_limit(cfg.max_open_files);
@@ -148,10 +211,6 @@ pub async fn run(opts: KubeletOptions, token: CancellationToken) -> Result<(), K
     mkdir(&opts.root_dir.join("pods"))?;
     mkdir(&logs_dir)?;
 
-    let remote = Arc::new(RemoteRuntime::connect_lazy(
-        &cfg.container_runtime_endpoint,
-        cfg.runtime_request_timeout.0,
-    )?);
     match remote.version().await {
         Ok(v) => {
             info!(runtime = %v.runtime_name, version = %v.runtime_version, api = %v.runtime_api_version, "connected to container runtime")
@@ -1045,4 +1104,57 @@ async fn serving_tls(
         tracing::info_span!("tls-reload"),
     ));
     Ok((tls, auth, reload))
+}
+
+#[cfg(test)]
+mod cgroup_driver_tests {
+    use super::*;
+    use crate::cri::fake::FakeRuntime;
+    use crate::cri::v1::CgroupDriver;
+
+    async fn ask(fake: &FakeRuntime) -> String {
+        cgroup_driver_from_runtime(fake, "cgroupfs".into(), Duration::from_secs(2)).await
+    }
+
+    /// Upstream's getCgroupDriverFromCRI: the runtime's driver wins over
+    /// the configured one; no Linux config keeps the configured one.
+    #[tokio::test(start_paused = true)]
+    async fn the_runtime_driver_replaces_the_configured_one() {
+        let fake = FakeRuntime::new();
+        fake.push_runtime_config(Ok(Some(CgroupDriver::Systemd)));
+        assert_eq!(ask(&fake).await, "systemd");
+        fake.push_runtime_config(Ok(None));
+        assert_eq!(ask(&fake).await, "cgroupfs");
+    }
+
+    /// A transient error is retried (three tries in all); an unimplemented
+    /// RuntimeConfig is not, keeps the configured driver and sets
+    /// kubelet_cri_losing_support{version="1.36.0"}.
+    #[tokio::test(start_paused = true)]
+    async fn errors_are_retried_and_unimplemented_falls_back() {
+        let fake = FakeRuntime::new();
+        fake.push_runtime_config(Err(tonic::Code::Unavailable));
+        fake.push_runtime_config(Ok(Some(CgroupDriver::Systemd)));
+        assert_eq!(ask(&fake).await, "systemd");
+        let tries = |f: &FakeRuntime| f.calls().iter().filter(|c| *c == "RuntimeConfig").count();
+        assert_eq!(tries(&fake), 2);
+
+        let fake = FakeRuntime::new();
+        for _ in 0..3 {
+            fake.push_runtime_config(Err(tonic::Code::Unavailable));
+        }
+        fake.push_runtime_config(Ok(Some(CgroupDriver::Systemd)));
+        assert_eq!(ask(&fake).await, "cgroupfs");
+        assert_eq!(tries(&fake), 3);
+
+        let fake = FakeRuntime::new();
+        assert_eq!(ask(&fake).await, "cgroupfs");
+        assert_eq!(tries(&fake), 1);
+        let gauge = crate::metrics::METRICS
+            .v134
+            .cri_losing_support
+            .get_or_create(&crate::metrics::v134::VersionLabel { version: "1.36.0" })
+            .get();
+        assert_eq!(gauge, 1);
+    }
 }

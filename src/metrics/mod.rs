@@ -1658,6 +1658,18 @@ pub fn admission_rejected(reason: &str) {
         .inc();
 }
 
+/// The runtime does not implement CRI RuntimeConfig: the Kubernetes version
+/// that will stop falling back to the configured cgroup driver
+/// (`kubelet_cri_losing_support{version} 1`, as upstream's
+/// getCgroupDriverFromCRI sets it).
+pub fn cri_losing_support(version: &'static str) {
+    METRICS
+        .v134
+        .cri_losing_support
+        .get_or_create(&v134::VersionLabel { version })
+        .set(1);
+}
+
 /// One API request from the kube-rs client.
 pub fn rest_client_request(code: &str, method: &str, host: &str) {
     METRICS

@@ -407,11 +407,9 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     v134::set_credential_provider_config_hash("sha256:abcd1234".into());
     admission_rejected("OutOfcpu");
     // The labelled 1.34 families rkubelet never counts (no in-place
-    // resize, no RuntimeConfig query): one series each, to see the labels.
+    // resize): one series each, to see the labels.
     let n = &METRICS.v134;
-    n.cri_losing_support
-        .get_or_create(&v134::VersionLabel { version: "1.36.0" })
-        .set(1);
+    cri_losing_support("1.36.0");
     n.container_requested_resizes
         .get_or_create(&v134::ResizeRequestLabels {
             operation: "increase",

@@ -5,10 +5,11 @@
 //! (`pkg/credentialprovider/plugin/metrics.go`, `config.go`) and the
 //! admission rejections the kubelet records in `allocation_manager.go`.
 //!
-//! rkubelet has no in-place resize, starts no pod in a user namespace and
-//! does not ask the runtime for its cgroup driver (RuntimeConfig), so those
-//! families stay as upstream shows them with nothing counted: unlabelled
-//! ones at 0, labelled ones without series.
+//! rkubelet has no in-place resize and starts no pod in a user namespace,
+//! so those families stay as upstream shows them with nothing counted:
+//! unlabelled ones at 0, labelled ones without series. The CRI-support
+//! gauge is set at start when the runtime lacks RuntimeConfig
+//! (`kubelet::cgroup_driver_from_runtime`).
 
 use std::path::{Path, PathBuf};
 
