@@ -852,6 +852,24 @@ mod tests {
         );
     }
 
+    /// Static pods cannot name API data: a manifest with a podCertificate
+    /// source is refused at decode, never reaching this manager.
+    #[test]
+    fn a_static_pod_with_a_pod_certificate_source_is_refused() {
+        let yaml = b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: s\nspec:\n  containers:\n  - name: c\n    image: busybox\n  volumes:\n  - name: cert\n    projected:\n      sources:\n      - podCertificate:\n          signerName: example.com/s\n          keyType: ED25519\n          credentialBundlePath: b.pem\n";
+        let e = crate::source::static_pod::decode_static_pod(
+            yaml,
+            std::path::Path::new("/m/s.yaml"),
+            "n1",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("unknown source for projected volume \"cert\""),
+            "{e}"
+        );
+    }
+
     #[test]
     fn forgetting_a_pod_drops_its_projections_only() {
         let pc = PodCerts::default();
