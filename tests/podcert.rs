@@ -320,3 +320,44 @@ fn a_denied_request_leaves_the_pod_waiting_with_the_reason() {
     });
     drop(k);
 }
+
+/// PodCertificateRequest is alpha and off by default in 1.34: upstream's
+/// kubelet then uses its no-op manager, the volume fails with its
+/// `unimplemented`, and no request is made.
+#[test]
+fn without_the_feature_gate_no_request_is_made_and_the_volume_fails() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    api.create(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": "default"}}));
+    let node = "it-pcert-off";
+    let mut k = Kubelet::new(node);
+    let kc = api.node_kubeconfig(&k.dir, node);
+    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+    k.extra_config = "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\n".into();
+    k.spawn();
+    let name = format!("pcert-{node}");
+    api.create(pod(
+        &name,
+        node,
+        json!([{"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519",
+            "credentialBundlePath": "bundle.pem"}}]),
+    ));
+    wait_for("a FailedMount event from the no-op manager", T, || {
+        api.list("events").into_iter().find(|e| {
+            e["reason"] == "FailedMount"
+                && e["involvedObject"]["name"] == name.as_str()
+                && e["message"] == "MountVolume.SetUp failed for volume \"cert\" : unimplemented"
+        })
+    });
+    assert!(requests(&api, &name).is_empty());
+    assert_eq!(api.count_requests("POST", "podcertificaterequests"), 0);
+    let p = api.get("pods", Some("default"), &name).unwrap();
+    assert_ne!(p["status"]["phase"], "Running");
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the pod gone", T, || {
+        api.get("pods", Some("default"), &name)
+            .is_none()
+            .then_some(())
+    });
+    drop(k);
+}
