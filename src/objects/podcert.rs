@@ -23,7 +23,7 @@ use kube::Api;
 use parking_lot::Mutex;
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::ObjectManager;
 
@@ -251,6 +251,15 @@ fn after_observed(state: CredState, seen: Observed) -> CredState {
     }
 }
 
+/// Whether the state holds issued credentials (fresh, or waiting for a
+/// refresh).
+fn serves(state: &CredState) -> bool {
+    matches!(
+        state,
+        CredState::Fresh { .. } | CredState::WaitRefresh { .. }
+    )
+}
+
 /// getCredBundle of a state, with when to look again.
 fn answer(state: &CredState, now: i64) -> Result<Credentials, PodCertError> {
     match state {
@@ -449,10 +458,39 @@ impl ObjectManager {
         // The lock is never held across a call: one volume operation runs
         // per (pod, volume) at a time, so nothing else steps this key.
         let state = pc.store.lock().get(&key).cloned();
-        let next = match (next_step(state.as_ref(), now), state) {
+        let step = next_step(state.as_ref(), now);
+        let stepped = self.step(api, pod, &key, proj, step, state.clone()).await;
+        let next = match (stepped, state) {
+            (Ok(next), _) => next,
+            // A failed refresh leaves the current credentials served (upstream
+            // re-queues the projection; its bundle stays readable).
+            (Err(e), Some(prior)) if serves(&prior) => {
+                warn!(pod = %key.pod_name, namespace = %key.namespace, volume = %key.volume, error = %e, "couldn't refresh a pod certificate; the current one stays");
+                return answer(&prior, now).map(|c| Credentials {
+                    recheck_at: now + REFRESH_POLL,
+                    ..c
+                });
+            }
+            (Err(e), _) => return Err(e),
+        };
+        let out = answer(&next, now);
+        pc.store.lock().insert(key, next);
+        out
+    }
+
+    /// One step of upstream handleProjection for `step`.
+    async fn step(
+        &self,
+        api: &crate::apiclient::ApiClient,
+        pod: &Pod,
+        key: &ProjectionKey,
+        proj: &PodCertificateProjection,
+        step: Step,
+        state: Option<CredState>,
+    ) -> Result<CredState, PodCertError> {
+        Ok(match (step, state) {
             (Step::Create { refresh }, state) => {
-                let (private_key, name) =
-                    self.create_request(api, pod, &key, proj, refresh).await?;
+                let (private_key, name) = self.create_request(api, pod, key, proj, refresh).await?;
                 info!(pod = %key.pod_name, namespace = %key.namespace, volume = %key.volume, pcr = %name, refresh, "PodCertificateRequest created");
                 match state {
                     Some(CredState::Fresh {
@@ -486,10 +524,7 @@ impl ObjectManager {
             }
             (_, Some(state)) => state,
             (_, None) => return Err(PodCertError::NotIssued),
-        };
-        let out = answer(&next, now);
-        pc.store.lock().insert(key, next);
-        out
+        })
     }
 
     async fn create_request(
@@ -868,6 +903,62 @@ mod tests {
             e.contains("unknown source for projected volume \"cert\""),
             "{e}"
         );
+    }
+
+    /// With the API server away, a due refresh keeps serving the current
+    /// credentials (looked at again in REFRESH_POLL); a first issuance has
+    /// nothing to serve and fails.
+    #[tokio::test]
+    async fn a_failed_refresh_keeps_the_current_credentials() {
+        let slot = std::sync::Arc::new(std::sync::OnceLock::new());
+        let cfg = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let _ = slot.set(crate::apiclient::ApiClient::new(
+            kube::Client::try_from(cfg).unwrap(),
+            50,
+            100,
+        ));
+        let m = ObjectManager::new(
+            slot,
+            tokio_util::task::TaskTracker::new(),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .with_pod_certificate_request(true);
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("p".into());
+        pod.metadata.namespace = Some("ns".into());
+        pod.metadata.uid = Some(UID.into());
+        let key = |i: usize| ProjectionKey {
+            namespace: "ns".into(),
+            pod_name: "p".into(),
+            pod_uid: UID.into(),
+            volume: "v".into(),
+            source_index: i,
+        };
+        let proj = PodCertificateProjection {
+            key_type: "ED25519".into(),
+            ..Default::default()
+        };
+        m.inner.pod_certs.store.lock().insert(
+            key(0),
+            CredState::Fresh {
+                private_key: b"K".to_vec(),
+                chain: b"C".to_vec(),
+                begin_refresh_at: 1,
+            },
+        );
+        let before = crate::kuberuntime::wall_now().as_secs() as i64;
+        let got = m.pod_certificate(&pod, "v", 0, &proj).await.unwrap();
+        assert_eq!((got.private_key, got.chain), (b"K".to_vec(), b"C".to_vec()));
+        assert!(got.recheck_at >= before + REFRESH_POLL);
+        // The state is unchanged: the refresh is tried again.
+        assert!(matches!(
+            m.inner.pod_certs.store.lock().get(&key(0)),
+            Some(CredState::Fresh { .. })
+        ));
+        // A first issuance: the API's error.
+        let e = m.pod_certificate(&pod, "v", 1, &proj).await.unwrap_err();
+        assert!(matches!(e, PodCertError::ServiceAccount(_)), "{e}");
+        assert!(m.inner.pod_certs.store.lock().get(&key(1)).is_none());
     }
 
     #[test]
