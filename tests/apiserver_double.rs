@@ -2257,7 +2257,10 @@ fn ctb(name: &str, signer: &str, labels: Value, bundle: &str) -> Value {
 // Discovery as a 1.34 server with the beta API on: the group lists v1 and
 // v1beta1 (v1 preferred), and /apis/certificates.k8s.io/v1beta1 names the
 // cluster-scoped clustertrustbundles the kubelet looks for
-// (clusterTrustBundlesAvailable); v1alpha1 is not served (404).
+// (clusterTrustBundlesAvailable). v1alpha1 is served as with the
+// PodCertificateRequest gate and runtime-config on, for
+// podcertificaterequests only (a real server would also list its v1alpha1
+// clustertrustbundles; the kubelet asks for v1beta1 first).
 #[test]
 fn cluster_trust_bundles_are_discovered_at_v1beta1() {
     let s = plain();
@@ -2277,7 +2280,7 @@ fn cluster_trust_bundles_are_discovered_at_v1beta1() {
         .iter()
         .map(|v| v["version"].as_str().unwrap())
         .collect();
-    assert_eq!(versions, ["v1", "v1beta1"]);
+    assert_eq!(versions, ["v1", "v1beta1", "v1alpha1"]);
     let list = c.get("/apis/certificates.k8s.io/v1beta1").unwrap().body;
     let r = list["resources"]
         .as_array()
@@ -2287,10 +2290,14 @@ fn cluster_trust_bundles_are_discovered_at_v1beta1() {
         .expect("clustertrustbundles served");
     assert_eq!(r["namespaced"], false);
     assert_eq!(r["kind"], "ClusterTrustBundle");
-    assert_eq!(
-        c.get("/apis/certificates.k8s.io/v1alpha1").unwrap().status,
-        404
-    );
+    let alpha = c.get("/apis/certificates.k8s.io/v1alpha1").unwrap().body;
+    let r = alpha["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "podcertificaterequests")
+        .expect("podcertificaterequests served");
+    assert_eq!(r["namespaced"], true);
 }
 
 // pkg/apis/certificates/validation ValidateClusterTrustBundle(Update): a
@@ -2540,4 +2547,95 @@ fn csidrivers_are_defaulted_as_the_api_server_does() {
         r.body["spec"]["volumeLifecycleModes"],
         json!(["Persistent"])
     );
+}
+
+// PodCertificateRequests (certificates.k8s.io/v1alpha1 in 1.34):
+// pkg/registry/certificates/podcertificaterequest strategy PrepareForCreate
+// clears the status (a requester cannot issue itself a certificate) and
+// the status subresource is the signer's; pkg/apis/certificates/validation
+// ValidatePodCertificateRequestCreate verifies proofOfPossession against
+// pkixPublicKey over the pod UID's bytes (Ed25519: the bytes; ECDSA: their
+// SHA-256 digest), else 422 "could not verify proof-of-possession
+// signature".
+#[test]
+fn pod_certificate_requests_clear_status_and_verify_the_proof_of_possession() {
+    use base64::Engine;
+    use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let rng = ring::rand::SystemRandom::new();
+    let ed =
+        Ed25519KeyPair::from_pkcs8(Ed25519KeyPair::generate_pkcs8(&rng).unwrap().as_ref()).unwrap();
+    let mut ed_spki = vec![
+        0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+    ];
+    ed_spki.extend_from_slice(ed.public_key().as_ref());
+    let uid = "11111111-2222-4333-8444-555555555555";
+    let pcr = |spki: &[u8], proof: &[u8]| {
+        json!({"apiVersion": "certificates.k8s.io/v1alpha1", "kind": "PodCertificateRequest",
+            "metadata": {"generateName": "req-", "namespace": "default"},
+            "spec": {"signerName": "example.com/s", "podName": "p", "podUID": uid,
+                "serviceAccountName": "default", "serviceAccountUID": "sa",
+                "nodeName": "n1", "nodeUID": "nu",
+                "pkixPublicKey": b64(spki), "proofOfPossession": b64(proof)},
+            "status": {"certificateChain": "forged"}})
+    };
+    const PCRS: &str =
+        "/apis/certificates.k8s.io/v1alpha1/namespaces/default/podcertificaterequests";
+    let s = plain();
+    let c = s.client();
+    let r = c
+        .post(PCRS, &pcr(&ed_spki, ed.sign(uid.as_bytes()).as_ref()))
+        .unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let name = r.body["metadata"]["name"].as_str().unwrap().to_string();
+    assert!(name.starts_with("req-"));
+    assert_eq!(r.body["status"], json!({}), "status cleared at create");
+    // A proof over another UID does not verify.
+    let r = c
+        .post(PCRS, &pcr(&ed_spki, ed.sign(b"other").as_ref()))
+        .unwrap();
+    assert_eq!(r.status, 422, "{:?}", r.body);
+    assert!(r.body["message"]
+        .as_str()
+        .unwrap()
+        .contains("could not verify proof-of-possession signature"));
+    // ECDSA P-256: the signature of the SHA-256 digest of the UID.
+    let p256 = EcdsaKeyPair::from_pkcs8(
+        &ECDSA_P256_SHA256_ASN1_SIGNING,
+        EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng)
+            .unwrap()
+            .as_ref(),
+        &rng,
+    )
+    .unwrap();
+    let mut p_spki = vec![
+        0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08,
+        0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
+    ];
+    p_spki.extend_from_slice(p256.public_key().as_ref());
+    let good = p256.sign(&rng, uid.as_bytes()).unwrap();
+    assert_eq!(
+        c.post(PCRS, &pcr(&p_spki, good.as_ref())).unwrap().status,
+        201
+    );
+    let bad = p256.sign(&rng, b"other").unwrap();
+    assert_eq!(
+        c.post(PCRS, &pcr(&p_spki, bad.as_ref())).unwrap().status,
+        422
+    );
+    // The signer writes status through /status; a write to the main
+    // resource keeps it.
+    let mut got = s
+        .get("podcertificaterequests", Some("default"), &name)
+        .unwrap();
+    got["status"] = json!({"certificateChain": "CHAIN", "conditions": [{"type": "Issued",
+        "status": "True", "reason": "Issued", "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
+    let after = s.update_status(got.clone());
+    assert_eq!(after["status"]["certificateChain"], "CHAIN");
+    let mut main = after.clone();
+    main["status"] = json!({});
+    main["metadata"]["labels"] = json!({"x": "y"});
+    let after = s.update(main);
+    assert_eq!(after["status"]["certificateChain"], "CHAIN");
 }

@@ -275,6 +275,12 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             .get(crate::objects::trustbundle::FEATURE_GATE)
             .copied()
             .unwrap_or(crate::objects::trustbundle::FEATURE_GATE_DEFAULT),
+    )
+    .with_pod_certificate_request(
+        cfg.feature_gates
+            .get(crate::objects::podcert::FEATURE_GATE)
+            .copied()
+            .unwrap_or(crate::objects::podcert::FEATURE_GATE_DEFAULT),
     );
     // Service-account-token mode reads ServiceAccounts and requests
     // tokens through the object manager (its client comes in cluster mode).

@@ -27,6 +27,7 @@ use kube::Api;
 
 use crate::apiclient::ApiClient;
 
+pub mod podcert;
 pub mod trustbundle;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -129,6 +130,8 @@ struct Inner {
     ttl: OnceLock<TtlSource>,
     /// ClusterTrustBundles: the feature gate and the lazily started watch.
     trust_bundles: trustbundle::TrustBundles,
+    /// podCertificate projections: the feature gate and each source's state.
+    pod_certs: podcert::PodCerts,
 }
 
 type ServiceMap = std::collections::BTreeMap<(String, String), Arc<Service>>;
@@ -286,6 +289,8 @@ impl ObjectManager {
         }
         st.tokens
             .retain(|_, (_, bound)| bound.as_deref() != Some(uid));
+        drop(st);
+        self.inner.pod_certs.forget(uid);
     }
 
     /// Objects watched now: (configmaps, secrets).

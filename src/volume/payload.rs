@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
 };
 
 use crate::kuberuntime::RuntimeOptions;
+use crate::objects::podcert::{Credentials, PodCertError};
 use crate::objects::trustbundle::TrustBundleError;
 use crate::objects::{ObjectError, ObjectManager, Token};
 
@@ -36,7 +37,8 @@ pub type Payload = BTreeMap<String, FileProjection>;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Built {
     pub files: Payload,
-    /// The earliest `Token::refresh_at` (unix seconds) of the tokens in it.
+    /// The earliest `Token::refresh_at` or pod certificate `recheck_at`
+    /// (unix seconds) of what is in it.
     pub refresh_at: Option<i64>,
 }
 
@@ -58,8 +60,10 @@ pub enum PayloadError {
     /// A clusterTrustBundle source the manager could not serve, in its words.
     #[error(transparent)]
     TrustBundle(#[from] TrustBundleError),
-    #[error("{0} projections are not supported yet")]
-    UnsupportedProjection(&'static str),
+    /// A podCertificate source the manager could not serve (not issued
+    /// yet, denied, ...), in its words.
+    #[error(transparent)]
+    PodCertificate(#[from] PodCertError),
     #[error("volume {0:?} is not a configMap, secret, downwardAPI or projected volume")]
     UnsupportedVolume(String),
     /// Several errors, shown as upstream's utilerrors aggregate:
@@ -525,6 +529,7 @@ pub struct Fetched {
     pub secrets: HashMap<String, Result<Arc<Secret>, ObjectError>>,
     pub tokens: HashMap<usize, Result<Token, ObjectError>>,
     pub trust_bundles: HashMap<usize, Result<Vec<u8>, TrustBundleError>>,
+    pub pod_certificates: HashMap<usize, Result<Credentials, PodCertError>>,
 }
 
 fn not_fetched<T>(kind: &'static str, name: &str) -> Result<T, ObjectError> {
@@ -622,8 +627,20 @@ pub fn projected_payload(
                     },
                 )])
             })
-        } else if p.pod_certificate.is_some() {
-            Err(PayloadError::UnsupportedProjection("podCertificate"))
+        } else if let Some(pc) = &p.pod_certificate {
+            let got = fetched
+                .pod_certificates
+                .get(&i)
+                .cloned()
+                .unwrap_or(Err(PodCertError::Unsupported));
+            got.map_err(PayloadError::from).map(|cred| {
+                built.refresh_at = Some(
+                    built
+                        .refresh_at
+                        .map_or(cred.recheck_at, |r| r.min(cred.recheck_at)),
+                );
+                pod_certificate_files(pc, &cred, token_mode(pod, default_mode))
+            })
         } else {
             Ok(Payload::new())
         };
@@ -633,6 +650,39 @@ pub fn projected_payload(
         }
     }
     aggregate(errs).map(|()| built)
+}
+
+/// A podCertificate source's files (the projected plugin's podCertificate
+/// case): the credential bundle is the private key's PEM block followed by
+/// the chain, so one read gets a matching pair; keyPath and
+/// certificateChainPath get the two apart. Each takes the token's mode rule.
+pub fn pod_certificate_files(
+    pc: &k8s_openapi::api::core::v1::PodCertificateProjection,
+    cred: &Credentials,
+    mode: u32,
+) -> Payload {
+    let mut files = Payload::new();
+    let file = |data: Vec<u8>| FileProjection { data, mode };
+    if let Some(p) = pc
+        .credential_bundle_path
+        .as_deref()
+        .filter(|p| !p.is_empty())
+    {
+        let mut bundle = cred.private_key.clone();
+        bundle.extend_from_slice(&cred.chain);
+        files.insert(p.to_string(), file(bundle));
+    }
+    if let Some(p) = pc.key_path.as_deref().filter(|p| !p.is_empty()) {
+        files.insert(p.to_string(), file(cred.private_key.clone()));
+    }
+    if let Some(p) = pc
+        .certificate_chain_path
+        .as_deref()
+        .filter(|p| !p.is_empty())
+    {
+        files.insert(p.to_string(), file(cred.chain.clone()));
+    }
+    files
 }
 
 /// The ConfigMaps and Secrets a volume reads, by name, each once.
@@ -742,6 +792,9 @@ pub async fn build(
                 fetched
                     .trust_bundles
                     .insert(i, objects.trust_anchors(c).await);
+            } else if let Some(pc) = &src.pod_certificate {
+                let got = objects.pod_certificate(pod, &volume.name, i, pc).await;
+                fetched.pod_certificates.insert(i, got);
             }
         }
         return projected_payload(pod, opts, p, &fetched);
@@ -1164,6 +1217,7 @@ mod tests {
             secrets: HashMap::from([("sec".to_string(), Ok(Arc::new(secret())))]),
             tokens: HashMap::from([(3, Ok(token("t1", 500))), (4, Ok(token("t2", 300)))]),
             trust_bundles: HashMap::new(),
+            pod_certificates: HashMap::new(),
         }
     }
 
@@ -1286,6 +1340,90 @@ mod tests {
             e.to_string(),
             "ClusterTrustBundle projection is not supported in static kubelet mode"
         );
+    }
+
+    #[test]
+    fn pod_certificates_are_a_bundle_or_split_files_with_the_token_mode_rule() {
+        use k8s_openapi::api::core::v1::PodCertificateProjection;
+        let cred = Credentials {
+            private_key: b"KEY\n".to_vec(),
+            chain: b"LEAF\nCA\n".to_vec(),
+            recheck_at: 700,
+        };
+        let bundle = PodCertificateProjection {
+            signer_name: "example.com/s".into(),
+            key_type: "ED25519".into(),
+            credential_bundle_path: Some("creds.pem".into()),
+            ..Default::default()
+        };
+        let split = PodCertificateProjection {
+            key_path: Some("tls.key".into()),
+            certificate_chain_path: Some("tls.crt".into()),
+            ..bundle.clone()
+        };
+        let split = PodCertificateProjection {
+            credential_bundle_path: None,
+            ..split
+        };
+        let src = ProjectedVolumeSource {
+            sources: Some(vec![
+                VolumeProjection {
+                    pod_certificate: Some(bundle),
+                    ..Default::default()
+                },
+                VolumeProjection {
+                    pod_certificate: Some(split),
+                    ..Default::default()
+                },
+            ]),
+            default_mode: Some(0o440),
+        };
+        let mut f = Fetched::default();
+        f.pod_certificates.insert(0, Ok(cred.clone()));
+        f.pod_certificates.insert(
+            1,
+            Ok(Credentials {
+                recheck_at: 500,
+                ..cred
+            }),
+        );
+        let opts = RuntimeOptions::default();
+        let built = projected_payload(&pod(), &opts, &src, &f).unwrap();
+        assert_eq!(
+            built.files,
+            Payload::from([
+                ("creds.pem".to_string(), file("KEY\nLEAF\nCA\n", 0o440)),
+                ("tls.key".to_string(), file("KEY\n", 0o440)),
+                ("tls.crt".to_string(), file("LEAF\nCA\n", 0o440)),
+            ])
+        );
+        // The volume is written again at the earliest recheck.
+        assert_eq!(built.refresh_at, Some(500));
+        // fsGroup: 0600, as tokens.
+        let mut p = pod();
+        p.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+            fs_group: Some(2000),
+            ..Default::default()
+        });
+        let built = projected_payload(&p, &opts, &src, &f).unwrap();
+        assert!(built.files.values().all(|f| f.mode == 0o600));
+        // Not issued yet / denied: the manager's words, every source's.
+        f.pod_certificates.insert(0, Err(PodCertError::NotIssued));
+        f.pod_certificates.insert(
+            1,
+            Err(PodCertError::Denied {
+                reason: "R".into(),
+                message: "M".into(),
+            }),
+        );
+        let e = projected_payload(&pod(), &opts, &src, &f).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "[credential bundle is not issued yet, PodCertificateRequest was permanently denied: reason=\"R\" message=\"M\"]"
+        );
+        // Nothing fetched (static pods): the NoOpManager's error.
+        let e = projected_payload(&pod(), &opts, &src, &Fetched::default()).unwrap_err();
+        assert_eq!(e.to_string(), "unimplemented");
     }
 
     #[test]

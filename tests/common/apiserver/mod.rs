@@ -19,6 +19,9 @@
 //!   `certificatesigningrequests` (+`/status`, `/approval`);
 //!   `certificates.k8s.io/v1beta1` `clustertrustbundles` (validation and
 //!   the `spec.signerName` field selector of upstream's registry);
+//!   `certificates.k8s.io/v1alpha1` `podcertificaterequests` (+`/status`;
+//!   status cleared at create, the proof of possession verified for P-256
+//!   and Ed25519 keys, see podcert.rs);
 //!   `storage.k8s.io/v1` `csidrivers` and `csinodes` (cluster-scoped,
 //!   stored as given).
 //!   Discovery:
@@ -136,6 +139,7 @@
 mod client;
 mod patch;
 mod pki;
+pub mod podcert;
 mod server;
 mod serviceaccount;
 mod store;

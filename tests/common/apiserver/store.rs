@@ -132,6 +132,17 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         false
     ),
+    // PodCertificateRequests (see podcert.rs): v1alpha1 in 1.34, with the
+    // signer's /status.
+    res!(
+        "podcertificaterequests",
+        "certificates.k8s.io",
+        "v1alpha1",
+        "PodCertificateRequest",
+        true,
+        true,
+        false
+    ),
     // CSI: the kubelet reads a driver's CSIDriver (podInfoOnMount,
     // volumeLifecycleModes); cluster-scoped, no status subresource.
     res!(
@@ -872,6 +883,10 @@ impl Store {
         }
         if res.plural == "csidrivers" {
             csidriver_defaults(&mut obj);
+        }
+        if res.plural == "podcertificaterequests" {
+            super::podcert::prepare_for_create(&mut obj);
+            super::podcert::validate_create(&obj)?;
         }
         let created = self.commit(res, ns, &name, EventType::Added, obj, None);
         if res.plural == "certificatesigningrequests" && self.csr.auto_approve {
