@@ -316,6 +316,36 @@ where
     });
 }
 
+/// A runtime for the test's gRPC servers, with `driver` served on
+/// `<kubelet dir>/csi.sock` (returned).
+fn serve_driver(k: &Kubelet, driver: &FakeDriver) -> (tokio::runtime::Runtime, PathBuf) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let endpoint = k.dir.join("csi.sock");
+    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    (rt, endpoint)
+}
+
+/// A registrar for the driver at `endpoint`, served as `socket` in the
+/// kubelet's plugins_registry, where rkubelet finds it.
+fn register(rt: &tokio::runtime::Runtime, k: &Kubelet, endpoint: &Path, socket: &str) -> Registrar {
+    let reg_dir = k.dir.join("root/plugins_registry");
+    std::fs::create_dir_all(&reg_dir).unwrap();
+    let registrar = Registrar {
+        endpoint: endpoint.display().to_string(),
+        statuses: Default::default(),
+    };
+    serve(
+        rt,
+        &reg_dir.join(socket),
+        registration_server::RegistrationServer::new(registrar.clone()),
+    );
+    registrar
+}
+
 fn sha256_hex(data: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, data.as_bytes())
         .as_ref()
@@ -368,14 +398,8 @@ fn an_inline_csi_volume_waits_for_its_driver_is_published_read_and_unpublished()
     let node = "it-csi";
     let k = cluster_kubelet(node, &api);
     let root = k.dir.join("root");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let driver = FakeDriver::default();
-    let endpoint = k.dir.join("csi.sock");
-    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
+    let (rt, endpoint) = serve_driver(&k, &driver);
     // The driver asks for pod information and allows inline volumes.
     api.create(json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
@@ -412,17 +436,7 @@ fn an_inline_csi_volume_waits_for_its_driver_is_published_read_and_unpublished()
     assert_ne!(p["status"]["phase"], "Running");
 
     // The registrar appears: the driver registers and the pod starts.
-    let reg_dir = root.join("plugins_registry");
-    std::fs::create_dir_all(&reg_dir).unwrap();
-    let registrar = Registrar {
-        endpoint: endpoint.display().to_string(),
-        statuses: Default::default(),
-    };
-    serve(
-        &rt,
-        &reg_dir.join(format!("{DRIVER}-reg.sock")),
-        registration_server::RegistrationServer::new(registrar.clone()),
-    );
+    let registrar = register(&rt, &k, &endpoint, &format!("{DRIVER}-reg.sock"));
     let p = running_pod(&api, &name);
     let st = registrar.statuses.lock().clone();
     assert_eq!(st.len(), 1);
@@ -512,25 +526,9 @@ fn an_inline_volume_of_a_driver_without_ephemeral_mode_is_refused_as_upstream() 
     let api = ApiServer::start(ApiServerOptions::default());
     let node = "it-csi-mode";
     let k = cluster_kubelet(node, &api);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
     let driver = FakeDriver::default();
-    let endpoint = k.dir.join("csi.sock");
-    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
-    let reg_dir = k.dir.join("root/plugins_registry");
-    std::fs::create_dir_all(&reg_dir).unwrap();
-    let registrar = Registrar {
-        endpoint: endpoint.display().to_string(),
-        statuses: Default::default(),
-    };
-    serve(
-        &rt,
-        &reg_dir.join("reg.sock"),
-        registration_server::RegistrationServer::new(registrar.clone()),
-    );
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    let registrar = register(&rt, &k, &endpoint, "reg.sock");
     wait_for("the driver registered", T, || {
         (!registrar.statuses.lock().is_empty()).then_some(())
     });
@@ -566,28 +564,12 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
     let node = "it-csi-pv";
     let k = cluster_kubelet(node, &api);
     let root = k.dir.join("root");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let driver = FakeDriver {
         stages: true,
         ..Default::default()
     };
-    let endpoint = k.dir.join("csi.sock");
-    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
-    let reg_dir = root.join("plugins_registry");
-    std::fs::create_dir_all(&reg_dir).unwrap();
-    let registrar = Registrar {
-        endpoint: endpoint.display().to_string(),
-        statuses: Default::default(),
-    };
-    serve(
-        &rt,
-        &reg_dir.join("reg.sock"),
-        registration_server::RegistrationServer::new(registrar.clone()),
-    );
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
     // rkubelet does not attach: the driver says it needs none.
     api.create(json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
@@ -704,7 +686,7 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
                 .is_some_and(|d| d.len() == 1)
         })
     });
-    std::fs::remove_file(reg_dir.join("reg.sock")).unwrap();
+    std::fs::remove_file(k.dir.join("root/plugins_registry/reg.sock")).unwrap();
     wait_for("the driver gone from the CSINode", T, || {
         api.get("csinodes", None, node)
             .filter(|c| c["spec"]["drivers"] == json!([]))
@@ -726,25 +708,9 @@ fn a_pod_deleted_while_rkubelet_was_down_has_its_csi_volume_unpublished_after_re
     let node = "it-csi-restart";
     let mut k = cluster_kubelet(node, &api);
     let root = k.dir.join("root");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let driver = FakeDriver::default();
-    let endpoint = k.dir.join("csi.sock");
-    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
-    let reg_dir = root.join("plugins_registry");
-    std::fs::create_dir_all(&reg_dir).unwrap();
-    let registrar = Registrar {
-        endpoint: endpoint.display().to_string(),
-        statuses: Default::default(),
-    };
-    serve(
-        &rt,
-        &reg_dir.join("reg.sock"),
-        registration_server::RegistrationServer::new(registrar.clone()),
-    );
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    let registrar = register(&rt, &k, &endpoint, "reg.sock");
     api.create(json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
         "metadata": {"name": DRIVER},
@@ -803,29 +769,13 @@ fn driver_stats_tokens_mount_group_and_republish_follow_the_csidriver() {
         "metadata": {"name": "default", "namespace": "default"}}));
     let k = cluster_kubelet(node, &api);
     let root = k.dir.join("root");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let driver = FakeDriver {
         stats: true,
         mount_group: true,
         ..Default::default()
     };
-    let endpoint = k.dir.join("csi.sock");
-    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
-    let reg_dir = root.join("plugins_registry");
-    std::fs::create_dir_all(&reg_dir).unwrap();
-    let registrar = Registrar {
-        endpoint: endpoint.display().to_string(),
-        statuses: Default::default(),
-    };
-    serve(
-        &rt,
-        &reg_dir.join("reg.sock"),
-        registration_server::RegistrationServer::new(registrar.clone()),
-    );
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
     // Tokens for one audience, published again at every pod sync.
     api.create(json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
@@ -982,28 +932,12 @@ fn a_staged_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unstaged_after_re
     let node = "it-csi-restart-pv";
     let mut k = cluster_kubelet(node, &api);
     let root = k.dir.join("root");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let driver = FakeDriver {
         stages: true,
         ..Default::default()
     };
-    let endpoint = k.dir.join("csi.sock");
-    serve(&rt, &endpoint, node_server::NodeServer::new(driver.clone()));
-    let reg_dir = root.join("plugins_registry");
-    std::fs::create_dir_all(&reg_dir).unwrap();
-    let registrar = Registrar {
-        endpoint: endpoint.display().to_string(),
-        statuses: Default::default(),
-    };
-    serve(
-        &rt,
-        &reg_dir.join("reg.sock"),
-        registration_server::RegistrationServer::new(registrar.clone()),
-    );
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
     api.create(json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
         "metadata": {"name": DRIVER},

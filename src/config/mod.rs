@@ -1177,6 +1177,12 @@ fn detect_format(text: &str) -> Format {
 }
 
 impl KubeletConfiguration {
+    /// Whether feature gate `name` is on: as set in `featureGates`, else
+    /// `default` (upstream's default for that gate in this release).
+    pub fn feature_gate(&self, name: &str, default: bool) -> bool {
+        self.feature_gates.get(name).copied().unwrap_or(default)
+    }
+
     /// What a config file holding only `apiVersion` and `kind` yields: v1beta1 defaults
     /// (read-only port 0, webhook authn/authz) plus the default `evictionHard`.
     pub fn file_defaults() -> Self {
@@ -1240,8 +1246,7 @@ impl KubeletConfiguration {
         let mut taint_errs: Vec<String> = Vec::new();
         let mut bad = |msg: String| errs.push(format!("invalid configuration: {msg}"));
         // Gates are only known when set explicitly; beta/GA gates count as on otherwise.
-        let gate =
-            |name: &str, default: bool| self.feature_gates.get(name).copied().unwrap_or(default);
+        let gate = |name: &str, default: bool| self.feature_gate(name, default);
 
         if self.node_lease_duration_seconds <= 0 {
             bad("nodeLeaseDurationSeconds must be greater than 0".into());

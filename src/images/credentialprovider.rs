@@ -326,11 +326,10 @@ fn decode(text: &str) -> Result<Vec<RawProvider>, String> {
     Ok(providers)
 }
 
-/// Reads the config from a file, or from every `*.json`, `*.yaml` and
-/// `*.yml` file of a directory in lexical order, merged (upstream's
-/// readCredentialProviderConfig); provider names must be unique across
-/// files.
-fn read_config(path: &Path) -> Result<Vec<RawProvider>, ConfigError> {
+/// The files of the config at `path`: the file itself, or every `*.json`,
+/// `*.yaml` and `*.yml` file of a directory in lexical order (upstream's
+/// readCredentialProviderConfig).
+pub(crate) fn config_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     if path.as_os_str().is_empty() {
         return Err(ConfigError::EmptyPath);
     }
@@ -338,29 +337,36 @@ fn read_config(path: &Path) -> Result<Vec<RawProvider>, ConfigError> {
         path: path.into(),
         source,
     })?;
-    let files = if meta.is_dir() {
-        let read_err = |source| ConfigError::Read {
-            path: path.into(),
-            source,
-        };
-        let mut files = Vec::new();
-        for entry in std::fs::read_dir(path).map_err(read_err)? {
-            let entry = entry.map_err(read_err)?;
-            let p = entry.path();
-            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or_default();
-            let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-            if !is_dir && matches!(ext, "json" | "yaml" | "yml") {
-                files.push(p);
-            }
-        }
-        files.sort();
-        if files.is_empty() {
-            return Err(ConfigError::NoFiles(path.into()));
-        }
-        files
-    } else {
-        vec![path.to_path_buf()]
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let read_err = |source| ConfigError::Read {
+        path: path.into(),
+        source,
     };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(read_err)? {
+        let entry = entry.map_err(read_err)?;
+        let p = entry.path();
+        let ext = p.extension().and_then(|e| e.to_str()).unwrap_or_default();
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        if !is_dir && matches!(ext, "json" | "yaml" | "yml") {
+            files.push(p);
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(ConfigError::NoFiles(path.into()));
+    }
+    Ok(files)
+}
+
+/// Reads the config (see `config_files`), merged; provider names must be
+/// unique across files. Also the hash of the bytes read, for
+/// `kubelet_credential_provider_config_info`.
+fn read_config(path: &Path) -> Result<(Vec<RawProvider>, String), ConfigError> {
+    let files = config_files(path)?;
+    let mut texts = Vec::with_capacity(files.len());
     let mut providers: Vec<RawProvider> = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).map_err(|source| ConfigError::Read {
@@ -377,8 +383,10 @@ fn read_config(path: &Path) -> Result<Vec<RawProvider>, ConfigError> {
             }
             providers.push(p);
         }
+        texts.push(text);
     }
-    Ok(providers)
+    let hash = crate::metrics::v134::config_hash(texts.iter().map(|t| t.as_bytes()));
+    Ok((providers, hash))
 }
 
 /// Upstream's validateCredentialProviderConfig, with field errors worded as
@@ -1375,9 +1383,10 @@ impl CredentialProviders {
                 }
             });
         }
-        let providers = validate(read_config(config)?, sa_token_gate)?;
+        let (raw, hash) = read_config(config)?;
+        let providers = validate(raw, sa_token_gate)?;
         crate::metrics::register_credential_provider_metrics();
-        crate::metrics::record_credential_provider_config(config);
+        crate::metrics::v134::set_credential_provider_config_hash(hash);
         let mut out = Vec::new();
         for cfg in providers {
             let bin = bin_dir.join(&cfg.name);
@@ -1409,11 +1418,7 @@ impl CredentialProviders {
         if config.is_empty() && bin_dir.is_empty() {
             return Ok(None);
         }
-        let gate = cfg
-            .feature_gates
-            .get(SA_TOKEN_GATE)
-            .copied()
-            .unwrap_or(true);
+        let gate = cfg.feature_gate(SA_TOKEN_GATE, true);
         Self::load_gated(Path::new(config), Path::new(bin_dir), gate).map(|p| Some(Arc::new(p)))
     }
 

@@ -188,13 +188,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         &opts.config.container_runtime_endpoint,
         opts.config.runtime_request_timeout.0,
     )?);
-    if opts
-        .config
-        .feature_gates
-        .get(CGROUP_DRIVER_FROM_CRI_GATE)
-        .copied()
-        .unwrap_or(true)
-    {
+    if opts.config.feature_gate(CGROUP_DRIVER_FROM_CRI_GATE, true) {
         let configured = std::mem::take(&mut opts.config.cgroup_driver);
         opts.config.cgroup_driver =
             cgroup_driver_from_runtime(remote.as_ref(), configured, Duration::from_secs(2)).await;
@@ -270,18 +264,14 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         ),
         cfg.sync_frequency.0,
     )
-    .with_cluster_trust_bundle_projection(
-        cfg.feature_gates
-            .get(crate::objects::trustbundle::FEATURE_GATE)
-            .copied()
-            .unwrap_or(crate::objects::trustbundle::FEATURE_GATE_DEFAULT),
-    )
-    .with_pod_certificate_request(
-        cfg.feature_gates
-            .get(crate::objects::podcert::FEATURE_GATE)
-            .copied()
-            .unwrap_or(crate::objects::podcert::FEATURE_GATE_DEFAULT),
-    );
+    .with_cluster_trust_bundle_projection(cfg.feature_gate(
+        crate::objects::trustbundle::FEATURE_GATE,
+        crate::objects::trustbundle::FEATURE_GATE_DEFAULT,
+    ))
+    .with_pod_certificate_request(cfg.feature_gate(
+        crate::objects::podcert::FEATURE_GATE,
+        crate::objects::podcert::FEATURE_GATE_DEFAULT,
+    ));
     // Service-account-token mode reads ServiceAccounts and requests
     // tokens through the object manager (its client comes in cluster mode).
     if let Some(p) = &credential_providers {

@@ -60,7 +60,6 @@ macro_rules! alpha {
 
 mod absent;
 pub mod v134;
-pub use v134::record_credential_provider_config;
 
 /// The Prometheus text format upstream's endpoints answer with.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -1248,13 +1248,19 @@ fn credential_provider_config_hash_is_upstreams_length_prefixed_sha256() {
     std::fs::write(dir.join("b.yaml"), "a: 1\n").unwrap();
     std::fs::write(dir.join("a.json"), "{}").unwrap();
     std::fs::write(dir.join("c.txt"), "ignored").unwrap();
+    // The files and bytes the credential provider loader reads and hashes.
+    let hash_of = |path: &std::path::Path| {
+        let files = crate::images::credentialprovider::config_files(path).unwrap();
+        let data: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+        v134::config_hash(data.iter().map(Vec::as_slice))
+    };
     assert_eq!(
-        v134::credential_provider_config_hash(&dir).unwrap(),
+        hash_of(&dir),
         "sha256:dec125761ba96f51cd4bd2471a0c3454d1075816304590abae123d8fd119121b"
     );
     // A single file hashes alone.
     assert_eq!(
-        v134::credential_provider_config_hash(&dir.join("b.yaml")).unwrap(),
+        hash_of(&dir.join("b.yaml")),
         v134::config_hash([b"a: 1\n".as_slice()])
     );
     let _ = std::fs::remove_dir_all(&dir);

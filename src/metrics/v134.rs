@@ -11,8 +11,6 @@
 //! gauge is set at start when the runtime lacks RuntimeConfig
 //! (`kubelet::cgroup_driver_from_runtime`).
 
-use std::path::{Path, PathBuf};
-
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -235,46 +233,6 @@ pub fn config_hash<'a>(files: impl IntoIterator<Item = &'a [u8]>) -> String {
         out.push_str(&format!("{b:02x}"));
     }
     out
-}
-
-/// The files upstream hashes for `path`: the file itself, or a directory's
-/// `*.json`, `*.yaml` and `*.yml` files (not directories) in lexical order.
-fn config_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
-    if !std::fs::metadata(path)?.is_dir() {
-        return Ok(vec![path.to_path_buf()]);
-    }
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(path)? {
-        let entry = entry?;
-        let p = entry.path();
-        let ext = p.extension().and_then(|e| e.to_str()).unwrap_or_default();
-        if !entry.file_type()?.is_dir() && matches!(ext, "json" | "yaml" | "yml") {
-            files.push(p);
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
-/// The hash of the credential provider config at `path` (blocking reads).
-pub fn credential_provider_config_hash(path: &Path) -> std::io::Result<String> {
-    let data = config_files(path)?
-        .iter()
-        .map(std::fs::read)
-        .collect::<std::io::Result<Vec<_>>>()?;
-    Ok(config_hash(data.iter().map(Vec::as_slice)))
-}
-
-/// Records the hash of the credential provider config at `path` (blocking
-/// reads; called once while plugins are registered at start-up, right
-/// after the config was read and validated, as upstream records it).
-pub fn record_credential_provider_config(path: &Path) {
-    match credential_provider_config_hash(path) {
-        Ok(h) => set_credential_provider_config_hash(h),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "hashing the credential provider config failed")
-        }
-    }
 }
 
 /// Sets the hash `kubelet_credential_provider_config_info` shows (upstream's

@@ -204,11 +204,7 @@ impl Auth {
             "" => return Err(AuthError::NoMode),
             other => return Err(AuthError::UnknownMode(other.into())),
         };
-        let fine_grained = cfg
-            .feature_gates
-            .get("KubeletFineGrainedAuthz")
-            .copied()
-            .unwrap_or(true);
+        let fine_grained = cfg.feature_gate("KubeletFineGrainedAuthz", true);
         Ok(Arc::new(Auth {
             cfg: AuthConfig {
                 anonymous: cfg.authentication.anonymous.enabled,
