@@ -210,9 +210,9 @@ impl Hierarchy {
         }
         if full {
             if let Some(d) = self.dir("cpu", &path_of("cpu")) {
-                s.cpu_shares = r.value_u64(&d, "cpu.shares");
-                s.cpu_period = r.value_u64(&d, "cpu.cfs_period_us");
-                s.cpu_quota = r.value_i64(&d, "cpu.cfs_quota_us").filter(|q| *q > 0);
+                s.cpu_shares = r.spec_u64(&d, "cpu.shares");
+                s.cpu_period = r.spec_u64(&d, "cpu.cfs_period_us");
+                s.cpu_quota = r.spec_i64(&d, "cpu.cfs_quota_us").filter(|q| *q > 0);
                 // Throttling is reported only under a quota (cAdvisor's
                 // container_cpu_cfs_* families).
                 if s.cpu_quota.is_some() {
@@ -231,10 +231,15 @@ impl Hierarchy {
                     .unwrap_or_default();
                 let memsw = r.hot_u64(&d, "memory.memsw.usage_in_bytes");
                 let limit = if detail >= Detail::CpuMemory {
-                    r.value_u64(&d, "memory.limit_in_bytes")
+                    r.spec_u64(&d, "memory.limit_in_bytes")
                 } else {
                     None
                 };
+                // Every endpoint shows the swap limit (resource metrics
+                // and the summary's swapAvailableBytes).
+                // A host without swap accounting lacks the file: cAdvisor
+                // reads that as 0.
+                let swap_limit = Some(r.spec_u64(&d, "memory.memsw.limit_in_bytes").unwrap_or(0));
                 let (max_usage, failcnt) = if full {
                     (
                         r.value_u64(&d, "memory.max_usage_in_bytes"),
@@ -248,8 +253,10 @@ impl Hierarchy {
                     (max_usage, failcnt, limit),
                     memsw.map(|m| m.saturating_sub(usage)),
                 );
+                m.swap_limit = swap_limit;
                 if full {
                     m.kernel = r.value_u64(&d, "memory.kmem.usage_in_bytes");
+                    m.reservation = r.spec_u64(&d, "memory.soft_limit_in_bytes");
                 }
                 s.memory = Some(m);
             }
@@ -327,7 +334,26 @@ pub struct FileReader {
     pub(super) blkio_empty: Vec<(PathBuf, usize)>,
     /// Process walks reused between collections.
     pub(super) walks: processes::WalkCache,
+    /// Limits and weights read lately, by `dir/file` (see `spec`).
+    specs: HashMap<Box<std::ffi::OsStr>, SpecEntry>,
+    /// Whether `spec` may answer from `specs` (see `cache_specs`).
+    cache_specs: bool,
 }
+
+/// A limit or weight file's trimmed text (`None`: it could not be read)
+/// and when it was read.
+struct SpecEntry {
+    text: Option<Box<str>>,
+    read: std::time::Instant,
+}
+
+/// How long a pod's or container's limits and weights are reused before
+/// they are read again. The runtime sets them when it creates the cgroup
+/// and rkubelet never updates them (no in-place resize), so only a change
+/// made behind the kubelet's back (`crictl update`) shows this late;
+/// cAdvisor rereads them at most every 5 s. Reading them at every scrape
+/// was about a quarter of `/metrics/cadvisor`'s file opens.
+pub const SPEC_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Open cgroup value files, read again at offset 0 on the next collection.
 /// Opening is most of the kernel's share of a scrape (a path walk and a
@@ -382,6 +408,8 @@ impl FileReader {
             blkio_files: None,
             blkio_empty: Vec::new(),
             walks: processes::WalkCache::default(),
+            specs: HashMap::new(),
+            cache_specs: false,
         }
     }
 
@@ -403,6 +431,7 @@ impl FileReader {
     /// Starts a collection: the held directory descriptors are let go
     /// (they may name cgroups removed since) and the open count restarts.
     pub fn begin(&mut self) {
+        self.cache_specs = false;
         self.dirs.clear();
         self.opened = 0;
         self.blkio_empty.clear();
@@ -419,6 +448,10 @@ impl FileReader {
         // Nor is a directory held open until the next collection.
         self.dirs.clear();
         self.walks.sweep();
+        // Limits too old to be used again (or of cgroups gone).
+        let now = std::time::Instant::now();
+        self.specs
+            .retain(|_, e| now.duration_since(e.read) < SPEC_MAX_AGE);
         let Some(k) = self.kept.as_mut() else { return };
         let now = std::time::Instant::now();
         if now.duration_since(k.swept) < KEPT_IDLE / 4 {
@@ -491,6 +524,46 @@ impl FileReader {
             }
         }
         std::str::from_utf8(&self.buf[..len]).ok()
+    }
+
+    /// Whether `spec` may reuse what it read within `SPEC_MAX_AGE`: on for
+    /// the pods' and containers' cgroups, whose limits only the runtime
+    /// sets; off for the node's, QoS and system cgroups, which the kubelet
+    /// and systemd change as pods come and go.
+    pub fn cache_specs(&mut self, on: bool) {
+        self.cache_specs = on;
+    }
+
+    /// A limit or weight file (`value`, trimmed), answered from what was
+    /// read within `SPEC_MAX_AGE` while `cache_specs` is on.
+    fn spec(&mut self, dir: &Path, file: &str) -> Option<&str> {
+        if !self.cache_specs {
+            return self.value(dir, file).map(str::trim);
+        }
+        let mut key = dir.as_os_str().to_owned();
+        key.push("/");
+        key.push(file);
+        let now = std::time::Instant::now();
+        let fresh = self
+            .specs
+            .get(key.as_os_str())
+            .is_some_and(|e| now.duration_since(e.read) < SPEC_MAX_AGE);
+        if !fresh {
+            let text = self.value(dir, file).map(|t| t.trim().into());
+            self.specs.insert(
+                key.clone().into_boxed_os_str(),
+                SpecEntry { text, read: now },
+            );
+        }
+        self.specs.get(key.as_os_str())?.text.as_deref()
+    }
+
+    fn spec_u64(&mut self, dir: &Path, file: &str) -> Option<u64> {
+        self.spec(dir, file)?.parse().ok()
+    }
+
+    fn spec_i64(&mut self, dir: &Path, file: &str) -> Option<i64> {
+        self.spec(dir, file)?.parse().ok()
     }
 
     /// A single-record file (`dir/file`): one read unless it fills the
@@ -573,10 +646,6 @@ impl FileReader {
     }
 
     fn value_u64(&mut self, dir: &Path, file: &str) -> Option<u64> {
-        self.value(dir, file)?.trim().parse().ok()
-    }
-
-    fn value_i64(&mut self, dir: &Path, file: &str) -> Option<i64> {
         self.value(dir, file)?.trim().parse().ok()
     }
 
@@ -783,6 +852,8 @@ impl MemStat {
             active_file: self.active_file,
             inactive_file: self.inactive_file,
             kernel: None,
+            swap_limit: None,
+            reservation: None,
         }
     }
 
@@ -836,9 +907,9 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
     if full {
         // cpu.weight → shares, the inverse of the kubelet's shares → weight.
         s.cpu_shares = r
-            .value_u64(d, "cpu.weight")
+            .spec_u64(d, "cpu.weight")
             .map(|w| 2 + ((w.max(1) - 1) * 262_142) / 9999);
-        if let Some(max) = r.value(d, "cpu.max") {
+        if let Some(max) = r.spec(d, "cpu.max") {
             let mut it = max.split_whitespace();
             let quota = it.next().and_then(|q| q.parse::<i64>().ok());
             s.cpu_quota = quota;
@@ -853,10 +924,15 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
         let swap = r.hot_u64(d, "memory.swap.current");
         // "max" does not parse: no limit.
         let limit = if detail >= Detail::CpuMemory {
-            r.value_u64(d, "memory.max")
+            r.spec_u64(d, "memory.max")
         } else {
             None
         };
+        let swap_limit = Some(
+            r.spec(d, "memory.swap.max")
+                .and_then(parse_max)
+                .unwrap_or(0),
+        );
         let (max_usage, failcnt) = if full {
             let failcnt = r
                 .value(d, "memory.events")
@@ -865,7 +941,12 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
         } else {
             (None, None)
         };
-        s.memory = Some(st.sample(usage, (max_usage, failcnt, limit), swap));
+        let mut m = st.sample(usage, (max_usage, failcnt, limit), swap);
+        m.swap_limit = swap_limit;
+        if full {
+            m.reservation = r.spec(d, "memory.min").and_then(parse_max);
+        }
+        s.memory = Some(m);
     }
     if detail >= Detail::CpuMemory {
         s.psi = read_psi_dir(d, detail, r);
@@ -917,6 +998,22 @@ pub struct MemorySample {
     pub inactive_file: u64,
     /// v1's kernel memory usage; v2 has no such file (cAdvisor shows 0).
     pub kernel: Option<u64>,
+    /// cAdvisor's SwapLimit: v1 `memory.memsw.limit_in_bytes` (memory and
+    /// swap together), v2 `memory.swap.max` (`max` is `u64::MAX`), 0 where
+    /// the file is missing, as cAdvisor reads it; `None` for figures not
+    /// from cgroups.
+    pub swap_limit: Option<u64>,
+    /// cAdvisor's Reservation (its text only): v1
+    /// `memory.soft_limit_in_bytes`, v2 `memory.min`.
+    pub reservation: Option<u64>,
+}
+
+/// A v2 limit: a number, or `max` for none (cAdvisor's `u64::MAX`).
+fn parse_max(text: &str) -> Option<u64> {
+    match text.trim() {
+        "max" => Some(u64::MAX),
+        t => t.parse().ok(),
+    }
 }
 
 /// One pressure file's `some` and `full` lines.
@@ -1136,9 +1233,9 @@ mod tests {
         let (full, n_full) = read(Detail::Full);
         assert_eq!(n_sum, n_cm, "no unified mount: no more to read");
         assert_eq!(sum, cm);
-        // usage, memory usage, memory.stat, memsw.
-        assert_eq!(n_res, 4);
-        assert_eq!(n_cm, 5, "and the limit");
+        // usage, memory usage, memory.stat, memsw usage and limit.
+        assert_eq!(n_res, 5);
+        assert_eq!(n_cm, 6, "and the limit");
         assert!(n_full > n_cm);
         for s in [&res, &cm, &full] {
             assert_eq!(s.cpu.unwrap().usage_ns, 5000);
@@ -1147,10 +1244,96 @@ mod tests {
             assert_eq!(m.swap, Some(100));
         }
         assert_eq!(res.memory.unwrap().limit, None);
+        // No memsw limit file here: 0, as cAdvisor reads a missing file.
+        assert_eq!(res.memory.unwrap().swap_limit, Some(0));
         assert_eq!(cm.memory.unwrap().limit, Some(20000));
         assert_eq!(res.cpu.unwrap().user_ns, None);
         assert_eq!(full.cpu.unwrap().user_ns, Some(10_000_000));
         assert_eq!(full.cpu_shares, Some(1024));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn swap_and_reservation_limits_are_read_as_cadvisor_reads_them() {
+        let root = tempdir("swaplimit");
+        let cg = "/kubepods/podz/abc";
+        let mem = root.join("memory").join(&cg[1..]);
+        write(&mem, "memory.usage_in_bytes", "10000\n");
+        write(&mem, "memory.memsw.usage_in_bytes", "10100\n");
+        write(&mem, "memory.memsw.limit_in_bytes", "52428800\n");
+        write(&mem, "memory.soft_limit_in_bytes", "9223372036854771712\n");
+        write(&mem, "memory.stat", "total_rss 6000\n");
+        let h = Hierarchy::V1 {
+            roots: [("memory".to_string(), root.join("memory"))]
+                .into_iter()
+                .collect(),
+            unified: None,
+        };
+        let m = h
+            .read_with(cg, Detail::Resource, &mut FileReader::new())
+            .memory
+            .unwrap();
+        assert_eq!(m.swap_limit, Some(52428800), "memsw, memory and swap");
+        assert_eq!(m.reservation, None, "cAdvisor's text only");
+        let m = h.read(cg).memory.unwrap();
+        assert_eq!(m.reservation, Some(9223372036854771712));
+
+        // v2: `max` is no limit (u64::MAX), memory.min the reservation.
+        let d = root.join("v2").join(&cg[1..]);
+        write(&d, "memory.current", "10000\n");
+        write(&d, "memory.stat", "anon 6000\n");
+        write(&d, "memory.swap.current", "0\n");
+        write(&d, "memory.swap.max", "max\n");
+        write(&d, "memory.min", "4096\n");
+        let h2 = Hierarchy::V2 {
+            root: root.join("v2"),
+        };
+        let m = h2.read(cg).memory.unwrap();
+        assert_eq!((m.swap_limit, m.reservation), (Some(u64::MAX), Some(4096)));
+        write(&d, "memory.swap.max", "1048576\n");
+        let m = h2
+            .read_with(cg, Detail::Resource, &mut FileReader::new())
+            .memory
+            .unwrap();
+        assert_eq!(m.swap_limit, Some(1048576));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn limits_are_reused_only_while_caching_and_young() {
+        let root = tempdir("specs");
+        write(&root, "memory.limit_in_bytes", "1000\n");
+        let mut r = FileReader::keeping(16);
+        // Off (the node's and QoS cgroups): read every time.
+        assert_eq!(r.spec_u64(&root, "memory.limit_in_bytes"), Some(1000));
+        write(&root, "memory.limit_in_bytes", "2000\n");
+        assert_eq!(r.spec_u64(&root, "memory.limit_in_bytes"), Some(2000));
+        // On: the first read is reused, without opening the file.
+        r.begin();
+        r.cache_specs(true);
+        assert_eq!(r.spec_u64(&root, "memory.limit_in_bytes"), Some(2000));
+        write(&root, "memory.limit_in_bytes", "3000\n");
+        let opened = r.opened;
+        assert_eq!(r.spec_u64(&root, "memory.limit_in_bytes"), Some(2000));
+        assert_eq!(r.opened, opened, "answered from the cache");
+        // A missing file is remembered as missing too.
+        assert_eq!(r.spec(&root, "memory.soft_limit_in_bytes"), None);
+        assert_eq!(r.spec(&root, "memory.soft_limit_in_bytes"), None);
+        assert_eq!(r.opened, opened + 1);
+        // A new collection starts with caching off.
+        r.begin();
+        assert_eq!(r.spec_u64(&root, "memory.limit_in_bytes"), Some(3000));
+        // Past SPEC_MAX_AGE the file is read again (and sweep drops it).
+        r.cache_specs(true);
+        for e in r.specs.values_mut() {
+            e.read -= SPEC_MAX_AGE;
+        }
+        assert_eq!(r.spec_u64(&root, "memory.limit_in_bytes"), Some(3000));
+        for e in r.specs.values_mut() {
+            e.read -= SPEC_MAX_AGE;
+        }
+        r.sweep();
+        assert!(r.specs.is_empty());
         let _ = std::fs::remove_dir_all(root);
     }
 

@@ -297,6 +297,17 @@ pub fn resource(snap: Option<&Snapshot>, node_name: &str) -> String {
                         ts(&sw.time),
                     );
                 }
+                // Upstream adds the usage back to what is available.
+                if let Some(a) = sw.swap_available_bytes {
+                    e.add(
+                        "container_swap_limit_bytes",
+                        "[ALPHA] Current amount of the container swap limit in bytes. Reported only on non-windows systems",
+                        Gauge,
+                        &l,
+                        a.saturating_add(sw.swap_usage_bytes.unwrap_or(0)) as f64,
+                        ts(&sw.time),
+                    );
+                }
             }
         }
         let l = [("pod", pod), ("namespace", ns)];
@@ -542,6 +553,22 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             Gauge,
             &b.with(&[]),
             spec_memory(m.limit),
+            None,
+        );
+        e.add(
+            "container_spec_memory_swap_limit_bytes",
+            "Memory swap limit for the container.",
+            Gauge,
+            &b.with(&[]),
+            spec_memory(m.swap_limit),
+            None,
+        );
+        e.add(
+            "container_spec_memory_reservation_limit_bytes",
+            "Memory reservation limit for the container.",
+            Gauge,
+            &b.with(&[]),
+            spec_memory(m.reservation),
             None,
         );
         let gauges: [(&str, &str, f64); 9] = [

@@ -482,7 +482,16 @@ mod tests {
                 "total_inactive_file 1024\ntotal_rss 4096\ntotal_cache 2048\n",
             );
             write(&mem, "memory.limit_in_bytes", "9223372036854771712\n");
+            write(&mem, "memory.memsw.limit_in_bytes", "9223372036854771712\n");
         }
+        // The container's memory and swap limit (v1's swap limit).
+        let ctr_mem = root.join("memory").join(pod).join(c);
+        write(&ctr_mem, "memory.memsw.limit_in_bytes", "52428800\n");
+        write(
+            &ctr_mem,
+            "memory.memsw.usage_in_bytes",
+            &format!("{}\n", (1u64 << 21) + 4096),
+        );
         // The pause process: this test process, so its netns is readable.
         write(
             &root.join("memory").join(pod).join(sb),
@@ -646,6 +655,15 @@ mod tests {
         rt.clear_calls();
         let (_, text) = get(&state, "/metrics/resource").await;
         assert!(text.contains("container_cpu_usage_seconds_total{container=\"app\""));
+        // Upstream's container_swap_limit_bytes: available plus usage, only
+        // under a swap limit.
+        let res = parse(&text);
+        let swap_limit = sample(&res, "container_swap_limit_bytes", &[("container", "app")]);
+        assert_eq!(swap_limit.map(value), Some(52428800.0), "{text}");
+        assert_eq!(
+            sample(&res, "container_swap_usage_bytes", &[("container", "app")]).map(value),
+            Some(4096.0)
+        );
         assert!(
             !rt.calls().iter().any(|c| c == "ListContainerStats"),
             "{:?}",
@@ -674,6 +692,13 @@ mod tests {
         );
         assert_eq!(pod["containers"][0]["memory"]["rssBytes"], 4096);
         assert_eq!(pod["containers"][0]["rootfs"]["usedBytes"], 77);
+        // swapAvailableBytes under a limit only (the pod has none).
+        assert_eq!(pod["containers"][0]["swap"]["swapUsageBytes"], 4096);
+        assert_eq!(
+            pod["containers"][0]["swap"]["swapAvailableBytes"],
+            52428800 - 4096
+        );
+        assert!(pod["swap"]["swapAvailableBytes"].is_null(), "{pod}");
         assert_eq!(pod["cpu"]["usageCoreNanoSeconds"], 3_000_000_000u64);
         assert_eq!(pod["memory"]["workingSetBytes"], (1u64 << 22) - 1024);
         assert!(pod["network"]["time"].is_string(), "{pod}");
@@ -737,6 +762,16 @@ mod tests {
             &[("id", id.as_str())]
         )
         .is_some());
+        // cAdvisor's spec families: unlimited is 0.
+        let spec = |name: &str, id: &str| sample(&s, name, &[("id", id)]).map(value);
+        let swap = "container_spec_memory_swap_limit_bytes";
+        assert_eq!(spec(swap, &id), Some(52428800.0));
+        assert_eq!(spec(swap, "/kubepods/besteffort/podu-1"), Some(0.0));
+        assert_eq!(
+            spec("container_spec_memory_reservation_limit_bytes", &id),
+            Some(0.0),
+            "no soft limit file: 0"
+        );
         assert!(sample(&s, "container_cpu_usage_seconds_total", &[("id", "/")]).is_some());
         assert!(sample(&s, "machine_cpu_cores", &[]).is_some());
         let oom = |id: &str| sample(&s, "container_oom_events_total", &[("id", id)]).map(value);

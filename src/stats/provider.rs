@@ -1129,6 +1129,8 @@ fn read_files(
         }
     }
 
+    // Pods' and containers' limits are the runtime's, set once.
+    r.cache_specs(true);
     let mut paths = std::mem::take(&mut *inner.paths.lock());
     let mut seen_pods = std::collections::HashSet::new();
     let mut seen_ctrs = std::collections::HashSet::new();
@@ -1261,6 +1263,7 @@ fn read_files(
         pods = pods.len(),
         "stats files read"
     );
+    r.cache_specs(false);
     r.sweep();
     *inner.reader.lock() = Some(r);
     Snapshot {

@@ -46,12 +46,19 @@ fn memory_stats(t: i64, s: &CgroupSample, capacity: Option<u64>) -> Option<Memor
     })
 }
 
+/// Upstream's cadvisorInfoToSwapStats: the usage, and what the swap limit
+/// leaves when there is one (on v1 the limit is memory and swap together,
+/// as cAdvisor reads it).
 fn swap_stats(t: i64, s: &CgroupSample) -> Option<SwapStats> {
     let m = s.memory?;
+    let usage = m.swap.unwrap_or(0);
     Some(SwapStats {
         time: time_from_ns(t),
-        swap_available_bytes: None,
-        swap_usage_bytes: Some(m.swap.unwrap_or(0)),
+        swap_available_bytes: m
+            .swap_limit
+            .filter(|l| *l <= 1 << 62)
+            .map(|l| l.saturating_sub(usage)),
+        swap_usage_bytes: Some(usage),
     })
 }
 
