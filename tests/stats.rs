@@ -244,6 +244,12 @@ fn summary_and_metrics_match_the_container_cgroup_and_upstream_names() {
         ("container_start_time_seconds", "gauge", with(&[])),
         ("container_spec_cpu_shares", "gauge", with(&[])),
         ("container_spec_memory_limit_bytes", "gauge", with(&[])),
+        ("container_spec_memory_swap_limit_bytes", "gauge", with(&[])),
+        (
+            "container_spec_memory_reservation_limit_bytes",
+            "gauge",
+            with(&[]),
+        ),
         (
             "container_network_receive_bytes_total",
             "counter",
