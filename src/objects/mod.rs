@@ -278,6 +278,8 @@ impl ObjectManager {
         if let Some(old) = st.pods.insert(uid, refs) {
             self.release(&mut st, &old);
         }
+        drop(st);
+        self.track_pod_certificates(pod);
     }
 
     /// Stops watching what only this pod referenced (UnregisterPod) and
@@ -290,7 +292,7 @@ impl ObjectManager {
         st.tokens
             .retain(|_, (_, bound)| bound.as_deref() != Some(uid));
         drop(st);
-        self.inner.pod_certs.forget(uid);
+        self.forget_pod_certificates(uid);
     }
 
     /// Objects watched now: (configmaps, secrets).
