@@ -67,8 +67,9 @@ pub struct Token {
 /// A change to an object the manager watches, for remounting volumes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjectKey {
-    /// "configmap", "secret" or "clustertrustbundle" (cluster-scoped: an
-    /// empty namespace).
+    /// "configmap", "secret", "clustertrustbundle" (cluster-scoped: an
+    /// empty namespace) or "podcertificaterequest" (a request a pod's
+    /// source waits on reached a terminal state; `name` is the pod's UID).
     pub kind: &'static str,
     pub namespace: String,
     pub name: String,
