@@ -2639,3 +2639,93 @@ fn pod_certificate_requests_clear_status_and_verify_the_proof_of_possession() {
     let after = s.update(main);
     assert_eq!(after["status"]["certificateChain"], "CHAIN");
 }
+
+// A kubelet watches the PodCertificateRequests of its node
+// (pkg/kubelet/kubelet.go: an informer with fieldSelector
+// spec.nodeName=<node>, all namespaces). The field labels are those of
+// pkg/apis/certificates/v1alpha1 conversion.go (metadata.name,
+// spec.signerName, spec.podName, spec.nodeName; anything else, even
+// metadata.namespace, is 400 "field label not supported"); the watch
+// follows the generic rules (from a resourceVersion, bookmarks, only the
+// objects the selector matches).
+#[test]
+fn pod_certificate_requests_list_and_watch_by_node_name() {
+    use base64::Engine;
+    use ring::signature::{Ed25519KeyPair, KeyPair};
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let rng = ring::rand::SystemRandom::new();
+    let ed =
+        Ed25519KeyPair::from_pkcs8(Ed25519KeyPair::generate_pkcs8(&rng).unwrap().as_ref()).unwrap();
+    let mut spki = vec![
+        0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+    ];
+    spki.extend_from_slice(ed.public_key().as_ref());
+    let uid = "11111111-2222-4333-8444-555555555555";
+    let pcr = |node: &str, ns: &str| {
+        json!({"apiVersion": "certificates.k8s.io/v1alpha1", "kind": "PodCertificateRequest",
+            "metadata": {"generateName": "req-", "namespace": ns},
+            "spec": {"signerName": "example.com/s", "podName": "p", "podUID": uid,
+                "serviceAccountName": "default", "serviceAccountUID": "sa",
+                "nodeName": node, "nodeUID": "nu",
+                "pkixPublicKey": b64(&spki),
+                "proofOfPossession": b64(ed.sign(uid.as_bytes()).as_ref())}})
+    };
+    const ALL: &str = "/apis/certificates.k8s.io/v1alpha1/podcertificaterequests";
+    let s = plain();
+    let c = s.client();
+    let mut w = c
+        .watch(&format!(
+            "{ALL}?watch=true&allowWatchBookmarks=true&fieldSelector=spec.nodeName%3Dn1&resourceVersion={}",
+            s.resource_version()
+        ))
+        .unwrap();
+    let other = s.create(pcr("n2", "default"));
+    let mine = s.create(pcr("n1", "team"));
+    let e = w.next_non_bookmark().unwrap().unwrap();
+    assert_eq!(e["type"], "ADDED");
+    assert_eq!(e["object"]["metadata"]["name"], mine["metadata"]["name"]);
+    // The signer's status writes: only n1's request is seen.
+    let issued = |mut r: Value| {
+        r["status"] = json!({"certificateChain": "CHAIN", "conditions": [{"type": "Issued",
+            "status": "True", "reason": "Issued", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
+        r
+    };
+    s.update_status(issued(other.clone()));
+    s.update_status(issued(mine.clone()));
+    let e = w.next_non_bookmark().unwrap().unwrap();
+    assert_eq!(e["type"], "MODIFIED", "{e}");
+    assert_eq!(e["object"]["metadata"]["name"], mine["metadata"]["name"]);
+    assert_eq!(e["object"]["status"]["certificateChain"], "CHAIN");
+    // Bookmarks carry the kind and a resourceVersion.
+    let b = loop {
+        let e = w.next_event().unwrap().unwrap();
+        if e["type"] == "BOOKMARK" {
+            break e;
+        }
+    };
+    assert_eq!(b["object"]["kind"], "PodCertificateRequest");
+    assert!(b["object"]["metadata"]["resourceVersion"].is_string());
+    s.delete(
+        "podcertificaterequests",
+        Some("team"),
+        mine["metadata"]["name"].as_str().unwrap(),
+        None,
+    );
+    assert_eq!(w.next_non_bookmark().unwrap().unwrap()["type"], "DELETED");
+    // Lists with the same selector, across namespaces.
+    let l = c
+        .get(&format!("{ALL}?fieldSelector=spec.nodeName%3Dn2"))
+        .unwrap()
+        .body;
+    assert_eq!(l["items"].as_array().unwrap().len(), 1, "{l}");
+    assert_eq!(l["items"][0]["metadata"]["name"], other["metadata"]["name"]);
+    for label in ["spec.podUID", "metadata.namespace"] {
+        let r = c.get(&format!("{ALL}?fieldSelector={label}%3Dx")).unwrap();
+        assert_eq!(r.status, 400, "{label}: {:?}", r.body);
+        assert_eq!(
+            r.body["message"],
+            format!("field label not supported: {label}")
+        );
+    }
+}

@@ -83,7 +83,7 @@ fn issue(api: &ApiServer, req: &Value, chain: &str, begin_refresh_at: i64) {
         "conditions": [{"type": "Issued", "status": "True", "reason": "Issued",
             "message": "", "lastTransitionTime": rfc3339(now)}],
         "certificateChain": chain,
-        "notBefore": rfc3339(now - 60),
+        "notBefore": rfc3339(now - 3600),
         "beginRefreshAt": rfc3339(begin_refresh_at),
         "notAfter": rfc3339(now + 86400),
     });
@@ -226,8 +226,11 @@ fn a_pod_waits_for_its_certificates_then_reads_key_and_chain_and_they_refresh() 
     assert_ne!(p["status"]["phase"], "Running");
 
     let (chain_ed, chain_ec) = (ca_certificate_pem("ed"), ca_certificate_pem("ec"));
-    // The bundle's certificate is due for refresh soon, the other not.
-    issue(&api, ed, &chain_ed, unix_now() + 8);
+    // The bundle's certificate is due for refresh soon, the other not. The
+    // kubelet refreshes at beginRefreshAt plus up to 5 minutes of jitter
+    // (upstream's jitterDuration): a beginRefreshAt 292 s ago is due within
+    // 8 s at the latest.
+    issue(&api, ed, &chain_ed, unix_now() - 300 + 8);
     issue(&api, ec, &chain_ec, unix_now() + 86400);
     let p = wait_for("the pod Running", T, || {
         api.get("pods", Some("default"), &name)
@@ -353,6 +356,103 @@ fn without_the_feature_gate_no_request_is_made_and_the_volume_fails() {
     assert_eq!(api.count_requests("POST", "podcertificaterequests"), 0);
     let p = api.get("pods", Some("default"), &name).unwrap();
     assert_ne!(p["status"]["phase"], "Running");
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the pod gone", T, || {
+        api.get("pods", Some("default"), &name)
+            .is_none()
+            .then_some(())
+    });
+    drop(k);
+}
+
+/// A `/debug/pods` duration (Go's format: "1m2.5s", "31.5s", "500ms").
+fn go_duration(s: &str) -> Option<Duration> {
+    if let Some(ms) = s.strip_suffix("ms") {
+        return ms
+            .parse::<f64>()
+            .ok()
+            .map(|v| Duration::from_secs_f64(v / 1000.0));
+    }
+    let s = s.strip_suffix('s')?;
+    let (m, secs) = match s.split_once('m') {
+        Some((m, rest)) => (m.parse::<f64>().ok()?, rest),
+        None => (0.0, s),
+    };
+    let secs = if secs.is_empty() {
+        0.0
+    } else {
+        secs.parse::<f64>().ok()?
+    };
+    Some(Duration::from_secs_f64(m * 60.0 + secs))
+}
+
+/// The kubelet watches its node's PodCertificateRequests (as upstream's
+/// informer: `spec.nodeName=<node>`), and the issuance of a request a
+/// volume waits on sets that volume up at once: the test lets the volume's
+/// retry backoff grow to 25 s or more (read from /debug/pods), issues the
+/// request, and sees the pod running before that retry could have come.
+#[test]
+fn issuance_wakes_the_volume_before_its_backoff_retry() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    api.create(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": "default"}}));
+    let node = "it-pcert-wake";
+    let k = kubelet(node, &api);
+    let name = format!("pcert-{node}");
+    api.create(pod(
+        &name,
+        node,
+        json!([{"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519",
+            "credentialBundlePath": "bundle.pem"}}]),
+    ));
+    let req = wait_for("a PodCertificateRequest", T, || {
+        requests(&api, &name).into_iter().next()
+    });
+    assert!(
+        api.requests().iter().any(|r| r.method == "GET"
+            && r.path
+                .starts_with("/apis/certificates.k8s.io/v1alpha1/podcertificaterequests?")
+            && r.path.contains("watch=true")
+            && r.path
+                .contains(&format!("fieldSelector=spec.nodeName%3D{node}"))),
+        "a watch of the node's requests"
+    );
+    let url = format!("https://{}/debug/pods/default/{name}", k.api);
+    // The volume keeps failing with "not issued yet"; its backoff doubles
+    // from 0.5 s. The retry cannot come before `sent + next attempt`.
+    let retry_not_before = wait_for("a volume retry 25 s or more away", T, || {
+        let sent = std::time::Instant::now();
+        let out = std::process::Command::new("curl")
+            .args(["-sk", &url])
+            .output()
+            .ok()?;
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let w = v["volumesWaitedOn"]
+            .as_array()?
+            .iter()
+            .find(|w| w["name"] == "cert")?
+            .clone();
+        assert!(
+            w["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("credential bundle is not issued yet")),
+            "{w}"
+        );
+        let next = go_duration(w["nextAttemptIn"].as_str()?)?;
+        (next >= Duration::from_secs(25)).then_some(sent + next)
+    });
+    let chain = ca_certificate_pem("wake");
+    issue(&api, &req, &chain, unix_now() + 86400);
+    let p = wait_for("the pod Running", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
+    });
+    let seen_running = std::time::Instant::now();
+    assert!(
+        seen_running < retry_not_before,
+        "the pod started only at the volume's backoff retry: the watch did not wake it"
+    );
+    assert!(cat(&k, &container_id(&p), "bundle.pem").ends_with(&chain));
     api.delete("pods", Some("default"), &name, Some(0));
     wait_for("the pod gone", T, || {
         api.get("pods", Some("default"), &name)

@@ -67,8 +67,9 @@ pub struct Token {
 /// A change to an object the manager watches, for remounting volumes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjectKey {
-    /// "configmap", "secret" or "clustertrustbundle" (cluster-scoped: an
-    /// empty namespace).
+    /// "configmap", "secret", "clustertrustbundle" (cluster-scoped: an
+    /// empty namespace) or "podcertificaterequest" (a request a pod's
+    /// source waits on reached a terminal state; `name` is the pod's UID).
     pub kind: &'static str,
     pub namespace: String,
     pub name: String,
@@ -278,6 +279,8 @@ impl ObjectManager {
         if let Some(old) = st.pods.insert(uid, refs) {
             self.release(&mut st, &old);
         }
+        drop(st);
+        self.track_pod_certificates(pod);
     }
 
     /// Stops watching what only this pod referenced (UnregisterPod) and
@@ -290,7 +293,7 @@ impl ObjectManager {
         st.tokens
             .retain(|_, (_, bound)| bound.as_deref() != Some(uid));
         drop(st);
-        self.inner.pod_certs.forget(uid);
+        self.forget_pod_certificates(uid);
     }
 
     /// Objects watched now: (configmaps, secrets).

@@ -2,40 +2,64 @@
 //! `pkg/kubelet/podcertificate`, 1.34, gate `PodCertificateRequest`): per
 //! (pod, volume, source) a private key the kubelet generates, a
 //! `PodCertificateRequest` (certificates.k8s.io/v1alpha1) with a proof of
-//! possession, and upstream's state machine (wait → fresh → waitrefresh,
-//! denied and failed for good).
+//! possession, and upstream's state machine (initial → wait → fresh →
+//! waitrefresh, denied and failed for good).
 //!
-//! Upstream drives the machine from a work queue fed by a
-//! PodCertificateRequest informer; here the volume set-up steps it: a
-//! failing set-up is retried with the volume manager's backoff, and a
-//! served certificate asks for a rewrite at `beginRefreshAt` (and every
-//! REFRESH_POLL while the refresh request is pending).
+//! Upstream drives the machine from a work queue fed by an informer on the
+//! node's PodCertificateRequests (`spec.nodeName=<node>`); here the volume
+//! set-up steps it, and a watch scoped the same way (running while a pod
+//! on the node has a podCertificate source) keeps what the machine reads
+//! of each request and wakes the pod's volume set-up when a request it
+//! waits on is issued, denied or failed. While that watch is down, the
+//! set-up reads the request with a GET instead (its backoff is the poll).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use base64::Engine;
+use futures::StreamExt;
 use k8s_openapi::api::certificates::v1alpha1::{PodCertificateRequest, PodCertificateRequestSpec};
 use k8s_openapi::api::core::v1::{Node, Pod, PodCertificateProjection, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::ByteString;
 use kube::api::PostParams;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 use parking_lot::Mutex;
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::ObjectManager;
+use super::{ObjectKey, ObjectManager};
+use crate::apiclient::ApiClient;
 
 /// The kubelet's feature gate for the projection.
 pub const FEATURE_GATE: &str = "PodCertificateRequest";
 /// Its default in 1.34: alpha, off.
 pub const FEATURE_GATE_DEFAULT: bool = false;
 
-/// How often a pending refresh request is looked at again (upstream's
-/// refresh pass re-queues every projection each minute, and the informer
-/// wakes it at once; without an informer, a shorter poll).
+/// The kind of the `ObjectKey`s that announce a request the manager waits
+/// on reaching a terminal state; their `name` is the pod's UID (upstream's
+/// informer handlers queue every projection of `spec.podUID`).
+pub const KIND: &str = "podcertificaterequest";
+
+/// How often a pending refresh request is looked at again while the watch
+/// of requests is down (upstream's informer would wake the projection at
+/// once; without it, a short poll).
 const REFRESH_POLL: i64 = 10;
+/// ... and while the watch follows the requests, which wakes the volume
+/// when the refresh request is issued: upstream's refresh pass re-queues
+/// every projection about once a minute.
+const REFRESH_PASS: i64 = 60;
+/// upstream assumeDeletedThreshold: a request the watch does not know this
+/// long (plus jitter) after its creation is taken as deleted, and made
+/// again.
+const ASSUME_DELETED_AFTER: i64 = 600;
+/// upstream jitterDuration: up to 5 minutes, so that projections issued
+/// together do not all ask for their refresh at once.
+const JITTER_MAX: i64 = 300;
 
 /// Errors, in upstream's words (`podcertificatemanager.go`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,6 +97,18 @@ pub enum PodCertError {
     Get { name: String, message: String },
 }
 
+impl PodCertError {
+    /// rkubelet's own limits, which the volume reports (upstream would
+    /// have made the key): every other error of a step is logged, and the
+    /// volume reads the state as it is, as upstream's does.
+    fn surfaced(&self) -> bool {
+        matches!(
+            self,
+            PodCertError::UnsupportedKeyType(_) | PodCertError::KeyGeneration(_)
+        )
+    }
+}
+
 /// What a podCertificate source writes: the PKCS#8 private key PEM, the
 /// issued chain as the signer wrote it, and when to look again (unix
 /// seconds).
@@ -95,11 +131,14 @@ struct ProjectionKey {
 }
 
 /// upstream's credState; a key absent from the map is credStateInitial.
+/// Times are unix seconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum CredState {
     Wait {
         private_key: Vec<u8>,
         pcr: String,
+        /// Not found after this: taken as deleted (upstream pcrAbandonAt).
+        abandon_at: i64,
     },
     Denied {
         reason: String,
@@ -112,35 +151,194 @@ enum CredState {
     Fresh {
         private_key: Vec<u8>,
         chain: Vec<u8>,
+        /// The request's beginRefreshAt plus the jitter drawn at issuance.
         begin_refresh_at: i64,
     },
     WaitRefresh {
         private_key: Vec<u8>,
         chain: Vec<u8>,
+        begin_refresh_at: i64,
         refresh_key: Vec<u8>,
         refresh_pcr: String,
+        abandon_at: i64,
     },
 }
+
+/// The store of states, shared with the watch task (which reads which
+/// requests are waited on).
+type Store = Arc<Mutex<HashMap<ProjectionKey, CredState>>>;
 
 /// The manager's state, kept in the object manager.
 #[derive(Default)]
 pub(super) struct PodCerts {
     gate: std::sync::OnceLock<bool>,
-    store: Mutex<HashMap<ProjectionKey, CredState>>,
+    store: Store,
+    tracked: Arc<Mutex<Tracked>>,
 }
 
-impl PodCerts {
-    /// upstream ForgetPod: every projection of the pod.
-    pub(super) fn forget(&self, uid: &str) {
-        self.store.lock().retain(|k, _| k.pod_uid != uid);
+/// The pods the watch is for, and the watch.
+#[derive(Default)]
+struct Tracked {
+    /// UIDs of the pods in the pod manager with a podCertificate source.
+    pods: HashSet<String>,
+    /// The running watch; stopped when `pods` empties.
+    watch: Option<Running>,
+    /// Numbers the watches, so a stopped one's last writes go nowhere.
+    epoch: u64,
+}
+
+struct Running {
+    epoch: u64,
+    cancel: CancellationToken,
+    view: View,
+}
+
+/// What the watch keeps of a request: its pod and what its conditions
+/// say, nothing else (no spec, keys or managed fields).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    pod_uid: String,
+    observed: Observed,
+}
+
+/// The watch's view of the node's requests, for tracked pods only.
+#[derive(Debug, Default)]
+struct View {
+    /// Listed and following, no error since: a request it does not hold
+    /// may still be there (lag), but one it holds is as the server has it.
+    healthy: bool,
+    requests: HashMap<(String, String), Seen>,
+    /// A (re-)list in progress.
+    listing: Option<HashMap<(String, String), Seen>>,
+}
+
+/// A request that reached a terminal state: (namespace, name, pod UID).
+type Woken = (String, String, String);
+
+fn pcr_key(pcr: &PodCertificateRequest) -> (String, String) {
+    (
+        pcr.metadata.namespace.clone().unwrap_or_default(),
+        pcr.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn terminal(o: &Observed) -> bool {
+    !matches!(o, Observed::Pending | Observed::Gone)
+}
+
+impl View {
+    fn seen(pcr: &PodCertificateRequest, pods: &HashSet<String>) -> Option<Seen> {
+        pods.contains(&pcr.spec.pod_uid).then(|| Seen {
+            pod_uid: pcr.spec.pod_uid.clone(),
+            observed: observe(pcr),
+        })
+    }
+
+    fn begin_list(&mut self) {
+        self.listing = Some(HashMap::new());
+    }
+
+    fn listed(&mut self, pcr: &PodCertificateRequest, pods: &HashSet<String>) {
+        if let (Some(l), Some(s)) = (self.listing.as_mut(), Self::seen(pcr, pods)) {
+            l.insert(pcr_key(pcr), s);
+        }
+    }
+
+    /// The list is the new view; what turned terminal meanwhile wakes.
+    fn list_done(&mut self) -> Vec<Woken> {
+        let next = self.listing.take().unwrap_or_default();
+        let woken = next
+            .iter()
+            .filter(|(k, s)| terminal(&s.observed) && self.requests.get(*k) != Some(*s))
+            .map(|((ns, name), s)| (ns.clone(), name.clone(), s.pod_uid.clone()))
+            .collect();
+        self.requests = next;
+        self.healthy = true;
+        woken
+    }
+
+    /// An added or changed request; Some when it turned terminal (the
+    /// creation of a pending request wakes nothing).
+    fn applied(&mut self, pcr: &PodCertificateRequest, pods: &HashSet<String>) -> Option<Woken> {
+        let s = Self::seen(pcr, pods)?;
+        let key = pcr_key(pcr);
+        let wake = terminal(&s.observed) && self.requests.get(&key) != Some(&s);
+        let pod_uid = s.pod_uid.clone();
+        self.requests.insert(key.clone(), s);
+        wake.then_some((key.0, key.1, pod_uid))
+    }
+
+    fn deleted(&mut self, pcr: &PodCertificateRequest) {
+        self.requests.remove(&pcr_key(pcr));
+    }
+
+    fn failed(&mut self) {
+        self.healthy = false;
+    }
+
+    /// What the view says of a request, when it can be trusted.
+    fn lookup(&self, namespace: &str, name: &str) -> Option<Observed> {
+        if !self.healthy {
+            return None;
+        }
+        self.requests
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|s| s.observed.clone())
     }
 }
 
+impl PodCerts {
+    fn enabled(&self) -> bool {
+        self.gate.get().copied().unwrap_or(FEATURE_GATE_DEFAULT)
+    }
+
+    /// Whether a state waits on the request `namespace/name`.
+    fn waits_on(store: &Store, namespace: &str, name: &str) -> bool {
+        store.lock().iter().any(|(k, s)| {
+            k.namespace == namespace
+                && match s {
+                    CredState::Wait { pcr, .. } => pcr == name,
+                    CredState::WaitRefresh { refresh_pcr, .. } => refresh_pcr == name,
+                    _ => false,
+                }
+        })
+    }
+
+    /// The watch's word on a request, if it runs and is healthy.
+    fn watched(&self, namespace: &str, name: &str) -> Option<Observed> {
+        self.tracked
+            .lock()
+            .watch
+            .as_ref()
+            .and_then(|w| w.view.lookup(namespace, name))
+    }
+
+    fn watch_healthy(&self) -> bool {
+        self.tracked
+            .lock()
+            .watch
+            .as_ref()
+            .is_some_and(|w| w.view.healthy)
+    }
+}
+
+/// Whether the pod has a podCertificate projected source.
+fn has_pod_certificate_source(pod: &Pod) -> bool {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .flat_map(|v| v.projected.iter())
+        .flat_map(|p| p.sources.iter().flatten())
+        .any(|s| s.pod_certificate.is_some())
+}
+
 /// What a request's conditions say (the first terminal condition wins, as
-/// upstream's loop returns on it).
+/// upstream's loop returns on it); `Gone` when the API server has no such
+/// request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Observed {
     Pending,
+    Gone,
     Denied {
         reason: String,
         message: String,
@@ -220,10 +418,31 @@ fn next_step(state: Option<&CredState>, now: i64) -> Step {
     }
 }
 
-/// The state after its request was seen as `seen`.
-fn after_observed(state: CredState, seen: Observed) -> CredState {
-    match (state, seen) {
+/// The state after its request was seen as `seen` at `now`; `jitter`
+/// (seconds) is added to an issued certificate's beginRefreshAt. None is
+/// credStateInitial: a request gone past its abandon time is made again
+/// (a refresh request's loss keeps the current credentials, and a new
+/// refresh request is made).
+fn after_observed(state: CredState, seen: Observed, now: i64, jitter: i64) -> Option<CredState> {
+    Some(match (state, seen) {
         (s, Observed::Pending) => s,
+        (CredState::Wait { abandon_at, .. }, Observed::Gone) if now > abandon_at => return None,
+        (
+            CredState::WaitRefresh {
+                private_key,
+                chain,
+                begin_refresh_at,
+                abandon_at,
+                ..
+            },
+            Observed::Gone,
+        ) if now > abandon_at => CredState::Fresh {
+            private_key,
+            chain,
+            begin_refresh_at,
+        },
+        // Not found before then: informer lag upstream; waiting still.
+        (s, Observed::Gone) => s,
         (_, Observed::Denied { reason, message }) => CredState::Denied { reason, message },
         (_, Observed::Failed { reason, message }) => CredState::Failed { reason, message },
         (
@@ -245,10 +464,10 @@ fn after_observed(state: CredState, seen: Observed) -> CredState {
         ) => CredState::Fresh {
             private_key,
             chain,
-            begin_refresh_at,
+            begin_refresh_at: begin_refresh_at.saturating_add(jitter),
         },
         (s, Observed::Issued { .. }) => s,
-    }
+    })
 }
 
 /// Whether the state holds issued credentials (fresh, or waiting for a
@@ -260,35 +479,49 @@ fn serves(state: &CredState) -> bool {
     )
 }
 
-/// getCredBundle of a state, with when to look again.
-fn answer(state: &CredState, now: i64) -> Result<Credentials, PodCertError> {
+/// getCredBundle of a state (None: credStateInitial), with when to look
+/// again: at the refresh time, or after `poll` while a refresh request is
+/// pending. Past the certificate's notAfter it is still served, as
+/// upstream's (whose refresh keeps being tried).
+fn answer(state: Option<&CredState>, now: i64, poll: i64) -> Result<Credentials, PodCertError> {
     match state {
-        CredState::Wait { .. } => Err(PodCertError::NotIssued),
-        CredState::Denied { reason, message } => Err(PodCertError::Denied {
+        None | Some(CredState::Wait { .. }) => Err(PodCertError::NotIssued),
+        Some(CredState::Denied { reason, message }) => Err(PodCertError::Denied {
             reason: reason.clone(),
             message: message.clone(),
         }),
-        CredState::Failed { reason, message } => Err(PodCertError::Failed {
+        Some(CredState::Failed { reason, message }) => Err(PodCertError::Failed {
             reason: reason.clone(),
             message: message.clone(),
         }),
-        CredState::Fresh {
+        Some(CredState::Fresh {
             private_key,
             chain,
             begin_refresh_at,
-        } => Ok(Credentials {
+        }) => Ok(Credentials {
             private_key: private_key.clone(),
             chain: chain.clone(),
             recheck_at: (*begin_refresh_at).max(now + 1),
         }),
-        CredState::WaitRefresh {
+        Some(CredState::WaitRefresh {
             private_key, chain, ..
-        } => Ok(Credentials {
+        }) => Ok(Credentials {
             private_key: private_key.clone(),
             chain: chain.clone(),
-            recheck_at: now + REFRESH_POLL,
+            recheck_at: now + poll,
         }),
     }
+}
+
+/// upstream jitterDuration, in whole seconds: uniform in [0, JITTER_MAX).
+fn jitter() -> i64 {
+    let mut b = [0u8; 8];
+    // The system's random source does not fail on Linux; no jitter if it
+    // did.
+    if SystemRandom::new().fill(&mut b).is_err() {
+        return 0;
+    }
+    (u64::from_le_bytes(b) % JITTER_MAX as u64) as i64
 }
 
 /// A key pair as the request carries it.
@@ -432,6 +665,85 @@ impl ObjectManager {
         self
     }
 
+    /// A pod entered the pod manager (upstream TrackPod): with the gate on,
+    /// an API client and a podCertificate source, the watch of the node's
+    /// requests runs while it is there.
+    pub(super) fn track_pod_certificates(&self, pod: &Pod) {
+        let pc = &self.inner.pod_certs;
+        if !pc.enabled() || !has_pod_certificate_source(pod) {
+            return;
+        }
+        let (Some((tasks, token)), Some(api)) = (self.inner.tasks.get(), self.api.get()) else {
+            return;
+        };
+        // The pods come from the API source, which lists those bound to
+        // this node: their nodeName is this node's name.
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        if node.is_empty() {
+            return;
+        }
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mut t = pc.tracked.lock();
+        t.pods.insert(uid);
+        if t.watch.is_some() {
+            return;
+        }
+        t.epoch += 1;
+        let epoch = t.epoch;
+        let cancel = token.child_token();
+        t.watch = Some(Running {
+            epoch,
+            cancel: cancel.clone(),
+            view: View::default(),
+        });
+        drop(t);
+        let (api, tracked, store) = (api.clone(), pc.tracked.clone(), pc.store.clone());
+        let changes = self.inner.changes.get().cloned();
+        tasks.spawn(tracing::Instrument::instrument(
+            async move {
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = reflect_requests(api, node, epoch, tracked, store, changes) => {}
+                }
+            },
+            tracing::info_span!("podcertificaterequest-watch"),
+        ));
+        info!("Started the watch of this node's PodCertificateRequests");
+    }
+
+    /// upstream ForgetPod: every projection of the pod, and what the watch
+    /// kept of its requests; the watch stops with the last pod that has a
+    /// podCertificate source.
+    pub(super) fn forget_pod_certificates(&self, uid: &str) {
+        let pc = &self.inner.pod_certs;
+        pc.store.lock().retain(|k, _| k.pod_uid != uid);
+        let stopped = {
+            let mut t = pc.tracked.lock();
+            t.pods.remove(uid);
+            if let Some(w) = t.watch.as_mut() {
+                w.view.requests.retain(|_, s| s.pod_uid != uid);
+            }
+            if t.pods.is_empty() {
+                t.watch.take()
+            } else {
+                None
+            }
+        };
+        if let Some(w) = stopped {
+            w.cancel.cancel();
+            info!("Stopped the watch of this node's PodCertificateRequests: no pod has a podCertificate source");
+        }
+    }
+
+    /// Whether the watch of requests runs (tests and the debug view).
+    pub fn pod_certificate_watch_running(&self) -> bool {
+        self.inner.pod_certs.tracked.lock().watch.is_some()
+    }
+
     /// The credentials of source `index` of the pod's projected volume
     /// `volume` (upstream GetPodCertificateCredentialBundle, after one step
     /// of handleProjection).
@@ -443,8 +755,7 @@ impl ObjectManager {
         proj: &PodCertificateProjection,
     ) -> Result<Credentials, PodCertError> {
         let pc = &self.inner.pod_certs;
-        let enabled = pc.gate.get().copied().unwrap_or(FEATURE_GATE_DEFAULT);
-        let Some(api) = self.api.get().filter(|_| enabled) else {
+        let Some(api) = self.api.get().filter(|_| pc.enabled()) else {
             return Err(PodCertError::Unsupported);
         };
         let key = ProjectionKey {
@@ -459,82 +770,118 @@ impl ObjectManager {
         // per (pod, volume) at a time, so nothing else steps this key.
         let state = pc.store.lock().get(&key).cloned();
         let step = next_step(state.as_ref(), now);
-        let stepped = self.step(api, pod, &key, proj, step, state.clone()).await;
-        let next = match (stepped, state) {
-            (Ok(next), _) => next,
-            // A failed refresh leaves the current credentials served (upstream
-            // re-queues the projection; its bundle stays readable).
-            (Err(e), Some(prior)) if serves(&prior) => {
-                warn!(pod = %key.pod_name, namespace = %key.namespace, volume = %key.volume, error = %e, "couldn't refresh a pod certificate; the current one stays");
-                return answer(&prior, now).map(|c| Credentials {
+        let stepped = self
+            .step(api, pod, &key, proj, step, state.clone(), now)
+            .await;
+        let poll = if pc.watch_healthy() {
+            REFRESH_PASS
+        } else {
+            REFRESH_POLL
+        };
+        let next = match stepped {
+            Ok(next) => next,
+            Err(e) if e.surfaced() && !state.as_ref().is_some_and(serves) => return Err(e),
+            // Upstream logs a failed step and re-queues the projection; the
+            // volume reads the state as it is (a refresh that failed keeps
+            // the current credentials), tried again soon.
+            Err(e) => {
+                warn!(pod = %key.pod_name, namespace = %key.namespace, volume = %key.volume, source = index, error = %e, "while handling podCertificate projected volume source");
+                return answer(state.as_ref(), now, poll).map(|c| Credentials {
                     recheck_at: now + REFRESH_POLL,
                     ..c
                 });
             }
-            (Err(e), _) => return Err(e),
         };
-        let out = answer(&next, now);
-        pc.store.lock().insert(key, next);
+        let out = answer(next.as_ref(), now, poll);
+        let mut store = pc.store.lock();
+        match next {
+            Some(s) => store.insert(key, s),
+            None => store.remove(&key),
+        };
         out
     }
 
-    /// One step of upstream handleProjection for `step`.
+    /// One step of upstream handleProjection for `step`; None is
+    /// credStateInitial.
+    #[allow(clippy::too_many_arguments)]
     async fn step(
         &self,
-        api: &crate::apiclient::ApiClient,
+        api: &ApiClient,
         pod: &Pod,
         key: &ProjectionKey,
         proj: &PodCertificateProjection,
         step: Step,
         state: Option<CredState>,
-    ) -> Result<CredState, PodCertError> {
+        now: i64,
+    ) -> Result<Option<CredState>, PodCertError> {
         Ok(match (step, state) {
             (Step::Create { refresh }, state) => {
-                let (private_key, name) = self.create_request(api, pod, key, proj, refresh).await?;
+                let (private_key, name, created_at) =
+                    self.create_request(api, pod, key, proj, refresh).await?;
                 info!(pod = %key.pod_name, namespace = %key.namespace, volume = %key.volume, pcr = %name, refresh, "PodCertificateRequest created");
-                match state {
+                let abandon_at = created_at + ASSUME_DELETED_AFTER + jitter();
+                Some(match state {
                     Some(CredState::Fresh {
                         private_key: old_key,
                         chain,
-                        ..
+                        begin_refresh_at,
                     }) => CredState::WaitRefresh {
                         private_key: old_key,
                         chain,
+                        begin_refresh_at,
                         refresh_key: private_key,
                         refresh_pcr: name,
+                        abandon_at,
                     },
                     _ => CredState::Wait {
                         private_key,
                         pcr: name,
+                        abandon_at,
                     },
-                }
+                })
             }
             (Step::Get(name), Some(state)) => {
-                let client = api.client().await;
-                let got = Api::<PodCertificateRequest>::namespaced(client, &key.namespace)
-                    .get(&name)
-                    .await
-                    .map_err(|e| PodCertError::Get {
-                        name: format!("{}/{name}", key.namespace),
-                        message: e.to_string(),
-                    })?;
-                let seen = observe(&got);
+                let seen = match self.inner.pod_certs.watched(&key.namespace, &name) {
+                    Some(seen) => seen,
+                    // The watch is down, or has not seen it yet: ask.
+                    None => {
+                        let client = api.client().await;
+                        match Api::<PodCertificateRequest>::namespaced(client, &key.namespace)
+                            .get(&name)
+                            .await
+                        {
+                            Ok(got) => observe(&got),
+                            Err(kube::Error::Api(s)) if s.code == 404 => Observed::Gone,
+                            Err(e) => {
+                                return Err(PodCertError::Get {
+                                    name: format!("{}/{name}", key.namespace),
+                                    message: e.to_string(),
+                                })
+                            }
+                        }
+                    }
+                };
                 debug!(pod = %key.pod_name, namespace = %key.namespace, volume = %key.volume, pcr = %name, ?seen, "PodCertificateRequest looked at");
-                after_observed(state, seen)
+                let gone = seen == Observed::Gone;
+                let next = after_observed(state.clone(), seen, now, jitter());
+                if !next.as_ref().is_some_and(|n| same_phase(n, &state)) {
+                    log_transition(key, &name, gone, next.as_ref());
+                }
+                next
             }
-            (_, Some(state)) => state,
-            (_, None) => return Err(PodCertError::NotIssued),
+            (_, state) => state,
         })
     }
 
+    /// Creates a request; returns its key, name and creation time.
     async fn create_request(
         &self,
-        api: &crate::apiclient::ApiClient,
+        api: &ApiClient,
         pod: &Pod,
         key: &ProjectionKey,
         proj: &PodCertificateProjection,
         refresh: bool,
-    ) -> Result<(Vec<u8>, String), PodCertError> {
+    ) -> Result<(Vec<u8>, String, i64), PodCertError> {
         let which = if refresh { "refresh" } else { "initial" };
         let spec = pod.spec.as_ref();
         let sa_name = spec
@@ -572,10 +919,117 @@ impl ObjectManager {
                 which,
                 message: e.to_string(),
             })?;
+        let created_at = created.metadata.creation_timestamp.as_ref().map_or_else(
+            || crate::kuberuntime::wall_now().as_secs() as i64,
+            |t| t.0.as_second(),
+        );
         Ok((
             generated.private_key_pem,
             created.metadata.name.unwrap_or_default(),
+            created_at,
         ))
+    }
+}
+
+/// Whether two states are the same phase of the machine (no transition
+/// to log).
+fn same_phase(a: &CredState, b: &CredState) -> bool {
+    std::mem::discriminant(a) == std::mem::discriminant(b)
+}
+
+/// upstream's V(4) transition logs.
+fn log_transition(key: &ProjectionKey, pcr: &str, gone: bool, next: Option<&CredState>) {
+    let (pod, ns, vol) = (&key.pod_name, &key.namespace, &key.volume);
+    match next {
+        _ if gone => {
+            warn!(pod = %pod, namespace = %ns, volume = %vol, pcr = %pcr, "PodCertificateRequest appears to have been deleted; a new one will be created")
+        }
+        Some(CredState::Fresh { .. }) => {
+            debug!(pod = %pod, namespace = %ns, volume = %vol, pcr = %pcr, "PodCertificateRequest issued, moving to credStateFresh")
+        }
+        Some(CredState::Denied { .. }) => {
+            debug!(pod = %pod, namespace = %ns, volume = %vol, pcr = %pcr, "PodCertificateRequest denied, moving to credStateDenied")
+        }
+        Some(CredState::Failed { .. }) => {
+            debug!(pod = %pod, namespace = %ns, volume = %vol, pcr = %pcr, "PodCertificateRequest failed, moving to credStateFailed")
+        }
+        _ => {}
+    }
+}
+
+/// Follows the node's PodCertificateRequests (`spec.nodeName=<node>`, all
+/// namespaces, as upstream's informer): list, watch, re-list on 410 Gone,
+/// retry with backoff. Keeps what the manager reads of the requests of
+/// tracked pods, and announces on `changes` (kind KIND, name the pod UID)
+/// each request a state waits on that turned issued, denied or failed.
+async fn reflect_requests(
+    api: ApiClient,
+    node: String,
+    epoch: u64,
+    tracked: Arc<Mutex<Tracked>>,
+    store: Store,
+    changes: Option<broadcast::Sender<ObjectKey>>,
+) {
+    // Runs `f` on this watch's view (if it is still the running one) with
+    // the tracked pods.
+    let with_view = |f: &mut dyn FnMut(&mut View, &HashSet<String>)| {
+        let mut t = tracked.lock();
+        let t = &mut *t;
+        if let Some(w) = t.watch.as_mut().filter(|w| w.epoch == epoch) {
+            f(&mut w.view, &t.pods);
+        }
+    };
+    let announce = |woken: Vec<Woken>| {
+        for (ns, name, pod_uid) in woken {
+            if !PodCerts::waits_on(&store, &ns, &name) {
+                continue;
+            }
+            debug!(namespace = %ns, pcr = %name, pod_uid = %pod_uid, "PodCertificateRequest reached a terminal state; waking the pod's volumes");
+            if let Some(c) = &changes {
+                let _ = c.send(ObjectKey {
+                    kind: KIND,
+                    namespace: ns,
+                    name: pod_uid,
+                });
+            }
+        }
+    };
+    let mut generation = api.generation();
+    loop {
+        generation.borrow_and_update();
+        let all: Api<PodCertificateRequest> = Api::all(api.client().await);
+        let cfg = watcher::Config::default()
+            .fields(&format!("spec.nodeName={node}"))
+            .timeout(290);
+        let mut stream = watcher(all, cfg).default_backoff().boxed();
+        let follow = async {
+            while let Some(ev) = stream.next().await {
+                let mut woken = Vec::new();
+                match ev {
+                    Ok(watcher::Event::Init) => with_view(&mut |v, _| v.begin_list()),
+                    Ok(watcher::Event::InitApply(o)) => with_view(&mut |v, p| v.listed(&o, p)),
+                    Ok(watcher::Event::InitDone) => {
+                        with_view(&mut |v, _| woken = v.list_done());
+                    }
+                    Ok(watcher::Event::Apply(o)) => {
+                        with_view(&mut |v, p| woken.extend(v.applied(&o, p)));
+                    }
+                    Ok(watcher::Event::Delete(o)) => with_view(&mut |v, _| v.deleted(&o)),
+                    Err(e) => {
+                        warn!(error = %e, "watch of PodCertificateRequests failed; retrying with backoff (requests are read with a GET meanwhile)");
+                        with_view(&mut |v, _| v.failed());
+                    }
+                }
+                announce(woken);
+            }
+        };
+        tokio::select! {
+            _ = generation.changed() => {
+                with_view(&mut |v, _| v.failed());
+                continue;
+            }
+            _ = follow => return,
+        }
     }
 }
 
@@ -775,65 +1229,81 @@ mod tests {
     }
 
     #[test]
-    fn the_machine_waits_serves_refreshes_at_begin_refresh_at_and_keeps_the_old_meanwhile() {
-        // Initial: create.
+    fn the_machine_waits_serves_refreshes_after_begin_refresh_at_and_keeps_the_old_meanwhile() {
+        // Initial: create; nothing to serve yet.
         assert_eq!(next_step(None, 100), Step::Create { refresh: false });
+        assert_eq!(answer(None, 100, 10), Err(PodCertError::NotIssued));
         let wait = CredState::Wait {
             private_key: b"K1".to_vec(),
             pcr: "req-a".into(),
+            abandon_at: 700,
         };
         assert_eq!(next_step(Some(&wait), 100), Step::Get("req-a".into()));
-        assert_eq!(answer(&wait, 100), Err(PodCertError::NotIssued));
+        assert_eq!(answer(Some(&wait), 100, 10), Err(PodCertError::NotIssued));
         // Pending: still waiting.
-        let still = after_observed(wait.clone(), Observed::Pending);
-        assert_eq!(still, wait);
-        // Issued: fresh with the waiting key, due again at beginRefreshAt.
+        let still = after_observed(wait.clone(), Observed::Pending, 100, 0);
+        assert_eq!(still.as_ref(), Some(&wait));
+        // Issued: fresh with the waiting key, due again at beginRefreshAt
+        // plus the jitter drawn then.
         let fresh = after_observed(
             wait,
             Observed::Issued {
                 chain: b"C1".to_vec(),
                 begin_refresh_at: 1000,
             },
-        );
-        let got = answer(&fresh, 100).unwrap();
+            100,
+            42,
+        )
+        .unwrap();
+        let got = answer(Some(&fresh), 100, 10).unwrap();
         assert_eq!(
             (
                 got.private_key.as_slice(),
                 got.chain.as_slice(),
                 got.recheck_at
             ),
-            (&b"K1"[..], &b"C1"[..], 1000)
+            (&b"K1"[..], &b"C1"[..], 1042)
         );
-        // Before beginRefreshAt nothing happens; at it, a refresh request.
-        assert_eq!(next_step(Some(&fresh), 999), Step::Answer);
+        // Before that nothing happens; at it, a refresh request.
+        assert_eq!(next_step(Some(&fresh), 1041), Step::Answer);
         assert_eq!(
-            next_step(Some(&fresh), 1000),
+            next_step(Some(&fresh), 1042),
             Step::Create { refresh: true }
         );
         let waiting = CredState::WaitRefresh {
             private_key: b"K1".to_vec(),
             chain: b"C1".to_vec(),
+            begin_refresh_at: 1042,
             refresh_key: b"K2".to_vec(),
             refresh_pcr: "req-b".into(),
+            abandon_at: 2000,
         };
-        assert_eq!(next_step(Some(&waiting), 1001), Step::Get("req-b".into()));
+        assert_eq!(next_step(Some(&waiting), 1043), Step::Get("req-b".into()));
         // While the refresh is pending the old credentials are served, and
-        // looked at again soon.
-        let got = answer(&waiting, 1001).unwrap();
+        // looked at again after the poll given.
+        let got = answer(Some(&waiting), 1043, REFRESH_POLL).unwrap();
         assert_eq!(got.private_key, b"K1");
-        assert_eq!(got.recheck_at, 1001 + REFRESH_POLL);
+        assert_eq!(got.recheck_at, 1043 + REFRESH_POLL);
+        assert_eq!(
+            answer(Some(&waiting), 1043, REFRESH_PASS)
+                .unwrap()
+                .recheck_at,
+            1043 + REFRESH_PASS
+        );
         // Issued: the new key with the new chain.
         let renewed = after_observed(
             waiting.clone(),
             Observed::Issued {
                 chain: b"C2".to_vec(),
-                begin_refresh_at: 2000,
+                begin_refresh_at: 5000,
             },
+            1044,
+            0,
         );
-        let got = answer(&renewed, 1002).unwrap();
+        let got = answer(renewed.as_ref(), 1044, 10).unwrap();
         assert_eq!(
-            (got.private_key, got.chain),
-            (b"K2".to_vec(), b"C2".to_vec())
+            (got.private_key, got.chain, got.recheck_at),
+            (b"K2".to_vec(), b"C2".to_vec(), 5000)
         );
         // A denied refresh ends it, as upstream (the old chain is dropped).
         let denied = after_observed(
@@ -842,19 +1312,179 @@ mod tests {
                 reason: "R".into(),
                 message: "M".into(),
             },
-        );
+            1044,
+            0,
+        )
+        .unwrap();
         assert_eq!(next_step(Some(&denied), 5000), Step::Answer);
         assert!(matches!(
-            answer(&denied, 5000),
+            answer(Some(&denied), 5000, 10),
             Err(PodCertError::Denied { .. })
         ));
-        // A past beginRefreshAt never asks for a rewrite in the past.
+        // A past refresh time never asks for a rewrite in the past, and a
+        // certificate past its notAfter is still served (upstream keeps
+        // serving it while the refresh is retried).
         let overdue = CredState::Fresh {
-            private_key: vec![],
-            chain: vec![],
+            private_key: b"K".to_vec(),
+            chain: b"C".to_vec(),
             begin_refresh_at: 10,
         };
-        assert_eq!(answer(&overdue, 50).unwrap().recheck_at, 51);
+        assert_eq!(answer(Some(&overdue), 50, 10).unwrap().recheck_at, 51);
+        assert_eq!(
+            next_step(Some(&overdue), 50),
+            Step::Create { refresh: true }
+        );
+    }
+
+    /// upstream assumeDeletedThreshold: a request not found is waited for
+    /// (informer lag) until its abandon time; after it, an initial request
+    /// is made again, and a lost refresh request leaves the current
+    /// credentials fresh, so a new refresh request is made.
+    #[test]
+    fn a_request_gone_past_its_abandon_time_is_made_again() {
+        let wait = CredState::Wait {
+            private_key: b"K1".to_vec(),
+            pcr: "req-a".into(),
+            abandon_at: 700,
+        };
+        assert_eq!(
+            after_observed(wait.clone(), Observed::Gone, 700, 0),
+            Some(wait.clone())
+        );
+        assert_eq!(after_observed(wait, Observed::Gone, 701, 0), None);
+        let waiting = CredState::WaitRefresh {
+            private_key: b"K1".to_vec(),
+            chain: b"C1".to_vec(),
+            begin_refresh_at: 1042,
+            refresh_key: b"K2".to_vec(),
+            refresh_pcr: "req-b".into(),
+            abandon_at: 2000,
+        };
+        assert_eq!(
+            after_observed(waiting.clone(), Observed::Gone, 1999, 0),
+            Some(waiting.clone())
+        );
+        let back = after_observed(waiting, Observed::Gone, 2001, 0).unwrap();
+        assert_eq!(
+            back,
+            CredState::Fresh {
+                private_key: b"K1".to_vec(),
+                chain: b"C1".to_vec(),
+                begin_refresh_at: 1042,
+            }
+        );
+        assert_eq!(next_step(Some(&back), 2001), Step::Create { refresh: true });
+        // Terminal states do not care.
+        let denied = CredState::Denied {
+            reason: "R".into(),
+            message: "M".into(),
+        };
+        assert_eq!(
+            after_observed(denied.clone(), Observed::Gone, 1 << 40, 0),
+            Some(denied)
+        );
+    }
+
+    #[test]
+    fn the_refresh_jitter_is_under_five_minutes_and_varies() {
+        let drawn: HashSet<i64> = (0..200).map(|_| jitter()).collect();
+        assert!(drawn.iter().all(|j| (0..JITTER_MAX).contains(j)));
+        assert!(drawn.len() > 10, "{drawn:?}");
+    }
+
+    fn named_pcr(
+        ns: &str,
+        name: &str,
+        pod_uid: &str,
+        conds: &[(&str, &str, &str)],
+    ) -> PodCertificateRequest {
+        let mut p = pcr(conds, Some("CHAIN"), 500);
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.name = Some(name.into());
+        p.spec.pod_uid = pod_uid.into();
+        p
+    }
+
+    /// The watch's view keeps what the machine reads of the requests of
+    /// tracked pods only, trusts itself only once listed and until an
+    /// error, and wakes on a request turning terminal (not on its pending
+    /// creation, not twice for the same state).
+    #[test]
+    fn the_view_keeps_tracked_pods_requests_and_wakes_on_terminal_states() {
+        let pods: HashSet<String> = ["p1".to_string()].into();
+        let mut v = View::default();
+        v.begin_list();
+        v.listed(&named_pcr("ns", "a", "p1", &[]), &pods);
+        v.listed(&named_pcr("ns", "x", "other", &[("Issued", "", "")]), &pods);
+        v.listed(&named_pcr("ns", "b", "p1", &[("Issued", "", "")]), &pods);
+        // Not yet listed: nothing is trusted.
+        assert_eq!(v.lookup("ns", "a"), None);
+        let woken = v.list_done();
+        assert_eq!(woken, vec![("ns".into(), "b".into(), "p1".into())]);
+        assert_eq!(v.lookup("ns", "a"), Some(Observed::Pending));
+        assert_eq!(
+            v.lookup("ns", "x"),
+            None,
+            "an untracked pod's request is not kept"
+        );
+        assert_eq!(v.requests.len(), 2);
+        // A new pending request wakes nothing; its issuance does, once.
+        assert_eq!(v.applied(&named_pcr("ns", "c", "p1", &[]), &pods), None);
+        let issued = named_pcr("ns", "c", "p1", &[("Issued", "", "")]);
+        assert_eq!(
+            v.applied(&issued, &pods),
+            Some(("ns".into(), "c".into(), "p1".into()))
+        );
+        assert_eq!(v.applied(&issued, &pods), None);
+        assert!(matches!(v.lookup("ns", "c"), Some(Observed::Issued { .. })));
+        let denied = named_pcr("ns", "a", "p1", &[("Denied", "R", "M")]);
+        assert!(v.applied(&denied, &pods).is_some());
+        // A re-list after an error: only what changed meanwhile wakes.
+        v.failed();
+        assert_eq!(v.lookup("ns", "c"), None, "not trusted after an error");
+        v.begin_list();
+        v.listed(&issued, &pods);
+        v.listed(&denied, &pods);
+        v.listed(&named_pcr("ns", "d", "p1", &[("Failed", "F", "")]), &pods);
+        assert_eq!(v.list_done(), vec![("ns".into(), "d".into(), "p1".into())]);
+        assert_eq!(v.lookup("ns", "b"), None, "gone from the list");
+        v.deleted(&issued);
+        assert_eq!(v.lookup("ns", "c"), None);
+    }
+
+    #[test]
+    fn only_requests_a_state_waits_on_wake_the_volume() {
+        let store: Store = Default::default();
+        let key = |ns: &str, i: usize| ProjectionKey {
+            namespace: ns.into(),
+            pod_name: "p".into(),
+            pod_uid: "u".into(),
+            volume: "v".into(),
+            source_index: i,
+        };
+        store.lock().insert(
+            key("ns", 0),
+            CredState::Wait {
+                private_key: vec![],
+                pcr: "req-a".into(),
+                abandon_at: 0,
+            },
+        );
+        store.lock().insert(
+            key("ns", 1),
+            CredState::WaitRefresh {
+                private_key: vec![],
+                chain: vec![],
+                begin_refresh_at: 0,
+                refresh_key: vec![],
+                refresh_pcr: "req-b".into(),
+                abandon_at: 0,
+            },
+        );
+        assert!(PodCerts::waits_on(&store, "ns", "req-a"));
+        assert!(PodCerts::waits_on(&store, "ns", "req-b"));
+        assert!(!PodCerts::waits_on(&store, "other", "req-a"));
+        assert!(!PodCerts::waits_on(&store, "ns", "req-old"));
     }
 
     #[tokio::test]
@@ -905,11 +1535,7 @@ mod tests {
         );
     }
 
-    /// With the API server away, a due refresh keeps serving the current
-    /// credentials (looked at again in REFRESH_POLL); a first issuance has
-    /// nothing to serve and fails.
-    #[tokio::test]
-    async fn a_failed_refresh_keeps_the_current_credentials() {
+    fn unreachable_api() -> std::sync::Arc<std::sync::OnceLock<crate::apiclient::ApiClient>> {
         let slot = std::sync::Arc::new(std::sync::OnceLock::new());
         let cfg = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
         let _ = slot.set(crate::apiclient::ApiClient::new(
@@ -917,8 +1543,17 @@ mod tests {
             50,
             100,
         ));
+        slot
+    }
+
+    /// With the API server away, a due refresh keeps serving the current
+    /// credentials (looked at again in REFRESH_POLL); a first issuance has
+    /// nothing to serve: the volume reads upstream's "not issued yet" (the
+    /// API's error is logged, as upstream's handleProjection errors are).
+    #[tokio::test]
+    async fn a_failed_refresh_keeps_the_current_credentials() {
         let m = ObjectManager::new(
-            slot,
+            unreachable_api(),
             tokio_util::task::TaskTracker::new(),
             tokio_util::sync::CancellationToken::new(),
         )
@@ -955,15 +1590,104 @@ mod tests {
             m.inner.pod_certs.store.lock().get(&key(0)),
             Some(CredState::Fresh { .. })
         ));
-        // A first issuance: the API's error.
+        // A first issuance: not issued yet, nothing stored.
         let e = m.pod_certificate(&pod, "v", 1, &proj).await.unwrap_err();
-        assert!(matches!(e, PodCertError::ServiceAccount(_)), "{e}");
+        assert_eq!(e, PodCertError::NotIssued);
         assert!(m.inner.pod_certs.store.lock().get(&key(1)).is_none());
+        // A waiting source whose request cannot be read: still waiting.
+        m.inner.pod_certs.store.lock().insert(
+            key(2),
+            CredState::Wait {
+                private_key: b"K".to_vec(),
+                pcr: "req-a".into(),
+                abandon_at: 0,
+            },
+        );
+        let e = m.pod_certificate(&pod, "v", 2, &proj).await.unwrap_err();
+        assert_eq!(e, PodCertError::NotIssued);
+        assert!(matches!(
+            m.inner.pod_certs.store.lock().get(&key(2)),
+            Some(CredState::Wait { .. })
+        ));
     }
 
-    #[test]
-    fn forgetting_a_pod_drops_its_projections_only() {
-        let pc = PodCerts::default();
+    /// rkubelet's own key limits are what the volume reports (upstream
+    /// would have made the key), before any API call.
+    #[tokio::test]
+    async fn an_unsupported_key_type_is_the_volumes_error() {
+        let m = ObjectManager::new(
+            unreachable_api(),
+            tokio_util::task::TaskTracker::new(),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .with_pod_certificate_request(true);
+        let e = PodCertError::UnsupportedKeyType("RSA3072".into());
+        assert!(e.surfaced());
+        assert!(!PodCertError::ServiceAccount("x".into()).surfaced());
+        // The API is away: the account's GET fails first, logged; the
+        // volume still says "not issued yet".
+        let proj = PodCertificateProjection {
+            key_type: "RSA3072".into(),
+            ..Default::default()
+        };
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some(UID.into());
+        assert_eq!(
+            m.pod_certificate(&pod, "v", 0, &proj).await,
+            Err(PodCertError::NotIssued)
+        );
+    }
+
+    fn cert_pod(uid: &str, node: Option<&str>) -> Pod {
+        use k8s_openapi::api::core::v1::{
+            PodSpec, ProjectedVolumeSource, Volume, VolumeProjection,
+        };
+        let mut p = Pod {
+            spec: Some(PodSpec {
+                node_name: node.map(str::to_string),
+                volumes: Some(vec![Volume {
+                    name: "cert".into(),
+                    projected: Some(ProjectedVolumeSource {
+                        sources: Some(vec![VolumeProjection {
+                            pod_certificate: Some(PodCertificateProjection::default()),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        p.metadata.uid = Some(uid.into());
+        p.metadata.namespace = Some("ns".into());
+        p
+    }
+
+    /// The watch of the node's requests runs while a pod in the pod manager
+    /// has a podCertificate source (gate on, API client), and stops with
+    /// the last one; forgetting a pod drops its projections only.
+    #[tokio::test]
+    async fn the_watch_runs_while_a_pod_has_a_pod_certificate_source() {
+        let tasks = tokio_util::task::TaskTracker::new();
+        let token = tokio_util::sync::CancellationToken::new();
+        let off = ObjectManager::new(unreachable_api(), tasks.clone(), token.clone());
+        off.register_pod(&cert_pod("a", Some("n1")));
+        assert!(!off.pod_certificate_watch_running(), "gate off");
+        let m = ObjectManager::new(unreachable_api(), tasks.clone(), token.clone())
+            .with_pod_certificate_request(true);
+        m.register_pod(&Pod {
+            metadata: ObjectMeta {
+                uid: Some("plain".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        assert!(!m.pod_certificate_watch_running(), "no source");
+        m.register_pod(&cert_pod("a", Some("n1")));
+        assert!(m.pod_certificate_watch_running());
+        m.register_pod(&cert_pod("b", Some("n1")));
         let k = |uid: &str| ProjectionKey {
             namespace: "ns".into(),
             pod_name: "p".into(),
@@ -974,11 +1698,29 @@ mod tests {
         let st = CredState::Wait {
             private_key: vec![],
             pcr: "r".into(),
+            abandon_at: 0,
         };
-        pc.store.lock().insert(k("a"), st.clone());
-        pc.store.lock().insert(k("b"), st);
-        pc.forget("a");
-        let left: Vec<String> = pc.store.lock().keys().map(|k| k.pod_uid.clone()).collect();
+        m.inner.pod_certs.store.lock().insert(k("a"), st.clone());
+        m.inner.pod_certs.store.lock().insert(k("b"), st);
+        m.unregister_pod("a");
+        assert!(m.pod_certificate_watch_running(), "b still has one");
+        let left: Vec<String> = m
+            .inner
+            .pod_certs
+            .store
+            .lock()
+            .keys()
+            .map(|k| k.pod_uid.clone())
+            .collect();
         assert_eq!(left, vec!["b".to_string()]);
+        m.unregister_pod("plain");
+        assert!(m.pod_certificate_watch_running());
+        m.unregister_pod("b");
+        assert!(!m.pod_certificate_watch_running(), "stopped with the last");
+        // The task ends once cancelled.
+        tasks.close();
+        tokio::time::timeout(std::time::Duration::from_secs(10), tasks.wait())
+            .await
+            .expect("the watch task ends");
     }
 }

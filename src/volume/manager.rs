@@ -666,6 +666,10 @@ impl VolumeManager {
     /// written again.
     fn object_changed(&self, key: &crate::objects::ObjectKey) {
         let mut st = self.inner.state.lock();
+        if key.kind == crate::objects::podcert::KIND {
+            pod_certificate_changed(&mut st, &key.name, Instant::now());
+            return;
+        }
         // ClusterTrustBundles are cluster-scoped: any pod may read them.
         let cluster_scoped = key.kind == crate::objects::trustbundle::KIND;
         for d in st.desired.values_mut() {
@@ -740,6 +744,38 @@ impl VolumeManager {
                     }
                 },
             }
+        }
+    }
+}
+
+/// A PodCertificateRequest a source of pod `uid` waits on was issued,
+/// denied or failed (the objects' watch said so): its podCertificate
+/// volumes are set up again now rather than at their backoff, and the
+/// mounted ones written again (a refresh's new certificate).
+fn pod_certificate_changed(st: &mut State, uid: &str, now: Instant) {
+    let Some(d) = st.desired.get_mut(uid) else {
+        return;
+    };
+    let names: Vec<String> = d
+        .pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter(|v| {
+            v.projected
+                .iter()
+                .flat_map(|p| p.sources.iter().flatten())
+                .any(|s| s.pod_certificate.is_some())
+        })
+        .map(|v| v.name.clone())
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    d.remount = true;
+    for n in names {
+        if let Some(f) = st.failures.get_mut(&(uid.to_string(), n)) {
+            f.retry_at = f.retry_at.min(now);
         }
     }
 }
@@ -1342,6 +1378,92 @@ mod tests {
             .unwrap();
         assert!(!got["info"].exists());
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A request a podCertificate source waits on reached a terminal state:
+    /// that pod's failing podCertificate volume is due now (not at its
+    /// backoff), its mounted volumes are written again; other volumes and
+    /// pods keep their backoff.
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_certificate_change_wakes_that_pods_certificate_volumes_only() {
+        use k8s_openapi::api::core::v1::{
+            PodCertificateProjection, ProjectedVolumeSource, VolumeProjection,
+        };
+        let cert = |name: &str| Volume {
+            name: name.into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection {
+                    pod_certificate: Some(PodCertificateProjection {
+                        signer_name: "example.com/s".into(),
+                        key_type: "ED25519".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let other = Volume {
+            name: "other".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        };
+        let vm = manager(&root("pcert"));
+        let later = Instant::now() + Duration::from_secs(100);
+        {
+            let mut st = vm.inner.state.lock();
+            for uid in ["a", "b"] {
+                st.desired.insert(
+                    uid.into(),
+                    Desired {
+                        pod: Arc::new(pod(uid, vec![cert("cert"), other.clone()])),
+                        remount: false,
+                        resync: false,
+                    },
+                );
+                for v in ["cert", "other"] {
+                    st.failures.insert(
+                        (uid.into(), v.into()),
+                        Failure {
+                            error: "credential bundle is not issued yet".into(),
+                            attempts: 8,
+                            retry_at: later,
+                        },
+                    );
+                }
+            }
+        }
+        let due = |vm: &VolumeManager| -> Vec<(String, String)> {
+            let mut v: Vec<_> = vm
+                .plan(None)
+                .into_iter()
+                .filter_map(|op| match op {
+                    Op::Mount { uid, volume, .. } => Some((uid, volume.name)),
+                    Op::Unmount { .. } => None,
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        assert!(due(&vm).is_empty(), "everything waits for its backoff");
+        vm.object_changed(&crate::objects::ObjectKey {
+            kind: crate::objects::podcert::KIND,
+            namespace: "default".into(),
+            name: "a".into(),
+        });
+        assert!(vm.inner.state.lock().desired["a"].remount);
+        assert!(!vm.inner.state.lock().desired["b"].remount);
+        assert_eq!(due(&vm), [("a".to_string(), "cert".to_string())]);
+        // A pod without such a volume, or unknown: nothing changes.
+        vm.object_changed(&crate::objects::ObjectKey {
+            kind: crate::objects::podcert::KIND,
+            namespace: "default".into(),
+            name: "nope".into(),
+        });
+        assert!(due(&vm).is_empty());
+        tokio::time::advance(Duration::from_secs(101)).await;
+        assert_eq!(due(&vm).len(), 3, "the rest at their backoff");
     }
 
     #[tokio::test]

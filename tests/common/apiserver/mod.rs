@@ -21,7 +21,8 @@
 //!   the `spec.signerName` field selector of upstream's registry);
 //!   `certificates.k8s.io/v1alpha1` `podcertificaterequests` (+`/status`;
 //!   status cleared at create, the proof of possession verified for P-256
-//!   and Ed25519 keys, see podcert.rs);
+//!   and Ed25519 keys, the `spec.nodeName`, `spec.podName`,
+//!   `spec.signerName` and `metadata.name` field selectors, see podcert.rs);
 //!   `storage.k8s.io/v1` `csidrivers` and `csinodes` (cluster-scoped,
 //!   stored as given).
 //!   Discovery:

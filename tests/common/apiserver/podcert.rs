@@ -34,6 +34,19 @@ fn invalid(name: &str, msg: &str) -> ApiError {
     )
 }
 
+/// The field labels list and watch accept (pkg/apis/certificates/v1alpha1
+/// conversion.go, PodCertificateRequest's field label conversion func;
+/// kubelets watch their own with `spec.nodeName`). `metadata.namespace` is
+/// not among them.
+pub fn convert_field_label(label: &str) -> Result<String, String> {
+    match label {
+        "metadata.name" | "spec.signerName" | "spec.podName" | "spec.nodeName" => {
+            Ok(label.to_string())
+        }
+        _ => Err(format!("field label not supported: {label}")),
+    }
+}
+
 /// PrepareForCreate: the status is the signer's, never the creator's.
 pub fn prepare_for_create(obj: &mut Value) {
     obj["status"] = serde_json::json!({});

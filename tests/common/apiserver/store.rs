@@ -485,6 +485,7 @@ fn convert_field_label(res: &ResourceInfo, label: &str) -> Result<String, String
         },
         (false, "certificatesigningrequests") | (false, "events") => ok(label),
         (false, "clustertrustbundles") => super::trustbundle::convert_field_label(label),
+        (false, "podcertificaterequests") => super::podcert::convert_field_label(label),
         _ => match label {
             "metadata.name" | "metadata.namespace" => ok(label),
             _ => Err(format!(
