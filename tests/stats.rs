@@ -554,4 +554,79 @@ fn an_oom_kill_is_counted_on_the_container_and_its_limit_reported() {
             .map(String::as_str),
         Some("counter")
     );
+
+    // The swap limit as cAdvisor reads it from the container's cgroup (v1
+    // memory.memsw.limit_in_bytes, memory and swap together; v2
+    // memory.swap.max), and what upstream derives from it:
+    // container_spec_memory_swap_limit_bytes (0 when unlimited),
+    // container_swap_limit_bytes (resource_metrics.go, only under a limit)
+    // and the summary's swapAvailableBytes (cadvisorInfoToSwapStats).
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    let cg = format!("kubepods/burstable/pod{uid}/{cid}");
+    let v1 = Path::new("/sys/fs/cgroup/memory").is_dir();
+    let raw = if v1 {
+        std::fs::read_to_string(
+            PathBuf::from("/sys/fs/cgroup/memory")
+                .join(&cg)
+                .join("memory.memsw.limit_in_bytes"),
+        )
+    } else {
+        std::fs::read_to_string(
+            PathBuf::from("/sys/fs/cgroup")
+                .join(&cg)
+                .join("memory.swap.max"),
+        )
+    }
+    .map(|t| t.trim().to_string())
+    .unwrap_or_else(|_| "0".into());
+    let swap_limit: Option<u64> = match raw.as_str() {
+        "max" => None,
+        t => t.parse().ok().filter(|l| *l <= 1u64 << 62),
+    };
+    let scrape = parse(&text);
+    let spec = scrape
+        .samples
+        .iter()
+        .find(|s| {
+            s.metric == "container_spec_memory_swap_limit_bytes"
+                && s.labels.get("name") == Some(cid.as_str())
+        })
+        .map(|s| match s.value {
+            prometheus_parse::Value::Gauge(v) => v,
+            _ => f64::NAN,
+        });
+    assert_eq!(spec, Some(swap_limit.unwrap_or(0) as f64), "{raw}");
+    let (_, text) = http_get(&k.read_only, "/metrics/resource").unwrap();
+    let resource = parse(&text)
+        .samples
+        .into_iter()
+        .find(|s| {
+            s.metric == "container_swap_limit_bytes"
+                && s.labels.get("pod") == Some(pod_name.as_str())
+                && s.labels.get("container") == Some("main")
+        })
+        .map(|s| match s.value {
+            prometheus_parse::Value::Gauge(v) => v,
+            _ => f64::NAN,
+        });
+    assert_eq!(resource, swap_limit.map(|l| l as f64), "{raw}");
+    let (_, body) = http_get(&k.read_only, "/stats/summary").unwrap();
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let swap = v["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["podRef"]["uid"] == uid)
+        .and_then(|p| p["containers"].as_array())
+        .and_then(|c| c.iter().find(|c| c["name"] == "main"))
+        .map(|c| c["swap"].clone())
+        .expect("the container in the summary");
+    match swap_limit {
+        Some(l) => assert_eq!(
+            swap["swapAvailableBytes"].as_u64().unwrap() + swap["swapUsageBytes"].as_u64().unwrap(),
+            l,
+            "{swap}"
+        ),
+        None => assert!(swap["swapAvailableBytes"].is_null(), "{swap}"),
+    }
 }
