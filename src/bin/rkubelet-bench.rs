@@ -21,12 +21,18 @@
 //! then a minute of `/metrics/resource` every 15 s (metrics-server) and one
 //! with `/metrics/cadvisor` beside it (Prometheus): CPU per minute.
 //!
+//! With `--exec 200`, exec latency through rkubelet's :10250 beside a
+//! direct CRI exec (crictl's path): a whole exec of `true`, and an echo
+//! round trip in an open session (see `bench/exec.rs`).
+//!
 //! Needs root and containerd set up by scripts/setup.sh; stop any other
 //! kubelet first (scripts/stop-rkubelet.sh).
 
 #[allow(dead_code)]
 #[path = "../../tests/common/apiserver/mod.rs"]
 mod apiserver;
+#[path = "bench/exec.rs"]
+mod exec;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -57,6 +63,7 @@ struct Args {
     scrape: Vec<usize>,
     scrapes: usize,
     volumes: Vec<usize>,
+    exec: u32,
 }
 
 fn parse_args() -> Result<Args> {
@@ -74,6 +81,7 @@ fn parse_args() -> Result<Args> {
         scrape: Vec::new(),
         scrapes: 10,
         volumes: Vec::new(),
+        exec: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -120,6 +128,7 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_, _>>()?
             }
             "--scrapes" => a.scrapes = val()?.parse()?,
+            "--exec" => a.exec = val()?.parse()?,
             "--volumes" => {
                 a.volumes = val()?
                     .split(',')
@@ -207,6 +216,8 @@ struct Kubelet {
     dir: PathBuf,
     manifests: PathBuf,
     ro: String,
+    /// The authenticated port (:10250's stand-in), TLS.
+    api: String,
 }
 
 impl Kubelet {
@@ -250,6 +261,7 @@ impl Kubelet {
             dir,
             manifests,
             ro: format!("127.0.0.1:{ro}"),
+            api: format!("127.0.0.1:{api}"),
         };
         let hz = format!("127.0.0.1:{hz}");
         wait(Duration::from_secs(30), || {
@@ -585,6 +597,9 @@ fn main() -> Result<()> {
     for &n in &args.volumes {
         volumes_bench(&args, &cri, n)?;
     }
+    if args.exec > 0 {
+        exec_bench(&args, &rt, &cri)?;
+    }
 
     for &n in &args.pods {
         println!("\n== {n} pod(s) ==");
@@ -887,6 +902,29 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
         t.elapsed().as_secs_f64() * 1000.0
     );
     remove_all(&k, "p", n, cri)
+}
+
+/// Exec latency through rkubelet beside a direct CRI exec, with one pod.
+fn exec_bench(args: &Args, rt: &tokio::runtime::Runtime, cri: &RemoteRuntime) -> Result<()> {
+    println!("\n== exec ==");
+    let k = Kubelet::start(&args.rkubelet)?;
+    std::fs::write(k.manifests.join("ex0.yaml"), manifest("ex0"))?;
+    let id = wait(Duration::from_secs(60), || {
+        k.pods()
+            .iter()
+            .find(|p| p["metadata"]["name"] == "ex0-bench")
+            .and_then(running_main)
+    })
+    .context("pod ex0 running")?;
+    let id = id.trim_start_matches("containerd://").to_string();
+    let crt = k.dir.join("pki").join("kubelet.crt");
+    let tls = exec::Tls {
+        addr: &k.api,
+        crt: &crt,
+        name: "bench",
+    };
+    rt.block_on(exec::run(cri, &tls, "ex0-bench", &id, args.exec))?;
+    remove_all(&k, "ex", 1, cri)
 }
 
 /// Waits until the runtime has no bench pods left, so the next phase does
