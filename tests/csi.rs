@@ -10,7 +10,9 @@
 //! staged and published; a driver with GET_VOLUME_STATS feeds the pod's
 //! volume stats and its claim's `kubelet_volume_stats_*`; tokenRequests
 //! put tokens into the volume context, and requiresRepublish publishes
-//! again at pod syncs.
+//! again at pod syncs. A volume whose driver requires attach waits for the
+//! test, playing the attach/detach controller and the external-attacher,
+//! and gets the VolumeAttachment's metadata as its publish context.
 
 mod common;
 
@@ -1002,5 +1004,167 @@ fn a_staged_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unstaged_after_re
     });
     wait_for("the orphaned pod directory removed", T, || {
         (!path_exists(&pod_dir)).then_some(())
+    });
+}
+
+/// The Node's `status.volumesInUse` (absent when empty).
+fn volumes_in_use(api: &ApiServer, node: &str) -> Value {
+    api.get("nodes", None, node)
+        .map(|n| n["status"]["volumesInUse"].clone())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_volume_that_needs_attaching_waits_for_the_controller_and_gets_its_metadata_as_publish_context()
+{
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-attach";
+    let k = cluster_kubelet(node, &api);
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
+    // attachRequired is left to the API server's default: true.
+    let d = api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": {}
+    }));
+    assert_eq!(d["spec"]["attachRequired"], true);
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "att-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "att-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-a"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+    let name = format!("att-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    // Upstream's unique volume name, reported in use before anything is
+    // attached (so the controller may attach it and never detaches it).
+    let unique = format!("kubernetes.io/csi/{DRIVER}^vol-a");
+    wait_for("the volume in the Node's volumesInUse", T, || {
+        (volumes_in_use(&api, node) == json!([unique])).then_some(())
+    });
+    // The volume is reported once a set-up found that it needs attaching,
+    // which comes before staging: nothing is staged or published while
+    // the controller has not attached it, and the pod waits.
+    assert!(driver.calls.lock().staged.is_empty());
+    assert!(driver.calls.lock().published.is_empty());
+    let p = api.get("pods", Some("default"), &name).unwrap();
+    assert_ne!(p["status"]["phase"], "Running");
+
+    // The test plays the attach/detach controller and the
+    // external-attacher: a VolumeAttachment named as upstream's
+    // getAttachmentName, whose attach failed, and the volume in the
+    // Node's volumesAttached.
+    let va_name = format!("csi-{}", sha256_hex(&format!("vol-a{DRIVER}{node}")));
+    let mut va = api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": va_name},
+        "spec": {"attacher": DRIVER, "nodeName": node,
+            "source": {"persistentVolumeName": "att-pv"}}
+    }));
+    va["status"] = json!({"attached": false,
+        "attachError": {"message": "disk is on fire", "time": "2026-01-01T00:00:00Z"}});
+    va = api.update_status(va);
+    let r = api
+        .client()
+        .patch(
+            &format!("/api/v1/nodes/{node}/status"),
+            "application/merge-patch+json",
+            &json!({"status": {"volumesAttached": [{"name": unique, "devicePath": ""}]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    // The attacher's error is the pod's FailedMount, naming the PV.
+    let msg = wait_for("FailedMount for the attach error", T, || {
+        failed_mounts(&api, &name)
+            .into_iter()
+            .find(|m| m.contains("WaitForAttach"))
+    });
+    assert_eq!(
+        msg,
+        "MountVolume.WaitForAttach failed for volume \"att-pv\" : disk is on fire"
+    );
+    assert!(driver.calls.lock().staged.is_empty());
+
+    // The attach succeeds: its metadata is the publish context.
+    va["status"] = json!({"attached": true,
+        "attachmentMetadata": {"devicePath": "/dev/fake0", "lun": "3"}});
+    api.update_status(va);
+    let p = wait_for(
+        "pod Running after the attach",
+        Duration::from_secs(150),
+        || {
+            api.get("pods", Some("default"), &name).filter(|p| {
+                p["status"]["phase"] == "Running"
+                    && p["status"]["containerStatuses"]
+                        .as_array()
+                        .is_some_and(|cs| cs.iter().all(|c| c["state"]["running"].is_object()))
+            })
+        },
+    );
+    let want: HashMap<String, String> = [("devicePath", "/dev/fake0"), ("lun", "3")]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let calls = driver.calls.lock();
+    assert_eq!(calls.staged.len(), 1);
+    assert_eq!(calls.staged[0].publish_context, want);
+    assert_eq!(calls.published.len(), 1);
+    assert_eq!(calls.published[0].publish_context, want);
+    drop(calls);
+    let id = container_id(&p);
+    let out = k
+        .cri
+        .rt
+        .block_on(
+            k.cri
+                .client
+                .exec_sync(&id, vec!["cat".into(), "/data/hello".into()], 10),
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "staged vol-a");
+    // In use while the pod runs; volumesAttached is the controller's and
+    // left as it wrote it.
+    let n = api.get("nodes", None, node).unwrap();
+    assert_eq!(n["status"]["volumesInUse"], json!([unique]));
+    assert_eq!(
+        n["status"]["volumesAttached"],
+        json!([{"name": unique, "devicePath": ""}])
+    );
+    assert_eq!(
+        n["metadata"]["annotations"]["volumes.kubernetes.io/controller-managed-attach-detach"],
+        "true"
+    );
+
+    // Deleted: unpublished and unstaged, then no longer in use.
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnstageVolume", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+    wait_for("the volume gone from volumesInUse", T, || {
+        let v = volumes_in_use(&api, node);
+        (v.is_null() || v == json!([])).then_some(())
     });
 }
