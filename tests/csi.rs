@@ -134,6 +134,12 @@ impl node_server::Node for FakeDriver {
         }
         let r = r.into_inner();
         let g = PathBuf::from(&r.staging_target_path);
+        // Staged already (a kubelet that restarted stages again): nothing
+        // more to do, as NodeStageVolume is idempotent.
+        if g.join("hello").exists() {
+            self.calls.lock().staged.push(r);
+            return Ok(Response::new(proto::NodeStageVolumeResponse {}));
+        }
         let id = r.volume_id.clone();
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             std::fs::create_dir_all(&g)?;
@@ -1167,4 +1173,142 @@ fn a_volume_that_needs_attaching_waits_for_the_controller_and_gets_its_metadata_
         let v = volumes_in_use(&api, node);
         (v.is_null() || v == json!([])).then_some(())
     });
+}
+
+#[test]
+fn volumes_in_use_are_not_dropped_while_a_restarted_kubelet_sets_its_volumes_up_again() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-attach-restart";
+    let mut k = cluster_kubelet(node, &api);
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": {"attachRequired": true}
+    }));
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "rs-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "rs-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-r"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+    // The controller and the attacher have done their part already.
+    let unique = format!("kubernetes.io/csi/{DRIVER}^vol-r");
+    let va_name = format!("csi-{}", sha256_hex(&format!("vol-r{DRIVER}{node}")));
+    let mut va = api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": va_name},
+        "spec": {"attacher": DRIVER, "nodeName": node,
+            "source": {"persistentVolumeName": "rs-pv"}}
+    }));
+    va["status"] = json!({"attached": true, "attachmentMetadata": {"k": "v"}});
+    api.update_status(va);
+    wait_for("the Node registered", T, || api.get("nodes", None, node));
+    let r = api
+        .client()
+        .patch(
+            &format!("/api/v1/nodes/{node}/status"),
+            "application/merge-patch+json",
+            &json!({"status": {"volumesAttached": [{"name": unique, "devicePath": ""}]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let name = format!("rs-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    running_pod(&api, &name);
+    assert_eq!(volumes_in_use(&api, node), json!([unique]));
+    assert_eq!(driver.calls.lock().published.len(), 1);
+
+    // Restarted: the volume is set up again (its pod still runs), and no
+    // status the new kubelet writes meanwhile drops it from volumesInUse.
+    k.stop();
+    let before = api.resource_version();
+    let t0 = std::time::SystemTime::now();
+    k.spawn();
+    wait_for("the volume published again after the restart", T, || {
+        (driver.calls.lock().published.len() >= 2).then_some(())
+    });
+    let patches = |api: &ApiServer| {
+        api.requests()
+            .into_iter()
+            .filter(|r| {
+                r.method == "PATCH"
+                    && r.path.starts_with(&format!("/api/v1/nodes/{node}/status"))
+                    && r.status == 200
+                    && r.time > t0
+            })
+            .count()
+    };
+    wait_for("a node status update after the restart", T, || {
+        (patches(&api) >= 1).then_some(())
+    });
+    let last = api.get("nodes", None, node).unwrap();
+    let last_rv: u64 = last["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut w = api
+        .client()
+        .watch(&format!(
+            "/api/v1/nodes?watch=1&fieldSelector=metadata.name%3D{node}&resourceVersion={before}"
+        ))
+        .unwrap();
+    let mut seen = 0;
+    loop {
+        let e = w
+            .next_non_bookmark()
+            .unwrap()
+            .expect("the replayed history");
+        let o = &e["object"];
+        assert_eq!(
+            o["status"]["volumesInUse"],
+            json!([unique]),
+            "a Node version without the volume in use: {o}"
+        );
+        seen += 1;
+        let rv: u64 = o["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        if rv >= last_rv {
+            break;
+        }
+    }
+    assert!(seen >= 1);
+    let calls = driver.calls.lock();
+    let want: HashMap<String, String> = [("k".to_string(), "v".to_string())].into();
+    assert_eq!(calls.published[1].publish_context, want);
+    drop(calls);
+
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the volume gone from volumesInUse", T, || {
+        let v = volumes_in_use(&api, node);
+        (v.is_null() || v == json!([])).then_some(())
+    });
+    assert_eq!(driver.calls.lock().unstaged.len(), 1);
 }
