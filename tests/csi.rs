@@ -12,7 +12,9 @@
 //! put tokens into the volume context, and requiresRepublish publishes
 //! again at pod syncs. A volume whose driver requires attach waits for the
 //! test, playing the attach/detach controller and the external-attacher,
-//! and gets the VolumeAttachment's metadata as its publish context.
+//! and gets the VolumeAttachment's metadata as its publish context; a PV
+//! the test grows (as the external-resizer) is expanded online with
+//! NodeExpandVolume and its claim gets the new capacity.
 
 mod common;
 
@@ -41,6 +43,7 @@ struct Calls {
     published: Vec<proto::NodePublishVolumeRequest>,
     unpublished: Vec<proto::NodeUnpublishVolumeRequest>,
     stats: Vec<proto::NodeGetVolumeStatsRequest>,
+    expanded: Vec<proto::NodeExpandVolumeRequest>,
 }
 
 #[derive(Clone, Default)]
@@ -53,6 +56,8 @@ struct FakeDriver {
     stats: bool,
     /// Reports VOLUME_MOUNT_GROUP.
     mount_group: bool,
+    /// Reports EXPAND_VOLUME: NodeExpandVolume answers the size asked for.
+    expands: bool,
 }
 
 /// What the fake driver's NodeGetVolumeStats answers: bytes
@@ -230,6 +235,20 @@ impl node_server::Node for FakeDriver {
             volume_condition: None,
         }))
     }
+    async fn node_expand_volume(
+        &self,
+        r: Request<proto::NodeExpandVolumeRequest>,
+    ) -> Result<Response<proto::NodeExpandVolumeResponse>, Status> {
+        if !self.expands {
+            return Err(Status::unimplemented("no expansion"));
+        }
+        let r = r.into_inner();
+        let bytes = r.capacity_range.as_ref().map_or(0, |c| c.required_bytes);
+        self.calls.lock().expanded.push(r);
+        Ok(Response::new(proto::NodeExpandVolumeResponse {
+            capacity_bytes: bytes,
+        }))
+    }
     async fn node_get_capabilities(
         &self,
         _: Request<proto::NodeGetCapabilitiesRequest>,
@@ -239,6 +258,7 @@ impl node_server::Node for FakeDriver {
             (self.stages, Type::StageUnstageVolume),
             (self.stats, Type::GetVolumeStats),
             (self.mount_group, Type::VolumeMountGroup),
+            (self.expands, Type::ExpandVolume),
         ]
         .into_iter()
         .filter(|(on, _)| *on)
@@ -1311,4 +1331,126 @@ fn volumes_in_use_are_not_dropped_while_a_restarted_kubelet_sets_its_volumes_up_
         (v.is_null() || v == json!([])).then_some(())
     });
     assert_eq!(driver.calls.lock().unstaged.len(), 1);
+}
+
+#[test]
+fn a_grown_volume_is_expanded_online_and_its_claim_gets_the_new_capacity() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-expand";
+    let k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let driver = FakeDriver {
+        stages: true,
+        expands: true,
+        ..Default::default()
+    };
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": {"attachRequired": false}
+    }));
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "ex-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "ex-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-x", "fsType": "ext4"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound", "capacity": {"storage": "1Gi"}});
+    api.update_status(bound);
+    let name = format!("ex-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    assert!(driver.calls.lock().expanded.is_empty());
+
+    // The test plays the external-resizer: the PV grew, the claim asks for
+    // it, and the node's part is pending.
+    let mut pv = api.get("persistentvolumes", None, "ex-pv").unwrap();
+    pv["spec"]["capacity"]["storage"] = json!("2Gi");
+    api.update(pv);
+    let mut c = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    c["spec"]["resources"]["requests"]["storage"] = json!("2Gi");
+    let mut c = api.update(c);
+    c["status"]["allocatedResources"] = json!({"storage": "2Gi"});
+    c["status"]["allocatedResourceStatuses"] = json!({"storage": "NodeResizePending"});
+    c["status"]["conditions"] = json!([{"type": "FileSystemResizePending", "status": "True",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "message": "Waiting for user to (re-)start a pod to finish file system resize of volume on node."}]);
+    api.update_status(c);
+
+    // At a later pod sync (every 5 s here) the driver is asked to expand
+    // the published volume to the PV's size.
+    wait_for("NodeExpandVolume", T, || {
+        (!driver.calls.lock().expanded.is_empty()).then_some(())
+    });
+    let req = driver.calls.lock().expanded[0].clone();
+    assert_eq!(req.volume_id, "vol-x");
+    assert_eq!(
+        Path::new(&req.volume_path),
+        root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/ex-pv/mount"))
+    );
+    assert_eq!(
+        Path::new(&req.staging_target_path),
+        root.join(format!(
+            "plugins/kubernetes.io/csi/{DRIVER}/{}/globalmount",
+            sha256_hex("vol-x")
+        ))
+    );
+    assert_eq!(req.capacity_range.as_ref().unwrap().required_bytes, 2 << 30);
+    match req
+        .volume_capability
+        .as_ref()
+        .and_then(|c| c.access_type.clone())
+    {
+        Some(proto::volume_capability::AccessType::Mount(m)) => assert_eq!(m.fs_type, "ext4"),
+        other => panic!("{other:?}"),
+    }
+    // The claim records the new size; the resize status and its condition
+    // are gone.
+    let c = wait_for("the claim's new capacity", T, || {
+        api.get("persistentvolumeclaims", Some("default"), "claim")
+            .filter(|c| c["status"]["capacity"]["storage"] == "2Gi")
+    });
+    assert!(
+        c["status"].get("allocatedResourceStatuses").is_none(),
+        "{}",
+        c["status"]
+    );
+    assert!(c["status"].get("conditions").is_none(), "{}", c["status"]);
+    assert_eq!(c["status"]["allocatedResources"]["storage"], "2Gi");
+    let ev = wait_for("FileSystemResizeSuccess", T, || {
+        api.list("events").into_iter().find(|e| {
+            e["reason"] == "FileSystemResizeSuccess" && e["involvedObject"]["kind"] == "Pod"
+        })
+    });
+    assert_eq!(
+        ev["message"],
+        format!("MountVolume.NodeExpandVolume succeeded for volume \"ex-pv\" {node}")
+    );
+    // Expanded once: the claim's status now matches the PV.
+    assert_eq!(driver.calls.lock().expanded.len(), 1);
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnstageVolume", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
 }

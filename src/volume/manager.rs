@@ -57,6 +57,9 @@ pub struct Mounted {
     measured: bool,
     /// A CSI volume: its driver unpublishes it at tear-down.
     csi: Option<Arc<super::csi::mounter::Published>>,
+    /// A CSI volume through a claim (claim name, read-only): checked for
+    /// online expansion at each pod sync.
+    claim: Option<(String, bool)>,
 }
 
 impl Mounted {
@@ -181,6 +184,13 @@ enum Op {
         uid: String,
     },
     Unmount {
+        uid: String,
+        name: String,
+        mounted: Mounted,
+    },
+    /// Online expansion of a published CSI volume, if due.
+    Expand {
+        pod: Arc<Pod>,
         uid: String,
         name: String,
         mounted: Mounted,
@@ -619,6 +629,19 @@ impl VolumeManager {
                         volume: Box::new(v.clone()),
                         uid: uid.clone(),
                     });
+                } else if let Some(m) = got
+                    .and_then(|g| g.get(&v.name))
+                    .filter(|m| resync && m.claim.is_some() && m.csi.is_some())
+                {
+                    // Upstream's populator looks at each pod's claims again
+                    // for a size the node has to finish.
+                    st.in_flight.insert(key);
+                    ops.push(Op::Expand {
+                        pod: d.pod.clone(),
+                        uid: uid.clone(),
+                        name: v.name.clone(),
+                        mounted: m.clone(),
+                    });
                 }
             }
         }
@@ -656,6 +679,28 @@ impl VolumeManager {
 
     async fn execute(&self, op: Op) {
         match op {
+            Op::Expand {
+                pod,
+                uid,
+                name,
+                mounted,
+            } => {
+                if let (Some(p), Some((claim, read_only))) = (&mounted.csi, &mounted.claim) {
+                    if let Err(e) = super::csi::expand::expand_in_use(
+                        &self.inner.csi,
+                        &pod,
+                        p,
+                        claim,
+                        *read_only,
+                    )
+                    .await
+                    {
+                        // Tried again at the next pod sync.
+                        warn!(pod_uid = %uid, volume = %name, error = %e, "NodeExpandVolume.NodeExpandVolume failed");
+                    }
+                }
+                self.inner.state.lock().in_flight.remove(&(uid, name));
+            }
             Op::Mount { pod, volume, uid } => {
                 let had = self
                     .inner
@@ -931,6 +976,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             refresh_at: None,
             measured: false,
             csi: None,
+            claim: None,
         });
     }
     if let Some(src) = &v.csi {
@@ -979,6 +1025,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             refresh_at: None,
             measured: true,
             csi: None,
+            claim: None,
         });
     }
     if let Some(claim) = pvc_name(pod, v) {
@@ -1002,7 +1049,9 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             )
             .await
             .map_err(|e| Failed::from_csi(e, pv.metadata.name.as_deref().unwrap_or_default()))?;
-            return Ok(csi_mounted(p));
+            let mut m = csi_mounted(p);
+            m.claim = Some((claim, read_only));
+            return Ok(m);
         }
         let (path, local) = persistent_path(v, &pv).await?;
         // Upstream's local plugin applies the fsGroup to a writable mount;
@@ -1024,6 +1073,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             refresh_at: None,
             measured: local,
             csi: None,
+            claim: None,
         });
     }
     let plugin = if v.config_map.is_some() {
@@ -1083,6 +1133,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         refresh_at,
         measured: true,
         csi: None,
+        claim: None,
     })
 }
 
@@ -1098,6 +1149,7 @@ fn csi_mounted(p: super::csi::mounter::Published) -> Mounted {
         // (`csi_volumes`).
         measured: false,
         csi: Some(Arc::new(p)),
+        claim: None,
     }
 }
 

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 pub mod attach;
 pub mod client;
+pub mod expand;
 pub mod metrics;
 pub mod mounter;
 pub mod nodeinfo;

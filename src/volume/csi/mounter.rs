@@ -1054,6 +1054,12 @@ mod tests {
                 }),
             }))
         }
+        async fn node_expand_volume(
+            &self,
+            _: tonic::Request<proto::NodeExpandVolumeRequest>,
+        ) -> Result<tonic::Response<proto::NodeExpandVolumeResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no expansion"))
+        }
         async fn node_get_capabilities(
             &self,
             _: tonic::Request<proto::NodeGetCapabilitiesRequest>,
