@@ -1454,3 +1454,75 @@ fn a_grown_volume_is_expanded_online_and_its_claim_gets_the_new_capacity() {
         (!driver.calls.lock().unstaged.is_empty()).then_some(())
     });
 }
+
+#[test]
+fn a_claim_whose_resize_waits_for_the_node_is_expanded_before_its_pod_starts() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-expand-mount";
+    let k = cluster_kubelet(node, &api);
+    let driver = FakeDriver {
+        expands: true,
+        ..Default::default()
+    };
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": {"attachRequired": false}
+    }));
+    // Grown while no pod used it: the resizer left the node's part pending.
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "3Gi"}}, "volumeName": "exm-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "exm-pv"},
+        "spec": {"capacity": {"storage": "3Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-m"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound", "capacity": {"storage": "1Gi"},
+        "allocatedResources": {"storage": "3Gi"},
+        "allocatedResourceStatuses": {"storage": "NodeResizePending"}});
+    api.update_status(bound);
+    let name = format!("exm-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    running_pod(&api, &name);
+    // Expanded during the mount, before the containers started: the
+    // driver does not stage, so no staging path.
+    let calls = driver.calls.lock();
+    assert_eq!(calls.expanded.len(), 1, "expanded before the pod ran");
+    assert_eq!(calls.expanded[0].volume_id, "vol-m");
+    assert_eq!(
+        calls.expanded[0]
+            .capacity_range
+            .as_ref()
+            .unwrap()
+            .required_bytes,
+        3 << 30
+    );
+    assert!(calls.expanded[0].staging_target_path.is_empty());
+    drop(calls);
+    let c = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    assert_eq!(c["status"]["capacity"]["storage"], "3Gi");
+    assert!(c["status"].get("allocatedResourceStatuses").is_none());
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnpublishVolume", T, || {
+        (!driver.calls.lock().unpublished.is_empty()).then_some(())
+    });
+}

@@ -1049,6 +1049,25 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             )
             .await
             .map_err(|e| Failed::from_csi(e, pv.metadata.name.as_deref().unwrap_or_default()))?;
+            // Upstream's expandVolumeDuringMount: a claim whose resize
+            // waits for the node is finished before the pod uses it.
+            if !had {
+                if let Err(e) =
+                    super::csi::expand::expand_in_use(&inner.csi, pod, &p, &claim, read_only).await
+                {
+                    let spec = pv.metadata.name.as_deref().unwrap_or_default();
+                    return Err(Failed::Other {
+                        event: Some((
+                            "FailedMount",
+                            format!(
+                                "MountVolume.Setup failed while expanding volume for volume {spec:?} : {e}"
+                            ),
+                        )),
+                        error: e,
+                        node_wait: false,
+                    });
+                }
+            }
             let mut m = csi_mounted(p);
             m.claim = Some((claim, read_only));
             return Ok(m);
