@@ -2729,3 +2729,58 @@ fn pod_certificate_requests_list_and_watch_by_node_name() {
         );
     }
 }
+
+// pkg/registry/storage/volumeattachment/strategy.go: VolumeAttachments
+// are cluster-scoped storage.k8s.io/v1 objects with a status subresource;
+// PrepareForCreate clears the status (only the external-attacher sets it,
+// through /status); the main resource's PrepareForUpdate keeps the stored
+// status; the status strategy keeps the stored spec and resets metadata
+// (ResetObjectMetaForStatus: labels and annotations written through
+// /status are dropped). A missing one is NotFound with the
+// group-qualified resource (the kubelet's WaitForAttach error quotes it).
+#[test]
+fn volumeattachments_clear_status_at_create_and_take_it_through_status_only() {
+    const VAS: &str = "/apis/storage.k8s.io/v1/volumeattachments";
+    let s = plain();
+    let c = s.client();
+    let va = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": "csi-abc"},
+        "spec": {"attacher": "d.csi", "nodeName": "n1",
+            "source": {"persistentVolumeName": "pv-1"}},
+        "status": {"attached": true, "attachmentMetadata": {"forged": "yes"}}
+    });
+    let r = c.post(VAS, &va).unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert!(r.body.get("status").is_none(), "{}", r.body);
+    assert!(r.body["metadata"].get("namespace").is_none());
+    // The attacher's write through /status: status taken, spec and
+    // metadata kept.
+    let mut w = r.body.clone();
+    w["status"] = json!({"attached": true, "attachmentMetadata": {"devicePath": "/dev/xvdf"}});
+    w["spec"]["nodeName"] = json!("other");
+    w["metadata"]["labels"] = json!({"x": "y"});
+    let r = c.put(&format!("{VAS}/csi-abc/status"), &w).unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.body["status"]["attached"], true);
+    assert_eq!(
+        r.body["status"]["attachmentMetadata"]["devicePath"],
+        "/dev/xvdf"
+    );
+    assert_eq!(r.body["spec"]["nodeName"], "n1");
+    assert!(r.body["metadata"].get("labels").is_none(), "{}", r.body);
+    // A write to the main resource keeps the status.
+    let mut m = r.body.clone();
+    m["status"] = json!({"attached": false});
+    m["metadata"]["labels"] = json!({"a": "b"});
+    let r = c.put(&format!("{VAS}/csi-abc"), &m).unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.body["status"]["attached"], true);
+    assert_eq!(r.body["metadata"]["labels"]["a"], "b");
+    let missing = c.get(&format!("{VAS}/nope")).unwrap();
+    assert_eq!(missing.status, 404);
+    assert_eq!(
+        missing.body["message"],
+        "volumeattachments.storage.k8s.io \"nope\" not found"
+    );
+}

@@ -10,7 +10,11 @@
 //! staged and published; a driver with GET_VOLUME_STATS feeds the pod's
 //! volume stats and its claim's `kubelet_volume_stats_*`; tokenRequests
 //! put tokens into the volume context, and requiresRepublish publishes
-//! again at pod syncs.
+//! again at pod syncs. A volume whose driver requires attach waits for the
+//! test, playing the attach/detach controller and the external-attacher,
+//! and gets the VolumeAttachment's metadata as its publish context; a PV
+//! the test grows (as the external-resizer) is expanded online with
+//! NodeExpandVolume and its claim gets the new capacity.
 
 mod common;
 
@@ -39,6 +43,7 @@ struct Calls {
     published: Vec<proto::NodePublishVolumeRequest>,
     unpublished: Vec<proto::NodeUnpublishVolumeRequest>,
     stats: Vec<proto::NodeGetVolumeStatsRequest>,
+    expanded: Vec<proto::NodeExpandVolumeRequest>,
 }
 
 #[derive(Clone, Default)]
@@ -51,6 +56,8 @@ struct FakeDriver {
     stats: bool,
     /// Reports VOLUME_MOUNT_GROUP.
     mount_group: bool,
+    /// Reports EXPAND_VOLUME: NodeExpandVolume answers the size asked for.
+    expands: bool,
 }
 
 /// What the fake driver's NodeGetVolumeStats answers: bytes
@@ -132,6 +139,12 @@ impl node_server::Node for FakeDriver {
         }
         let r = r.into_inner();
         let g = PathBuf::from(&r.staging_target_path);
+        // Staged already (a kubelet that restarted stages again): nothing
+        // more to do, as NodeStageVolume is idempotent.
+        if g.join("hello").exists() {
+            self.calls.lock().staged.push(r);
+            return Ok(Response::new(proto::NodeStageVolumeResponse {}));
+        }
         let id = r.volume_id.clone();
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             std::fs::create_dir_all(&g)?;
@@ -222,6 +235,20 @@ impl node_server::Node for FakeDriver {
             volume_condition: None,
         }))
     }
+    async fn node_expand_volume(
+        &self,
+        r: Request<proto::NodeExpandVolumeRequest>,
+    ) -> Result<Response<proto::NodeExpandVolumeResponse>, Status> {
+        if !self.expands {
+            return Err(Status::unimplemented("no expansion"));
+        }
+        let r = r.into_inner();
+        let bytes = r.capacity_range.as_ref().map_or(0, |c| c.required_bytes);
+        self.calls.lock().expanded.push(r);
+        Ok(Response::new(proto::NodeExpandVolumeResponse {
+            capacity_bytes: bytes,
+        }))
+    }
     async fn node_get_capabilities(
         &self,
         _: Request<proto::NodeGetCapabilitiesRequest>,
@@ -231,6 +258,7 @@ impl node_server::Node for FakeDriver {
             (self.stages, Type::StageUnstageVolume),
             (self.stats, Type::GetVolumeStats),
             (self.mount_group, Type::VolumeMountGroup),
+            (self.expands, Type::ExpandVolume),
         ]
         .into_iter()
         .filter(|(on, _)| *on)
@@ -1002,5 +1030,499 @@ fn a_staged_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unstaged_after_re
     });
     wait_for("the orphaned pod directory removed", T, || {
         (!path_exists(&pod_dir)).then_some(())
+    });
+}
+
+/// The Node's `status.volumesInUse` (absent when empty).
+fn volumes_in_use(api: &ApiServer, node: &str) -> Value {
+    api.get("nodes", None, node)
+        .map(|n| n["status"]["volumesInUse"].clone())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_volume_that_needs_attaching_waits_for_the_controller_and_gets_its_metadata_as_publish_context()
+{
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-attach";
+    let k = cluster_kubelet(node, &api);
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
+    // attachRequired is left to the API server's default: true.
+    let d = api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": {}
+    }));
+    assert_eq!(d["spec"]["attachRequired"], true);
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "att-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "att-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-a"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+    let name = format!("att-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    // Upstream's unique volume name, reported in use before anything is
+    // attached (so the controller may attach it and never detaches it).
+    let unique = format!("kubernetes.io/csi/{DRIVER}^vol-a");
+    wait_for("the volume in the Node's volumesInUse", T, || {
+        (volumes_in_use(&api, node) == json!([unique])).then_some(())
+    });
+    // The volume is reported once a set-up found that it needs attaching,
+    // which comes before staging: nothing is staged or published while
+    // the controller has not attached it, and the pod waits.
+    assert!(driver.calls.lock().staged.is_empty());
+    assert!(driver.calls.lock().published.is_empty());
+    let p = api.get("pods", Some("default"), &name).unwrap();
+    assert_ne!(p["status"]["phase"], "Running");
+
+    // The test plays the attach/detach controller and the
+    // external-attacher: a VolumeAttachment named as upstream's
+    // getAttachmentName, whose attach failed, and the volume in the
+    // Node's volumesAttached.
+    let va_name = format!("csi-{}", sha256_hex(&format!("vol-a{DRIVER}{node}")));
+    let mut va = api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": va_name},
+        "spec": {"attacher": DRIVER, "nodeName": node,
+            "source": {"persistentVolumeName": "att-pv"}}
+    }));
+    va["status"] = json!({"attached": false,
+        "attachError": {"message": "disk is on fire", "time": "2026-01-01T00:00:00Z"}});
+    va = api.update_status(va);
+    let r = api
+        .client()
+        .patch(
+            &format!("/api/v1/nodes/{node}/status"),
+            "application/merge-patch+json",
+            &json!({"status": {"volumesAttached": [{"name": unique, "devicePath": ""}]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    // The attacher's error is the pod's FailedMount, naming the PV.
+    let msg = wait_for("FailedMount for the attach error", T, || {
+        failed_mounts(&api, &name)
+            .into_iter()
+            .find(|m| m.contains("WaitForAttach"))
+    });
+    assert_eq!(
+        msg,
+        "MountVolume.WaitForAttach failed for volume \"att-pv\" : disk is on fire"
+    );
+    assert!(driver.calls.lock().staged.is_empty());
+
+    // The attach succeeds: its metadata is the publish context.
+    va["status"] = json!({"attached": true,
+        "attachmentMetadata": {"devicePath": "/dev/fake0", "lun": "3"}});
+    api.update_status(va);
+    let p = wait_for(
+        "pod Running after the attach",
+        Duration::from_secs(150),
+        || {
+            api.get("pods", Some("default"), &name).filter(|p| {
+                p["status"]["phase"] == "Running"
+                    && p["status"]["containerStatuses"]
+                        .as_array()
+                        .is_some_and(|cs| cs.iter().all(|c| c["state"]["running"].is_object()))
+            })
+        },
+    );
+    let want: HashMap<String, String> = [("devicePath", "/dev/fake0"), ("lun", "3")]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let calls = driver.calls.lock();
+    assert_eq!(calls.staged.len(), 1);
+    assert_eq!(calls.staged[0].publish_context, want);
+    assert_eq!(calls.published.len(), 1);
+    assert_eq!(calls.published[0].publish_context, want);
+    drop(calls);
+    let id = container_id(&p);
+    let out = k
+        .cri
+        .rt
+        .block_on(
+            k.cri
+                .client
+                .exec_sync(&id, vec!["cat".into(), "/data/hello".into()], 10),
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "staged vol-a");
+    // In use while the pod runs; volumesAttached is the controller's and
+    // left as it wrote it.
+    let n = api.get("nodes", None, node).unwrap();
+    assert_eq!(n["status"]["volumesInUse"], json!([unique]));
+    assert_eq!(
+        n["status"]["volumesAttached"],
+        json!([{"name": unique, "devicePath": ""}])
+    );
+    assert_eq!(
+        n["metadata"]["annotations"]["volumes.kubernetes.io/controller-managed-attach-detach"],
+        "true"
+    );
+
+    // Deleted: unpublished and unstaged, then no longer in use.
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnstageVolume", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+    wait_for("the volume gone from volumesInUse", T, || {
+        let v = volumes_in_use(&api, node);
+        (v.is_null() || v == json!([])).then_some(())
+    });
+}
+
+#[test]
+fn volumes_in_use_are_not_dropped_while_a_restarted_kubelet_sets_its_volumes_up_again() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-attach-restart";
+    let mut k = cluster_kubelet(node, &api);
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": {"attachRequired": true}
+    }));
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "rs-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "rs-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-r"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+    // The controller and the attacher have done their part already.
+    let unique = format!("kubernetes.io/csi/{DRIVER}^vol-r");
+    let va_name = format!("csi-{}", sha256_hex(&format!("vol-r{DRIVER}{node}")));
+    let mut va = api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": va_name},
+        "spec": {"attacher": DRIVER, "nodeName": node,
+            "source": {"persistentVolumeName": "rs-pv"}}
+    }));
+    va["status"] = json!({"attached": true, "attachmentMetadata": {"k": "v"}});
+    api.update_status(va);
+    wait_for("the Node registered", T, || api.get("nodes", None, node));
+    let r = api
+        .client()
+        .patch(
+            &format!("/api/v1/nodes/{node}/status"),
+            "application/merge-patch+json",
+            &json!({"status": {"volumesAttached": [{"name": unique, "devicePath": ""}]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let name = format!("rs-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    running_pod(&api, &name);
+    assert_eq!(volumes_in_use(&api, node), json!([unique]));
+    assert_eq!(driver.calls.lock().published.len(), 1);
+
+    // Restarted: the volume is set up again (its pod still runs), and no
+    // status the new kubelet writes meanwhile drops it from volumesInUse.
+    k.stop();
+    let before = api.resource_version();
+    let t0 = std::time::SystemTime::now();
+    k.spawn();
+    wait_for("the volume published again after the restart", T, || {
+        (driver.calls.lock().published.len() >= 2).then_some(())
+    });
+    let patches = |api: &ApiServer| {
+        api.requests()
+            .into_iter()
+            .filter(|r| {
+                r.method == "PATCH"
+                    && r.path.starts_with(&format!("/api/v1/nodes/{node}/status"))
+                    && r.status == 200
+                    && r.time > t0
+            })
+            .count()
+    };
+    wait_for("a node status update after the restart", T, || {
+        (patches(&api) >= 1).then_some(())
+    });
+    let last = api.get("nodes", None, node).unwrap();
+    let last_rv: u64 = last["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut w = api
+        .client()
+        .watch(&format!(
+            "/api/v1/nodes?watch=1&fieldSelector=metadata.name%3D{node}&resourceVersion={before}"
+        ))
+        .unwrap();
+    let mut seen = 0;
+    loop {
+        let e = w
+            .next_non_bookmark()
+            .unwrap()
+            .expect("the replayed history");
+        let o = &e["object"];
+        assert_eq!(
+            o["status"]["volumesInUse"],
+            json!([unique]),
+            "a Node version without the volume in use: {o}"
+        );
+        seen += 1;
+        let rv: u64 = o["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        if rv >= last_rv {
+            break;
+        }
+    }
+    assert!(seen >= 1);
+    let calls = driver.calls.lock();
+    let want: HashMap<String, String> = [("k".to_string(), "v".to_string())].into();
+    assert_eq!(calls.published[1].publish_context, want);
+    drop(calls);
+
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the volume gone from volumesInUse", T, || {
+        let v = volumes_in_use(&api, node);
+        (v.is_null() || v == json!([])).then_some(())
+    });
+    assert_eq!(driver.calls.lock().unstaged.len(), 1);
+}
+
+#[test]
+fn a_grown_volume_is_expanded_online_and_its_claim_gets_the_new_capacity() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-expand";
+    let k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let driver = FakeDriver {
+        stages: true,
+        expands: true,
+        ..Default::default()
+    };
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": {"attachRequired": false}
+    }));
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "ex-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "ex-pv"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-x", "fsType": "ext4"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound", "capacity": {"storage": "1Gi"}});
+    api.update_status(bound);
+    let name = format!("ex-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    assert!(driver.calls.lock().expanded.is_empty());
+
+    // The test plays the external-resizer: the PV grew, the claim asks for
+    // it, and the node's part is pending.
+    let mut pv = api.get("persistentvolumes", None, "ex-pv").unwrap();
+    pv["spec"]["capacity"]["storage"] = json!("2Gi");
+    api.update(pv);
+    let mut c = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    c["spec"]["resources"]["requests"]["storage"] = json!("2Gi");
+    let mut c = api.update(c);
+    c["status"]["allocatedResources"] = json!({"storage": "2Gi"});
+    c["status"]["allocatedResourceStatuses"] = json!({"storage": "NodeResizePending"});
+    c["status"]["conditions"] = json!([{"type": "FileSystemResizePending", "status": "True",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "message": "Waiting for user to (re-)start a pod to finish file system resize of volume on node."}]);
+    api.update_status(c);
+
+    // At a later pod sync (every 5 s here) the driver is asked to expand
+    // the published volume to the PV's size.
+    wait_for("NodeExpandVolume", T, || {
+        (!driver.calls.lock().expanded.is_empty()).then_some(())
+    });
+    let req = driver.calls.lock().expanded[0].clone();
+    assert_eq!(req.volume_id, "vol-x");
+    assert_eq!(
+        Path::new(&req.volume_path),
+        root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/ex-pv/mount"))
+    );
+    assert_eq!(
+        Path::new(&req.staging_target_path),
+        root.join(format!(
+            "plugins/kubernetes.io/csi/{DRIVER}/{}/globalmount",
+            sha256_hex("vol-x")
+        ))
+    );
+    assert_eq!(req.capacity_range.as_ref().unwrap().required_bytes, 2 << 30);
+    match req
+        .volume_capability
+        .as_ref()
+        .and_then(|c| c.access_type.clone())
+    {
+        Some(proto::volume_capability::AccessType::Mount(m)) => assert_eq!(m.fs_type, "ext4"),
+        other => panic!("{other:?}"),
+    }
+    // The claim records the new size; the resize status and its condition
+    // are gone.
+    let c = wait_for("the claim's new capacity", T, || {
+        api.get("persistentvolumeclaims", Some("default"), "claim")
+            .filter(|c| c["status"]["capacity"]["storage"] == "2Gi")
+    });
+    assert!(
+        c["status"].get("allocatedResourceStatuses").is_none(),
+        "{}",
+        c["status"]
+    );
+    assert!(c["status"].get("conditions").is_none(), "{}", c["status"]);
+    assert_eq!(c["status"]["allocatedResources"]["storage"], "2Gi");
+    let ev = wait_for("FileSystemResizeSuccess", T, || {
+        api.list("events").into_iter().find(|e| {
+            e["reason"] == "FileSystemResizeSuccess" && e["involvedObject"]["kind"] == "Pod"
+        })
+    });
+    assert_eq!(
+        ev["message"],
+        format!("MountVolume.NodeExpandVolume succeeded for volume \"ex-pv\" {node}")
+    );
+    // Expanded once: the claim's status now matches the PV.
+    assert_eq!(driver.calls.lock().expanded.len(), 1);
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnstageVolume", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+}
+
+#[test]
+fn a_claim_whose_resize_waits_for_the_node_is_expanded_before_its_pod_starts() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-expand-mount";
+    let k = cluster_kubelet(node, &api);
+    let driver = FakeDriver {
+        expands: true,
+        ..Default::default()
+    };
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": {"attachRequired": false}
+    }));
+    // Grown while no pod used it: the resizer left the node's part pending.
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "3Gi"}}, "volumeName": "exm-pv"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "exm-pv"},
+        "spec": {"capacity": {"storage": "3Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-m"},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound", "capacity": {"storage": "1Gi"},
+        "allocatedResources": {"storage": "3Gi"},
+        "allocatedResourceStatuses": {"storage": "NodeResizePending"}});
+    api.update_status(bound);
+    let name = format!("exm-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    }));
+    running_pod(&api, &name);
+    // Expanded during the mount, before the containers started: the
+    // driver does not stage, so no staging path.
+    let calls = driver.calls.lock();
+    assert_eq!(calls.expanded.len(), 1, "expanded before the pod ran");
+    assert_eq!(calls.expanded[0].volume_id, "vol-m");
+    assert_eq!(
+        calls.expanded[0]
+            .capacity_range
+            .as_ref()
+            .unwrap()
+            .required_bytes,
+        3 << 30
+    );
+    assert!(calls.expanded[0].staging_target_path.is_empty());
+    drop(calls);
+    let c = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    assert_eq!(c["status"]["capacity"]["storage"], "3Gi");
+    assert!(c["status"].get("allocatedResourceStatuses").is_none());
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnpublishVolume", T, || {
+        (!driver.calls.lock().unpublished.is_empty()).then_some(())
     });
 }

@@ -287,6 +287,16 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     if opts.kubeconfig.is_some() {
         manager.volumes.csi_drivers().set_api(api_slot.clone());
     }
+    // Upstream's kubelet never attaches CSI volumes itself: with this off,
+    // attachable CSI volumes fail with its "attaching volumes from the
+    // kubelet is not supported".
+    manager
+        .volumes
+        .csi_drivers()
+        .set_controller_attach_detach(cfg.enable_controller_attach_detach);
+    if !cfg.enable_controller_attach_detach {
+        warn!("enableControllerAttachDetach is false: CSI volumes whose driver requires attach will not be mounted (upstream's CSI plugin does not attach from the kubelet)");
+    }
     crate::volume::csi::registration::spawn(
         opts.root_dir
             .join(crate::volume::csi::registration::REGISTRY_DIR),
@@ -495,6 +505,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             tasks: cluster_tasks.clone(),
             api_slot: api_slot.clone(),
             objects: objects.clone(),
+            csi: manager.volumes.csi_drivers().clone(),
         };
         let d = start_cluster_mode(c, pod_config.channel(source::API_SOURCE), &token).await?;
         expected.push(source::API_SOURCE);
@@ -605,6 +616,8 @@ struct ClusterParts<'a> {
     tasks: tokio_util::task::TaskTracker,
     api_slot: Arc<std::sync::OnceLock<crate::apiclient::ApiClient>>,
     objects: crate::objects::ObjectManager,
+    /// The CSI drivers: volumesInUse for the Node, the Node for attach.
+    csi: crate::volume::csi::Registry,
 }
 
 /// Starts what joins the node to a cluster: the Node with its status and
@@ -626,15 +639,17 @@ async fn start_cluster_mode(
     let node_cfg = c.node_cfg.clone();
     let max_images = node_cfg.max_images;
     let observe: nodestatus::Observe = {
-        let (runtime, images, rs, pleg) = (
+        let (runtime, images, rs, pleg, csi) = (
             c.runtime.clone(),
             c.images.clone(),
             c.runtime_state.clone(),
             c.pleg.clone(),
+            c.csi.clone(),
         );
         Arc::new(move |fast| {
             let (runtime, images, rs, pleg) =
                 (runtime.clone(), images.clone(), rs.clone(), pleg.clone());
+            let volumes_in_use = csi.volumes_in_use();
             Box::pin(async move {
                 if fast {
                     // Upstream's fast path asks the runtime itself rather
@@ -670,6 +685,7 @@ async fn start_cluster_mode(
                     runtime_version,
                     images: nodestatus::node_images(list, max_images),
                     runtime_handlers: rs.node_runtime_handlers(),
+                    volumes_in_use,
                 }
             })
         })
@@ -711,6 +727,7 @@ async fn start_cluster_mode(
         deleting: deleting.clone(),
         api_health: c.api_health.clone(),
         tasks: c.tasks.clone(),
+        csi: c.csi.clone(),
     };
     let t = token.clone();
     c.tasks.spawn(tracing::Instrument::instrument(
@@ -751,6 +768,7 @@ struct ClusterTasks {
     api_health: crate::apiclient::ApiHealth,
     tasks: tokio_util::task::TaskTracker,
     objects: crate::objects::ObjectManager,
+    csi: crate::volume::csi::Registry,
 }
 
 impl ClusterTasks {
@@ -848,6 +866,17 @@ impl ClusterTasks {
         tasks.spawn(tracing::Instrument::instrument(
             nodestatus::watch_node(api.clone(), node_cfg.clone(), node_tx, token.child_token()),
             tracing::info_span!("node-watch", node = %node_cfg.node_name),
+        ));
+        // CSI attach verification reads the Node as the watch saw it.
+        let (csi, rx, t) = (self.csi.clone(), node_rx.clone(), token.child_token());
+        tasks.spawn(tracing::Instrument::instrument(
+            async move {
+                tokio::select! {
+                    _ = t.cancelled() => {}
+                    _ = csi.follow_node(rx) => {}
+                }
+            },
+            tracing::debug_span!("csi-node-follow"),
         ));
         tasks.spawn(tracing::Instrument::instrument(
             nodestatus::run(

@@ -125,6 +125,11 @@ pub struct Observed {
     pub images: Vec<ContainerImage>,
     /// The runtime's handlers (status.runtimeHandlers); empty is omitted.
     pub runtime_handlers: Vec<k8s_openapi::api::core::v1::NodeRuntimeHandler>,
+    /// `status.volumesInUse` (upstream's VolumesInUse setter: sorted unique
+    /// names of the attachable volumes the volume manager mounts or is
+    /// mounting); None until the volume manager has synced its state, and
+    /// the Node's list is then left as it is.
+    pub volumes_in_use: Option<Vec<String>>,
 }
 
 /// Go's GOARCH for the machine's architecture.
@@ -477,6 +482,11 @@ pub fn update_status(
     s.daemon_endpoints = own.daemon_endpoints;
     s.images = own.images.filter(|i| !i.is_empty());
     s.runtime_handlers = own.runtime_handlers;
+    // volumesAttached is the attach/detach controller's and stays as
+    // fetched; volumesInUse is the kubelet's.
+    if let Some(v) = &obs.volumes_in_use {
+        s.volumes_in_use = (!v.is_empty()).then(|| v.clone());
+    }
     s
 }
 
@@ -1152,6 +1162,51 @@ mod tests {
                 ("InternalIP".to_string(), "10.0.0.5".to_string()),
                 ("Hostname".to_string(), "n1".to_string())
             ]
+        );
+    }
+
+    #[test]
+    fn volumes_in_use_are_the_kubelets_and_volumes_attached_the_controllers() {
+        use k8s_openapi::api::core::v1::AttachedVolume;
+        let c = cfg();
+        let fetched = NodeStatus {
+            volumes_attached: Some(vec![AttachedVolume {
+                name: "kubernetes.io/csi/d^a".into(),
+                device_path: String::new(),
+            }]),
+            volumes_in_use: Some(vec!["kubernetes.io/csi/d^old".into()]),
+            ..Default::default()
+        };
+        // Not synced yet: the list on the Node is left as it is.
+        let s = update_status(&c, &Observed::default(), &fetched, at(1));
+        assert_eq!(s.volumes_in_use, fetched.volumes_in_use);
+        let obs = Observed {
+            volumes_in_use: Some(vec![
+                "kubernetes.io/csi/d^a".into(),
+                "kubernetes.io/csi/d^b".into(),
+            ]),
+            ..Default::default()
+        };
+        let s = update_status(&c, &obs, &fetched, at(1));
+        assert_eq!(s.volumes_in_use, obs.volumes_in_use);
+        assert_eq!(s.volumes_attached, fetched.volumes_attached);
+        let p = patch::status_patch(&fetched, &s);
+        assert_eq!(
+            p["status"]["volumesInUse"],
+            serde_json::json!(["kubernetes.io/csi/d^a", "kubernetes.io/csi/d^b"])
+        );
+        assert!(p["status"].get("volumesAttached").is_none(), "{p}");
+        // None in use any more: the field goes.
+        let obs = Observed {
+            volumes_in_use: Some(vec![]),
+            ..Default::default()
+        };
+        let s = update_status(&c, &obs, &fetched, at(1));
+        assert_eq!(s.volumes_in_use, None);
+        assert!(status_changed(&fetched, &s));
+        assert_eq!(
+            patch::status_patch(&fetched, &s)["status"]["volumesInUse"],
+            serde_json::Value::Null
         );
     }
 

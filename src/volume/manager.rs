@@ -57,6 +57,9 @@ pub struct Mounted {
     measured: bool,
     /// A CSI volume: its driver unpublishes it at tear-down.
     csi: Option<Arc<super::csi::mounter::Published>>,
+    /// A CSI volume through a claim (claim name, read-only): checked for
+    /// online expansion at each pod sync.
+    claim: Option<(String, bool)>,
 }
 
 impl Mounted {
@@ -80,6 +83,66 @@ struct Failure {
     error: String,
     attempts: u32,
     retry_at: Instant,
+    /// Waiting for the attach/detach controller: tried again as soon as
+    /// the Node changes, not only at the backoff.
+    node_wait: bool,
+}
+
+/// Why a set-up failed, and what upstream records for it.
+#[derive(Debug)]
+enum Failed {
+    /// MountVolume.SetUp failed: a FailedMount event naming the pod's
+    /// volume.
+    SetUp(String),
+    /// A failure with its own event (reason, message), or none (upstream's
+    /// VerifyControllerAttachedVolume records no event); `node_wait` as in
+    /// [`Failure`].
+    Other {
+        error: String,
+        event: Option<(&'static str, String)>,
+        node_wait: bool,
+    },
+}
+
+impl From<String> for Failed {
+    fn from(e: String) -> Self {
+        Failed::SetUp(e)
+    }
+}
+
+impl From<&str> for Failed {
+    fn from(e: &str) -> Self {
+        Failed::SetUp(e.to_string())
+    }
+}
+
+impl Failed {
+    fn error(&self) -> &str {
+        match self {
+            Failed::SetUp(e) | Failed::Other { error: e, .. } => e,
+        }
+    }
+
+    /// A CSI persistent volume's failure; `spec` is the PV's name, which
+    /// upstream's messages name (the volume spec of a claim is its PV).
+    fn from_csi(e: super::csi::mounter::SetUpError, spec: &str) -> Self {
+        use super::csi::mounter::SetUpError;
+        match e {
+            SetUpError::SetUp(error) => Failed::Other {
+                event: Some((
+                    "FailedMount",
+                    format!("MountVolume.SetUp failed for volume {spec:?} : {error}"),
+                )),
+                error,
+                node_wait: false,
+            },
+            SetUpError::Attach(a) => Failed::Other {
+                error: a.to_string(),
+                event: a.event(spec),
+                node_wait: a.waits_for_node(),
+            },
+        }
+    }
 }
 
 #[derive(Default)]
@@ -125,6 +188,13 @@ enum Op {
         name: String,
         mounted: Mounted,
     },
+    /// Online expansion of a published CSI volume, if due.
+    Expand {
+        pod: Arc<Pod>,
+        uid: String,
+        name: String,
+        mounted: Mounted,
+    },
 }
 
 impl VolumeManager {
@@ -157,6 +227,35 @@ impl VolumeManager {
         tasks.spawn(tracing::Instrument::instrument(
             async move { me.reconcile_loop(t, token).await },
             tracing::info_span!("volume-manager"),
+        ));
+        // Upstream's reconstruction, for volumesInUse only: the persistent
+        // CSI volumes still published in pod directories stay reported in
+        // use until torn down, so a restarted kubelet never lets the
+        // controller detach a volume under a running pod.
+        let me = self.clone();
+        tasks.spawn(tracing::Instrument::instrument(
+            async move {
+                let root = me.inner.root.clone();
+                match crate::blocking::try_run(
+                    "read the CSI volumes of pod directories".to_string(),
+                    FS_DEADLINE,
+                    move || Ok::<_, String>(super::csi::attach::reconstruct(&root)),
+                )
+                .await
+                {
+                    Ok(found) => {
+                        let mut u = me.inner.csi.in_use();
+                        for (uid, name) in &found {
+                            u.mark_reconstructed(uid, name);
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "reading the CSI volumes of pod directories failed; volumesInUse starts from the pods set up from now on")
+                    }
+                }
+                me.inner.csi.in_use().set_synced();
+            },
+            tracing::debug_span!("volume-reconstruct"),
         ));
     }
 
@@ -257,12 +356,14 @@ impl VolumeManager {
         if self.wait_until(uid, until, gone).await {
             // CSI volumes set up before a restart are not in the actual
             // state: their vol_data.json says what to unpublish.
-            return super::csi::mounter::tear_down_orphaned(&self.inner.csi, &self.inner.root, uid)
+            super::csi::mounter::tear_down_orphaned(&self.inner.csi, &self.inner.root, uid)
                 .await
                 .map_err(|e| VolumeError::Timeout {
                     message: format!("CSI volumes of pod {uid} are still published"),
                     errors: e,
-                });
+                })?;
+            self.inner.csi.in_use().release_pod(uid);
+            return Ok(());
         }
         Err(VolumeError::Timeout {
             message: format!("volumes of pod {uid} are still set up"),
@@ -363,6 +464,9 @@ impl VolumeManager {
                     {
                         Err(e) => Err(e),
                         Ok(()) => {
+                            // Its CSI volumes are unpublished (and unstaged
+                            // when last): no longer in use.
+                            me.inner.csi.in_use().release_pod(&uid);
                             crate::blocking::try_run(
                                 format!("cleanup of orphaned pod {uid}"),
                                 FS_DEADLINE,
@@ -493,8 +597,8 @@ impl VolumeManager {
 
     /// The operations due now, for one pod or all.
     fn plan(&self, only: Option<&str>) -> Vec<Op> {
-        let mut st = self.inner.state.lock();
-        let st = &mut *st;
+        let mut guard = self.inner.state.lock();
+        let st = &mut *guard;
         let now = Instant::now();
         let now_wall = crate::kuberuntime::wall_now().as_secs() as i64;
         let mut ops = Vec::new();
@@ -525,6 +629,19 @@ impl VolumeManager {
                         volume: Box::new(v.clone()),
                         uid: uid.clone(),
                     });
+                } else if let Some(m) = got
+                    .and_then(|g| g.get(&v.name))
+                    .filter(|m| resync && m.claim.is_some() && m.csi.is_some())
+                {
+                    // Upstream's populator looks at each pod's claims again
+                    // for a size the node has to finish.
+                    st.in_flight.insert(key);
+                    ops.push(Op::Expand {
+                        pod: d.pod.clone(),
+                        uid: uid.clone(),
+                        name: v.name.clone(),
+                        mounted: m.clone(),
+                    });
                 }
             }
         }
@@ -552,11 +669,38 @@ impl VolumeManager {
             }
         }
         st.failures.retain(|(u, _), _| st.desired.contains_key(u));
+        let keep: HashSet<String> = st.desired.keys().chain(st.actual.keys()).cloned().collect();
+        drop(guard);
+        // Attachable volumes of pods gone before they were set up are no
+        // longer in use.
+        self.inner.csi.in_use().release_unused(|u| keep.contains(u));
         ops
     }
 
     async fn execute(&self, op: Op) {
         match op {
+            Op::Expand {
+                pod,
+                uid,
+                name,
+                mounted,
+            } => {
+                if let (Some(p), Some((claim, read_only))) = (&mounted.csi, &mounted.claim) {
+                    if let Err(e) = super::csi::expand::expand_in_use(
+                        &self.inner.csi,
+                        &pod,
+                        p,
+                        claim,
+                        *read_only,
+                    )
+                    .await
+                    {
+                        // Tried again at the next pod sync.
+                        warn!(pod_uid = %uid, volume = %name, error = %e, "NodeExpandVolume.NodeExpandVolume failed");
+                    }
+                }
+                self.inner.state.lock().in_flight.remove(&(uid, name));
+            }
             Op::Mount { pod, volume, uid } => {
                 let had = self
                     .inner
@@ -581,29 +725,44 @@ impl VolumeManager {
                             .or_default()
                             .insert(volume.name.clone(), m);
                     }
-                    Err(e) => {
+                    Err(f) => {
                         let attempts = st.failures.get(&key).map_or(0, |f| f.attempts) + 1;
                         let wait = RETRY_INITIAL
                             .saturating_mul(1 << (attempts - 1).min(16))
                             .min(RETRY_MAX);
-                        warn!(pod_uid = %uid, volume = %volume.name, error = %e, retry_in = ?wait, "volume set-up failed");
-                        // Upstream's event for a failed SetUp.
-                        crate::events::pod(
-                            &pod,
-                            None,
-                            crate::events::WARNING,
-                            "FailedMount",
-                            format!(
-                                "MountVolume.SetUp failed for volume {:?} : {e}",
-                                volume.name
-                            ),
+                        let event = match &f {
+                            // Upstream's event for a failed SetUp.
+                            Failed::SetUp(e) => Some((
+                                "FailedMount",
+                                format!(
+                                    "MountVolume.SetUp failed for volume {:?} : {e}",
+                                    volume.name
+                                ),
+                            )),
+                            Failed::Other { event, .. } => event.clone(),
+                        };
+                        let node_wait = matches!(
+                            f,
+                            Failed::Other {
+                                node_wait: true,
+                                ..
+                            }
                         );
+                        if event.is_some() {
+                            warn!(pod_uid = %uid, volume = %volume.name, error = %f.error(), retry_in = ?wait, "volume set-up failed");
+                        } else {
+                            info!(pod_uid = %uid, volume = %volume.name, error = %f.error(), retry_in = ?wait, "volume waiting for the attach/detach controller");
+                        }
+                        if let Some((reason, message)) = event {
+                            crate::events::pod(&pod, None, crate::events::WARNING, reason, message);
+                        }
                         st.failures.insert(
                             key,
                             Failure {
-                                error: e,
+                                error: f.error().to_string(),
                                 attempts,
                                 retry_at: Instant::now() + wait,
+                                node_wait,
                             },
                         );
                     }
@@ -638,6 +797,17 @@ impl VolumeManager {
                         None => Ok(()),
                     },
                 };
+                if let (Ok(()), Some(p)) = (&r, &mounted.csi) {
+                    // Unpublished, and unstaged if last: no longer in use
+                    // by this pod (upstream reports until the device is
+                    // unmounted).
+                    if p.staging.is_some() {
+                        self.inner.csi.in_use().release(
+                            &uid,
+                            &super::csi::attach::unique_name(&p.driver, &p.volume_id),
+                        );
+                    }
+                }
                 let mut st = self.inner.state.lock();
                 st.in_flight.remove(&(uid.clone(), name.clone()));
                 match r {
@@ -696,6 +866,7 @@ impl VolumeManager {
         // API-data volumes are written again every resync period, as
         // upstream's pod syncs remount them (Get and Cache strategies).
         let mut drivers = self.inner.csi.subscribe();
+        let mut node = self.inner.csi.subscribe_node();
         let (strategy, resync) = self.inner.objects.strategy();
         let mut resync_tick = (strategy != crate::objects::ChangeDetection::Watch).then(|| {
             let period = resync.max(Duration::from_secs(1));
@@ -724,6 +895,16 @@ impl VolumeManager {
                     let now = Instant::now();
                     for f in self.inner.state.lock().failures.values_mut() {
                         f.retry_at = f.retry_at.min(now);
+                    }
+                }
+                // The Node changed: volumes waiting for the attach/detach
+                // controller (volumesAttached, volumesInUse) look again.
+                Ok(()) = node.changed() => {
+                    let now = Instant::now();
+                    for f in self.inner.state.lock().failures.values_mut() {
+                        if f.node_wait {
+                            f.retry_at = f.retry_at.min(now);
+                        }
                     }
                 }
                 _ = resync_due => {
@@ -818,7 +999,7 @@ fn plugin_dir(root: &Path, uid: &str, plugin: &str, name: &str) -> PathBuf {
 
 /// Sets up (or writes again) one volume.
 /// `had`: the volume is set up already (a remount or republish).
-async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mounted, String> {
+async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mounted, Failed> {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let root = &inner.root;
     if let Some(hp) = &v.host_path {
@@ -831,6 +1012,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             refresh_at: None,
             measured: false,
             csi: None,
+            claim: None,
         });
     }
     if let Some(src) = &v.csi {
@@ -848,7 +1030,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
                 ed.size_limit.as_ref(),
                 inner.opts.memory_capacity,
             )),
-            other => return Err(format!("emptyDir medium {other:?} is not supported")),
+            other => return Err(format!("emptyDir medium {other:?} is not supported").into()),
         };
         let d = dir.clone();
         let owner = fs_group(pod);
@@ -879,6 +1061,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             refresh_at: None,
             measured: true,
             csi: None,
+            claim: None,
         });
     }
     if let Some(claim) = pvc_name(pod, v) {
@@ -900,8 +1083,30 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
                 // mount state).
                 !had,
             )
-            .await?;
-            return Ok(csi_mounted(p));
+            .await
+            .map_err(|e| Failed::from_csi(e, pv.metadata.name.as_deref().unwrap_or_default()))?;
+            // Upstream's expandVolumeDuringMount: a claim whose resize
+            // waits for the node is finished before the pod uses it.
+            if !had {
+                if let Err(e) =
+                    super::csi::expand::expand_in_use(&inner.csi, pod, &p, &claim, read_only).await
+                {
+                    let spec = pv.metadata.name.as_deref().unwrap_or_default();
+                    return Err(Failed::Other {
+                        event: Some((
+                            "FailedMount",
+                            format!(
+                                "MountVolume.Setup failed while expanding volume for volume {spec:?} : {e}"
+                            ),
+                        )),
+                        error: e,
+                        node_wait: false,
+                    });
+                }
+            }
+            let mut m = csi_mounted(p);
+            m.claim = Some((claim, read_only));
+            return Ok(m);
         }
         let (path, local) = persistent_path(v, &pv).await?;
         // Upstream's local plugin applies the fsGroup to a writable mount;
@@ -923,6 +1128,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             refresh_at: None,
             measured: local,
             csi: None,
+            claim: None,
         });
     }
     let plugin = if v.config_map.is_some() {
@@ -937,7 +1143,8 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         return Err(VolumeError::Unsupported {
             volume: v.name.clone(),
         }
-        .to_string());
+        .to_string()
+        .into());
     };
     let built = super::payload::build(&inner.objects, &inner.opts, pod, v)
         .await
@@ -981,6 +1188,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         refresh_at,
         measured: true,
         csi: None,
+        claim: None,
     })
 }
 
@@ -996,6 +1204,7 @@ fn csi_mounted(p: super::csi::mounter::Published) -> Mounted {
         // (`csi_volumes`).
         measured: false,
         csi: Some(Arc::new(p)),
+        claim: None,
     }
 }
 
@@ -1429,6 +1638,7 @@ mod tests {
                             error: "credential bundle is not issued yet".into(),
                             attempts: 8,
                             retry_at: later,
+                            node_wait: false,
                         },
                     );
                 }
@@ -1440,7 +1650,7 @@ mod tests {
                 .into_iter()
                 .filter_map(|op| match op {
                     Op::Mount { uid, volume, .. } => Some((uid, volume.name)),
-                    Op::Unmount { .. } => None,
+                    Op::Unmount { .. } | Op::Expand { .. } => None,
                 })
                 .collect();
             v.sort();

@@ -95,6 +95,9 @@ impl Capabilities {
     pub fn volume_mount_group(&self) -> bool {
         self.has(proto::node_service_capability::rpc::Type::VolumeMountGroup)
     }
+    pub fn expand_volume(&self) -> bool {
+        self.has(proto::node_service_capability::rpc::Type::ExpandVolume)
+    }
 }
 
 /// NodeGetVolumeStats' answer, by unit.
@@ -284,6 +287,36 @@ impl NodeService {
         with_deadline(self.timeout, c.node_stage_volume(r))
             .await
             .map(drop)
+    }
+
+    /// NodeExpandVolume of a published volume to `required_bytes`
+    /// (upstream's csi_expander: the published path, the staging path of
+    /// a driver that stages, a mount capability with the PV's fsType and
+    /// mount options, always ReadWriteOnce).
+    pub async fn expand(
+        &self,
+        req: &VolumeRequest,
+        volume_path: &str,
+        staging_path: &str,
+        required_bytes: i64,
+    ) -> Result<i64, CsiError> {
+        let mut c = self.client.clone();
+        let mut rwo = req.clone();
+        rwo.access_mode = "ReadWriteOnce".into();
+        let r = proto::NodeExpandVolumeRequest {
+            volume_id: req.volume_id.clone(),
+            volume_path: volume_path.to_string(),
+            capacity_range: Some(proto::CapacityRange {
+                required_bytes,
+                limit_bytes: 0,
+            }),
+            staging_target_path: staging_path.to_string(),
+            volume_capability: Some(rwo.capability()),
+            secrets: req.secrets.clone(),
+        };
+        with_deadline(self.timeout, c.node_expand_volume(r))
+            .await
+            .map(|r| r.capacity_bytes)
     }
 
     pub async fn unstage(&self, volume_id: &str, staging_path: &str) -> Result<(), CsiError> {

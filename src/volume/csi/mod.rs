@@ -15,7 +15,9 @@ use k8s_openapi::api::storage::v1::CSIDriver;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+pub mod attach;
 pub mod client;
+pub mod expand;
 pub mod metrics;
 pub mod mounter;
 pub mod nodeinfo;
@@ -151,6 +153,14 @@ struct RegistryInner {
     /// Bumped on every change, so the volume manager retries waiting
     /// volumes as soon as their driver registers.
     changed: watch::Sender<u64>,
+    /// `enableControllerAttachDetach` (true by default, as upstream).
+    controller_attach: std::sync::atomic::AtomicBool,
+    /// The kubelet's own Node as its watch last saw it (cluster mode):
+    /// attach verification reads it first, and its changes retry volumes
+    /// waiting for the attach/detach controller.
+    node: watch::Sender<Option<Arc<k8s_openapi::api::core::v1::Node>>>,
+    /// What to report in `node.status.volumesInUse`.
+    in_use: Mutex<attach::InUse>,
 }
 
 impl Default for Registry {
@@ -161,6 +171,9 @@ impl Default for Registry {
                 node_name: Default::default(),
                 api: Default::default(),
                 changed: watch::channel(0).0,
+                controller_attach: std::sync::atomic::AtomicBool::new(true),
+                node: watch::channel(None).0,
+                in_use: Default::default(),
             }),
         }
     }
@@ -229,6 +242,55 @@ impl Registry {
                 .map(Some)
                 .ok_or_else(|| "no API client yet".to_string()),
         }
+    }
+
+    /// `enableControllerAttachDetach`.
+    pub fn set_controller_attach_detach(&self, on: bool) {
+        self.inner
+            .controller_attach
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn controller_attach_detach(&self) -> bool {
+        self.inner
+            .controller_attach
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Follows the watch of the kubelet's own Node until it closes.
+    pub async fn follow_node(
+        &self,
+        mut rx: watch::Receiver<Option<k8s_openapi::api::core::v1::Node>>,
+    ) {
+        loop {
+            let n = rx.borrow_and_update().clone().map(Arc::new);
+            self.inner.node.send_replace(n);
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The Node as last seen (None before the first sight, or standalone).
+    pub fn cached_node(&self) -> Option<Arc<k8s_openapi::api::core::v1::Node>> {
+        self.inner.node.borrow().clone()
+    }
+
+    /// Changes of the cached Node.
+    pub fn subscribe_node(&self) -> watch::Receiver<Option<Arc<k8s_openapi::api::core::v1::Node>>> {
+        self.inner.node.subscribe()
+    }
+
+    /// The volumes-in-use bookkeeping (see [`attach::InUse`]).
+    pub fn in_use(&self) -> parking_lot::MutexGuard<'_, attach::InUse> {
+        self.inner.in_use.lock()
+    }
+
+    /// `node.status.volumesInUse`: sorted unique names of the attachable
+    /// volumes mounted or being mounted; None until the pod directories
+    /// have been read after start (the Node's list is then left alone).
+    pub fn volumes_in_use(&self) -> Option<Vec<String>> {
+        self.inner.in_use.lock().list()
     }
 
     /// The driver's CSIDriver object (upstream reads it through an

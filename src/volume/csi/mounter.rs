@@ -21,6 +21,7 @@ use k8s_openapi::api::authentication::v1::{
 use k8s_openapi::api::core::v1::{CSIVolumeSource, PersistentVolume, Pod, SecretReference};
 use tracing::{debug, info};
 
+use super::attach;
 use super::client::{NodeService, VolumeRequest, CSI_TIMEOUT};
 use super::{log_msg, sha256_hex, DriverObject, FsGroupPolicy, Registry, PLUGIN_NAME};
 use crate::objects::ObjectManager;
@@ -445,8 +446,11 @@ fn fs_group_arg(pod: &Pod, plan: &PublishPlan) -> Option<i64> {
 /// volume is staged already, as upstream's device mount state says), then
 /// NodePublishVolume to `pods/<uid>/volumes/kubernetes.io~csi/<PV
 /// name>/mount` (upstream names the directory after the volume spec, the
-/// PV for a claim). Attaching is not done: a driver whose CSIDriver
-/// requires attach (the default, also without a CSIDriver) is refused.
+/// PV for a claim). A driver whose CSIDriver requires attach (the default,
+/// also without a CSIDriver) first waits for the attach/detach controller
+/// (`attach::wait_for_attach`); the VolumeAttachment's
+/// `attachmentMetadata` is then the publish context of both calls, and the
+/// volume is reported in `node.status.volumesInUse` from then on.
 pub async fn set_up_persistent(
     registry: &Registry,
     objects: &ObjectManager,
@@ -455,7 +459,7 @@ pub async fn set_up_persistent(
     pv: &PersistentVolume,
     read_only: bool,
     stage: bool,
-) -> Result<Published, String> {
+) -> Result<Published, SetUpError> {
     let spec = pv.spec.as_ref().ok_or("the PV has no spec")?;
     let src = spec.csi.as_ref().ok_or("the PV has no CSI source")?;
     let service = node_service(registry, &src.driver)?;
@@ -471,13 +475,21 @@ pub async fn set_up_persistent(
                 "mounter.SetupAt failed to check volume lifecycle mode: {e}"
             ))
         })?;
-    if object.attach_required() {
-        return Err(log_msg(format!(
-            "driver {} requires attach (CSIDriver attachRequired), which rkubelet does not support",
-            src.driver
-        )));
-    }
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let unique = attach::unique_name(&src.driver, &src.volume_handle);
+    let publish_context = if object.attach_required() {
+        // In use from the moment the kubelet decides the volume should be
+        // attached here (upstream reports the desired state's attachable
+        // volumes), so the controller never detaches it under a mount.
+        registry.in_use().mark(uid, &unique);
+        attach::wait_for_attach(registry, &src.driver, &src.volume_handle)
+            .await
+            .map_err(SetUpError::Attach)?
+    } else {
+        // Found on disk after a restart, but not attachable after all.
+        registry.in_use().release(uid, &unique);
+        HashMap::new()
+    };
     let spec_name = pv.metadata.name.clone().unwrap_or_default();
     let mut context: HashMap<String, String> = src
         .volume_attributes
@@ -511,7 +523,7 @@ pub async fn set_up_persistent(
             .as_ref()
             .and_then(|m| m.first().cloned())
             .unwrap_or_else(|| "ReadWriteOnce".into()),
-        publish_context: HashMap::new(),
+        publish_context,
         volume_context: context.clone(),
         secrets: stage_secrets,
         volume_mount_group: None,
@@ -571,6 +583,30 @@ pub async fn set_up_persistent(
     p.republish = object.requires_republish();
     apply_fs_group(pod, &plan, &req, Some(&access_modes), &target).await?;
     Ok(p)
+}
+
+/// Why a persistent volume is not set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetUpError {
+    /// A failure of the set-up itself (upstream's MountVolume.SetUp or
+    /// MountDevice: a FailedMount event).
+    #[error("{0}")]
+    SetUp(String),
+    /// Waiting for the attach/detach controller, or its attachment failed.
+    #[error("{0}")]
+    Attach(#[from] attach::AttachError),
+}
+
+impl From<String> for SetUpError {
+    fn from(e: String) -> Self {
+        SetUpError::SetUp(e)
+    }
+}
+
+impl From<&str> for SetUpError {
+    fn from(e: &str) -> Self {
+        SetUpError::SetUp(e.to_string())
+    }
 }
 
 fn make_dirs(p: &Path) -> std::io::Result<()> {
@@ -1018,6 +1054,12 @@ mod tests {
                 }),
             }))
         }
+        async fn node_expand_volume(
+            &self,
+            _: tonic::Request<proto::NodeExpandVolumeRequest>,
+        ) -> Result<tonic::Response<proto::NodeExpandVolumeResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no expansion"))
+        }
         async fn node_get_capabilities(
             &self,
             _: tonic::Request<proto::NodeGetCapabilitiesRequest>,
@@ -1119,6 +1161,40 @@ mod tests {
         )
         .unwrap();
         (target, g)
+    }
+
+    #[tokio::test]
+    async fn the_publish_context_reaches_node_stage_and_node_publish() {
+        let root = test_root("pubctx");
+        let registry = Registry::default();
+        let node = FakeNode {
+            caps: vec![CapType::StageUnstageVolume],
+            ..Default::default()
+        };
+        register(&root, &registry, "d.csi", node.clone());
+        let svc = node_service(&registry, "d.csi").unwrap();
+        let ctx: HashMap<String, String> = [("devicePath".to_string(), "/dev/xvdf".to_string())]
+            .into_iter()
+            .collect();
+        let req = VolumeRequest {
+            volume_id: "h".into(),
+            publish_context: ctx.clone(),
+            ..Default::default()
+        };
+        let g = root.join("g");
+        svc.stage(&req, &g.to_string_lossy()).await.unwrap();
+        svc.publish(
+            &req,
+            &g.to_string_lossy(),
+            &root.join("t").to_string_lossy(),
+        )
+        .await
+        .unwrap();
+        let calls = node.calls.lock();
+        assert_eq!(calls.staged[0].publish_context, ctx);
+        assert_eq!(calls.published[0].publish_context, ctx);
+        drop(calls);
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[tokio::test]

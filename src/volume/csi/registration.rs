@@ -417,6 +417,12 @@ pub(crate) mod tests {
         ) -> Result<Response<proto::NodeGetVolumeStatsResponse>, Status> {
             Err(Status::unimplemented("no"))
         }
+        async fn node_expand_volume(
+            &self,
+            _: Request<proto::NodeExpandVolumeRequest>,
+        ) -> Result<Response<proto::NodeExpandVolumeResponse>, Status> {
+            Err(Status::unimplemented("no"))
+        }
         async fn node_get_capabilities(
             &self,
             _: Request<proto::NodeGetCapabilitiesRequest>,

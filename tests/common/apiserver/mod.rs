@@ -24,7 +24,8 @@
 //!   and Ed25519 keys, the `spec.nodeName`, `spec.podName`,
 //!   `spec.signerName` and `metadata.name` field selectors, see podcert.rs);
 //!   `storage.k8s.io/v1` `csidrivers` and `csinodes` (cluster-scoped,
-//!   stored as given).
+//!   stored as given), `volumeattachments` (+`/status`; status cleared at
+//!   create, `/status` writes keep spec and all of metadata).
 //!   Discovery:
 //!   `/version`, `/api`, `/api/v1`, `/apis`, `/apis/{group}/{version}`.
 //! - Server-set metadata: `uid`, `creationTimestamp`, `resourceVersion`

@@ -164,6 +164,18 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         false
     ),
+    // The attach/detach controller's VolumeAttachments, whose status the
+    // external-attacher writes; the kubelet reads them (see
+    // volumeattachment_prepare_* below).
+    res!(
+        "volumeattachments",
+        "storage.k8s.io",
+        "v1",
+        "VolumeAttachment",
+        false,
+        true,
+        false
+    ),
 ];
 
 /// The resource served at `group`/`version`/`plural`.
@@ -885,6 +897,9 @@ impl Store {
         if res.plural == "csidrivers" {
             csidriver_defaults(&mut obj);
         }
+        if res.plural == "volumeattachments" {
+            volumeattachment_prepare_for_create(&mut obj);
+        }
         if res.plural == "podcertificaterequests" {
             super::podcert::prepare_for_create(&mut obj);
             super::podcert::validate_create(&obj)?;
@@ -975,6 +990,9 @@ impl Store {
                 }
                 if res.plural == "persistentvolumes" {
                     pv_phase_transition(&old, &mut next);
+                }
+                if res.plural == "volumeattachments" {
+                    volumeattachment_prepare_status_update(&old, &mut next);
                 }
                 next
             }
@@ -1383,6 +1401,27 @@ pub fn watch_event(
         }
         _ if now => Some(json!({"type": ev.typ.as_str(), "object": ev.object})),
         _ => None,
+    }
+}
+
+/// VolumeAttachment create (pkg/registry/storage/volumeattachment
+/// strategy PrepareForCreate): the status is cleared, only the
+/// external-attacher sets it, through `/status`.
+fn volumeattachment_prepare_for_create(obj: &mut Value) {
+    if let Some(o) = obj.as_object_mut() {
+        o.remove("status");
+    }
+}
+
+/// VolumeAttachment `/status` writes (volumeAttachmentStatusStrategy
+/// PrepareForUpdate): spec (already kept by the caller) and the whole of
+/// metadata stay as stored (ResetObjectMetaForStatus), unlike the pod and
+/// node status strategies, which take labels and annotations.
+fn volumeattachment_prepare_status_update(old: &Value, next: &mut Value) {
+    let rv = next["metadata"]["resourceVersion"].clone();
+    next["metadata"] = old["metadata"].clone();
+    if !rv.is_null() {
+        next["metadata"]["resourceVersion"] = rv;
     }
 }
 
