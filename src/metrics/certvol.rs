@@ -301,6 +301,39 @@ pub fn storage_operation(plugin: &str, operation: &'static str, took: Duration, 
         .observe(took.as_secs_f64());
 }
 
+/// CSI driver endpoint → name, as registered (upstream's csiClient knows
+/// its driver; rkubelet's node service client its endpoint).
+static CSI_DRIVERS: LazyLock<Mutex<std::collections::HashMap<String, String>>> =
+    LazyLock::new(Default::default);
+
+/// A CSI driver registered at `endpoint`.
+pub fn csi_driver_endpoint(endpoint: &str, driver: &str) {
+    CSI_DRIVERS
+        .lock()
+        .insert(endpoint.to_string(), driver.to_string());
+}
+
+/// One call to a CSI driver's node service (upstream's
+/// RecordMetricsInterceptor): the full gRPC method name, the call's gRPC
+/// code as Go names it (a deadline rkubelet enforces is DeadlineExceeded,
+/// as the context's would be), `migrated` "false" (no in-tree migration).
+pub fn csi_operation(endpoint: &str, method: &'static str, code: tonic::Code, took: Duration) {
+    let driver = CSI_DRIVERS
+        .lock()
+        .get(endpoint)
+        .cloned()
+        .unwrap_or_default();
+    CERTVOL
+        .csi_operations
+        .get_or_create(&CsiOperationLabels {
+            driver_name: driver,
+            grpc_status_code: super::grpc_code_name(code).to_string(),
+            method_name: method.to_string(),
+            migrated: "false".into(),
+        })
+        .observe(took.as_secs_f64());
+}
+
 /// What the volume manager reports at each scrape: one entry per (pod,
 /// volume) of each state, by full plugin name.
 pub type VolumeCounts = Vec<(String, &'static str)>;

@@ -1241,26 +1241,31 @@ pub fn cri_code(e: &crate::cri::CriError) -> &'static str {
         CriError::NotFound { .. } => "NotFound",
         CriError::DeadlineExceeded { .. } => "DeadlineExceeded",
         CriError::Unavailable { .. } => "Unavailable",
-        CriError::Status { code, .. } => match code {
-            tonic::Code::Ok => "OK",
-            tonic::Code::Cancelled => "Canceled",
-            tonic::Code::Unknown => "Unknown",
-            tonic::Code::InvalidArgument => "InvalidArgument",
-            tonic::Code::DeadlineExceeded => "DeadlineExceeded",
-            tonic::Code::NotFound => "NotFound",
-            tonic::Code::AlreadyExists => "AlreadyExists",
-            tonic::Code::PermissionDenied => "PermissionDenied",
-            tonic::Code::ResourceExhausted => "ResourceExhausted",
-            tonic::Code::FailedPrecondition => "FailedPrecondition",
-            tonic::Code::Aborted => "Aborted",
-            tonic::Code::OutOfRange => "OutOfRange",
-            tonic::Code::Unimplemented => "Unimplemented",
-            tonic::Code::Internal => "Internal",
-            tonic::Code::Unavailable => "Unavailable",
-            tonic::Code::DataLoss => "DataLoss",
-            tonic::Code::Unauthenticated => "Unauthenticated",
-        },
+        CriError::Status { code, .. } => grpc_code_name(*code),
         CriError::Endpoint { .. } => "Unknown",
+    }
+}
+
+/// Go's `codes.Code.String()`.
+pub fn grpc_code_name(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::Ok => "OK",
+        tonic::Code::Cancelled => "Canceled",
+        tonic::Code::Unknown => "Unknown",
+        tonic::Code::InvalidArgument => "InvalidArgument",
+        tonic::Code::DeadlineExceeded => "DeadlineExceeded",
+        tonic::Code::NotFound => "NotFound",
+        tonic::Code::AlreadyExists => "AlreadyExists",
+        tonic::Code::PermissionDenied => "PermissionDenied",
+        tonic::Code::ResourceExhausted => "ResourceExhausted",
+        tonic::Code::FailedPrecondition => "FailedPrecondition",
+        tonic::Code::Aborted => "Aborted",
+        tonic::Code::OutOfRange => "OutOfRange",
+        tonic::Code::Unimplemented => "Unimplemented",
+        tonic::Code::Internal => "Internal",
+        tonic::Code::Unavailable => "Unavailable",
+        tonic::Code::DataLoss => "DataLoss",
+        tonic::Code::Unauthenticated => "Unauthenticated",
     }
 }
 

@@ -1581,3 +1581,90 @@ fn total_volumes_count_by_plugin_and_state() {
     );
     assert!(certvol::total_volumes(&[]).is_empty());
 }
+
+/// A node service that knows no node (NodeGetInfo: NotFound) and has no
+/// capabilities; the other calls are not made.
+#[derive(Clone)]
+struct NoInfoNode;
+
+#[tonic::async_trait]
+impl crate::volume::csi::proto::node_server::Node for NoInfoNode {
+    async fn node_stage_volume(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeStageVolumeRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodeStageVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_unstage_volume(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeUnstageVolumeRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodeUnstageVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_publish_volume(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodePublishVolumeRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodePublishVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_unpublish_volume(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeUnpublishVolumeRequest>,
+    ) -> Result<
+        tonic::Response<crate::volume::csi::proto::NodeUnpublishVolumeResponse>,
+        tonic::Status,
+    > {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_get_volume_stats(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeGetVolumeStatsRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodeGetVolumeStatsResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_get_capabilities(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeGetCapabilitiesRequest>,
+    ) -> Result<
+        tonic::Response<crate::volume::csi::proto::NodeGetCapabilitiesResponse>,
+        tonic::Status,
+    > {
+        Ok(tonic::Response::new(Default::default()))
+    }
+    async fn node_get_info(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeGetInfoRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodeGetInfoResponse>, tonic::Status>
+    {
+        Err(tonic::Status::not_found("no such node"))
+    }
+}
+
+#[tokio::test]
+async fn csi_calls_are_timed_by_driver_method_and_grpc_code() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let dir = crate::testutil::tempdir("metrics-csi-ops");
+    let sock = dir.join("csi.sock");
+    crate::volume::csi::registration::tests::serve(
+        tokio::net::UnixListener::bind(&sock).unwrap(),
+        crate::volume::csi::proto::node_server::NodeServer::new(NoInfoNode),
+    );
+    let endpoint = sock.to_string_lossy().into_owned();
+    certvol::csi_driver_endpoint(&endpoint, "ops-test.example.com");
+    let node = crate::volume::csi::client::NodeService::new(&endpoint, Duration::from_secs(10));
+    assert!(node.get_info().await.is_err());
+    node.capabilities().await.unwrap();
+    let text = render(&state);
+    let count = |code: &str, method: &str| {
+        format!(
+            "csi_operations_seconds_count{{driver_name=\"ops-test.example.com\",grpc_status_code=\"{code}\",method_name=\"/csi.v1.Node/{method}\",migrated=\"false\"}} 1\n"
+        )
+    };
+    assert!(text.contains(&count("NotFound", "NodeGetInfo")), "{text}");
+    assert!(text.contains(&count("OK", "NodeGetCapabilities")), "{text}");
+    token.cancel();
+}
