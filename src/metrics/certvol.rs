@@ -18,9 +18,11 @@
 //! state}` counted at scrape from the volume manager's desired and actual
 //! states (no series for a zero count, as upstream's collector),
 //! `storage_operation_duration_seconds` around each set-up and tear-down,
-//! and, registered with no series as upstream's kubelet never or rarely
-//! feeds them, `volume_operation_total_seconds` (the controllers' end-to-end
-//! latency), `csi_operations_seconds` and the SELinux mount gauges.
+//! `csi_operations_seconds` around each call to a CSI driver's node
+//! service, and, registered with no series as rkubelet never feeds them,
+//! `volume_operation_total_seconds` (the controllers' end-to-end latency;
+//! upstream's kubelet registers it but does not observe it) and the SELinux
+//! mount gauges (rkubelet mounts nothing with an SELinux context).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::LazyLock;
