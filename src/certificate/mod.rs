@@ -664,6 +664,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_client_ttl_reads_the_current_pair_else_the_kubeconfigs_certificate() {
+        let d = tempdir("ttl");
+        let (cert, key) = self_signed(2099);
+        let pem = d.join("own.pem");
+        std::fs::write(&pem, format!("{cert}{key}")).unwrap();
+        let kc = kubeconfig_with(&d, &pem);
+        let own = not_after(cert.as_bytes()).unwrap();
+        assert_eq!(client_cert_not_after(&kc, &d).await, Some(own));
+        // Once a pair is stored behind the symlink, that one is in use.
+        let (cert, key) = self_signed(2098);
+        store_client_pair(&d, &cert, &key).await.unwrap();
+        let current = not_after(cert.as_bytes()).unwrap();
+        assert_ne!(current, own);
+        assert_eq!(client_cert_not_after(&kc, &d).await, Some(current));
+        // No certificate at all: none (the gauge shows +Inf).
+        let empty = tempdir("ttl-none");
+        assert_eq!(
+            client_cert_not_after(&empty.join("missing.conf"), &empty).await,
+            None
+        );
+    }
+
+    #[tokio::test]
     async fn the_client_pair_is_stored_behind_the_current_symlink() {
         let d = tempdir("store");
         let (cert, key) = self_signed(2099);

@@ -129,10 +129,13 @@ pub fn to_prometheus_text(open: &str) -> String {
             ));
             continue;
         }
-        // client_golang writes an infinite value as +Inf (the certificate
-        // TTL gauges without a certificate); prometheus-client as inf.
-        let line = match line.strip_suffix(" inf") {
-            Some(head) if !line.starts_with('#') => format!("{head} +Inf"),
+        // client_golang writes infinite values as +Inf and -Inf (the
+        // certificate TTL gauges without a certificate); prometheus-client
+        // as inf and -inf.
+        let line = match (line.strip_suffix(" inf"), line.strip_suffix(" -inf")) {
+            _ if line.starts_with('#') => line.to_string(),
+            (Some(head), _) => format!("{head} +Inf"),
+            (_, Some(head)) => format!("{head} -Inf"),
             _ => line.to_string(),
         };
         match &rename {

@@ -1668,3 +1668,12 @@ async fn csi_calls_are_timed_by_driver_method_and_grpc_code() {
     assert!(text.contains(&count("OK", "NodeGetCapabilities")), "{text}");
     token.cancel();
 }
+
+#[test]
+fn infinite_values_are_written_as_client_golang_does() {
+    let open =
+        "# HELP g A gauge.\n# TYPE g gauge\ng inf\n# HELP h H.\n# TYPE h gauge\nh -inf\n# EOF\n";
+    let text = to_prometheus_text(open);
+    assert!(text.contains("\ng +Inf\n"), "{text}");
+    assert!(text.contains("\nh -Inf\n"), "{text}");
+}
