@@ -376,6 +376,36 @@ fn tls_bootstrap_gets_a_client_certificate_through_a_csr() {
         .count();
     assert!(serving_csrs >= 2, "{serving_csrs} serving CSRs");
     assert!(k.is_running(), "rkubelet was not restarted");
+
+    // The certificate managers' /metrics families (kubelet.go,
+    // cmd/kubelet/app/server.go): both TTLs from the certificates in use
+    // (issued for 40 s), the renewal-error counters without _total, and
+    // the serving rotation observed once a certificate was replaced.
+    let sample = |text: &str, name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    let text = wait_for("the serving rotation observed", T, || {
+        let (_, text) = http_get(&k.read_only, "/metrics")?;
+        let n = sample(
+            &text,
+            "kubelet_certificate_manager_server_rotation_seconds_count",
+        )?;
+        (n >= 1.0).then_some(text)
+    });
+    for name in [
+        "kubelet_certificate_manager_client_ttl_seconds",
+        "kubelet_certificate_manager_server_ttl_seconds",
+    ] {
+        let ttl = sample(&text, name).unwrap_or_else(|| panic!("no {name}: {text}"));
+        assert!(ttl.is_finite() && ttl <= 40.0, "{name} {ttl}");
+    }
+    for name in [
+        "kubelet_certificate_manager_client_expiration_renew_errors",
+        "kubelet_server_expiration_renew_errors",
+    ] {
+        assert!(sample(&text, name).is_some(), "no {name}: {text}");
+    }
 }
 
 /// The first certificate of a PEM text, as its base64 body.

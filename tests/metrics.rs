@@ -286,3 +286,66 @@ fn credential_provider_config_hash_is_exposed() {
             .collect::<Vec<_>>()
     );
 }
+
+/// The volume manager's families on real containerd: a static pod's
+/// emptyDir is counted in both states under upstream's plugin name, and
+/// its set-up and tear-down are timed (storage_operation_duration_seconds);
+/// a standalone kubelet has no certificate manager, so no certificate
+/// families (upstream registers them with rotateCertificates or
+/// serverTLSBootstrap in cluster mode).
+#[test]
+fn volume_families_count_a_static_pods_empty_dir() {
+    let k = Kubelet::start("it-metrics-vol");
+    k.write_manifest(
+        "v.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: v\nspec:\n  terminationGracePeriodSeconds: 2\n  volumes:\n  - name: scratch\n    emptyDir: {{}}\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [sh, -c, 'exec sleep 3600']\n    volumeMounts: [{{name: scratch, mountPath: /scratch}}]\n"
+        ),
+    );
+    k.wait_pod("v", "Running", T, |p| running(p, "main"));
+    let empty_dir = ("volume_plugin", "kubernetes.io/empty-dir");
+    let s = wait_for("the emptyDir counted", T, || {
+        let s = scrape(&k)?;
+        let total = |state| {
+            value(
+                &s,
+                "volume_manager_total_volumes",
+                &[("plugin_name", "kubernetes.io/empty-dir"), ("state", state)],
+            )
+        };
+        (total("actual_state_of_world")? >= 1.0 && total("desired_state_of_world")? >= 1.0)
+            .then_some(s)
+    });
+    let mounts = value(
+        &s,
+        "storage_operation_duration_seconds_count",
+        &[
+            empty_dir,
+            ("operation_name", "volume_mount"),
+            ("status", "success"),
+            ("migrated", "false"),
+        ],
+    );
+    assert!(mounts.is_some_and(|n| n >= 1.0), "{mounts:?}");
+    assert!(
+        !s.samples
+            .iter()
+            .any(|x| x.metric.contains("certificate_manager")
+                || x.metric.contains("expiration_renew")),
+        "certificate families without a certificate manager"
+    );
+    k.remove_manifest("v.yaml");
+    wait_for("the emptyDir torn down and timed", T, || {
+        let s = scrape(&k)?;
+        let n = value(
+            &s,
+            "storage_operation_duration_seconds_count",
+            &[
+                empty_dir,
+                ("operation_name", "volume_unmount"),
+                ("status", "success"),
+            ],
+        )?;
+        (n >= 1.0).then_some(())
+    });
+}

@@ -96,8 +96,30 @@ fn now_secs() -> i64 {
 /// isClientConfigStillValid): it loads, and a client certificate it names
 /// has not expired. Credentials other than a certificate count as valid.
 pub fn kubeconfig_still_valid(path: &Path) -> bool {
+    let pem = match kubeconfig_client_cert(path) {
+        Err(()) => return false,
+        Ok(None) => return true,
+        Ok(Some(pem)) => pem,
+    };
+    match not_after(&pem) {
+        Ok(t) if t > now_secs() => true,
+        Ok(_) => {
+            warn!(kubeconfig = %path.display(), "the client certificate of the kubeconfig has expired");
+            false
+        }
+        Err(e) => {
+            warn!(kubeconfig = %path.display(), error = %e, "unable to read the client certificate of the kubeconfig");
+            false
+        }
+    }
+}
+
+/// The client certificate PEM the kubeconfig at `path` names (inline or
+/// as a file, relative to the kubeconfig); `Ok(None)` when it uses other
+/// credentials, `Err` when it or the certificate cannot be read (blocking).
+fn kubeconfig_client_cert(path: &Path) -> Result<Option<Vec<u8>>, ()> {
     let Ok(kc) = kube::config::Kubeconfig::read_from(path) else {
-        return false;
+        return Err(());
     };
     let ctx_name = kc.current_context.clone().unwrap_or_default();
     let user = kc
@@ -112,14 +134,14 @@ pub fn kubeconfig_still_valid(path: &Path) -> bool {
         .find(|a| Some(&a.name) == user.as_ref())
         .and_then(|a| a.auth_info.as_ref())
     else {
-        return false;
+        return Err(());
     };
-    let pem = if let Some(data) = &auth.client_certificate_data {
+    if let Some(data) = &auth.client_certificate_data {
         use base64::Engine;
-        match base64::engine::general_purpose::STANDARD.decode(data) {
-            Ok(b) => b,
-            Err(_) => return false,
-        }
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .map(Some)
+            .map_err(drop)
     } else if let Some(file) = &auth.client_certificate {
         let file = Path::new(file);
         let file = if file.is_relative() {
@@ -127,24 +149,27 @@ pub fn kubeconfig_still_valid(path: &Path) -> bool {
         } else {
             file.to_path_buf()
         };
-        match std::fs::read(&file) {
-            Ok(b) => b,
-            Err(_) => return false,
-        }
+        std::fs::read(&file).map(Some).map_err(drop)
     } else {
-        return true;
-    };
-    match not_after(&pem) {
-        Ok(t) if t > now_secs() => true,
-        Ok(_) => {
-            warn!(kubeconfig = %path.display(), "the client certificate of the kubeconfig has expired");
-            false
-        }
-        Err(e) => {
-            warn!(kubeconfig = %path.display(), error = %e, "unable to read the client certificate of the kubeconfig");
-            false
-        }
+        Ok(None)
     }
+}
+
+/// The notAfter of the client certificate the kubelet uses, for
+/// `kubelet_certificate_manager_client_ttl_seconds`: as upstream's client
+/// certificate store, `<cert-dir>/kubelet-client-current.pem` first, else
+/// the kubeconfig's own; `None` without one (read off the async threads).
+pub async fn client_cert_not_after(kubeconfig: &Path, cert_dir: &Path) -> Option<i64> {
+    let (kc, current) = (kubeconfig.to_path_buf(), cert_dir.join(CURRENT_CLIENT_PEM));
+    tokio::task::spawn_blocking(move || {
+        let pem = match std::fs::read(&current) {
+            Ok(p) => p,
+            Err(_) => kubeconfig_client_cert(&kc).ok()??,
+        };
+        not_after(&pem).ok()
+    })
+    .await
+    .ok()?
 }
 
 /// Upstream's certificate file name time format (2006-01-02-15-04-05), UTC.
@@ -523,6 +548,7 @@ pub async fn rotate_client_cert(
     node: String,
     token: tokio_util::sync::CancellationToken,
 ) {
+    use crate::metrics::certvol::Cert::Client;
     let current = cert_dir.join(CURRENT_CLIENT_PEM);
     loop {
         let pem = match tokio::fs::read(&current).await {
@@ -550,24 +576,30 @@ pub async fn rotate_client_cert(
             let attempt = async {
                 let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
                 let cert = request_certificate(api.client().await, &key, &node).await?;
+                let na = not_after(cert.as_bytes())?;
                 store_client_pair(&cert_dir, &cert, &key.serialize_pem()).await?;
-                Ok::<(), CertError>(())
+                Ok::<i64, CertError>(na)
             };
             let r = tokio::select! {
                 _ = token.cancelled() => return,
                 r = attempt => r,
             };
             match r {
-                Ok(()) => match api.reload(&kubeconfig).await {
-                    Ok(()) => {
-                        info!("client certificate rotated");
-                        break;
+                Ok(na) => {
+                    // Stored: from now on the certificate in use.
+                    crate::metrics::certvol::set_certificate_not_after(Client, Some(na));
+                    match api.reload(&kubeconfig).await {
+                        Ok(()) => {
+                            info!("client certificate rotated");
+                            break;
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "rotated certificate stored but the client could not be rebuilt")
+                        }
                     }
-                    Err(e) => {
-                        warn!(error = %e, "rotated certificate stored but the client could not be rebuilt")
-                    }
-                },
+                }
                 Err(e) => {
+                    crate::metrics::certvol::certificate_renew_failed(Client);
                     warn!(error = %e, retry_in = ?backoff, "client certificate rotation failed")
                 }
             }
@@ -629,6 +661,29 @@ mod tests {
         std::fs::write(&pem, format!("{old}{key}")).unwrap();
         assert!(!kubeconfig_still_valid(&kubeconfig_with(&d, &pem)));
         assert!(!kubeconfig_still_valid(&d.join("missing.conf")));
+    }
+
+    #[tokio::test]
+    async fn the_client_ttl_reads_the_current_pair_else_the_kubeconfigs_certificate() {
+        let d = tempdir("ttl");
+        let (cert, key) = self_signed(2099);
+        let pem = d.join("own.pem");
+        std::fs::write(&pem, format!("{cert}{key}")).unwrap();
+        let kc = kubeconfig_with(&d, &pem);
+        let own = not_after(cert.as_bytes()).unwrap();
+        assert_eq!(client_cert_not_after(&kc, &d).await, Some(own));
+        // Once a pair is stored behind the symlink, that one is in use.
+        let (cert, key) = self_signed(2098);
+        store_client_pair(&d, &cert, &key).await.unwrap();
+        let current = not_after(cert.as_bytes()).unwrap();
+        assert_ne!(current, own);
+        assert_eq!(client_cert_not_after(&kc, &d).await, Some(current));
+        // No certificate at all: none (the gauge shows +Inf).
+        let empty = tempdir("ttl-none");
+        assert_eq!(
+            client_cert_not_after(&empty.join("missing.conf"), &empty).await,
+            None
+        );
     }
 
     #[tokio::test]

@@ -776,7 +776,13 @@ impl ClusterTasks {
     /// retrying with backoff (the API server may not be up yet), then
     /// spawns the node status, lease, API source and status sync.
     async fn run(self, token: &CancellationToken) {
+        use crate::metrics::certvol::{self, Cert::Client};
         use crate::nodestatus;
+        // Upstream registers the client certificate manager's families
+        // with rotateCertificates (buildKubeletClientConfig).
+        if self.rotate_certificates {
+            certvol::register_certificate_manager(Client);
+        }
         let mut backoff = Duration::from_secs(1);
         let api = loop {
             let ready = match &self.bootstrap {
@@ -790,7 +796,7 @@ impl ClusterTasks {
                 .map_err(|e| e.to_string()),
                 None => Ok(()),
             };
-            let built = match ready {
+            let built = match &ready {
                 Ok(()) => crate::apiclient::ApiClient::from_kubeconfig(
                     &self.kubeconfig,
                     self.qps,
@@ -798,8 +804,13 @@ impl ClusterTasks {
                 )
                 .await
                 .map_err(|e| e.to_string()),
-                Err(e) => Err(e),
+                Err(e) => Err(e.clone()),
             };
+            // With rotation, upstream's manager requests the first
+            // certificate itself: each failure is a renewal error.
+            if ready.is_err() && self.rotate_certificates && self.bootstrap.is_some() {
+                certvol::certificate_renew_failed(Client);
+            }
             match built {
                 Ok(api) => break api,
                 Err(e) => {
@@ -809,6 +820,10 @@ impl ClusterTasks {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(30));
         };
+        if self.rotate_certificates {
+            let na = crate::certificate::client_cert_not_after(&self.kubeconfig, &self.cert_dir);
+            certvol::set_certificate_not_after(Client, na.await);
+        }
         let node_cfg = self.node_cfg;
         let tasks = self.tasks.clone();
         let _ = self.api_slot.set(api.clone());
@@ -999,13 +1014,16 @@ async fn serving_certificate(
     node: crate::nodestatus::NodeConfig,
     token: CancellationToken,
 ) {
+    use crate::metrics::certvol::{self, Cert::Server};
     let ips: Vec<IpAddr> = node.node_ip.parse().into_iter().collect();
     let current = dir.join("kubelet-server-current.pem");
+    certvol::register_certificate_manager(Server);
     loop {
         let validity = tokio::fs::read(&current)
             .await
             .ok()
             .and_then(|pem| crate::certificate::validity(&pem).ok());
+        certvol::set_certificate_not_after(Server, validity.map(|(_, na)| na));
         let wait = validity.map_or(Duration::ZERO, |(nb, na)| {
             crate::certificate::rotation_wait(nb, na)
         });
@@ -1029,8 +1047,13 @@ async fn serving_certificate(
                 ) => r,
             };
             match r {
-                Ok(_) => break,
+                Ok(_) => {
+                    let now = crate::kuberuntime::wall_now().as_secs_f64();
+                    certvol::certificate_rotated(Server, validity.map(|(nb, _)| nb), now);
+                    break;
+                }
                 Err(e) => {
+                    certvol::certificate_renew_failed(Server);
                     warn!(error = %e, retry_in = ?backoff, "unable to get a serving certificate")
                 }
             }

@@ -19,7 +19,8 @@
 //!
 //! `v134.rs` holds the families new in 1.34 and the credential provider
 //! config hash; `absent.rs` those upstream registers for parts rkubelet
-//! does not have.
+//! does not have; `certvol.rs` the certificate manager's and volume
+//! manager's.
 
 mod http;
 mod process;
@@ -59,6 +60,7 @@ macro_rules! alpha {
 }
 
 mod absent;
+pub mod certvol;
 pub mod v134;
 
 /// The Prometheus text format upstream's endpoints answer with.
@@ -78,6 +80,8 @@ const COUNTERS_WITHOUT_TOTAL: &[&str] = &[
     "kubelet_pod_resources_endpoint_errors_get_allocatable",
     "kubelet_pod_resources_endpoint_requests_get",
     "kubelet_pod_resources_endpoint_errors_get",
+    "kubelet_certificate_manager_client_expiration_renew_errors",
+    "kubelet_server_expiration_renew_errors",
 ];
 
 /// Rewrites prometheus-client's OpenMetrics text as the Prometheus text
@@ -125,12 +129,21 @@ pub fn to_prometheus_text(open: &str) -> String {
             ));
             continue;
         }
+        // client_golang writes infinite values as +Inf and -Inf (the
+        // certificate TTL gauges without a certificate); prometheus-client
+        // as inf and -inf.
+        let line = match (line.strip_suffix(" inf"), line.strip_suffix(" -inf")) {
+            _ if line.starts_with('#') => line.to_string(),
+            (Some(head), _) => format!("{head} +Inf"),
+            (_, Some(head)) => format!("{head} -Inf"),
+            _ => line.to_string(),
+        };
         match &rename {
             Some((from, to)) if line.starts_with(from.as_str()) => {
                 out.push_str(to);
                 out.push_str(&line[from.len()..]);
             }
-            _ => out.push_str(line),
+            _ => out.push_str(&line),
         }
         out.push('\n');
     }
@@ -950,6 +963,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     v.extend(m.rare.described());
     v.extend(m.v134.described());
     v.extend(m.absent.described());
+    v.extend(certvol::described());
     let mut r = Registry::default();
     r.register_collector(Box::new(Exact(v)));
     r.register_collector(Box::new(Gated(
@@ -958,6 +972,8 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     )));
     r.register_collector(Box::new(v134::ConfigInfo(&v134::CONFIG_HASH)));
     r.register_collector(Box::new(LogSizes));
+    r.register_collector(Box::new(certvol::CertCollector));
+    r.register_collector(Box::new(certvol::TotalVolumes));
     r.register_collector(Box::new(process::ProcessCollector));
     r
 });
@@ -1228,26 +1244,31 @@ pub fn cri_code(e: &crate::cri::CriError) -> &'static str {
         CriError::NotFound { .. } => "NotFound",
         CriError::DeadlineExceeded { .. } => "DeadlineExceeded",
         CriError::Unavailable { .. } => "Unavailable",
-        CriError::Status { code, .. } => match code {
-            tonic::Code::Ok => "OK",
-            tonic::Code::Cancelled => "Canceled",
-            tonic::Code::Unknown => "Unknown",
-            tonic::Code::InvalidArgument => "InvalidArgument",
-            tonic::Code::DeadlineExceeded => "DeadlineExceeded",
-            tonic::Code::NotFound => "NotFound",
-            tonic::Code::AlreadyExists => "AlreadyExists",
-            tonic::Code::PermissionDenied => "PermissionDenied",
-            tonic::Code::ResourceExhausted => "ResourceExhausted",
-            tonic::Code::FailedPrecondition => "FailedPrecondition",
-            tonic::Code::Aborted => "Aborted",
-            tonic::Code::OutOfRange => "OutOfRange",
-            tonic::Code::Unimplemented => "Unimplemented",
-            tonic::Code::Internal => "Internal",
-            tonic::Code::Unavailable => "Unavailable",
-            tonic::Code::DataLoss => "DataLoss",
-            tonic::Code::Unauthenticated => "Unauthenticated",
-        },
+        CriError::Status { code, .. } => grpc_code_name(*code),
         CriError::Endpoint { .. } => "Unknown",
+    }
+}
+
+/// Go's `codes.Code.String()`.
+pub fn grpc_code_name(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::Ok => "OK",
+        tonic::Code::Cancelled => "Canceled",
+        tonic::Code::Unknown => "Unknown",
+        tonic::Code::InvalidArgument => "InvalidArgument",
+        tonic::Code::DeadlineExceeded => "DeadlineExceeded",
+        tonic::Code::NotFound => "NotFound",
+        tonic::Code::AlreadyExists => "AlreadyExists",
+        tonic::Code::PermissionDenied => "PermissionDenied",
+        tonic::Code::ResourceExhausted => "ResourceExhausted",
+        tonic::Code::FailedPrecondition => "FailedPrecondition",
+        tonic::Code::Aborted => "Aborted",
+        tonic::Code::OutOfRange => "OutOfRange",
+        tonic::Code::Unimplemented => "Unimplemented",
+        tonic::Code::Internal => "Internal",
+        tonic::Code::Unavailable => "Unavailable",
+        tonic::Code::DataLoss => "DataLoss",
+        tonic::Code::Unauthenticated => "Unauthenticated",
     }
 }
 

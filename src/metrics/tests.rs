@@ -376,6 +376,86 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["code", "container_type"],
     ),
+    // The certificate managers (kubelet.go, cmd/kubelet/app/server.go;
+    // registered by the test) and the volume manager
+    // (volumemanager/metrics, pkg/volume/util/metrics.go,
+    // desired_state_of_world's SELinux gauges).
+    (
+        "kubelet_certificate_manager_client_expiration_renew_errors",
+        "counter",
+        &[],
+    ),
+    (
+        "kubelet_certificate_manager_client_ttl_seconds",
+        "gauge",
+        &[],
+    ),
+    ("kubelet_server_expiration_renew_errors", "counter", &[]),
+    (
+        "kubelet_certificate_manager_server_rotation_seconds",
+        "histogram",
+        &[],
+    ),
+    (
+        "kubelet_certificate_manager_server_ttl_seconds",
+        "gauge",
+        &[],
+    ),
+    (
+        "volume_manager_total_volumes",
+        "gauge",
+        &["plugin_name", "state"],
+    ),
+    (
+        "storage_operation_duration_seconds",
+        "histogram",
+        &["migrated", "operation_name", "status", "volume_plugin"],
+    ),
+    (
+        "volume_operation_total_seconds",
+        "histogram",
+        &["operation_name", "plugin_name"],
+    ),
+    (
+        "csi_operations_seconds",
+        "histogram",
+        &["driver_name", "grpc_status_code", "method_name", "migrated"],
+    ),
+    (
+        "volume_manager_selinux_container_errors_total",
+        "gauge",
+        &["access_mode"],
+    ),
+    (
+        "volume_manager_selinux_container_warnings_total",
+        "gauge",
+        &["access_mode"],
+    ),
+    (
+        "volume_manager_selinux_pod_context_mismatch_errors_total",
+        "gauge",
+        &["access_mode"],
+    ),
+    (
+        "volume_manager_selinux_pod_context_mismatch_warnings_total",
+        "gauge",
+        &["access_mode"],
+    ),
+    (
+        "volume_manager_selinux_volume_context_mismatch_errors_total",
+        "gauge",
+        &["access_mode", "volume_plugin"],
+    ),
+    (
+        "volume_manager_selinux_volume_context_mismatch_warnings_total",
+        "gauge",
+        &["access_mode", "volume_plugin"],
+    ),
+    (
+        "volume_manager_selinux_volumes_admitted_total",
+        "gauge",
+        &["access_mode", "volume_plugin"],
+    ),
     ("process_open_fds", "gauge", &[]),
     ("process_resident_memory_bytes", "gauge", &[]),
     ("process_start_time_seconds", "gauge", &[]),
@@ -471,6 +551,51 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     let _ = METRICS.evictions.get_or_create(&EvictionSignal {
         eviction_signal: "memory.available".into(),
     });
+    // The certificate managers run; one series in each labelled volume
+    // family (the SELinux and end-to-end ones are never fed by rkubelet).
+    certvol::register_certificate_manager(certvol::Cert::Client);
+    certvol::register_certificate_manager(certvol::Cert::Server);
+    let volumes = Arc::new(());
+    let alive = Arc::downgrade(&volumes);
+    certvol::add_volume_source(Box::new(move || {
+        alive
+            .upgrade()
+            .map(|_| vec![("kubernetes.io/secret".to_string(), certvol::STATE_DESIRED)])
+    }));
+    certvol::storage_operation(
+        "kubernetes.io/secret",
+        "volume_mount",
+        Duration::from_millis(5),
+        true,
+    );
+    let cv = &*certvol::CERTVOL;
+    cv.volume_operation_total_seconds
+        .get_or_create(&certvol::PluginOperationLabels {
+            operation_name: "volume_attach".into(),
+            plugin_name: "kubernetes.io/csi:x".into(),
+        })
+        .observe(1.0);
+    cv.csi_operations
+        .get_or_create(&certvol::CsiOperationLabels {
+            driver_name: "x".into(),
+            grpc_status_code: "OK".into(),
+            method_name: "/csi.v1.Node/NodePublishVolume".into(),
+            migrated: "false".into(),
+        })
+        .observe(0.2);
+    for f in &cv.selinux_by_mode {
+        f.get_or_create(&certvol::AccessModeLabel {
+            access_mode: "RWOP".into(),
+        })
+        .set(0);
+    }
+    for f in &cv.selinux_by_plugin {
+        f.get_or_create(&certvol::AccessModePluginLabels {
+            access_mode: "RWOP".into(),
+            volume_plugin: "kubernetes.io/csi:x".into(),
+        })
+        .set(0);
+    }
     // A claim-backed volume and one without a claim (not a series).
     let figures = |name: &str, pvc: Option<(&str, &str)>| crate::stats::volumes::VolumeFigures {
         name: name.into(),
@@ -558,6 +683,16 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
         text.contains("\nkubelet_preemptions{preemption_signal=\"cpu\"} "),
         "{text}"
     );
+    // Upstream's renew-error counters have no _total.
+    assert!(
+        text.contains("# TYPE kubelet_server_expiration_renew_errors counter\nkubelet_server_expiration_renew_errors "),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nkubelet_certificate_manager_client_expiration_renew_errors "),
+        "{text}"
+    );
+    drop(volumes);
     assert!(
         text.contains(
             "\nkubelet_device_plugin_registration_total{resource_name=\"example.com/gpu\"} "
@@ -1282,4 +1417,270 @@ fn credential_provider_config_info_appears_only_with_a_hash() {
         text(&r),
         "# HELP kubelet_credential_provider_config_info [ALPHA] Information about the last applied credential provider configuration with hash as label\n# TYPE kubelet_credential_provider_config_info gauge\nkubelet_credential_provider_config_info{hash=\"sha256:00ff\"} 1\n"
     );
+}
+
+/// The value of the unlabelled sample `name` in `text`.
+fn sample_value(text: &str, name: &str) -> Option<String> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .map(|l| l[name.len()..].trim().to_string())
+}
+
+#[tokio::test]
+async fn certificate_ttls_come_from_not_after_and_errors_and_rotations_count() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    use certvol::Cert::{Client, Server};
+    certvol::register_certificate_manager(Client);
+    certvol::register_certificate_manager(Server);
+    // A certificate valid until 2099: the TTL is the whole seconds left.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::new(vec!["n1".into()]).unwrap();
+    p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    p.not_after = rcgen::date_time_ymd(2099, 1, 1);
+    let pem = p.self_signed(&key).unwrap().pem();
+    let na = crate::certificate::not_after(pem.as_bytes()).unwrap();
+    let now = crate::kuberuntime::wall_now().as_secs() as i64;
+    certvol::set_certificate_not_after(Client, Some(na));
+    // An expired serving certificate: negative.
+    certvol::set_certificate_not_after(Server, Some(now - 100));
+    let text = render(&state);
+    let ttl: f64 = sample_value(&text, "kubelet_certificate_manager_client_ttl_seconds")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let left = (na - now) as f64;
+    assert!(
+        ttl <= left && ttl >= left - 60.0 && ttl.fract() == 0.0,
+        "{ttl} vs {left}"
+    );
+    let ttl: f64 = sample_value(&text, "kubelet_certificate_manager_server_ttl_seconds")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((-200.0..=-100.0).contains(&ttl), "{ttl}");
+    // No certificate: +Inf, as client_golang writes it.
+    certvol::set_certificate_not_after(Server, None);
+    let text = render(&state);
+    assert_eq!(
+        sample_value(&text, "kubelet_certificate_manager_server_ttl_seconds").as_deref(),
+        Some("+Inf"),
+        "{text}"
+    );
+    // Each failed attempt is one error.
+    let cv = &*certvol::CERTVOL;
+    let before = cv.server.renew_errors.get();
+    certvol::certificate_renew_failed(Server);
+    certvol::certificate_renew_failed(Server);
+    assert_eq!(cv.server.renew_errors.get(), before + 2);
+    let before = cv.client.renew_errors.get();
+    certvol::certificate_renew_failed(Client);
+    assert_eq!(cv.client.renew_errors.get(), before + 1);
+    // A rotation observes how long the old serving certificate lived
+    // (2 h: in the 4 h bucket, not the 1 h one); the client manager has
+    // no histogram; no old certificate, no observation.
+    let bucket = |text: &str, le: &str| -> u64 {
+        sample_value(
+            text,
+            &format!("kubelet_certificate_manager_server_rotation_seconds_bucket{{le=\"{le}\"}}"),
+        )
+        .unwrap()
+        .parse()
+        .unwrap()
+    };
+    let text = render(&state);
+    let (h1, h4) = (bucket(&text, "3600.0"), bucket(&text, "14400.0"));
+    certvol::certificate_rotated(Server, Some(1_000_000), 1_000_000.0 + 7200.0);
+    certvol::certificate_rotated(Client, Some(1_000_000), 1_000_000.0 + 7200.0);
+    certvol::certificate_rotated(Server, None, 1_000_000.0);
+    let text = render(&state);
+    assert_eq!(bucket(&text, "3600.0"), h1);
+    assert_eq!(bucket(&text, "14400.0"), h4 + 1);
+    // kubelet.go's buckets, a minute to four years.
+    let want = [
+        60.0,
+        3600.0,
+        14400.0,
+        86400.0,
+        604800.0,
+        2592000.0,
+        7776000.0,
+        15552000.0,
+        31104000.0,
+        124416000.0,
+    ];
+    assert_eq!(
+        bucket_bounds(
+            &text,
+            "kubelet_certificate_manager_server_rotation_seconds",
+            ""
+        ),
+        fmt(&want)
+    );
+    token.cancel();
+}
+
+#[tokio::test]
+async fn storage_operations_have_upstreams_labels_and_buckets() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let plugin = "kubernetes.io/csi:storage-op-test.example.com";
+    certvol::storage_operation(plugin, "volume_mount", Duration::from_millis(300), false);
+    certvol::storage_operation(plugin, "volume_unmount", Duration::from_millis(30), true);
+    let text = render(&state);
+    let failed = format!("status=\"fail-unknown\",volume_plugin=\"{plugin}\"");
+    let bounds = bucket_bounds(&text, "storage_operation_duration_seconds", &failed);
+    // pkg/volume/util/metrics.go.
+    let want = [
+        0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
+    ];
+    // bucket_bounds wants the le label first; ours comes last.
+    let bounds = if bounds.is_empty() {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("storage_operation_duration_seconds_bucket{") && l.contains(&failed)
+            })
+            .map(|l| {
+                let i = l.find("le=\"").unwrap() + 4;
+                let j = l[i..].find('"').unwrap();
+                l[i..i + j].to_string()
+            })
+            .collect()
+    } else {
+        bounds
+    };
+    assert_eq!(bounds, fmt(&want));
+    assert!(text.contains(&format!(
+        "storage_operation_duration_seconds_count{{migrated=\"false\",operation_name=\"volume_mount\",status=\"fail-unknown\",volume_plugin=\"{plugin}\"}} 1\n"
+    )), "{text}");
+    assert!(text.contains(&format!(
+        "storage_operation_duration_seconds_count{{migrated=\"false\",operation_name=\"volume_unmount\",status=\"success\",volume_plugin=\"{plugin}\"}} 1\n"
+    )), "{text}");
+    token.cancel();
+}
+
+#[test]
+fn total_volumes_count_by_plugin_and_state() {
+    use certvol::{STATE_ACTUAL as A, STATE_DESIRED as D};
+    let entries = vec![
+        ("kubernetes.io/secret".to_string(), D),
+        ("kubernetes.io/secret".to_string(), D),
+        ("kubernetes.io/secret".to_string(), A),
+        ("kubernetes.io/csi:ebs".to_string(), D),
+    ];
+    let mut got: Vec<(String, &str, i64)> = certvol::total_volumes(&entries)
+        .into_iter()
+        .map(|(l, n)| (l.plugin_name, l.state, n))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("kubernetes.io/csi:ebs".to_string(), D, 1),
+            ("kubernetes.io/secret".to_string(), A, 1),
+            ("kubernetes.io/secret".to_string(), D, 2),
+        ]
+    );
+    assert!(certvol::total_volumes(&[]).is_empty());
+}
+
+/// A node service that knows no node (NodeGetInfo: NotFound) and has no
+/// capabilities; the other calls are not made.
+#[derive(Clone)]
+struct NoInfoNode;
+
+#[tonic::async_trait]
+impl crate::volume::csi::proto::node_server::Node for NoInfoNode {
+    async fn node_expand_volume(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeExpandVolumeRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodeExpandVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_stage_volume(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeStageVolumeRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodeStageVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_unstage_volume(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeUnstageVolumeRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodeUnstageVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_publish_volume(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodePublishVolumeRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodePublishVolumeResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_unpublish_volume(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeUnpublishVolumeRequest>,
+    ) -> Result<
+        tonic::Response<crate::volume::csi::proto::NodeUnpublishVolumeResponse>,
+        tonic::Status,
+    > {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_get_volume_stats(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeGetVolumeStatsRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodeGetVolumeStatsResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn node_get_capabilities(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeGetCapabilitiesRequest>,
+    ) -> Result<
+        tonic::Response<crate::volume::csi::proto::NodeGetCapabilitiesResponse>,
+        tonic::Status,
+    > {
+        Ok(tonic::Response::new(Default::default()))
+    }
+    async fn node_get_info(
+        &self,
+        _: tonic::Request<crate::volume::csi::proto::NodeGetInfoRequest>,
+    ) -> Result<tonic::Response<crate::volume::csi::proto::NodeGetInfoResponse>, tonic::Status>
+    {
+        Err(tonic::Status::not_found("no such node"))
+    }
+}
+
+#[tokio::test]
+async fn csi_calls_are_timed_by_driver_method_and_grpc_code() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let dir = crate::testutil::tempdir("metrics-csi-ops");
+    let sock = dir.join("csi.sock");
+    crate::volume::csi::registration::tests::serve(
+        tokio::net::UnixListener::bind(&sock).unwrap(),
+        crate::volume::csi::proto::node_server::NodeServer::new(NoInfoNode),
+    );
+    let endpoint = sock.to_string_lossy().into_owned();
+    certvol::csi_driver_endpoint(&endpoint, "ops-test.example.com");
+    let node = crate::volume::csi::client::NodeService::new(&endpoint, Duration::from_secs(10));
+    assert!(node.get_info().await.is_err());
+    node.capabilities().await.unwrap();
+    let text = render(&state);
+    let count = |code: &str, method: &str| {
+        format!(
+            "csi_operations_seconds_count{{driver_name=\"ops-test.example.com\",grpc_status_code=\"{code}\",method_name=\"/csi.v1.Node/{method}\",migrated=\"false\"}} 1\n"
+        )
+    };
+    assert!(text.contains(&count("NotFound", "NodeGetInfo")), "{text}");
+    assert!(text.contains(&count("OK", "NodeGetCapabilities")), "{text}");
+    token.cancel();
+}
+
+#[test]
+fn infinite_values_are_written_as_client_golang_does() {
+    let open =
+        "# HELP g A gauge.\n# TYPE g gauge\ng inf\n# HELP h H.\n# TYPE h gauge\nh -inf\n# EOF\n";
+    let text = to_prometheus_text(open);
+    assert!(text.contains("\ng +Inf\n"), "{text}");
+    assert!(text.contains("\nh -Inf\n"), "{text}");
 }

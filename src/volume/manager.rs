@@ -222,6 +222,12 @@ impl VolumeManager {
             .started
             .store(true, std::sync::atomic::Ordering::Release);
         let _ = self.inner.tasks.set(tasks.clone());
+        // volume_manager_total_volumes reads the states at each scrape.
+        let w = Arc::downgrade(&self.inner);
+        crate::metrics::certvol::add_volume_source(Box::new(move || {
+            w.upgrade()
+                .map(|inner| VolumeManager { inner }.volume_counts())
+        }));
         let me = self.clone();
         let t = tasks.clone();
         tasks.spawn(tracing::Instrument::instrument(
@@ -710,7 +716,19 @@ impl VolumeManager {
                     .get(&uid)
                     .and_then(|g| g.get(&volume.name))
                     .is_some();
+                let started = Instant::now();
                 let r = set_up(&self.inner, &pod, &volume, had).await;
+                let plugin = r
+                    .as_ref()
+                    .map_or_else(|_| spec_plugin(&volume), |m| Some(mounted_plugin(m)));
+                if let Some(p) = plugin {
+                    crate::metrics::certvol::storage_operation(
+                        &p,
+                        "volume_mount",
+                        started.elapsed(),
+                        r.is_ok(),
+                    );
+                }
                 let mut st = self.inner.state.lock();
                 let key = (uid.clone(), volume.name.clone());
                 st.in_flight.remove(&key);
@@ -769,6 +787,7 @@ impl VolumeManager {
                 }
             }
             Op::Unmount { uid, name, mounted } => {
+                let (plugin, started) = (mounted_plugin(&mounted), Instant::now());
                 let r = match (mounted.owned.clone(), mounted.csi.clone()) {
                     (_, Some(p)) => {
                         // A staged volume is unstaged when no other pod
@@ -797,6 +816,12 @@ impl VolumeManager {
                         None => Ok(()),
                     },
                 };
+                crate::metrics::certvol::storage_operation(
+                    &plugin,
+                    "volume_unmount",
+                    started.elapsed(),
+                    r.is_ok(),
+                );
                 if let (Ok(()), Some(p)) = (&r, &mounted.csi) {
                     // Unpublished, and unstaged if last: no longer in use
                     // by this pod (upstream reports until the device is
@@ -830,6 +855,30 @@ impl VolumeManager {
         self.inner.changed.send_modify(|g| *g += 1);
         // Its pod may have more to do (a remount asked for meanwhile).
         self.inner.wake.notify_one();
+    }
+
+    /// One (full plugin name, state) per volume of each state, for
+    /// `volume_manager_total_volumes` (upstream's totalVolumesCollector:
+    /// the actual state's mounted volumes and the desired state's volumes
+    /// to mount). A claim not set up yet is left out of the desired count:
+    /// its PV decides the plugin, and upstream's populator adds it to the
+    /// desired state only once it has the PV.
+    pub fn volume_counts(&self) -> crate::metrics::certvol::VolumeCounts {
+        use crate::metrics::certvol::{STATE_ACTUAL, STATE_DESIRED};
+        let st = self.inner.state.lock();
+        let mut out = Vec::new();
+        for vols in st.actual.values() {
+            out.extend(vols.values().map(|m| (mounted_plugin(m), STATE_ACTUAL)));
+        }
+        for (uid, d) in &st.desired {
+            for v in d.pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+                let set_up = || st.actual.get(uid)?.get(&v.name).map(mounted_plugin);
+                if let Some(p) = spec_plugin(v).or_else(set_up) {
+                    out.push((p, STATE_DESIRED));
+                }
+            }
+        }
+        out
     }
 
     /// Pods whose API-data volumes read the changed object get them
@@ -1190,6 +1239,52 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         csi: None,
         claim: None,
     })
+}
+
+/// Upstream's full plugin name of a volume from its spec
+/// (GetFullQualifiedPluginNameForVolume: a CSI volume's carries its
+/// driver), "N/A" for a kind rkubelet has no plugin for; `None` for a
+/// claim, whose PV decides.
+fn spec_plugin(v: &Volume) -> Option<String> {
+    let name = if v.persistent_volume_claim.is_some() || v.ephemeral.is_some() {
+        return None;
+    } else if let Some(c) = &v.csi {
+        return Some(format!("kubernetes.io/csi:{}", c.driver));
+    } else if v.host_path.is_some() {
+        "kubernetes.io/host-path"
+    } else if v.empty_dir.is_some() {
+        "kubernetes.io/empty-dir"
+    } else if v.config_map.is_some() {
+        "kubernetes.io/configmap"
+    } else if v.secret.is_some() {
+        "kubernetes.io/secret"
+    } else if v.downward_api.is_some() {
+        "kubernetes.io/downward-api"
+    } else if v.projected.is_some() {
+        "kubernetes.io/projected"
+    } else {
+        "N/A"
+    };
+    Some(name.to_string())
+}
+
+/// The full plugin name of a volume as set up: a CSI volume's driver; the
+/// plugin whose directory rkubelet made (`kubernetes.io~<plugin>`, the
+/// escaped name as on upstream's disk); else a host path, of a local PV
+/// (measured) or a hostPath volume or PV.
+fn mounted_plugin(m: &Mounted) -> String {
+    if let Some(p) = &m.csi {
+        return format!("kubernetes.io/csi:{}", p.driver);
+    }
+    let escaped = m
+        .owned
+        .as_deref()
+        .and_then(|d| d.parent()?.file_name()?.to_str());
+    match (escaped, m.measured) {
+        (Some(dir), _) => dir.replace('~', "/"),
+        (None, true) => "kubernetes.io/local-volume".into(),
+        (None, false) => "kubernetes.io/host-path".into(),
+    }
 }
 
 /// A published CSI volume: the driver's mount is what containers bind;
@@ -1587,6 +1682,125 @@ mod tests {
             .unwrap();
         assert!(!got["info"].exists());
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[tokio::test]
+    async fn volumes_are_counted_by_plugin_and_state_and_their_operations_timed() {
+        use crate::metrics::certvol::{storage_operation_count, STATE_ACTUAL, STATE_DESIRED};
+        let root = root("count");
+        let vm = manager(&root);
+        vm.start(&TaskTracker::new(), CancellationToken::new());
+        let host = root.join("host-dir");
+        std::fs::create_dir_all(&host).unwrap();
+        let p = pod(
+            "u-count",
+            vec![
+                Volume {
+                    name: "scratch".into(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "host".into(),
+                    host_path: Some(HostPathVolumeSource {
+                        path: host.display().to_string(),
+                        type_: Some("Directory".into()),
+                    }),
+                    ..Default::default()
+                },
+            ],
+        );
+        let before = (
+            storage_operation_count("kubernetes.io/empty-dir", "volume_mount", "success"),
+            storage_operation_count("kubernetes.io/empty-dir", "volume_unmount", "success"),
+        );
+        vm.wait_for_attach_and_mount(&p).await.unwrap();
+        let mut got = vm.volume_counts();
+        got.sort();
+        let want = |plugin: &str, state| (plugin.to_string(), state);
+        assert_eq!(
+            got,
+            vec![
+                want("kubernetes.io/empty-dir", STATE_ACTUAL),
+                want("kubernetes.io/empty-dir", STATE_DESIRED),
+                want("kubernetes.io/host-path", STATE_ACTUAL),
+                want("kubernetes.io/host-path", STATE_DESIRED),
+            ]
+        );
+        assert!(
+            storage_operation_count("kubernetes.io/empty-dir", "volume_mount", "success")
+                > before.0
+        );
+        assert!(storage_operation_count("kubernetes.io/host-path", "volume_mount", "success") > 0);
+        vm.unmount_pod("u-count", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(vm.volume_counts().is_empty());
+        assert!(
+            storage_operation_count("kubernetes.io/empty-dir", "volume_unmount", "success")
+                > before.1
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn plugin_names_are_upstreams() {
+        let v = |f: fn(&mut Volume)| {
+            let mut v = Volume::default();
+            f(&mut v);
+            spec_plugin(&v)
+        };
+        assert_eq!(
+            v(|v| v.config_map = Some(Default::default())).as_deref(),
+            Some("kubernetes.io/configmap")
+        );
+        assert_eq!(
+            v(|v| v.secret = Some(Default::default())).as_deref(),
+            Some("kubernetes.io/secret")
+        );
+        assert_eq!(
+            v(|v| v.downward_api = Some(Default::default())).as_deref(),
+            Some("kubernetes.io/downward-api")
+        );
+        assert_eq!(
+            v(|v| v.projected = Some(Default::default())).as_deref(),
+            Some("kubernetes.io/projected")
+        );
+        assert_eq!(
+            v(
+                |v| v.csi = Some(k8s_openapi::api::core::v1::CSIVolumeSource {
+                    driver: "d.example.com".into(),
+                    ..Default::default()
+                })
+            )
+            .as_deref(),
+            Some("kubernetes.io/csi:d.example.com")
+        );
+        assert_eq!(
+            v(|v| v.nfs = Some(Default::default())).as_deref(),
+            Some("N/A")
+        );
+        assert_eq!(
+            v(|v| v.persistent_volume_claim = Some(Default::default())),
+            None
+        );
+        // Set up: by the directory rkubelet made, else the host path's kind.
+        let m = |owned: Option<PathBuf>, measured| Mounted {
+            path: PathBuf::new(),
+            owned,
+            remountable: false,
+            refresh_at: None,
+            measured,
+            csi: None,
+            claim: None,
+        };
+        let dir = plugin_dir(Path::new("/r"), "u", "projected", "x");
+        assert_eq!(
+            mounted_plugin(&m(Some(dir), true)),
+            "kubernetes.io/projected"
+        );
+        assert_eq!(mounted_plugin(&m(None, true)), "kubernetes.io/local-volume");
+        assert_eq!(mounted_plugin(&m(None, false)), "kubernetes.io/host-path");
     }
 
     /// A request a podCertificate source waits on reached a terminal state:

@@ -118,6 +118,8 @@ pub struct VolumeStats {
 pub struct NodeService {
     client: NodeClient<Channel>,
     timeout: Duration,
+    /// Names the driver in `csi_operations_seconds`.
+    endpoint: String,
 }
 
 /// What NodePublishVolume / NodeStageVolume need besides the paths.
@@ -167,23 +169,47 @@ impl NodeService {
         NodeService {
             client: NodeClient::new(unix_channel(endpoint)),
             timeout,
+            endpoint: endpoint.to_string(),
         }
+    }
+
+    /// One call with the deadline, timed as upstream's
+    /// RecordMetricsInterceptor (`csi_operations_seconds`).
+    async fn timed<T>(
+        &self,
+        method: &'static str,
+        fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, CsiError> {
+        let started = tokio::time::Instant::now();
+        let r = with_deadline(self.timeout, fut).await;
+        let code = match &r {
+            Ok(_) => tonic::Code::Ok,
+            Err(CsiError::Status { code, .. }) => *code,
+            Err(_) => tonic::Code::DeadlineExceeded,
+        };
+        crate::metrics::certvol::csi_operation(&self.endpoint, method, code, started.elapsed());
+        r
     }
 
     pub async fn get_info(&self) -> Result<proto::NodeGetInfoResponse, CsiError> {
         let mut c = self.client.clone();
-        with_deadline(self.timeout, c.node_get_info(proto::NodeGetInfoRequest {})).await
+        self.timed(
+            "/csi.v1.Node/NodeGetInfo",
+            c.node_get_info(proto::NodeGetInfoRequest {}),
+        )
+        .await
     }
 
     /// The node service's RPC capabilities (NodeGetCapabilities).
     pub async fn capabilities(&self) -> Result<Capabilities, CsiError> {
         use proto::node_service_capability::Type as Cap;
         let mut c = self.client.clone();
-        let caps = with_deadline(
-            self.timeout,
-            c.node_get_capabilities(proto::NodeGetCapabilitiesRequest {}),
-        )
-        .await?;
+        let caps = self
+            .timed(
+                "/csi.v1.Node/NodeGetCapabilities",
+                c.node_get_capabilities(proto::NodeGetCapabilitiesRequest {}),
+            )
+            .await?;
         Ok(Capabilities(
             caps.capabilities
                 .iter()
@@ -214,7 +240,12 @@ impl NodeService {
             volume_path: target_path.to_string(),
             staging_target_path: String::new(),
         };
-        let resp = with_deadline(self.timeout, c.node_get_volume_stats(r)).await?;
+        let resp = self
+            .timed(
+                "/csi.v1.Node/NodeGetVolumeStats",
+                c.node_get_volume_stats(r),
+            )
+            .await?;
         if resp.usage.is_empty() {
             // Upstream's check (an empty list decodes as nil in Go).
             return Err(CsiError::Invalid(
@@ -258,7 +289,7 @@ impl NodeService {
             secrets: req.secrets.clone(),
             volume_context: req.volume_context.clone(),
         };
-        with_deadline(self.timeout, c.node_publish_volume(r))
+        self.timed("/csi.v1.Node/NodePublishVolume", c.node_publish_volume(r))
             .await
             .map(drop)
     }
@@ -269,9 +300,12 @@ impl NodeService {
             volume_id: volume_id.to_string(),
             target_path: target_path.to_string(),
         };
-        with_deadline(self.timeout, c.node_unpublish_volume(r))
-            .await
-            .map(drop)
+        self.timed(
+            "/csi.v1.Node/NodeUnpublishVolume",
+            c.node_unpublish_volume(r),
+        )
+        .await
+        .map(drop)
     }
 
     pub async fn stage(&self, req: &VolumeRequest, staging_path: &str) -> Result<(), CsiError> {
@@ -284,7 +318,7 @@ impl NodeService {
             secrets: req.secrets.clone(),
             volume_context: req.volume_context.clone(),
         };
-        with_deadline(self.timeout, c.node_stage_volume(r))
+        self.timed("/csi.v1.Node/NodeStageVolume", c.node_stage_volume(r))
             .await
             .map(drop)
     }
@@ -314,7 +348,7 @@ impl NodeService {
             volume_capability: Some(rwo.capability()),
             secrets: req.secrets.clone(),
         };
-        with_deadline(self.timeout, c.node_expand_volume(r))
+        self.timed("/csi.v1.Node/NodeExpandVolume", c.node_expand_volume(r))
             .await
             .map(|r| r.capacity_bytes)
     }
@@ -325,7 +359,7 @@ impl NodeService {
             volume_id: volume_id.to_string(),
             staging_target_path: staging_path.to_string(),
         };
-        with_deadline(self.timeout, c.node_unstage_volume(r))
+        self.timed("/csi.v1.Node/NodeUnstageVolume", c.node_unstage_volume(r))
             .await
             .map(drop)
     }

@@ -191,6 +191,7 @@ impl Registry {
     }
 
     pub(crate) fn set(&self, name: &str, d: Driver) {
+        crate::metrics::certvol::csi_driver_endpoint(&d.endpoint, name);
         self.inner.drivers.lock().insert(name.to_string(), d);
         self.inner.changed.send_modify(|g| *g += 1);
     }
