@@ -60,6 +60,9 @@ pub struct Mounted {
     /// A CSI volume through a claim (claim name, read-only): checked for
     /// online expansion at each pod sync.
     claim: Option<(String, bool)>,
+    /// A raw block volume mapped for the pod (`volumeMode: Block`): the
+    /// path is the pod's device link; unmapped at tear-down.
+    block: Option<Arc<super::block::Mapped>>,
 }
 
 impl Mounted {
@@ -102,6 +105,18 @@ enum Failed {
         event: Option<(&'static str, String)>,
         node_wait: bool,
     },
+    /// The desired-state populator could not take the volume (upstream's
+    /// AddErrorToPod): the pod's FailedMount is upstream's "Unable to
+    /// attach or mount volumes: ... failed to process volumes=[...]".
+    Process(String),
+}
+
+impl Failed {
+    /// Upstream's populator refuses the volume before any set-up (a
+    /// volume mode that does not match its use).
+    fn process(error: String) -> Self {
+        Failed::Process(error)
+    }
 }
 
 impl From<String> for Failed {
@@ -119,7 +134,7 @@ impl From<&str> for Failed {
 impl Failed {
     fn error(&self) -> &str {
         match self {
-            Failed::SetUp(e) | Failed::Other { error: e, .. } => e,
+            Failed::SetUp(e) | Failed::Other { error: e, .. } | Failed::Process(e) => e,
         }
     }
 
@@ -470,7 +485,19 @@ impl VolumeManager {
                             crate::blocking::try_run(
                                 format!("cleanup of orphaned pod {uid}"),
                                 FS_DEADLINE,
-                                move || super::cleanup_pod_dir(&root, &u),
+                                move || {
+                                    // Block volumes mapped before a restart:
+                                    // their global binds live outside the
+                                    // pod directory.
+                                    super::block::unmap_orphaned(&root, &u).map_err(|e| {
+                                        super::subpath::SubPathError::Io {
+                                            sub_path: String::new(),
+                                            what: "unmap block volumes".into(),
+                                            source: std::io::Error::other(e.to_string()),
+                                        }
+                                    })?;
+                                    super::cleanup_pod_dir(&root, &u)
+                                },
                             )
                             .await
                         }
@@ -740,6 +767,21 @@ impl VolumeManager {
                                 ),
                             )),
                             Failed::Other { event, .. } => event.clone(),
+                            Failed::Process(e) => {
+                                let got = st.actual.get(&uid);
+                                let unmounted: Vec<String> = volume_names(&pod)
+                                    .into_iter()
+                                    .filter(|n| got.is_none_or(|g| !g.contains_key(n)))
+                                    .collect();
+                                Some((
+                                    "FailedMount",
+                                    format!(
+                                        "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[], failed to process volumes=[{}]: {e}",
+                                        unmounted.join(" "),
+                                        volume.name
+                                    ),
+                                ))
+                            }
                         };
                         let node_wait = matches!(
                             f,
@@ -770,6 +812,18 @@ impl VolumeManager {
             }
             Op::Unmount { uid, name, mounted } => {
                 let r = match (mounted.owned.clone(), mounted.csi.clone()) {
+                    _ if mounted.block.is_some() => {
+                        let m = mounted.block.clone();
+                        crate::blocking::try_run(
+                            format!("unmap block volume {name} of pod {uid}"),
+                            FS_DEADLINE,
+                            move || match m {
+                                Some(m) => super::block::unmap(&m).map_err(|e| e.to_string()),
+                                None => Ok(()),
+                            },
+                        )
+                        .await
+                    }
                     (_, Some(p)) => {
                         // A staged volume is unstaged when no other pod
                         // still publishes it.
@@ -1013,6 +1067,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             measured: false,
             csi: None,
             claim: None,
+            block: None,
         });
     }
     if let Some(src) = &v.csi {
@@ -1062,6 +1117,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             measured: true,
             csi: None,
             claim: None,
+            block: None,
         });
     }
     if let Some(claim) = pvc_name(pod, v) {
@@ -1071,6 +1127,13 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             .as_ref()
             .and_then(|c| c.read_only)
             .unwrap_or(false);
+        // Upstream's populator: the PV's volumeMode against the pod's
+        // volumeMounts / volumeDevices.
+        let block = super::block::is_block(&pv);
+        super::block::check_use(pod, &v.name, block).map_err(Failed::process)?;
+        if block {
+            return map_block(inner, uid, &pv).await;
+        }
         if pv.spec.as_ref().is_some_and(|s| s.csi.is_some()) {
             let p = super::csi::mounter::set_up_persistent(
                 &inner.csi,
@@ -1129,6 +1192,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             measured: local,
             csi: None,
             claim: None,
+            block: None,
         });
     }
     let plugin = if v.config_map.is_some() {
@@ -1189,6 +1253,47 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         measured: true,
         csi: None,
         claim: None,
+        block: None,
+    })
+}
+
+/// A claim bound to a `volumeMode: Block` PV: the device is mapped for the
+/// pod (upstream's MapVolume for the local plugin; see `block.rs`).
+async fn map_block(
+    inner: &Inner,
+    uid: &str,
+    pv: &k8s_openapi::api::core::v1::PersistentVolume,
+) -> Result<Mounted, Failed> {
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let Some(local) = pv.spec.as_ref().and_then(|s| s.local.as_ref()) else {
+        return Err(
+            format!("PV {name}: raw block volumes are supported for local PVs only").into(),
+        );
+    };
+    let (root, u, dev) = (
+        inner.root.clone(),
+        uid.to_string(),
+        PathBuf::from(&local.path),
+    );
+    let n = name.clone();
+    let mapped = crate::blocking::try_run(
+        format!("map block volume {name} for pod {uid}"),
+        FS_DEADLINE,
+        move || super::block::map(&root, &u, &n, &dev).map_err(|e| e.to_string()),
+    )
+    .await
+    .map_err(|e| format!("MapVolume.MapPodDevice failed for volume {name:?} : {e}"))?;
+    Ok(Mounted {
+        path: mapped.link.clone(),
+        owned: None,
+        remountable: false,
+        refresh_at: None,
+        // Upstream's local BlockVolumeMapper offers metrics, but of the
+        // device, which the pod stats here do not read.
+        measured: false,
+        csi: None,
+        claim: None,
+        block: Some(Arc::new(mapped)),
     })
 }
 
@@ -1205,6 +1310,7 @@ fn csi_mounted(p: super::csi::mounter::Published) -> Mounted {
         measured: false,
         csi: Some(Arc::new(p)),
         claim: None,
+        block: None,
     }
 }
 
