@@ -89,6 +89,9 @@ struct Failure {
     /// Waiting for the attach/detach controller: tried again as soon as
     /// the Node changes, not only at the backoff.
     node_wait: bool,
+    /// Upstream's populator refused the volume (`Failed::Process`): the
+    /// pod's wait fails at once instead of at its timeout.
+    process: bool,
 }
 
 /// Why a set-up failed, and what upstream records for it.
@@ -317,12 +320,15 @@ impl VolumeManager {
         let deadline = Instant::now() + timeout;
         if self
             .wait_until(&uid, deadline, |me| {
-                me.mounted_paths(&uid, &names).is_some()
+                me.mounted_paths(&uid, &names).is_some() || me.process_failed(&uid)
             })
             .await
         {
             if let Some(paths) = self.mounted_paths(&uid, &names) {
                 return Ok(paths);
+            }
+            if let Some(e) = self.process_error(pod, &uid, &names) {
+                return Err(e);
             }
         }
         let (unmounted, errors) = {
@@ -358,6 +364,58 @@ impl VolumeManager {
         Err(VolumeError::Timeout {
             message,
             errors: errors.join("; "),
+        })
+    }
+
+    /// A volume of the pod refused by upstream's populator (a volume mode
+    /// that does not match its use).
+    fn process_failed(&self, uid: &str) -> bool {
+        let st = self.inner.state.lock();
+        st.failures.iter().any(|((u, _), f)| u == uid && f.process)
+    }
+
+    /// Upstream's WaitForAttachAndMount error when the populator refused
+    /// volumes (its wait ends at once on them), with kubelet.go's
+    /// FailedMount event.
+    fn process_error(&self, pod: &Pod, uid: &str, names: &[String]) -> Option<VolumeError> {
+        let (unmounted, failed, errors) = {
+            let st = self.inner.state.lock();
+            let got = st.actual.get(uid);
+            let unmounted: Vec<String> = names
+                .iter()
+                .filter(|n| got.is_none_or(|g| !g.contains_key(*n)))
+                .cloned()
+                .collect();
+            let mut failed: Vec<(String, String)> = st
+                .failures
+                .iter()
+                .filter(|((u, _), f)| u == uid && f.process)
+                .map(|((_, n), f)| (n.clone(), f.error.clone()))
+                .collect();
+            failed.sort();
+            let errors: Vec<String> = failed.iter().map(|(_, e)| e.clone()).collect();
+            let failed: Vec<String> = failed.into_iter().map(|(n, _)| n).collect();
+            (unmounted, failed, errors)
+        };
+        if failed.is_empty() {
+            return None;
+        }
+        let message = format!(
+            "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[], failed to process volumes=[{}]: {}",
+            unmounted.join(" "),
+            failed.join(" "),
+            errors.join("; ")
+        );
+        crate::events::pod(
+            pod,
+            None,
+            crate::events::WARNING,
+            "FailedMount",
+            message.clone(),
+        );
+        Some(VolumeError::Timeout {
+            message,
+            errors: String::new(),
         })
     }
 
@@ -767,21 +825,8 @@ impl VolumeManager {
                                 ),
                             )),
                             Failed::Other { event, .. } => event.clone(),
-                            Failed::Process(e) => {
-                                let got = st.actual.get(&uid);
-                                let unmounted: Vec<String> = volume_names(&pod)
-                                    .into_iter()
-                                    .filter(|n| got.is_none_or(|g| !g.contains_key(n)))
-                                    .collect();
-                                Some((
-                                    "FailedMount",
-                                    format!(
-                                        "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[], failed to process volumes=[{}]: {e}",
-                                        unmounted.join(" "),
-                                        volume.name
-                                    ),
-                                ))
-                            }
+                            // The pod's wait records upstream's event.
+                            Failed::Process(_) => None,
                         };
                         let node_wait = matches!(
                             f,
@@ -790,7 +835,7 @@ impl VolumeManager {
                                 ..
                             }
                         );
-                        if event.is_some() {
+                        if event.is_some() || matches!(f, Failed::Process(_)) {
                             warn!(pod_uid = %uid, volume = %volume.name, error = %f.error(), retry_in = ?wait, "volume set-up failed");
                         } else {
                             info!(pod_uid = %uid, volume = %volume.name, error = %f.error(), retry_in = ?wait, "volume waiting for the attach/detach controller");
@@ -805,6 +850,7 @@ impl VolumeManager {
                                 attempts,
                                 retry_at: Instant::now() + wait,
                                 node_wait,
+                                process: matches!(f, Failed::Process(_)),
                             },
                         );
                     }
@@ -1609,6 +1655,62 @@ mod tests {
         );
     }
 
+    /// Upstream's verifyVolumesMountedFunc ends the wait at once on the
+    /// populator's errors (PopPodErrors) rather than at the timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_volume_refused_by_the_populator_fails_the_wait_at_once() {
+        use k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource;
+        let root = root("process");
+        let vm = manager(&root);
+        let claim = |n: &str| Volume {
+            name: n.into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: n.into(),
+                read_only: None,
+            }),
+            ..Default::default()
+        };
+        let p = pod("u-proc", vec![claim("disk"), claim("other")]);
+        let later = Instant::now() + Duration::from_secs(3600);
+        for (v, process) in [("disk", true), ("other", false)] {
+            vm.inner.state.lock().failures.insert(
+                ("u-proc".into(), v.into()),
+                Failure {
+                    error: format!("{v} failed"),
+                    attempts: 1,
+                    retry_at: later,
+                    node_wait: false,
+                    process,
+                },
+            );
+        }
+        let start = Instant::now();
+        let e = vm
+            .wait_with_timeout(&p, Duration::from_secs(600))
+            .await
+            .unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "not at the timeout"
+        );
+        assert_eq!(
+            e.to_string(),
+            "Unable to attach or mount volumes: unmounted volumes=[disk other], unattached volumes=[], failed to process volumes=[disk]: disk failed"
+        );
+        // Without such a failure the wait runs to its timeout.
+        vm.inner.state.lock().failures.retain(|_, f| !f.process);
+        let e = vm
+            .wait_with_timeout(&p, Duration::from_secs(600))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("timed out waiting for the condition"),
+            "{e}"
+        );
+        assert!(start.elapsed() >= Duration::from_secs(600));
+    }
+
     #[tokio::test]
     async fn a_failing_volume_times_out_with_upstreams_message_then_mounts_on_retry() {
         let root = root("retry");
@@ -1745,6 +1847,7 @@ mod tests {
                             attempts: 8,
                             retry_at: later,
                             node_wait: false,
+                            process: false,
                         },
                     );
                 }
