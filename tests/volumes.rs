@@ -3,7 +3,8 @@
 //! rkubelet on the machine's real containerd: the service-account volume
 //! the API server's admission adds, ConfigMap and Secret volumes and env,
 //! live updates, token refresh, tmpfs for secrets and Memory emptyDirs,
-//! hostPath types, a PVC on a hostPath PV, and nothing left behind.
+//! hostPath types, a PVC on a hostPath PV, a raw block claim on a local PV
+//! (a loop device), and nothing left behind.
 
 mod common;
 
