@@ -3,7 +3,8 @@
 //! rkubelet on the machine's real containerd: the service-account volume
 //! the API server's admission adds, ConfigMap and Secret volumes and env,
 //! live updates, token refresh, tmpfs for secrets and Memory emptyDirs,
-//! hostPath types, a PVC on a hostPath PV, and nothing left behind.
+//! hostPath types, a PVC on a hostPath PV, a raw block claim on a local PV
+//! (a loop device), and nothing left behind.
 
 mod common;
 
@@ -681,4 +682,173 @@ fn without_the_feature_gate_a_trust_bundle_source_fails_as_upstream() {
             .then_some(())
     });
     drop(k);
+}
+
+/// A loop device on a backing file, detached when dropped (also when the
+/// test fails; a device still bound is detached by the kernel once free).
+struct LoopDevice(String);
+
+impl LoopDevice {
+    fn new(backing: &Path) -> LoopDevice {
+        let out = std::process::Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(backing)
+            .output()
+            .expect("losetup");
+        assert!(out.status.success(), "losetup: {out:?}");
+        LoopDevice(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.0])
+            .status();
+    }
+}
+
+/// Mount points of this process's view whose path contains `part`.
+fn mounts_containing(part: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| p.contains(part))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A claim bound to a local PV with `volumeMode: Block` (a loop device):
+/// the container gets the device at its `volumeDevices` path (upstream's
+/// MapVolume: a bind of the device per pod under the plugin's global map
+/// path, a link in the pod's volumeDevices directory, handed to CRI as a
+/// device), reads what the host wrote and writes what the host then finds
+/// in the backing file; a pod naming the claim in `volumeMounts` fails as
+/// upstream's populator does; nothing is left once the pod is gone. The
+/// old code treated the device as a directory and never started the pod.
+#[test]
+fn a_block_claim_on_a_local_pv_is_a_device_in_the_container_and_goes_with_the_pod() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-vol-blk";
+    let k = cluster_kubelet(node, &api);
+    let backing = k.dir.join("disk.img");
+    let mut disk = vec![0u8; 16 << 20];
+    disk[..13].copy_from_slice(b"HOST-WROTE-IT");
+    std::fs::write(&backing, &disk).unwrap();
+    drop(disk);
+    let dev = LoopDevice::new(&backing);
+
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "blk", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+            "resources": {"requests": {"storage": "16Mi"}}, "volumeName": "pv-blk"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "pv-blk"},
+        "spec": {"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"],
+            "volumeMode": "Block", "local": {"path": dev.0},
+            "claimRef": {"namespace": "default", "name": "blk", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "blk")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+
+    // Named in volumeMounts: upstream's populator refuses the volume.
+    let wrong = format!("blk-mount-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": wrong, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": "blk"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "disk", "mountPath": "/disk"}]
+            }]
+        }
+    }));
+    wait_for(
+        "upstream's FailedMount for a Block volume in volumeMounts",
+        T,
+        || {
+            api.list("events").into_iter().find(|e| {
+            e["reason"] == "FailedMount"
+                && e["involvedObject"]["name"] == wrong.as_str()
+                && e["message"].as_str().is_some_and(|m| {
+                    m.starts_with("Unable to attach or mount volumes: unmounted volumes=[")
+                        && m.ends_with(
+                            "failed to process volumes=[disk]: volume disk has volumeMode Block, but is specified in volumeMounts",
+                        )
+                })
+        })
+        },
+    );
+    api.delete("pods", Some("default"), &wrong, Some(0));
+
+    let name = format!("blk-{node}");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": "blk"}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeDevices": [{"name": "disk", "devicePath": "/dev/xvda"}]
+            }]
+        }
+    }));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let id = container_id(&p, 0);
+    assert_eq!(sh(&k, &id, "test -b /dev/xvda && echo block"), "block");
+    assert_eq!(
+        sh(&k, &id, "dd if=/dev/xvda bs=13 count=1 2>/dev/null"),
+        "HOST-WROTE-IT"
+    );
+    sh(
+        &k,
+        &id,
+        "printf CONTAINER-WROTE-IT | dd of=/dev/xvda bs=4096 seek=1 conv=notrunc,fsync 2>/dev/null; sync",
+    );
+    let root = k.dir.join("root");
+    let global = root.join("plugins/kubernetes.io~local-volume/volumeDevices/pv-blk");
+    let link = root
+        .join("pods")
+        .join(&uid)
+        .join("volumeDevices/kubernetes.io~local-volume/pv-blk");
+    assert_eq!(
+        std::fs::read_link(&link).unwrap().to_str(),
+        Some(dev.0.as_str()),
+        "the pod's device link names the PV's device"
+    );
+    assert_eq!(
+        mounts_containing(global.to_str().unwrap()),
+        vec![global.join(&uid).display().to_string()],
+        "one bind of the device for the pod"
+    );
+    wait_for("the container's write in the backing file", T, || {
+        // The loop device writes through to its file.
+        let got = std::fs::read(&backing).unwrap();
+        (&got[4096..4096 + 18] == b"CONTAINER-WROTE-IT").then_some(())
+    });
+
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the pod to be gone", T, || {
+        api.get("pods", Some("default"), &name)
+            .is_none()
+            .then_some(())
+    });
+    wait_for("the device unmapped", T, || {
+        (mounts_containing(root.to_str().unwrap())
+            .iter()
+            .all(|m| !m.contains("volumeDevices"))
+            && std::fs::symlink_metadata(&link).is_err()
+            && !global.exists())
+        .then_some(())
+    });
+    drop(dev);
 }

@@ -577,7 +577,9 @@ pub fn container_config(
         mounts.push(m);
     }
     mounts.sort_by(|a, b| a.container_path.cmp(&b.container_path));
+    let devices = volume::container_devices(&opts.root_dir, pod, c, ctx.volumes)?;
     Ok(v1::ContainerConfig {
+        devices,
         metadata: Some(v1::ContainerMetadata {
             name: c.name.clone(),
             attempt: ctx.restart_count as u32,

@@ -60,6 +60,9 @@ pub struct Mounted {
     /// A CSI volume through a claim (claim name, read-only): checked for
     /// online expansion at each pod sync.
     claim: Option<(String, bool)>,
+    /// A raw block volume mapped for the pod (`volumeMode: Block`): the
+    /// path is the pod's device link; unmapped at tear-down.
+    block: Option<Arc<super::block::Mapped>>,
 }
 
 impl Mounted {
@@ -86,6 +89,9 @@ struct Failure {
     /// Waiting for the attach/detach controller: tried again as soon as
     /// the Node changes, not only at the backoff.
     node_wait: bool,
+    /// Upstream's populator refused the volume (`Failed::Process`): the
+    /// pod's wait fails at once instead of at its timeout.
+    process: bool,
 }
 
 /// Why a set-up failed, and what upstream records for it.
@@ -102,6 +108,18 @@ enum Failed {
         event: Option<(&'static str, String)>,
         node_wait: bool,
     },
+    /// The desired-state populator could not take the volume (upstream's
+    /// AddErrorToPod): the pod's FailedMount is upstream's "Unable to
+    /// attach or mount volumes: ... failed to process volumes=[...]".
+    Process(String),
+}
+
+impl Failed {
+    /// Upstream's populator refuses the volume before any set-up (a
+    /// volume mode that does not match its use).
+    fn process(error: String) -> Self {
+        Failed::Process(error)
+    }
 }
 
 impl From<String> for Failed {
@@ -119,7 +137,7 @@ impl From<&str> for Failed {
 impl Failed {
     fn error(&self) -> &str {
         match self {
-            Failed::SetUp(e) | Failed::Other { error: e, .. } => e,
+            Failed::SetUp(e) | Failed::Other { error: e, .. } | Failed::Process(e) => e,
         }
     }
 
@@ -308,12 +326,15 @@ impl VolumeManager {
         let deadline = Instant::now() + timeout;
         if self
             .wait_until(&uid, deadline, |me| {
-                me.mounted_paths(&uid, &names).is_some()
+                me.mounted_paths(&uid, &names).is_some() || me.process_failed(&uid)
             })
             .await
         {
             if let Some(paths) = self.mounted_paths(&uid, &names) {
                 return Ok(paths);
+            }
+            if let Some(e) = self.process_error(pod, &uid, &names) {
+                return Err(e);
             }
         }
         let (unmounted, errors) = {
@@ -349,6 +370,58 @@ impl VolumeManager {
         Err(VolumeError::Timeout {
             message,
             errors: errors.join("; "),
+        })
+    }
+
+    /// A volume of the pod refused by upstream's populator (a volume mode
+    /// that does not match its use).
+    fn process_failed(&self, uid: &str) -> bool {
+        let st = self.inner.state.lock();
+        st.failures.iter().any(|((u, _), f)| u == uid && f.process)
+    }
+
+    /// Upstream's WaitForAttachAndMount error when the populator refused
+    /// volumes (its wait ends at once on them), with kubelet.go's
+    /// FailedMount event.
+    fn process_error(&self, pod: &Pod, uid: &str, names: &[String]) -> Option<VolumeError> {
+        let (unmounted, failed, errors) = {
+            let st = self.inner.state.lock();
+            let got = st.actual.get(uid);
+            let unmounted: Vec<String> = names
+                .iter()
+                .filter(|n| got.is_none_or(|g| !g.contains_key(*n)))
+                .cloned()
+                .collect();
+            let mut failed: Vec<(String, String)> = st
+                .failures
+                .iter()
+                .filter(|((u, _), f)| u == uid && f.process)
+                .map(|((_, n), f)| (n.clone(), f.error.clone()))
+                .collect();
+            failed.sort();
+            let errors: Vec<String> = failed.iter().map(|(_, e)| e.clone()).collect();
+            let failed: Vec<String> = failed.into_iter().map(|(n, _)| n).collect();
+            (unmounted, failed, errors)
+        };
+        if failed.is_empty() {
+            return None;
+        }
+        let message = format!(
+            "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[], failed to process volumes=[{}]: {}",
+            unmounted.join(" "),
+            failed.join(" "),
+            errors.join("; ")
+        );
+        crate::events::pod(
+            pod,
+            None,
+            crate::events::WARNING,
+            "FailedMount",
+            message.clone(),
+        );
+        Some(VolumeError::Timeout {
+            message,
+            errors: String::new(),
         })
     }
 
@@ -476,7 +549,19 @@ impl VolumeManager {
                             crate::blocking::try_run(
                                 format!("cleanup of orphaned pod {uid}"),
                                 FS_DEADLINE,
-                                move || super::cleanup_pod_dir(&root, &u),
+                                move || {
+                                    // Block volumes mapped before a restart:
+                                    // their global binds live outside the
+                                    // pod directory.
+                                    super::block::unmap_orphaned(&root, &u).map_err(|e| {
+                                        super::subpath::SubPathError::Io {
+                                            sub_path: String::new(),
+                                            what: "unmap block volumes".into(),
+                                            source: std::io::Error::other(e.to_string()),
+                                        }
+                                    })?;
+                                    super::cleanup_pod_dir(&root, &u)
+                                },
                             )
                             .await
                         }
@@ -758,6 +843,8 @@ impl VolumeManager {
                                 ),
                             )),
                             Failed::Other { event, .. } => event.clone(),
+                            // The pod's wait records upstream's event.
+                            Failed::Process(_) => None,
                         };
                         let node_wait = matches!(
                             f,
@@ -766,7 +853,7 @@ impl VolumeManager {
                                 ..
                             }
                         );
-                        if event.is_some() {
+                        if event.is_some() || matches!(f, Failed::Process(_)) {
                             warn!(pod_uid = %uid, volume = %volume.name, error = %f.error(), retry_in = ?wait, "volume set-up failed");
                         } else {
                             info!(pod_uid = %uid, volume = %volume.name, error = %f.error(), retry_in = ?wait, "volume waiting for the attach/detach controller");
@@ -781,6 +868,7 @@ impl VolumeManager {
                                 attempts,
                                 retry_at: Instant::now() + wait,
                                 node_wait,
+                                process: matches!(f, Failed::Process(_)),
                             },
                         );
                     }
@@ -789,6 +877,18 @@ impl VolumeManager {
             Op::Unmount { uid, name, mounted } => {
                 let (plugin, started) = (mounted_plugin(&mounted), Instant::now());
                 let r = match (mounted.owned.clone(), mounted.csi.clone()) {
+                    _ if mounted.block.is_some() => {
+                        let m = mounted.block.clone();
+                        crate::blocking::try_run(
+                            format!("unmap block volume {name} of pod {uid}"),
+                            FS_DEADLINE,
+                            move || match m {
+                                Some(m) => super::block::unmap(&m).map_err(|e| e.to_string()),
+                                None => Ok(()),
+                            },
+                        )
+                        .await
+                    }
                     (_, Some(p)) => {
                         // A staged volume is unstaged when no other pod
                         // still publishes it.
@@ -1062,6 +1162,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             measured: false,
             csi: None,
             claim: None,
+            block: None,
         });
     }
     if let Some(src) = &v.csi {
@@ -1111,6 +1212,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             measured: true,
             csi: None,
             claim: None,
+            block: None,
         });
     }
     if let Some(claim) = pvc_name(pod, v) {
@@ -1120,6 +1222,13 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             .as_ref()
             .and_then(|c| c.read_only)
             .unwrap_or(false);
+        // Upstream's populator: the PV's volumeMode against the pod's
+        // volumeMounts / volumeDevices.
+        let block = super::block::is_block(&pv);
+        super::block::check_use(pod, &v.name, block).map_err(Failed::process)?;
+        if block {
+            return map_block(inner, uid, &pv).await;
+        }
         if pv.spec.as_ref().is_some_and(|s| s.csi.is_some()) {
             let p = super::csi::mounter::set_up_persistent(
                 &inner.csi,
@@ -1178,6 +1287,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             measured: local,
             csi: None,
             claim: None,
+            block: None,
         });
     }
     let plugin = if v.config_map.is_some() {
@@ -1238,6 +1348,47 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         measured: true,
         csi: None,
         claim: None,
+        block: None,
+    })
+}
+
+/// A claim bound to a `volumeMode: Block` PV: the device is mapped for the
+/// pod (upstream's MapVolume for the local plugin; see `block.rs`).
+async fn map_block(
+    inner: &Inner,
+    uid: &str,
+    pv: &k8s_openapi::api::core::v1::PersistentVolume,
+) -> Result<Mounted, Failed> {
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let Some(local) = pv.spec.as_ref().and_then(|s| s.local.as_ref()) else {
+        return Err(
+            format!("PV {name}: raw block volumes are supported for local PVs only").into(),
+        );
+    };
+    let (root, u, dev) = (
+        inner.root.clone(),
+        uid.to_string(),
+        PathBuf::from(&local.path),
+    );
+    let n = name.clone();
+    let mapped = crate::blocking::try_run(
+        format!("map block volume {name} for pod {uid}"),
+        FS_DEADLINE,
+        move || super::block::map(&root, &u, &n, &dev).map_err(|e| e.to_string()),
+    )
+    .await
+    .map_err(|e| format!("MapVolume.MapPodDevice failed for volume {name:?} : {e}"))?;
+    Ok(Mounted {
+        path: mapped.link.clone(),
+        owned: None,
+        remountable: false,
+        refresh_at: None,
+        // Upstream's local BlockVolumeMapper offers metrics, but of the
+        // device, which the pod stats here do not read.
+        measured: false,
+        csi: None,
+        claim: None,
+        block: Some(Arc::new(mapped)),
     })
 }
 
@@ -1300,6 +1451,7 @@ fn csi_mounted(p: super::csi::mounter::Published) -> Mounted {
         measured: false,
         csi: Some(Arc::new(p)),
         claim: None,
+        block: None,
     }
 }
 
@@ -1598,6 +1750,62 @@ mod tests {
         );
     }
 
+    /// Upstream's verifyVolumesMountedFunc ends the wait at once on the
+    /// populator's errors (PopPodErrors) rather than at the timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_volume_refused_by_the_populator_fails_the_wait_at_once() {
+        use k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource;
+        let root = root("process");
+        let vm = manager(&root);
+        let claim = |n: &str| Volume {
+            name: n.into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: n.into(),
+                read_only: None,
+            }),
+            ..Default::default()
+        };
+        let p = pod("u-proc", vec![claim("disk"), claim("other")]);
+        let later = Instant::now() + Duration::from_secs(3600);
+        for (v, process) in [("disk", true), ("other", false)] {
+            vm.inner.state.lock().failures.insert(
+                ("u-proc".into(), v.into()),
+                Failure {
+                    error: format!("{v} failed"),
+                    attempts: 1,
+                    retry_at: later,
+                    node_wait: false,
+                    process,
+                },
+            );
+        }
+        let start = Instant::now();
+        let e = vm
+            .wait_with_timeout(&p, Duration::from_secs(600))
+            .await
+            .unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "not at the timeout"
+        );
+        assert_eq!(
+            e.to_string(),
+            "Unable to attach or mount volumes: unmounted volumes=[disk other], unattached volumes=[], failed to process volumes=[disk]: disk failed"
+        );
+        // Without such a failure the wait runs to its timeout.
+        vm.inner.state.lock().failures.retain(|_, f| !f.process);
+        let e = vm
+            .wait_with_timeout(&p, Duration::from_secs(600))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("timed out waiting for the condition"),
+            "{e}"
+        );
+        assert!(start.elapsed() >= Duration::from_secs(600));
+    }
+
     #[tokio::test]
     async fn a_failing_volume_times_out_with_upstreams_message_then_mounts_on_retry() {
         let root = root("retry");
@@ -1853,6 +2061,7 @@ mod tests {
                             attempts: 8,
                             retry_at: later,
                             node_wait: false,
+                            process: false,
                         },
                     );
                 }

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Container;
 use crate::cri::v1::{Mount, MountPropagation};
 
 pub mod atomic_writer;
+pub mod block;
 pub mod csi;
 pub mod manager;
 pub mod ownership;
@@ -37,6 +38,11 @@ pub enum VolumeError {
     Timeout { message: String, errors: String },
     #[error("volume {volume}: this volume type is not supported yet")]
     Unsupported { volume: String },
+    #[error("error DevicePath `{0}` must be an absolute path")]
+    DevicePathNotAbsolute(String),
+    /// Upstream's makeBlockVolumes message.
+    #[error("cannot find volume {volume:?} to pass into container {container:?}")]
+    NoBlockVolume { container: String, volume: String },
     #[error("container {container}: volumeMount {volume:?} names no volume of the pod")]
     UnknownVolume { container: String, volume: String },
     #[error("container {container}: {source}")]
@@ -182,6 +188,52 @@ pub fn container_mounts(
     Ok(mounts)
 }
 
+/// The container's `volumeDevices` as CRI devices (upstream's
+/// makeBlockVolumes): the host path is the pod's device link of the mapped
+/// block volume, permissions `mrw`, or `r` for a read-only claim. A name
+/// that is not a mapped block volume of the pod fails with upstream's
+/// message; a link not (yet) there is left out, as upstream. Blocking (an
+/// lstat).
+pub fn container_devices(
+    root: &Path,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    c: &Container,
+    volumes: &HashMap<String, PathBuf>,
+) -> Result<Vec<crate::cri::v1::Device>, VolumeError> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let mut out = Vec::new();
+    for d in c.volume_devices.iter().flatten() {
+        if !d.device_path.starts_with('/') {
+            return Err(VolumeError::DevicePathNotAbsolute(d.device_path.clone()));
+        }
+        let link = volumes
+            .get(&d.name)
+            .filter(|p| block::is_pod_device_path(root, uid, p))
+            .ok_or_else(|| VolumeError::NoBlockVolume {
+                container: c.name.clone(),
+                volume: d.name.clone(),
+            })?;
+        let is_link = std::fs::symlink_metadata(link).is_ok_and(|m| m.file_type().is_symlink());
+        if !is_link {
+            continue;
+        }
+        let read_only = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .find(|v| v.name == d.name)
+            .and_then(|v| v.persistent_volume_claim.as_ref())
+            .and_then(|p| p.read_only)
+            .unwrap_or(false);
+        out.push(crate::cri::v1::Device {
+            container_path: d.device_path.clone(),
+            host_path: link.to_string_lossy().into_owned(),
+            permissions: if read_only { "r" } else { "mrw" }.into(),
+        });
+    }
+    Ok(out)
+}
+
 /// Removes the pod's directory once its containers are gone: subPath binds
 /// are unmounted first, symlinks are never followed, mounts never entered.
 /// A CSI volume directory still there means its driver has not
@@ -199,6 +251,103 @@ pub fn cleanup_pod_dir(root: &Path, uid: &str) -> Result<(), subpath::SubPathErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_devices_become_cri_devices_on_the_pods_links() {
+        use k8s_openapi::api::core::v1::{
+            PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume, VolumeDevice,
+        };
+        let root = std::env::temp_dir().join(format!("rkubelet-devs-{}", std::process::id()));
+        let dir = block::pod_device_map_dir(&root, "u1");
+        std::fs::create_dir_all(&dir).unwrap();
+        for pv in ["pv-rw", "pv-ro"] {
+            std::os::unix::fs::symlink("/dev/null", dir.join(pv)).unwrap();
+        }
+        let claim = |name: &str, ro| Volume {
+            name: name.into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: name.into(),
+                read_only: ro,
+            }),
+            ..Default::default()
+        };
+        let mut pod = Pod {
+            spec: Some(PodSpec {
+                volumes: Some(vec![
+                    claim("rw", None),
+                    claim("ro", Some(true)),
+                    claim("fs", None),
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        pod.metadata.uid = Some("u1".into());
+        let volumes: HashMap<String, PathBuf> = [
+            ("rw".to_string(), dir.join("pv-rw")),
+            ("ro".to_string(), dir.join("pv-ro")),
+            // A file-system volume: its directory, not a device link.
+            ("fs".to_string(), root.join("pods/u1/volumes/x/fs")),
+        ]
+        .into();
+        let dev = |name: &str, path: &str| VolumeDevice {
+            name: name.into(),
+            device_path: path.into(),
+        };
+        let c = |devs: Vec<VolumeDevice>| Container {
+            name: "c".into(),
+            volume_devices: Some(devs),
+            ..Default::default()
+        };
+        let got = container_devices(
+            &root,
+            &pod,
+            &c(vec![dev("rw", "/dev/xvda"), dev("ro", "/dev/xvdb")]),
+            &volumes,
+        )
+        .unwrap();
+        let got: Vec<_> = got
+            .iter()
+            .map(|d| {
+                (
+                    d.container_path.as_str(),
+                    d.host_path.clone(),
+                    d.permissions.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("/dev/xvda", dir.join("pv-rw").display().to_string(), "mrw"),
+                ("/dev/xvdb", dir.join("pv-ro").display().to_string(), "r"),
+            ]
+        );
+        // Upstream's messages: a relative path; a volume that is not a
+        // mapped block volume, or none at all.
+        let e = container_devices(&root, &pod, &c(vec![dev("rw", "xvda")]), &volumes).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "error DevicePath `xvda` must be an absolute path"
+        );
+        for name in ["fs", "nope"] {
+            let e = container_devices(&root, &pod, &c(vec![dev(name, "/dev/x")]), &volumes)
+                .unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("cannot find volume \"{name}\" to pass into container \"c\"")
+            );
+        }
+        // A link not there (yet) is left out, as upstream's IsSymlinkExist.
+        std::fs::remove_file(dir.join("pv-rw")).unwrap();
+        let got = container_devices(&root, &pod, &c(vec![dev("rw", "/dev/xvda")]), &volumes);
+        assert!(got.unwrap().is_empty());
+        // Containers without volumeDevices get none.
+        assert!(container_devices(&root, &pod, &c(vec![]), &volumes)
+            .unwrap()
+            .is_empty());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn host_path_types_succeed_and_fail_as_upstream() {
