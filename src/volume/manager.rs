@@ -1427,6 +1427,10 @@ fn mounted_plugin(m: &Mounted) -> String {
     if let Some(p) = &m.csi {
         return format!("kubernetes.io/csi:{}", p.driver);
     }
+    // Raw block volumes are only mapped for local PVs.
+    if m.block.is_some() {
+        return "kubernetes.io/local-volume".into();
+    }
     let escaped = m
         .owned
         .as_deref()
@@ -2001,6 +2005,7 @@ mod tests {
             measured,
             csi: None,
             claim: None,
+            block: None,
         };
         let dir = plugin_dir(Path::new("/r"), "u", "projected", "x");
         assert_eq!(
