@@ -712,6 +712,21 @@ fn hostile_manifest(i: usize) -> Vec<u8> {
 }
 
 /// RSS in MiB, sampled `n` times 200 ms apart; the median.
+/// RssAnon and RssFile of `pid` in MiB (/proc/<pid>/status): the heap
+/// apart from the mapped binary's code pages.
+fn rss_split(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (kib("RssAnon:"), kib("RssFile:"))
+}
+
 fn rss_median(pid: u32, n: usize) -> f64 {
     let mut v: Vec<f64> = (0..n)
         .map(|_| {
@@ -1231,8 +1246,9 @@ fn volumes_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
         })
         .collect();
     let tokens = api.token_requests().len() - tokens_before;
+    let (anon, file) = rss_split(k.child.id());
     println!(
-        "{n} pods: RSS {:.1} MiB; object watches opened {} (distinct objects referenced: 2); TokenRequests {tokens}",
+        "{n} pods: RSS {:.1} MiB (anonymous {anon:.1}, file-backed {file:.1}); object watches opened {} (distinct objects referenced: 2); TokenRequests {tokens}",
         rss as f64 / 1048576.0,
         watches.len()
     );
