@@ -420,6 +420,24 @@ fn failed_mounts(api: &ApiServer, pod: &str) -> Vec<String> {
         .collect()
 }
 
+/// Claim `claim` (namespace default, 1Gi, ReadWriteOnce) bound to the CSI
+/// PV `pv` of handle `handle`, as the PV controller leaves them.
+fn bound_csi_claim(api: &ApiServer, pv: &str, handle: &str) {
+    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "claim", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": pv}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": pv},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": handle},
+            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+    let mut bound = api
+        .get("persistentvolumeclaims", Some("default"), "claim")
+        .unwrap();
+    bound["status"] = json!({"phase": "Bound"});
+    api.update_status(bound);
+}
+
 #[test]
 fn an_inline_csi_volume_waits_for_its_driver_is_published_read_and_unpublished() {
     let api = ApiServer::start(ApiServerOptions::default());
@@ -971,19 +989,7 @@ fn a_staged_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unstaged_after_re
         "metadata": {"name": DRIVER},
         "spec": {"attachRequired": false}
     }));
-    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "claim", "namespace": "default"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "restart-pv"}}));
-    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": "restart-pv"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-            "csi": {"driver": DRIVER, "volumeHandle": "vol-r"},
-            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
-    let mut bound = api
-        .get("persistentvolumeclaims", Some("default"), "claim")
-        .unwrap();
-    bound["status"] = json!({"phase": "Bound"});
-    api.update_status(bound);
+    bound_csi_claim(&api, "restart-pv", "vol-r");
     let name = format!("gone-{node}");
     api.create(json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -1058,19 +1064,7 @@ fn a_volume_that_needs_attaching_waits_for_the_controller_and_gets_its_metadata_
         "metadata": {"name": DRIVER}, "spec": {}
     }));
     assert_eq!(d["spec"]["attachRequired"], true);
-    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "claim", "namespace": "default"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "att-pv"}}));
-    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": "att-pv"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-            "csi": {"driver": DRIVER, "volumeHandle": "vol-a"},
-            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
-    let mut bound = api
-        .get("persistentvolumeclaims", Some("default"), "claim")
-        .unwrap();
-    bound["status"] = json!({"phase": "Bound"});
-    api.update_status(bound);
+    bound_csi_claim(&api, "att-pv", "vol-a");
     let name = format!("att-{node}");
     api.create(json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -1210,19 +1204,7 @@ fn volumes_in_use_are_not_dropped_while_a_restarted_kubelet_sets_its_volumes_up_
         "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
         "metadata": {"name": DRIVER}, "spec": {"attachRequired": true}
     }));
-    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "claim", "namespace": "default"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "rs-pv"}}));
-    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": "rs-pv"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-            "csi": {"driver": DRIVER, "volumeHandle": "vol-r"},
-            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
-    let mut bound = api
-        .get("persistentvolumeclaims", Some("default"), "claim")
-        .unwrap();
-    bound["status"] = json!({"phase": "Bound"});
-    api.update_status(bound);
+    bound_csi_claim(&api, "rs-pv", "vol-r");
     // The controller and the attacher have done their part already.
     let unique = format!("kubernetes.io/csi/{DRIVER}^vol-r");
     let va_name = format!("csi-{}", sha256_hex(&format!("vol-r{DRIVER}{node}")));

@@ -360,17 +360,7 @@ impl VolumeManager {
             unmounted.join(" "),
             names.join(" ")
         );
-        crate::events::pod(
-            pod,
-            None,
-            crate::events::WARNING,
-            "FailedMount",
-            message.clone(),
-        );
-        Err(VolumeError::Timeout {
-            message,
-            errors: errors.join("; "),
-        })
+        Err(failed_mount(pod, message, errors.join("; ")))
     }
 
     /// A volume of the pod refused by upstream's populator (a volume mode
@@ -412,17 +402,7 @@ impl VolumeManager {
             failed.join(" "),
             errors.join("; ")
         );
-        crate::events::pod(
-            pod,
-            None,
-            crate::events::WARNING,
-            "FailedMount",
-            message.clone(),
-        );
-        Some(VolumeError::Timeout {
-            message,
-            errors: String::new(),
-        })
+        Some(failed_mount(pod, message, String::new()))
     }
 
     /// Removes the pod from the desired state and waits (up to `deadline`)
@@ -1423,6 +1403,19 @@ fn spec_plugin(v: &Volume) -> Option<String> {
 /// plugin whose directory rkubelet made (`kubernetes.io~<plugin>`, the
 /// escaped name as on upstream's disk); else a host path, of a local PV
 /// (measured) or a hostPath volume or PV.
+/// kubelet.go's FailedMount event for a pod whose volumes did not come,
+/// and the error its worker reports.
+fn failed_mount(pod: &Pod, message: String, errors: String) -> VolumeError {
+    crate::events::pod(
+        pod,
+        None,
+        crate::events::WARNING,
+        "FailedMount",
+        message.clone(),
+    );
+    VolumeError::Timeout { message, errors }
+}
+
 fn mounted_plugin(m: &Mounted) -> String {
     if let Some(p) = &m.csi {
         return format!("kubernetes.io/csi:{}", p.driver);
