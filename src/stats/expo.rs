@@ -13,6 +13,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use axum::body::Bytes;
+
 use super::cgroup::CgroupSample;
 use super::provider::{CgroupRaw, Snapshot};
 use super::summary;
@@ -24,19 +26,21 @@ pub enum Kind {
 }
 
 struct Family {
-    help: String,
-    kind: Kind,
-    /// The sample lines, rendered as they were added, back to back.
+    /// The family's `# HELP`/`# TYPE` header, then its sample lines as they
+    /// were added, back to back.
     text: String,
     /// Per sample: where its line starts in `text`, and where its rendered
     /// label set starts and ends (what samples are sorted by).
     lines: Vec<(usize, usize, usize)>,
+    /// Where the header ends.
+    head: usize,
 }
 
 /// Families kept sorted by name and samples by label set, as client_golang
 /// gathers them. Each sample is rendered once, straight into its family's
 /// text (no per-sample allocation: cAdvisor's text at 110 pods is about
-/// 12,000 samples); the lines are put in label order when rendered.
+/// 12,000 samples); the lines are put in label order when rendered, unless
+/// they were added in that order (then the text is sent as it is).
 #[derive(Default)]
 pub struct Exposition {
     families: BTreeMap<String, Family>,
@@ -44,7 +48,7 @@ pub struct Exposition {
 
 /// Appends a label value with `\`, `"` and newlines escaped.
 fn push_escaped(out: &mut String, v: &str) {
-    if !v.contains(['\\', '"', '\n']) {
+    if !v.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
         out.push_str(v);
         return;
     }
@@ -92,12 +96,16 @@ impl Exposition {
         };
         l.sort_by(|a, b| a.0.cmp(b.0));
         if !self.families.contains_key(name) {
+            let kind_name = match kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+            };
+            let text = format!("# HELP {name} {help}\n# TYPE {name} {kind_name}\n");
             self.families.insert(
                 name.to_string(),
                 Family {
-                    help: help.to_string(),
-                    kind,
-                    text: String::new(),
+                    head: text.len(),
+                    text,
                     lines: Vec::new(),
                 },
             );
@@ -135,46 +143,94 @@ impl Exposition {
         f.lines.push((start, ls, le));
     }
 
-    pub fn render(&self) -> String {
-        let size: usize = self
-            .families
-            .iter()
-            .map(|(name, f)| f.help.len() + 2 * name.len() + 24 + f.text.len())
-            .sum();
-        let mut out = String::with_capacity(size);
-        for (name, f) in &self.families {
-            let kind = match f.kind {
-                Kind::Counter => "counter",
-                Kind::Gauge => "gauge",
-            };
-            let _ = writeln!(out, "# HELP {name} {}", f.help);
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            let text = f.text.as_str();
-            // Where each line ends: the next one's start.
-            let ends: Vec<usize> = f
-                .lines
-                .iter()
-                .skip(1)
-                .map(|l| l.0)
-                .chain([text.len()])
-                .collect();
-            let mut order: Vec<(usize, &str)> = f
-                .lines
-                .iter()
-                .enumerate()
-                .map(|(i, &(_, ls, le))| (i, &text[ls..le]))
-                .collect();
-            // Stable: of samples with the same labels, the last added is
-            // the one shown (a later add replaces an earlier one).
-            order.sort_by(|a, b| a.1.cmp(b.1));
-            for (j, &(i, labels)) in order.iter().enumerate() {
-                if order.get(j + 1).is_some_and(|n| n.1 == labels) {
-                    continue;
-                }
-                out.push_str(&text[f.lines[i].0..ends[i]]);
-            }
+    /// The text, one buffer per family (what the HTTP body is written from,
+    /// without joining them).
+    pub fn into_chunks(self) -> Vec<Bytes> {
+        self.families
+            .into_values()
+            .map(Family::into_sorted)
+            .collect()
+    }
+
+    pub fn render(self) -> String {
+        let mut out = String::new();
+        for c in self.into_chunks() {
+            out.push_str(std::str::from_utf8(&c).unwrap_or_default());
         }
         out
+    }
+}
+
+impl Family {
+    /// Header and lines in label order. Samples added in that order (the
+    /// common case: cAdvisor's cgroups are added sorted) need no copy.
+    fn into_sorted(self) -> Bytes {
+        let text = self.text.as_str();
+        let labels = |&(_, ls, le): &(usize, usize, usize)| &text[ls..le];
+        // Strictly increasing: no duplicate label sets to drop either.
+        if self.lines.windows(2).all(|w| labels(&w[0]) < labels(&w[1])) {
+            return Bytes::from(self.text);
+        }
+        // Where each line ends: the next one's start.
+        let end = |i: usize| self.lines.get(i + 1).map_or(text.len(), |l| l.0);
+        let mut order: Vec<usize> = (0..self.lines.len()).collect();
+        // Stable: of samples with the same labels, the last added is the
+        // one shown (a later add replaces an earlier one).
+        order.sort_by(|a, b| labels(&self.lines[*a]).cmp(labels(&self.lines[*b])));
+        let mut out = String::with_capacity(text.len());
+        out.push_str(&text[..self.head]);
+        for (j, &i) in order.iter().enumerate() {
+            let l = labels(&self.lines[i]);
+            if order
+                .get(j + 1)
+                .is_some_and(|n| labels(&self.lines[*n]) == l)
+            {
+                continue;
+            }
+            out.push_str(&text[self.lines[i].0..end(i)]);
+        }
+        Bytes::from(out)
+    }
+}
+
+/// A response body written from several buffers, with its length known
+/// (so it is sent with a Content-Length, as one buffer would be).
+pub struct ChunkBody {
+    chunks: std::collections::VecDeque<Bytes>,
+    left: u64,
+}
+
+impl ChunkBody {
+    pub fn new(chunks: Vec<Bytes>) -> Self {
+        let left = chunks.iter().map(|c| c.len() as u64).sum();
+        Self {
+            chunks: chunks.into_iter().filter(|c| !c.is_empty()).collect(),
+            left,
+        }
+    }
+}
+
+impl hyper::body::Body for ChunkBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let next = self.chunks.pop_front();
+        if let Some(c) = &next {
+            self.left -= c.len() as u64;
+        }
+        std::task::Poll::Ready(next.map(|c| Ok(hyper::body::Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.left)
     }
 }
 
@@ -1184,7 +1240,18 @@ fn root_fs_families(e: &mut Exposition, b: &Base, fss: &[super::procfs::FsStat],
 }
 
 /// `/metrics/cadvisor`. `snap` None: the collection failed.
+/// `/metrics/cadvisor` as one text (tests).
+#[cfg(test)]
 pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
+    let mut out = String::new();
+    for c in cadvisor_chunks(snap, m) {
+        out.push_str(std::str::from_utf8(&c).unwrap_or_default());
+    }
+    out
+}
+
+/// `/metrics/cadvisor`, one buffer per family.
+pub fn cadvisor_chunks(snap: Option<&Snapshot>, m: &Machine) -> Vec<Bytes> {
     use Kind::*;
     let mut e = Exposition::default();
     e.add(
@@ -1197,10 +1264,12 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
     );
     machine_families(&mut e, m);
     let Some(snap) = snap else {
-        return e.render();
+        return e.into_chunks();
     };
     let t = snap.time_ns;
     let none: &[super::procfs::Interface] = &[];
+    let oom = |cg: &str| snap.oom.as_ref().map(|o| o.get(cg).copied().unwrap_or(0));
+    let mut entries = Vec::new();
     // Raw cgroups: "/" (with the host's interfaces), kubepods, QoS classes,
     // and the kubelet's and runtime's own cgroups (cAdvisor in the kubelet
     // watches those too), each once.
@@ -1213,29 +1282,6 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
     for h in raw {
         let CgroupRaw { name, sample, .. } = h;
         let root = name == "/";
-        cadvisor_entry(
-            &mut e,
-            &CgEntry {
-                base: Base {
-                    id: name,
-                    name: "",
-                    image: "",
-                    pod: "",
-                    namespace: "",
-                    container: "",
-                },
-                sample,
-                start_ns: snap.node.boot_ns,
-                interfaces: if root { &snap.node.interfaces } else { none },
-                fs: None,
-                disks: &snap.disk_names,
-                oom: snap
-                    .oom
-                    .as_ref()
-                    .map(|o| o.get(name.as_str()).copied().unwrap_or(0)),
-            },
-            t,
-        );
         if root {
             let base = Base {
                 id: name,
@@ -1247,62 +1293,64 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
             };
             root_fs_families(&mut e, &base, &snap.node.filesystems, Some(t));
         }
+        entries.push(CgEntry {
+            base: Base {
+                id: name,
+                name: "",
+                image: "",
+                pod: "",
+                namespace: "",
+                container: "",
+            },
+            sample,
+            start_ns: snap.node.boot_ns,
+            interfaces: if root { &snap.node.interfaces } else { none },
+            fs: None,
+            disks: &snap.disk_names,
+            oom: oom(name),
+        });
     }
     let imagefs = snap.node.imagefs.as_ref().map(|(f, _, _)| *f);
     let dev = snap.node.imagefs_device.clone().unwrap_or_default();
     for p in &snap.pods {
         // The pod cgroup: matched to its pod by path, no container labels.
         if let Some(cg) = &p.cgroup {
-            cadvisor_entry(
-                &mut e,
-                &CgEntry {
-                    base: Base {
-                        id: cg,
-                        name: "",
-                        image: "",
-                        pod: &p.name,
-                        namespace: &p.namespace,
-                        container: "",
-                    },
-                    sample: &p.sample,
-                    start_ns: p.created_ns,
-                    interfaces: none,
-                    fs: None,
-                    disks: &snap.disk_names,
-                    oom: snap
-                        .oom
-                        .as_ref()
-                        .map(|o| o.get(cg.as_str()).copied().unwrap_or(0)),
+            entries.push(CgEntry {
+                base: Base {
+                    id: cg,
+                    name: "",
+                    image: "",
+                    pod: &p.name,
+                    namespace: &p.namespace,
+                    container: "",
                 },
-                t,
-            );
+                sample: &p.sample,
+                start_ns: p.created_ns,
+                interfaces: none,
+                fs: None,
+                disks: &snap.disk_names,
+                oom: oom(cg),
+            });
         }
         // The sandbox carries the pod's network, as the pause container
         // does in cAdvisor; containerd gives it no container name.
         if let Some(sc) = &p.sandbox_cgroup {
-            cadvisor_entry(
-                &mut e,
-                &CgEntry {
-                    base: Base {
-                        id: sc,
-                        name: &p.sandbox_id,
-                        image: &snap.sandbox_image,
-                        pod: &p.name,
-                        namespace: &p.namespace,
-                        container: "",
-                    },
-                    sample: &p.sandbox_sample,
-                    start_ns: p.created_ns,
-                    interfaces: &p.interfaces,
-                    fs: None,
-                    disks: &snap.disk_names,
-                    oom: snap
-                        .oom
-                        .as_ref()
-                        .map(|o| o.get(sc.as_str()).copied().unwrap_or(0)),
+            entries.push(CgEntry {
+                base: Base {
+                    id: sc,
+                    name: &p.sandbox_id,
+                    image: &snap.sandbox_image,
+                    pod: &p.name,
+                    namespace: &p.namespace,
+                    container: "",
                 },
-                t,
-            );
+                sample: &p.sandbox_sample,
+                start_ns: p.created_ns,
+                interfaces: &p.interfaces,
+                fs: None,
+                disks: &snap.disk_names,
+                oom: oom(sc),
+            });
         }
         for c in &p.containers {
             let Some(cg) = &c.cgroup else { continue };
@@ -1316,32 +1364,31 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
                     f.inodes_free as f64,
                 ))
             });
-            cadvisor_entry(
-                &mut e,
-                &CgEntry {
-                    base: Base {
-                        id: cg,
-                        name: &c.id,
-                        image: &c.image,
-                        pod: &p.name,
-                        namespace: &p.namespace,
-                        container: &c.name,
-                    },
-                    sample: &c.sample,
-                    start_ns: c.created_ns,
-                    interfaces: none,
-                    fs,
-                    disks: &snap.disk_names,
-                    oom: snap
-                        .oom
-                        .as_ref()
-                        .map(|o| o.get(cg.as_str()).copied().unwrap_or(0)),
+            entries.push(CgEntry {
+                base: Base {
+                    id: cg,
+                    name: &c.id,
+                    image: &c.image,
+                    pod: &p.name,
+                    namespace: &p.namespace,
+                    container: &c.name,
                 },
-                t,
-            );
+                sample: &c.sample,
+                start_ns: c.created_ns,
+                interfaces: none,
+                fs,
+                disks: &snap.disk_names,
+                oom: oom(cg),
+            });
         }
     }
-    e.render()
+    // In the order of their label sets (`container`, then `id`), so most
+    // families come out sorted and are sent without being reordered.
+    entries.sort_by(|a, b| (a.base.container, a.base.id).cmp(&(b.base.container, b.base.id)));
+    for c in &entries {
+        cadvisor_entry(&mut e, c, t);
+    }
+    e.into_chunks()
 }
 
 #[cfg(test)]
@@ -1410,6 +1457,45 @@ mod tests {
             e.add(name, help, Kind::Gauge, labels, *v, *ts);
         }
         assert_eq!(e.render(), reference(&adds));
+    }
+
+    #[test]
+    fn a_family_added_in_label_order_is_sent_from_its_own_buffer() {
+        let mut e = Exposition::default();
+        for pod in ["a", "b", "c"] {
+            e.add("m", "help", Kind::Gauge, &[("pod", pod)], 1.0, None);
+        }
+        let f = &e.families["m"];
+        let (at, len) = (f.text.as_ptr(), f.text.len());
+        let chunks = e.into_chunks();
+        assert_eq!(chunks.len(), 1);
+        assert_eq!((chunks[0].as_ptr(), chunks[0].len()), (at, len));
+        assert_eq!(
+            std::str::from_utf8(&chunks[0]).unwrap(),
+            "# HELP m help\n# TYPE m gauge\nm{pod=\"a\"} 1\nm{pod=\"b\"} 1\nm{pod=\"c\"} 1\n"
+        );
+        // Out of order, or a label set twice: reordered, the last one kept.
+        let mut e = Exposition::default();
+        for (pod, v) in [("b", 1.0), ("a", 2.0), ("b", 3.0)] {
+            e.add("m", "help", Kind::Counter, &[("pod", pod)], v, None);
+        }
+        assert_eq!(
+            e.render(),
+            "# HELP m help\n# TYPE m counter\nm{pod=\"a\"} 2\nm{pod=\"b\"} 3\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_chunk_body_has_its_length_and_its_chunks_in_order() {
+        use http_body_util::BodyExt;
+        let body = ChunkBody::new(vec![
+            Bytes::from_static(b"ab"),
+            Bytes::new(),
+            Bytes::from_static(b"cde"),
+        ]);
+        assert_eq!(hyper::body::Body::size_hint(&body).exact(), Some(5));
+        let got = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&got[..], b"abcde");
     }
 
     #[test]

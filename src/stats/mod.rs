@@ -141,8 +141,12 @@ async fn metrics_cadvisor(State(s): State<ServerState>) -> Response {
         memory: m.memory_capacity,
         facts: procfs::machine_facts(),
     };
-    let body = expo::cadvisor(snap.as_deref().ok(), &machine);
-    ([(header::CONTENT_TYPE, PROM_TEXT)], body).into_response()
+    let chunks = expo::cadvisor_chunks(snap.as_deref().ok(), &machine);
+    (
+        [(header::CONTENT_TYPE, PROM_TEXT)],
+        axum::body::Body::new(expo::ChunkBody::new(chunks)),
+    )
+        .into_response()
 }
 
 #[cfg(test)]
