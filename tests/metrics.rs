@@ -154,6 +154,11 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
         "kubelet_pod_in_progress_resizes",
         "kubelet_started_user_namespaced_pods_total",
         "kubelet_started_user_namespaced_pods_errors_total",
+        // CPU manager policy none: nothing pinned; nothing reconstructed.
+        "kubelet_cpu_manager_shared_pool_size_millicores",
+        "kubelet_cpu_manager_exclusive_cpu_allocation_count",
+        "reconstruct_volume_operations_total",
+        "force_cleaned_failed_volume_operations_total",
     ] {
         assert!(value(&s, name, &[]).is_some(), "no {name}");
     }

@@ -757,15 +757,27 @@ impl VolumeManager {
                 mounted,
             } => {
                 if let (Some(p), Some((claim, read_only))) = (&mounted.csi, &mounted.claim) {
-                    if let Err(e) = super::csi::expand::expand_in_use(
+                    let mut due = None;
+                    let r = super::csi::expand::expand_in_use(
                         &self.inner.csi,
                         &pod,
                         p,
                         claim,
                         *read_only,
+                        &mut due,
                     )
-                    .await
-                    {
+                    .await;
+                    // GenerateExpandInUseVolumeFunc's operation, run only
+                    // when the claim asks the node to finish a resize.
+                    if let Some(at) = due {
+                        crate::metrics::certvol::storage_operation(
+                            &mounted_plugin(&mounted),
+                            "volume_fs_resize",
+                            at.elapsed(),
+                            r.is_ok(),
+                        );
+                    }
+                    if let Err(e) = r {
                         // Tried again at the next pod sync.
                         warn!(pod_uid = %uid, volume = %name, error = %e, "NodeExpandVolume.NodeExpandVolume failed");
                     }
@@ -786,10 +798,16 @@ impl VolumeManager {
                 let plugin = r
                     .as_ref()
                     .map_or_else(|_| spec_plugin(&volume), |m| Some(mounted_plugin(m)));
+                // A raw block volume is mapped (GenerateMapVolumeFunc's
+                // map_volume), the others mounted.
+                let operation = match &r {
+                    Ok(m) if m.block.is_some() => "map_volume",
+                    _ => "volume_mount",
+                };
                 if let Some(p) = plugin {
                     crate::metrics::certvol::storage_operation(
                         &p,
-                        "volume_mount",
+                        operation,
                         started.elapsed(),
                         r.is_ok(),
                     );
@@ -896,12 +914,24 @@ impl VolumeManager {
                         None => Ok(()),
                     },
                 };
-                crate::metrics::certvol::storage_operation(
-                    &plugin,
-                    "volume_unmount",
-                    started.elapsed(),
-                    r.is_ok(),
-                );
+                // GenerateUnmapVolumeFunc's unmap_volume for a raw block
+                // volume; a CSI volume's tear-down times its unpublish
+                // (volume_unmount) and unstage (unmount_device) itself.
+                if mounted.block.is_some() {
+                    crate::metrics::certvol::storage_operation(
+                        &plugin,
+                        "unmap_volume",
+                        started.elapsed(),
+                        r.is_ok(),
+                    );
+                } else if mounted.csi.is_none() {
+                    crate::metrics::certvol::storage_operation(
+                        &plugin,
+                        "volume_unmount",
+                        started.elapsed(),
+                        r.is_ok(),
+                    );
+                }
                 if let (Ok(()), Some(p)) = (&r, &mounted.csi) {
                     // Unpublished, and unstaged if last: no longer in use
                     // by this pod (upstream reports until the device is
@@ -1176,9 +1206,13 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
                 // user can use it.
                 std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777))?;
                 match owner {
-                    Some((gid, on_mismatch)) => {
-                        super::ownership::set_volume_ownership(&d, gid, false, on_mismatch)
-                    }
+                    Some((gid, on_mismatch)) => super::ownership::set_volume_ownership(
+                        &d,
+                        gid,
+                        false,
+                        on_mismatch,
+                        "kubernetes.io/empty-dir",
+                    ),
                     None => Ok(()),
                 }
             },
@@ -1227,7 +1261,11 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             // waits for the node is finished before the pod uses it.
             if !had {
                 if let Err(e) =
-                    super::csi::expand::expand_in_use(&inner.csi, pod, &p, &claim, read_only).await
+                    // Part of volume_mount upstream (expandVolumeDuringMount).
+                    super::csi::expand::expand_in_use(
+                        &inner.csi, pod, &p, &claim, read_only, &mut None,
+                    )
+                    .await
                 {
                     let spec = pv.metadata.name.as_deref().unwrap_or_default();
                     return Err(Failed::Other {
@@ -1254,7 +1292,15 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             crate::blocking::try_run(
                 format!("local volume {}", path.display()),
                 FS_DEADLINE,
-                move || super::ownership::set_volume_ownership(&d, gid, false, on_mismatch),
+                move || {
+                    super::ownership::set_volume_ownership(
+                        &d,
+                        gid,
+                        false,
+                        on_mismatch,
+                        "kubernetes.io/local-volume",
+                    )
+                },
             )
             .await
             .map_err(|e| format!("setting the fsGroup: {e}"))?;
@@ -1296,6 +1342,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
     let size = inner.opts.memory_capacity;
     let refresh_at = built.refresh_at;
     let owner = fs_group(pod);
+    let full_plugin = format!("kubernetes.io/{plugin}");
     let changed = crate::blocking::try_run(
         format!("{plugin} volume {}", dir.display()),
         FS_DEADLINE,
@@ -1310,7 +1357,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             // SetVolumeOwnership after each write; these volumes are
             // read-only to containers).
             if let (true, Some((gid, _))) = (changed, owner) {
-                super::ownership::set_volume_ownership(&d, gid, true, false)
+                super::ownership::set_volume_ownership(&d, gid, true, false, &full_plugin)
                     .map_err(|e| format!("setting the fsGroup: {e}"))?;
             }
             Ok(changed)
