@@ -332,6 +332,16 @@ fn volume_families_count_a_static_pods_empty_dir() {
         ],
     );
     assert!(mounts.is_some_and(|n| n >= 1.0), "{mounts:?}");
+    // End to end, from the mount request (operation_generator.go).
+    let overall = value(
+        &s,
+        "volume_operation_total_seconds_count",
+        &[
+            ("plugin_name", "kubernetes.io/empty-dir"),
+            ("operation_name", "overall_volume_mount"),
+        ],
+    );
+    assert!(overall.is_some_and(|n| n >= 1.0), "{overall:?}");
     assert!(
         !s.samples
             .iter()

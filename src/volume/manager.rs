@@ -169,6 +169,10 @@ struct State {
     actual: HashMap<String, HashMap<String, Mounted>>,
     in_flight: HashSet<(String, String)>,
     failures: HashMap<(String, String), Failure>,
+    /// When each (pod, volume) was first asked to be set up (upstream's
+    /// podToMount.mountRequestTime; renewed at each set-up of a volume
+    /// whose plugin remounts), for `overall_volume_mount`.
+    mount_requested: HashMap<(String, String), Instant>,
 }
 
 struct Inner {
@@ -694,6 +698,17 @@ impl VolumeManager {
                     }
                 };
                 if due {
+                    // desired_state_of_world's AddPodToVolume keeps the
+                    // first request time unless the plugin RequiresRemount
+                    // (configMap, secret, downward API, projected).
+                    let remounts = v.config_map.is_some()
+                        || v.secret.is_some()
+                        || v.downward_api.is_some()
+                        || v.projected.is_some();
+                    let at = st.mount_requested.entry(key.clone()).or_insert(now);
+                    if remounts {
+                        *at = now;
+                    }
                     st.in_flight.insert(key);
                     ops.push(Op::Mount {
                         pod: d.pod.clone(),
@@ -740,6 +755,8 @@ impl VolumeManager {
             }
         }
         st.failures.retain(|(u, _), _| st.desired.contains_key(u));
+        st.mount_requested
+            .retain(|(u, _), _| st.desired.contains_key(u));
         let keep: HashSet<String> = st.desired.keys().chain(st.actual.keys()).cloned().collect();
         drop(guard);
         // Attachable volumes of pods gone before they were set up are no
@@ -815,6 +832,17 @@ impl VolumeManager {
                 let mut st = self.inner.state.lock();
                 let key = (uid.clone(), volume.name.clone());
                 st.in_flight.remove(&key);
+                // GenerateMountVolumeFunc's end-to-end time, from the
+                // mount request to a successful set-up (not for a map).
+                if let (Ok(m), Some(at)) = (&r, st.mount_requested.get(&key)) {
+                    if operation == "volume_mount" {
+                        crate::metrics::certvol::volume_operation_total(
+                            &mounted_plugin(m),
+                            "overall_volume_mount",
+                            at.elapsed(),
+                        );
+                    }
+                }
                 match r {
                     Ok(m) => {
                         st.failures.remove(&key);
@@ -1966,6 +1994,10 @@ mod tests {
             storage_operation_count("kubernetes.io/empty-dir", "volume_mount", "success"),
             storage_operation_count("kubernetes.io/empty-dir", "volume_unmount", "success"),
         );
+        let overall_before = crate::metrics::certvol::volume_operation_total_count(
+            "kubernetes.io/empty-dir",
+            "overall_volume_mount",
+        );
         vm.wait_for_attach_and_mount(&p).await.unwrap();
         let mut got = vm.volume_counts();
         got.sort();
@@ -1984,6 +2016,13 @@ mod tests {
                 > before.0
         );
         assert!(storage_operation_count("kubernetes.io/host-path", "volume_mount", "success") > 0);
+        // End to end, from the mount request.
+        assert!(
+            crate::metrics::certvol::volume_operation_total_count(
+                "kubernetes.io/empty-dir",
+                "overall_volume_mount"
+            ) > overall_before
+        );
         vm.unmount_pod("u-count", Duration::from_secs(5))
             .await
             .unwrap();
