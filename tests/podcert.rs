@@ -147,6 +147,15 @@ fn public_of(key_type: &str, pkcs8: &[u8]) -> Vec<u8> {
             .public_key()
             .as_ref()
             .to_vec(),
+        "ECDSAP384" => ring::signature::EcdsaKeyPair::from_pkcs8(
+            &ring::signature::ECDSA_P384_SHA384_ASN1_SIGNING,
+            pkcs8,
+            &ring::rand::SystemRandom::new(),
+        )
+        .unwrap()
+        .public_key()
+        .as_ref()
+        .to_vec(),
         _ => ring::signature::EcdsaKeyPair::from_pkcs8(
             &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
             pkcs8,
@@ -270,6 +279,50 @@ fn a_pod_waits_for_its_certificates_then_reads_key_and_chain_and_they_refresh() 
     assert_eq!(cat(&k, &id, "tls.crt"), chain_ec);
     assert_eq!(requests(&api, &name).len(), 3);
 
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the pod gone", T, || {
+        api.get("pods", Some("default"), &name)
+            .is_none()
+            .then_some(())
+    });
+    drop(k);
+}
+
+/// An ECDSAP384 source (upstream's generateKeyAndProof: a P-384 key, the
+/// proof ECDSA over SHA-256 of the pod UID): the request passes the API
+/// server double's proof check (the validation's `ecdsa.VerifyASN1` over
+/// that digest), and once issued the pod reads a PKCS#8 P-384 key whose
+/// public half is the request's. The old code refused the key type.
+#[test]
+fn an_ecdsa_p384_key_is_requested_with_its_proof_and_served() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    api.create(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": "default"}}));
+    let node = "it-pcert-p384";
+    let k = kubelet(node, &api);
+    let name = format!("pcert-{node}");
+    api.create(pod(
+        &name,
+        node,
+        json!([{"podCertificate": {"signerName": "example.com/s", "keyType": "ECDSAP384",
+            "keyPath": "tls.key", "certificateChainPath": "tls.crt"}}]),
+    ));
+    let req = wait_for("a PodCertificateRequest", T, || {
+        requests(&api, &name).into_iter().next()
+    });
+    let key_spki = spki(&req);
+    // secp384r1 SubjectPublicKeyInfo: 23 bytes of header, the point.
+    assert_eq!((key_spki.len(), key_spki[23]), (120, 4));
+    let chain = ca_certificate_pem("p384");
+    issue(&api, &req, &chain, unix_now() + 86400);
+    let p = wait_for("the pod Running", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
+    });
+    let id = container_id(&p);
+    assert_eq!(cat(&k, &id, "tls.crt"), chain);
+    let key = pem_der(&cat(&k, &id, "tls.key"), "PRIVATE KEY");
+    assert_eq!(public_of("ECDSAP384", &key), key_spki[23..]);
     api.delete("pods", Some("default"), &name, Some(0));
     wait_for("the pod gone", T, || {
         api.get("pods", Some("default"), &name)
