@@ -162,10 +162,15 @@ fn api_message(e: &kube::Error) -> String {
 /// `csi-<sha256(handle + driver + node)>`, whose `attachmentMetadata` is
 /// returned (upstream reads it again in MountDevice and SetUp through
 /// getPublishContext; one read serves both here).
+///
+/// `timed`: the check is upstream's VerifyControllerAttachedVolume
+/// operation (a volume not yet set up; a republish finds its volume
+/// attached in upstream's actual state and verifies nothing).
 pub async fn wait_for_attach(
     registry: &super::Registry,
     driver: &str,
     handle: &str,
+    timed: bool,
 ) -> Result<HashMap<String, String>, AttachError> {
     if !registry.controller_attach_detach() {
         return Err(AttachError::KubeletAttach);
@@ -176,7 +181,7 @@ pub async fn wait_for_attach(
     // GenerateVerifyControllerAttachedVolumeFunc: a volume not yet in the
     // cached Node's volumesAttached fails before the operation exists (a
     // precondition, not timed); the rest is the operation.
-    if !matches!(verified, Err(AttachError::NotInNodeStatus(_))) {
+    if timed && !matches!(verified, Err(AttachError::NotInNodeStatus(_))) {
         crate::metrics::certvol::storage_operation(
             &format!("{PLUGIN_NAME}:{driver}"),
             "verify_controller_attached_volume",
@@ -435,14 +440,14 @@ mod tests {
         };
         seen(0).await;
         assert_eq!(
-            wait_for_attach(&registry, driver, "h").await,
+            wait_for_attach(&registry, driver, "h", true).await,
             Err(AttachError::NotInNodeStatus(unique.clone()))
         );
         assert_eq!((count("success"), count("fail-unknown")), (0, 0));
         tx.send(Some(node(&[&unique], &[]))).unwrap();
         seen(1).await;
         assert_eq!(
-            wait_for_attach(&registry, driver, "h").await,
+            wait_for_attach(&registry, driver, "h", true).await,
             Err(AttachError::NotReportedInUse)
         );
         assert_eq!((count("success"), count("fail-unknown")), (0, 1));
@@ -514,13 +519,13 @@ mod tests {
         assert!(r.controller_attach_detach(), "on by default, as upstream");
         r.set_controller_attach_detach(false);
         assert_eq!(
-            wait_for_attach(&r, "d", "h").await,
+            wait_for_attach(&r, "d", "h", true).await,
             Err(AttachError::KubeletAttach)
         );
         // On, without a Node seen yet: waiting, no API call needed.
         r.set_controller_attach_detach(true);
         assert_eq!(
-            wait_for_attach(&r, "d", "h").await,
+            wait_for_attach(&r, "d", "h", true).await,
             Err(AttachError::NotReportedInUse)
         );
     }

@@ -487,7 +487,7 @@ pub async fn set_up_persistent(
         // attached here (upstream reports the desired state's attachable
         // volumes), so the controller never detaches it under a mount.
         registry.in_use().mark(uid, &unique);
-        attach::wait_for_attach(registry, &src.driver, &src.volume_handle)
+        attach::wait_for_attach(registry, &src.driver, &src.volume_handle, stage)
             .await
             .map_err(SetUpError::Attach)?
     } else {
