@@ -861,8 +861,8 @@ fn a_block_claim_on_a_local_pv_is_a_device_in_the_container_and_goes_with_the_po
             && !global.exists())
         .then_some(())
     });
-    wait_for("unmap_volume timed", T, || {
-        timed("unmap_volume").then_some(())
+    wait_for("unmap_volume and unmap_device timed", T, || {
+        (timed("unmap_volume") && timed("unmap_device")).then_some(())
     });
     drop(dev);
 }

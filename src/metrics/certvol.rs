@@ -21,7 +21,8 @@
 //! does under upstream's operation name (`operationexecutor/
 //! operation_generator.go`, `volume_linux.go`): `volume_mount` and
 //! `volume_unmount` (a CSI volume's unmount is its NodeUnpublish and
-//! directory), `map_volume` and `unmap_volume` for raw block volumes,
+//! directory), `map_volume`, `unmap_volume` and `unmap_device` (the last
+//! pod's unmapping removes the global map path) for raw block volumes,
 //! `unmount_device` (a CSI NodeUnstage and its global directory),
 //! `verify_controller_attached_volume` (an attachable CSI volume checked
 //! against the Node), `volume_fs_resize` (an in-use expansion the claim

@@ -943,8 +943,9 @@ impl VolumeManager {
                     },
                 };
                 // GenerateUnmapVolumeFunc's unmap_volume for a raw block
-                // volume; a CSI volume's tear-down times its unpublish
-                // (volume_unmount) and unstage (unmount_device) itself.
+                // volume (its unmap_device is timed in block.rs); a CSI
+                // volume's tear-down times its unpublish (volume_unmount)
+                // and unstage (unmount_device) itself.
                 if mounted.block.is_some() {
                     crate::metrics::certvol::storage_operation(
                         &plugin,
