@@ -2555,12 +2555,15 @@ fn csidrivers_are_defaulted_as_the_api_server_does() {
 // the status subresource is the signer's; pkg/apis/certificates/validation
 // ValidatePodCertificateRequestCreate verifies proofOfPossession against
 // pkixPublicKey over the pod UID's bytes (Ed25519: the bytes; ECDSA: their
-// SHA-256 digest), else 422 "could not verify proof-of-possession
-// signature".
+// SHA-256 digest, P-384 keys included: hashBytes is sha256.Sum256), else
+// 422 "could not verify proof-of-possession signature".
 #[test]
 fn pod_certificate_requests_clear_status_and_verify_the_proof_of_possession() {
     use base64::Engine;
-    use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
+    use ring::signature::{
+        EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING,
+        ECDSA_P384_SHA384_ASN1_SIGNING,
+    };
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     let rng = ring::rand::SystemRandom::new();
     let ed =
@@ -2621,6 +2624,69 @@ fn pod_certificate_requests_clear_status_and_verify_the_proof_of_possession() {
     let bad = p256.sign(&rng, b"other").unwrap();
     assert_eq!(
         c.post(PCRS, &pcr(&p_spki, bad.as_ref())).unwrap().status,
+        422
+    );
+    // ECDSA P-384: also over the SHA-256 digest (signed here with the
+    // p384 crate over that prehash); ring's SHA-384 signature of the same
+    // UID does not verify.
+    let p384_key = loop {
+        let mut d = [0u8; 48];
+        ring::rand::SecureRandom::fill(&rng, &mut d).unwrap();
+        if let Ok(k) = p384::ecdsa::SigningKey::from_slice(&d) {
+            break k;
+        }
+    };
+    let mut q_spki = vec![
+        0x30, 0x76, 0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05,
+        0x2b, 0x81, 0x04, 0x00, 0x22, 0x03, 0x62, 0x00,
+    ];
+    q_spki.extend_from_slice(p384_key.verifying_key().to_encoded_point(false).as_bytes());
+    let p384_proof = |msg: &[u8]| {
+        use p384::ecdsa::signature::hazmat::PrehashSigner;
+        let digest = ring::digest::digest(&ring::digest::SHA256, msg);
+        let sig: p384::ecdsa::Signature = p384_key.sign_prehash(digest.as_ref()).unwrap();
+        // ASN.1 SEQUENCE of two minimal INTEGERs (at most 98 bytes: a
+        // short length).
+        let (r, s) = sig.split_bytes();
+        let mut body = Vec::new();
+        for v in [&r[..], &s[..]] {
+            let v = &v[v.iter().position(|b| *b != 0).unwrap_or(47)..];
+            let pad = usize::from(v[0] >= 0x80);
+            body.extend_from_slice(&[0x02, (v.len() + pad) as u8]);
+            body.extend(std::iter::repeat_n(0u8, pad));
+            body.extend_from_slice(v);
+        }
+        let mut der = vec![0x30, body.len() as u8];
+        der.extend(body);
+        der
+    };
+    assert_eq!(
+        c.post(PCRS, &pcr(&q_spki, &p384_proof(uid.as_bytes())))
+            .unwrap()
+            .status,
+        201
+    );
+    assert_eq!(
+        c.post(PCRS, &pcr(&q_spki, &p384_proof(b"other")))
+            .unwrap()
+            .status,
+        422
+    );
+    let sha384 = EcdsaKeyPair::from_pkcs8(
+        &ECDSA_P384_SHA384_ASN1_SIGNING,
+        EcdsaKeyPair::generate_pkcs8(&ECDSA_P384_SHA384_ASN1_SIGNING, &rng)
+            .unwrap()
+            .as_ref(),
+        &rng,
+    )
+    .unwrap();
+    let mut r_spki = q_spki[..23].to_vec();
+    r_spki.extend_from_slice(sha384.public_key().as_ref());
+    let wrong_hash = sha384.sign(&rng, uid.as_bytes()).unwrap();
+    assert_eq!(
+        c.post(PCRS, &pcr(&r_spki, wrong_hash.as_ref()))
+            .unwrap()
+            .status,
         422
     );
     // The signer writes status through /status; a write to the main

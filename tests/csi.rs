@@ -422,6 +422,20 @@ fn failed_mounts(api: &ApiServer, pod: &str) -> Vec<String> {
 
 /// Claim `claim` (namespace default, 1Gi, ReadWriteOnce) bound to the CSI
 /// PV `pv` of handle `handle`, as the PV controller leaves them.
+/// Successful `op` samples of the fake driver's volumes in
+/// `storage_operation_duration_seconds` (0 when none).
+fn ops_timed(k: &Kubelet, op: &str) -> u64 {
+    let want = format!(
+        "storage_operation_duration_seconds_count{{migrated=\"false\",operation_name=\"{op}\",status=\"success\",volume_plugin=\"kubernetes.io/csi:{DRIVER}\"}} "
+    );
+    http_get(&k.read_only, "/metrics")
+        .and_then(|(_, body)| {
+            body.lines()
+                .find_map(|l| l.strip_prefix(want.as_str())?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 fn bound_csi_claim(api: &ApiServer, pv: &str, handle: &str) {
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "claim", "namespace": "default"},
@@ -722,6 +736,10 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
         (!path_exists(global.parent().unwrap())).then_some(())
     });
     assert!(!path_exists(target.parent().unwrap()));
+    // Timed apart as upstream's two operations (operation_generator.go).
+    wait_for("volume_unmount and unmount_device timed", T, || {
+        (ops_timed(&k, "volume_unmount") == 1 && ops_timed(&k, "unmount_device") == 1).then_some(())
+    });
 
     // The registrar goes: the driver is deregistered and leaves the
     // CSINode and the Node's annotation (its topology labels stay).
@@ -1177,6 +1195,8 @@ fn a_volume_that_needs_attaching_waits_for_the_controller_and_gets_its_metadata_
         n["metadata"]["annotations"]["volumes.kubernetes.io/controller-managed-attach-detach"],
         "true"
     );
+    // Checked against the Node as upstream's VerifyControllerAttachedVolume.
+    assert!(ops_timed(&k, "verify_controller_attached_volume") >= 1);
 
     // Deleted: unpublished and unstaged, then no longer in use.
     api.delete("pods", Some("default"), &name, Some(0));
@@ -1431,6 +1451,8 @@ fn a_grown_volume_is_expanded_online_and_its_claim_gets_the_new_capacity() {
     );
     // Expanded once: the claim's status now matches the PV.
     assert_eq!(driver.calls.lock().expanded.len(), 1);
+    // An in-use expansion: upstream's volume_fs_resize, once.
+    assert_eq!(ops_timed(&k, "volume_fs_resize"), 1);
     api.delete("pods", Some("default"), &name, Some(0));
     wait_for("NodeUnstageVolume", T, || {
         (!driver.calls.lock().unstaged.is_empty()).then_some(())

@@ -154,6 +154,11 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
         "kubelet_pod_in_progress_resizes",
         "kubelet_started_user_namespaced_pods_total",
         "kubelet_started_user_namespaced_pods_errors_total",
+        // CPU manager policy none: nothing pinned; nothing reconstructed.
+        "kubelet_cpu_manager_shared_pool_size_millicores",
+        "kubelet_cpu_manager_exclusive_cpu_allocation_count",
+        "reconstruct_volume_operations_total",
+        "force_cleaned_failed_volume_operations_total",
     ] {
         assert!(value(&s, name, &[]).is_some(), "no {name}");
     }
@@ -327,6 +332,16 @@ fn volume_families_count_a_static_pods_empty_dir() {
         ],
     );
     assert!(mounts.is_some_and(|n| n >= 1.0), "{mounts:?}");
+    // End to end, from the mount request (operation_generator.go).
+    let overall = value(
+        &s,
+        "volume_operation_total_seconds_count",
+        &[
+            ("plugin_name", "kubernetes.io/empty-dir"),
+            ("operation_name", "overall_volume_mount"),
+        ],
+    );
+    assert!(overall.is_some_and(|n| n >= 1.0), "{overall:?}");
     assert!(
         !s.samples
             .iter()

@@ -147,6 +147,15 @@ fn public_of(key_type: &str, pkcs8: &[u8]) -> Vec<u8> {
             .public_key()
             .as_ref()
             .to_vec(),
+        "ECDSAP384" => ring::signature::EcdsaKeyPair::from_pkcs8(
+            &ring::signature::ECDSA_P384_SHA384_ASN1_SIGNING,
+            pkcs8,
+            &ring::rand::SystemRandom::new(),
+        )
+        .unwrap()
+        .public_key()
+        .as_ref()
+        .to_vec(),
         _ => ring::signature::EcdsaKeyPair::from_pkcs8(
             &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
             pkcs8,
@@ -157,6 +166,32 @@ fn public_of(key_type: &str, pkcs8: &[u8]) -> Vec<u8> {
         .as_ref()
         .to_vec(),
     }
+}
+
+/// An API server with the default service account, a kubelet on `node`
+/// and a pod there with the one projected `source`, once its first
+/// PodCertificateRequest exists: (api, kubelet, pod name, request).
+fn one_source_pod(node: &str, source: Value) -> (ApiServer, Kubelet, String, Value) {
+    let api = ApiServer::start(ApiServerOptions::default());
+    api.create(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": "default"}}));
+    let k = kubelet(node, &api);
+    let name = format!("pcert-{node}");
+    api.create(pod(&name, node, json!([source])));
+    let req = wait_for("a PodCertificateRequest", T, || {
+        requests(&api, &name).into_iter().next()
+    });
+    (api, k, name, req)
+}
+
+/// Deletes pod `name` at once and waits until the API has it no more.
+fn delete_pod(api: &ApiServer, name: &str) {
+    api.delete("pods", Some("default"), name, Some(0));
+    wait_for("the pod gone", T, || {
+        api.get("pods", Some("default"), name)
+            .is_none()
+            .then_some(())
+    });
 }
 
 /// A pod whose projected volume has a credential bundle (ED25519) and a
@@ -270,12 +305,36 @@ fn a_pod_waits_for_its_certificates_then_reads_key_and_chain_and_they_refresh() 
     assert_eq!(cat(&k, &id, "tls.crt"), chain_ec);
     assert_eq!(requests(&api, &name).len(), 3);
 
-    api.delete("pods", Some("default"), &name, Some(0));
-    wait_for("the pod gone", T, || {
+    delete_pod(&api, &name);
+    drop(k);
+}
+
+/// An ECDSAP384 source (upstream's generateKeyAndProof: a P-384 key, the
+/// proof ECDSA over SHA-256 of the pod UID): the request passes the API
+/// server double's proof check (the validation's `ecdsa.VerifyASN1` over
+/// that digest), and once issued the pod reads a PKCS#8 P-384 key whose
+/// public half is the request's. The old code refused the key type.
+#[test]
+fn an_ecdsa_p384_key_is_requested_with_its_proof_and_served() {
+    let (api, k, name, req) = one_source_pod(
+        "it-pcert-p384",
+        json!({"podCertificate": {"signerName": "example.com/s", "keyType": "ECDSAP384",
+            "keyPath": "tls.key", "certificateChainPath": "tls.crt"}}),
+    );
+    let key_spki = spki(&req);
+    // secp384r1 SubjectPublicKeyInfo: 23 bytes of header, the point.
+    assert_eq!((key_spki.len(), key_spki[23]), (120, 4));
+    let chain = ca_certificate_pem("p384");
+    issue(&api, &req, &chain, unix_now() + 86400);
+    let p = wait_for("the pod Running", T, || {
         api.get("pods", Some("default"), &name)
-            .is_none()
-            .then_some(())
+            .filter(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
     });
+    let id = container_id(&p);
+    assert_eq!(cat(&k, &id, "tls.crt"), chain);
+    let key = pem_der(&cat(&k, &id, "tls.key"), "PRIVATE KEY");
+    assert_eq!(public_of("ECDSAP384", &key), key_spki[23..]);
+    delete_pod(&api, &name);
     drop(k);
 }
 
@@ -284,21 +343,11 @@ fn a_pod_waits_for_its_certificates_then_reads_key_and_chain_and_they_refresh() 
 /// request is made.
 #[test]
 fn a_denied_request_leaves_the_pod_waiting_with_the_reason() {
-    let api = ApiServer::start(ApiServerOptions::default());
-    api.create(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "default", "namespace": "default"}}));
-    let node = "it-pcert-deny";
-    let k = kubelet(node, &api);
-    let name = format!("pcert-{node}");
-    api.create(pod(
-        &name,
-        node,
-        json!([{"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519",
-            "credentialBundlePath": "bundle.pem"}}]),
-    ));
-    let req = wait_for("a PodCertificateRequest", T, || {
-        requests(&api, &name).into_iter().next()
-    });
+    let (api, k, name, req) = one_source_pod(
+        "it-pcert-deny",
+        json!({"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519",
+            "credentialBundlePath": "bundle.pem"}}),
+    );
     deny(&api, &req);
     let want = "MountVolume.SetUp failed for volume \"cert\" : PodCertificateRequest was permanently denied: reason=\"NotAllowed\" message=\"this signer does not serve that pod\"";
     wait_for("a FailedMount event with the denial", T, || {
@@ -315,12 +364,7 @@ fn a_denied_request_leaves_the_pod_waiting_with_the_reason() {
         1,
         "no new request after a denial"
     );
-    api.delete("pods", Some("default"), &name, Some(0));
-    wait_for("the pod gone", T, || {
-        api.get("pods", Some("default"), &name)
-            .is_none()
-            .then_some(())
-    });
+    delete_pod(&api, &name);
     drop(k);
 }
 
@@ -356,12 +400,7 @@ fn without_the_feature_gate_no_request_is_made_and_the_volume_fails() {
     assert_eq!(api.count_requests("POST", "podcertificaterequests"), 0);
     let p = api.get("pods", Some("default"), &name).unwrap();
     assert_ne!(p["status"]["phase"], "Running");
-    api.delete("pods", Some("default"), &name, Some(0));
-    wait_for("the pod gone", T, || {
-        api.get("pods", Some("default"), &name)
-            .is_none()
-            .then_some(())
-    });
+    delete_pod(&api, &name);
     drop(k);
 }
 
@@ -453,11 +492,6 @@ fn issuance_wakes_the_volume_before_its_backoff_retry() {
         "the pod started only at the volume's backoff retry: the watch did not wake it"
     );
     assert!(cat(&k, &container_id(&p), "bundle.pem").ends_with(&chain));
-    api.delete("pods", Some("default"), &name, Some(0));
-    wait_for("the pod gone", T, || {
-        api.get("pods", Some("default"), &name)
-            .is_none()
-            .then_some(())
-    });
+    delete_pod(&api, &name);
     drop(k);
 }

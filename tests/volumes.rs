@@ -830,6 +830,17 @@ fn a_block_claim_on_a_local_pv_is_a_device_in_the_container_and_goes_with_the_po
         vec![global.join(&uid).display().to_string()],
         "one bind of the device for the pod"
     );
+    // Timed under upstream's operation names for a raw block volume
+    // (GenerateMapVolumeFunc / GenerateUnmapVolumeFunc), not as mounts.
+    let timed = |op: &str| {
+        let want = format!(
+            "storage_operation_duration_seconds_count{{migrated=\"false\",operation_name=\"{op}\",status=\"success\",volume_plugin=\"kubernetes.io/local-volume\"}} "
+        );
+        http_get(&k.read_only, "/metrics")
+            .is_some_and(|(_, body)| body.lines().any(|l| l.starts_with(&want)))
+    };
+    assert!(timed("map_volume"), "map_volume timed");
+    assert!(!timed("volume_mount"), "a mapped device is no mount");
     wait_for("the container's write in the backing file", T, || {
         // The loop device writes through to its file.
         let got = std::fs::read(&backing).unwrap();
@@ -849,6 +860,9 @@ fn a_block_claim_on_a_local_pv_is_a_device_in_the_container_and_goes_with_the_po
             && std::fs::symlink_metadata(&link).is_err()
             && !global.exists())
         .then_some(())
+    });
+    wait_for("unmap_volume and unmap_device timed", T, || {
+        (timed("unmap_volume") && timed("unmap_device")).then_some(())
     });
     drop(dev);
 }

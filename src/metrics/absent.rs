@@ -1,10 +1,22 @@
 //! Families upstream's `metrics.Register` (`pkg/kubelet/metrics/metrics.go`)
 //! registers for parts rkubelet does not have: the eviction manager's stats
 //! age, critical-pod preemption, device plugins, the pod-resources gRPC
-//! endpoint, Windows host-process containers. Upstream registers them
-//! whatever runs; all are labelled vectors, so nothing is counted and no
-//! series appears (rkubelet shows their HELP/TYPE lines, see the module
-//! documentation of `metrics`).
+//! endpoint, Windows host-process containers, the image garbage collector
+//! (`kubelet_image_garbage_collected_total{reason}`, counted upstream by
+//! `images/image_gc_manager.go` freeImage with reason "age" or "space";
+//! rkubelet removes no image) and dynamic resource allocation's two
+//! histograms (DRA is on by default in 1.34; rkubelet prepares no
+//! ResourceClaim). Upstream registers them whatever runs; all are labelled
+//! vectors, so nothing is counted and no series appears (rkubelet shows
+//! their HELP/TYPE lines, see the module documentation of `metrics`).
+//!
+//! Left out altogether: DRA's `dra_resource_claims_in_use` is a custom
+//! collector that upstream's DRA manager feeds with one all-drivers series
+//! (`claimsInUse`, value 0 with no claim) under a label value this
+//! session could not read; the image volume counters
+//! (`kubelet_image_volume_*_total`) belong to the ImageVolume feature,
+//! which rkubelet does not implement and which is off by default in 1.34
+//! (their registration could not be read here either).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -25,6 +37,25 @@ pub struct ResourceName {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServerApiVersion {
     pub server_api_version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+/// Label names sorted, as client_golang exposes them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DraOperationLabels {
+    pub is_error: String,
+    pub operation_name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DraGrpcLabels {
+    pub driver_name: String,
+    pub grpc_status_code: String,
+    pub method_name: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -74,6 +105,10 @@ pub struct AbsentMetrics {
     pub pod_resources: [Family<ServerApiVersion, Counter>; 7],
     pub started_host_process_containers: Family<ContainerType, Counter>,
     pub started_host_process_containers_errors: Family<ContainerTypeCode, Counter>,
+    pub image_garbage_collected: Family<ReasonLabel, Counter>,
+    /// Their buckets were not read; no series is ever observed here.
+    pub dra_operations_duration: HistFamily<DraOperationLabels>,
+    pub dra_grpc_operations_duration: HistFamily<DraGrpcLabels>,
 }
 
 impl AbsentMetrics {
@@ -86,6 +121,9 @@ impl AbsentMetrics {
             pod_resources: Default::default(),
             started_host_process_containers: Family::default(),
             started_host_process_containers_errors: Family::default(),
+            image_garbage_collected: Family::default(),
+            dra_operations_duration: Family::new_with_constructor(def_histogram),
+            dra_grpc_operations_duration: Family::new_with_constructor(def_histogram),
         }
     }
 
@@ -131,6 +169,24 @@ impl AbsentMetrics {
             "kubelet_started_host_process_containers_errors",
             alpha!("Cumulative number of errors when starting hostprocess containers. This metric will only be collected on Windows."),
             self.started_host_process_containers_errors.clone(),
+        );
+        add(
+            &mut v,
+            "kubelet_image_garbage_collected",
+            alpha!("Total number of images garbage collected by the kubelet, whether through disk usage or image age."),
+            self.image_garbage_collected.clone(),
+        );
+        add(
+            &mut v,
+            "dra_operations_duration_seconds",
+            alpha!("Latency histogram in seconds for the duration of handling all ResourceClaims referenced by a pod when the pod starts or stops. Identified by the name of the operation (PrepareResources or UnprepareResources) and separated by the success of the operation. The number of failed operations is provided through the histogram's overall count."),
+            self.dra_operations_duration.clone(),
+        );
+        add(
+            &mut v,
+            "dra_grpc_operations_duration_seconds",
+            alpha!("Duration in seconds of the DRA gRPC operations"),
+            self.dra_grpc_operations_duration.clone(),
         );
         v
     }

@@ -17,12 +17,28 @@
 //! desired_state_of_world.go`): `volume_manager_total_volumes{plugin_name,
 //! state}` counted at scrape from the volume manager's desired and actual
 //! states (no series for a zero count, as upstream's collector),
-//! `storage_operation_duration_seconds` around each set-up and tear-down,
+//! `storage_operation_duration_seconds` around each operation rkubelet
+//! does under upstream's operation name (`operationexecutor/
+//! operation_generator.go`, `volume_linux.go`): `volume_mount` and
+//! `volume_unmount` (a CSI volume's unmount is its NodeUnpublish and
+//! directory), `map_volume`, `unmap_volume` and `unmap_device` (the last
+//! pod's unmapping removes the global map path) for raw block volumes,
+//! `unmount_device` (a CSI NodeUnstage and its global directory),
+//! `verify_controller_attached_volume` (an attachable CSI volume checked
+//! against the Node), `volume_fs_resize` (an in-use expansion the claim
+//! asked for) and `volume_fsgroup_recursive_apply` (each fsGroup walk),
 //! `csi_operations_seconds` around each call to a CSI driver's node
-//! service, and, registered with no series as rkubelet never feeds them,
-//! `volume_operation_total_seconds` (the controllers' end-to-end latency;
-//! upstream's kubelet registers it but does not observe it) and the SELinux
-//! mount gauges (rkubelet mounts nothing with an SELinux context).
+//! service, `volume_operation_total_seconds{operation_name=
+//! "overall_volume_mount"}` from a volume's mount request to its
+//! successful set-up (operation_generator.go; the request time renewed at
+//! each set-up of a remounting plugin's volume, as desired_state_of_world
+//! does), and, registered with no series as rkubelet never feeds them, the
+//! SELinux mount gauges (rkubelet mounts nothing with an SELinux context). The volume manager's
+//! reconstruction counters (`reconstruct_volume_operations_total`,
+//! `..._errors_total`, `force_cleaned_failed_volume_operations_total`,
+//! `..._errors_total`) are plain counters, so shown, at 0: rkubelet
+//! rebuilds its state from the pod specs at start and reconstructs no
+//! volume from the mounts it finds.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::LazyLock;
@@ -144,6 +160,10 @@ pub struct CertVolMetrics {
     /// volume_context_mismatch_errors, volume_context_mismatch_warnings,
     /// volumes_admitted.
     pub selinux_by_plugin: [Family<AccessModePluginLabels, Gauge>; 3],
+    /// reconstruct_volume_operations, reconstruct_volume_operations_errors,
+    /// force_cleaned_failed_volume_operations,
+    /// force_cleaned_failed_volume_operation_errors.
+    pub reconstruction: [Counter; 4],
 }
 
 pub static CERTVOL: LazyLock<CertVolMetrics> = LazyLock::new(|| CertVolMetrics {
@@ -155,6 +175,7 @@ pub static CERTVOL: LazyLock<CertVolMetrics> = LazyLock::new(|| CertVolMetrics {
     csi_operations: Family::new_with_constructor(storage_histogram),
     selinux_by_mode: Default::default(),
     selinux_by_plugin: Default::default(),
+    reconstruction: Default::default(),
 });
 
 const CLIENT_TTL_HELP: &str = alpha!("Gauge of the TTL (time-to-live) of the Kubelet's client certificate. The value is in seconds until certificate expiry (negative if already expired). If client certificate is invalid or unused, the value will be +INF.");
@@ -299,6 +320,18 @@ pub fn storage_operation(plugin: &str, operation: &'static str, took: Duration, 
             operation_name: operation,
             status: if ok { STATUS_SUCCESS } else { STATUS_FAIL },
             volume_plugin: plugin.to_string(),
+        })
+        .observe(took.as_secs_f64());
+}
+
+/// An operation's end-to-end time (upstream's RecordOperationLatencyMetric
+/// into `volume_operation_total_seconds{plugin_name,operation_name}`).
+pub fn volume_operation_total(plugin: &str, operation: &str, took: Duration) {
+    CERTVOL
+        .volume_operation_total_seconds
+        .get_or_create(&PluginOperationLabels {
+            operation_name: operation.to_string(),
+            plugin_name: plugin.to_string(),
         })
         .observe(took.as_secs_f64());
 }
@@ -476,6 +509,32 @@ pub(super) fn described() -> Vec<Described> {
     ] {
         add(&mut v, name, help, f.clone());
     }
+    // volumemanager/metrics (help as the 1.34 metrics reference lists it).
+    let [rec, rec_err, forced, forced_err] = &c.reconstruction;
+    for (name, help, f) in [
+        (
+            "reconstruct_volume_operations",
+            alpha!("The number of volumes that were attempted to be reconstructed from the operating system during kubelet startup. This includes both successful and failed reconstruction."),
+            rec,
+        ),
+        (
+            "reconstruct_volume_operations_errors",
+            alpha!("The number of volumes that failed reconstruction from the operating system during kubelet startup."),
+            rec_err,
+        ),
+        (
+            "force_cleaned_failed_volume_operations",
+            alpha!("The number of volumes that were force cleaned after their reconstruction failed during kubelet startup. This includes both successful and failed cleanups."),
+            forced,
+        ),
+        (
+            "force_cleaned_failed_volume_operation_errors",
+            alpha!("The number of volumes that failed force cleanup after their reconstruction failed during kubelet startup."),
+            forced_err,
+        ),
+    ] {
+        add(&mut v, name, help, f.clone());
+    }
     v
 }
 
@@ -489,6 +548,19 @@ pub fn storage_operation_count(plugin: &str, operation: &str, status: &str) -> u
     let want = format!(
         "s_count{{migrated=\"false\",operation_name=\"{operation}\",status=\"{status}\",volume_plugin=\"{plugin}\"}} "
     );
+    text.lines()
+        .find_map(|l| l.strip_prefix(&want)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// How many `operation` end-to-end times `plugin` has (tests).
+#[cfg(test)]
+pub fn volume_operation_total_count(plugin: &str, operation: &str) -> u64 {
+    let mut r = prometheus_client::registry::Registry::default();
+    r.register("t", "", CERTVOL.volume_operation_total_seconds.clone());
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &r).unwrap_or_default();
+    let want = format!("t_count{{operation_name=\"{operation}\",plugin_name=\"{plugin}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&want)?.parse().ok())
         .unwrap_or(0)

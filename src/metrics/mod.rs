@@ -61,6 +61,7 @@ macro_rules! alpha {
 
 mod absent;
 pub mod certvol;
+pub mod cm;
 pub mod v134;
 
 /// The Prometheus text format upstream's endpoints answer with.
@@ -82,6 +83,8 @@ const COUNTERS_WITHOUT_TOTAL: &[&str] = &[
     "kubelet_pod_resources_endpoint_errors_get",
     "kubelet_certificate_manager_client_expiration_renew_errors",
     "kubelet_server_expiration_renew_errors",
+    "kubelet_container_aligned_compute_resources_count",
+    "kubelet_container_aligned_compute_resources_failure_count",
 ];
 
 /// Rewrites prometheus-client's OpenMetrics text as the Prometheus text
@@ -257,6 +260,11 @@ pub struct HttpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MetricSource {
+    pub metric_source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RestClientLabels {
     pub code: String,
     pub host: String,
@@ -310,6 +318,8 @@ pub struct KubeletMetrics {
     pub http_requests: Family<HttpLabels, Counter>,
     pub http_requests_duration: HistFamily<HttpLabels>,
     pub http_inflight_requests: Family<HttpLabels, Gauge>,
+    /// By metric_source: "du", "statfs", or a CSI driver's name.
+    pub volume_metric_collection_duration: HistFamily<MetricSource>,
     pub rest_client_requests: Family<RestClientLabels, Counter>,
     pub build_info: Family<BuildInfo, Gauge>,
     /// kubelet_volume_stats_{capacity_bytes, available_bytes, used_bytes,
@@ -327,6 +337,8 @@ pub struct KubeletMetrics {
     pub v134: v134::V134Metrics,
     /// Families registered for parts rkubelet lacks (issue 8).
     pub absent: absent::AbsentMetrics,
+    /// The CPU manager's gauges and the alignment counters (issue 8).
+    pub cm: cm::CmMetrics,
 }
 
 /// Families upstream's `metrics.Register` registers that count behaviour
@@ -581,8 +593,9 @@ impl RareMetrics {
             add(&mut v, name, help, g.clone());
         }
         // Registered while GracefulNodeShutdown and
-        // GracefulNodeShutdownBasedOnPodPriority are on (both default on);
-        // upstream's end-time help repeats the start-time text.
+        // GracefulNodeShutdownBasedOnPodPriority are on (both default on).
+        // 1.31's end-time help repeated the start-time text; 1.34's says
+        // "end" (the generated 1.34 metrics reference).
         add(
             &mut v,
             "kubelet_graceful_shutdown_start_time_seconds",
@@ -592,7 +605,7 @@ impl RareMetrics {
         add(
             &mut v,
             "kubelet_graceful_shutdown_end_time_seconds",
-            alpha!("Last graceful shutdown start time since unix epoch in seconds"),
+            alpha!("Last graceful shutdown end time since unix epoch in seconds"),
             self.graceful_shutdown_end.clone(),
         );
         add(
@@ -648,6 +661,7 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     http_requests: Family::default(),
     http_requests_duration: Family::new_with_constructor(def_histogram),
     http_inflight_requests: Family::default(),
+    volume_metric_collection_duration: Family::new_with_constructor(def_histogram),
     rest_client_requests: Family::default(),
     build_info: Family::default(),
     volume_stats: Default::default(),
@@ -656,6 +670,7 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     rare: RareMetrics::new(),
     v134: v134::V134Metrics::new(),
     absent: absent::AbsentMetrics::new(),
+    cm: cm::CmMetrics::new(),
 });
 
 /// `kubelet_container_log_filesystem_used_bytes` series of the scrape in
@@ -877,25 +892,31 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         alpha!("Cumulative number of errors when starting containers"),
         m.started_containers_errors.clone(),
     );
-    // pkg/kubelet/server/metrics: registered without a stability level,
-    // hence no "[ALPHA]" prefix.
+    // pkg/kubelet/server/metrics: ALPHA since they carry a stability
+    // level (as in the 1.34 tree), with the volume stats timing.
     add(
         &mut v,
         "kubelet_http_requests",
-        "Number of the http requests received since the server started",
+        alpha!("Number of the http requests received since the server started"),
         m.http_requests.clone(),
     );
     add(
         &mut v,
         "kubelet_http_requests_duration_seconds",
-        "Duration in seconds to serve http requests",
+        alpha!("Duration in seconds to serve http requests"),
         m.http_requests_duration.clone(),
     );
     add(
         &mut v,
         "kubelet_http_inflight_requests",
-        "Number of the inflight http requests",
+        alpha!("Number of the inflight http requests"),
         m.http_inflight_requests.clone(),
+    );
+    add(
+        &mut v,
+        "kubelet_volume_metric_collection_duration_seconds",
+        alpha!("Duration in seconds to calculate volume stats"),
+        m.volume_metric_collection_duration.clone(),
     );
     add(
         &mut v,
@@ -963,6 +984,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     v.extend(m.rare.described());
     v.extend(m.v134.described());
     v.extend(m.absent.described());
+    v.extend(m.cm.described());
     v.extend(certvol::described());
     let mut r = Registry::default();
     r.register_collector(Box::new(Exact(v)));
@@ -1688,6 +1710,32 @@ pub fn cri_losing_support(version: &'static str) {
         .cri_losing_support
         .get_or_create(&v134::VersionLabel { version })
         .set(1);
+}
+
+/// One volume measured for the stats (upstream's
+/// CollectVolumeStatCalDuration, deferred in each metrics provider's
+/// GetMetrics: "du" for a walked directory, "statfs" for a file system's
+/// figures, the driver's name for a CSI volume), whatever the outcome.
+pub fn volume_stats_measured(source: &str, took: Duration) {
+    METRICS
+        .volume_metric_collection_duration
+        .get_or_create(&MetricSource {
+            metric_source: source.to_string(),
+        })
+        .observe(took.as_secs_f64());
+}
+
+/// How many `source` measurements were timed (tests).
+#[cfg(test)]
+pub fn volume_stats_measured_count(source: &str) -> u64 {
+    let mut r = Registry::default();
+    r.register("v", "", METRICS.volume_metric_collection_duration.clone());
+    let mut text = String::new();
+    encode(&mut text, &r).unwrap_or_default();
+    let want = format!("v_count{{metric_source=\"{source}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&want)?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// One API request from the kube-rs client.

@@ -133,6 +133,11 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         &["long_running", "method", "path", "server_type"],
     ),
     (
+        "kubelet_volume_metric_collection_duration_seconds",
+        "histogram",
+        &["metric_source"],
+    ),
+    (
         "rest_client_requests",
         "counter",
         &["code", "host", "method"],
@@ -376,6 +381,46 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["code", "container_type"],
     ),
+    // The image garbage collector and DRA (images/image_gc_manager.go,
+    // metrics.go): rkubelet has neither.
+    ("kubelet_image_garbage_collected", "counter", &["reason"]),
+    (
+        "dra_operations_duration_seconds",
+        "histogram",
+        &["is_error", "operation_name"],
+    ),
+    (
+        "dra_grpc_operations_duration_seconds",
+        "histogram",
+        &["driver_name", "grpc_status_code", "method_name"],
+    ),
+    // The CPU manager's gauges and the alignment counters (set upstream by
+    // the static policy only).
+    (
+        "kubelet_cpu_manager_shared_pool_size_millicores",
+        "gauge",
+        &[],
+    ),
+    (
+        "kubelet_cpu_manager_exclusive_cpu_allocation_count",
+        "gauge",
+        &[],
+    ),
+    (
+        "kubelet_cpu_manager_allocation_per_numa",
+        "gauge",
+        &["numa_node"],
+    ),
+    (
+        "kubelet_container_aligned_compute_resources_count",
+        "counter",
+        &["boundary", "scope"],
+    ),
+    (
+        "kubelet_container_aligned_compute_resources_failure_count",
+        "counter",
+        &["boundary", "scope"],
+    ),
     // The certificate managers (kubelet.go, cmd/kubelet/app/server.go;
     // registered by the test) and the volume manager
     // (volumemanager/metrics, pkg/volume/util/metrics.go,
@@ -456,6 +501,15 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "gauge",
         &["access_mode", "volume_plugin"],
     ),
+    // volumemanager/metrics: the reconstruction counters.
+    ("reconstruct_volume_operations", "counter", &[]),
+    ("reconstruct_volume_operations_errors", "counter", &[]),
+    ("force_cleaned_failed_volume_operations", "counter", &[]),
+    (
+        "force_cleaned_failed_volume_operation_errors",
+        "counter",
+        &[],
+    ),
     ("process_open_fds", "gauge", &[]),
     ("process_resident_memory_bytes", "gauge", &[]),
     ("process_start_time_seconds", "gauge", &[]),
@@ -479,6 +533,7 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
         })
         .observe(0.01);
     image_pulled(5 << 20, Duration::from_secs(3));
+    volume_stats_measured("du", Duration::from_millis(2));
     run_podsandbox("", Duration::from_millis(40), false);
     set_pod_counts([(false, true), (true, true)]);
     set_working_pods([("sync", false, true, false)]);
@@ -547,6 +602,38 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
             container_type: "container",
             code: "Unknown".into(),
         })
+        .inc();
+    a.image_garbage_collected
+        .get_or_create(&absent::ReasonLabel {
+            reason: "space".into(),
+        })
+        .inc();
+    a.dra_operations_duration
+        .get_or_create(&absent::DraOperationLabels {
+            is_error: "false".into(),
+            operation_name: "PrepareResources".into(),
+        })
+        .observe(0.1);
+    a.dra_grpc_operations_duration
+        .get_or_create(&absent::DraGrpcLabels {
+            driver_name: "gpu.example.com".into(),
+            grpc_status_code: "OK".into(),
+            method_name: "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources".into(),
+        })
+        .observe(0.1);
+    let cmm = &METRICS.cm;
+    cmm.allocation_per_numa
+        .get_or_create(&cm::NumaNode {
+            numa_node: "0".into(),
+        })
+        .set(0);
+    let aligned = cm::AlignmentLabels {
+        boundary: "physical_cpu",
+        scope: "container",
+    };
+    cmm.aligned_compute_resources.get_or_create(&aligned).inc();
+    cmm.aligned_compute_resources_failure
+        .get_or_create(&aligned)
         .inc();
     let _ = METRICS.evictions.get_or_create(&EvictionSignal {
         eviction_signal: "memory.available".into(),
@@ -1134,6 +1221,37 @@ async fn rarer_families_count_what_rkubelet_does_and_show_zero_otherwise() {
     assert!(text.contains(
         "# HELP kubelet_memory_manager_pinning_errors_total [ALPHA] The number of memory pages allocations which required pinning that failed.\n"
     ));
+    token.cancel();
+}
+
+/// The families metrics.go (1.34), the CPU manager, the image GC, DRA and
+/// the volume manager register that rkubelet lacked: the plain ones show
+/// the value upstream has with rkubelet's configuration (CPU manager policy
+/// none: nothing pinned, shared pool 0 as the static policy alone sets it;
+/// nothing reconstructed), `_count` counters keep their names, and the
+/// graceful-shutdown end gauge has 1.34's help.
+#[tokio::test]
+async fn families_upstream_registers_show_its_values_for_rkubelets_configuration() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let text = render(&state);
+    for line in [
+        "\nkubelet_cpu_manager_shared_pool_size_millicores 0\n",
+        "\nkubelet_cpu_manager_exclusive_cpu_allocation_count 0\n",
+        "\nreconstruct_volume_operations_total 0\n",
+        "\nreconstruct_volume_operations_errors_total 0\n",
+        "\nforce_cleaned_failed_volume_operations_total 0\n",
+        "\nforce_cleaned_failed_volume_operation_errors_total 0\n",
+        "# TYPE kubelet_cpu_manager_allocation_per_numa gauge\n",
+        "# TYPE kubelet_container_aligned_compute_resources_count counter\n",
+        "# TYPE kubelet_container_aligned_compute_resources_failure_count counter\n",
+        "# HELP kubelet_image_garbage_collected_total [ALPHA] Total number of images garbage collected by the kubelet, whether through disk usage or image age.\n# TYPE kubelet_image_garbage_collected_total counter\n",
+        "# TYPE dra_operations_duration_seconds histogram\n",
+        "# TYPE dra_grpc_operations_duration_seconds histogram\n",
+        "# HELP kubelet_graceful_shutdown_end_time_seconds [ALPHA] Last graceful shutdown end time since unix epoch in seconds\n",
+    ] {
+        assert!(text.contains(line), "no {line:?} in {text}");
+    }
+    assert!(!text.contains("kubelet_container_aligned_compute_resources_count_total"));
     token.cancel();
 }
 

@@ -75,10 +75,9 @@ pub enum PodCertError {
     Denied { reason: String, message: String },
     #[error("PodCertificateRequest was permanently failed: reason={reason:?} message={message:?}")]
     Failed { reason: String, message: String },
-    /// A key type upstream generates but ring cannot (RSA; ECDSA P-384 and
-    /// P-521 proofs sign a SHA-256 digest, which ring's P-384 signer does
-    /// not offer).
-    #[error("while generating keypair: key type {0:?} is not supported by rkubelet (ECDSAP256 and ED25519 are)")]
+    /// A key type upstream generates but rkubelet cannot (RSA keys and
+    /// P-521: ring makes neither).
+    #[error("while generating keypair: key type {0:?} is not supported by rkubelet (ECDSAP256, ECDSAP384 and ED25519 are)")]
     UnsupportedKeyType(String),
     #[error("while generating keypair: unknown key type {0:?}")]
     UnknownKeyType(String),
@@ -532,7 +531,7 @@ pub struct GeneratedKey {
     /// DER SubjectPublicKeyInfo (Go's MarshalPKIXPublicKey).
     pub pkix_public_key: Vec<u8>,
     /// The signature of the pod UID's bytes: ECDSA (ASN.1) over their
-    /// SHA-256 digest, Ed25519 over the bytes themselves.
+    /// SHA-256 digest (for P-384 too), Ed25519 over the bytes themselves.
     pub proof_of_possession: Vec<u8>,
 }
 
@@ -542,6 +541,20 @@ const P256_SPKI_PREFIX: [u8; 26] = [
     0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a,
     0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
 ];
+const P384_SPKI_PREFIX: [u8; 23] = [
+    0x30, 0x76, 0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b,
+    0x81, 0x04, 0x00, 0x22, 0x03, 0x62, 0x00,
+];
+/// Go's MarshalPKCS8PrivateKey of a P-384 key around the 48-byte scalar
+/// and the 97-byte uncompressed point: version 0, ecPublicKey/secp384r1,
+/// and an ECPrivateKey (version 1, the scalar, no parameters, [1] the
+/// public key).
+const P384_PKCS8_HEAD: [u8; 35] = [
+    0x30, 0x81, 0xb6, 0x02, 0x01, 0x00, 0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02,
+    0x01, 0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22, 0x04, 0x81, 0x9e, 0x30, 0x81, 0x9b, 0x02, 0x01,
+    0x01, 0x04, 0x30,
+];
+const P384_PKCS8_MID: [u8; 5] = [0xa1, 0x64, 0x03, 0x62, 0x00];
 const ED25519_SPKI_PREFIX: [u8; 12] = [
     0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
 ];
@@ -590,11 +603,82 @@ pub fn generate_key_and_proof(key_type: &str, pod_uid: &str) -> Result<Generated
                 proof_of_possession: sig.as_ref().to_vec(),
             })
         }
-        "RSA3072" | "RSA4096" | "ECDSAP384" | "ECDSAP521" => {
+        "ECDSAP384" => p384_key_and_proof(&rng, pod_uid),
+        "RSA3072" | "RSA4096" | "ECDSAP521" => {
             Err(PodCertError::UnsupportedKeyType(key_type.to_string()))
         }
         other => Err(PodCertError::UnknownKeyType(other.to_string())),
     }
+}
+
+/// upstream's ECDSAP384 case: a P-384 key whose proof, like P-256's, is
+/// `ecdsa.SignASN1` over the SHA-256 digest of the pod UID (the API server
+/// checks it with `ecdsa.VerifyASN1(pub, sha256(uid))`, pkg/apis/
+/// certificates/validation). ring's P-384 signer only hashes with SHA-384,
+/// so the p384 crate signs the SHA-256 prehash (zero-padded on the left to
+/// the field size, as Go's hashToInt reads a short digest).
+fn p384_key_and_proof(rng: &SystemRandom, pod_uid: &str) -> Result<GeneratedKey, PodCertError> {
+    use p384::ecdsa::signature::hazmat::PrehashSigner;
+    let gen_err = || PodCertError::KeyGeneration("while generating ECDSA P384 key".into());
+    // A uniformly random scalar: draws at or above the group order (or
+    // zero) are rejected and drawn again, as Go's GenerateKey does.
+    let mut key = None;
+    for _ in 0..64 {
+        let mut d = [0u8; 48];
+        rng.fill(&mut d).map_err(|_| gen_err())?;
+        if let Ok(k) = p384::ecdsa::SigningKey::from_slice(&d) {
+            key = Some(k);
+            break;
+        }
+    }
+    let key = key.ok_or_else(gen_err)?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, pod_uid.as_bytes());
+    let sig: p384::ecdsa::Signature = key
+        .sign_prehash(digest.as_ref())
+        .map_err(|_| PodCertError::KeyGeneration("while signing proof".into()))?;
+    let point = key.verifying_key().to_encoded_point(false);
+    let point = point.as_bytes();
+    let mut spki = P384_SPKI_PREFIX.to_vec();
+    spki.extend_from_slice(point);
+    let mut pkcs8 = P384_PKCS8_HEAD.to_vec();
+    pkcs8.extend_from_slice(&key.to_bytes());
+    pkcs8.extend_from_slice(&P384_PKCS8_MID);
+    pkcs8.extend_from_slice(point);
+    let (r, s) = sig.split_bytes();
+    Ok(GeneratedKey {
+        private_key_pem: pem_block("PRIVATE KEY", &pkcs8),
+        pkix_public_key: spki,
+        proof_of_possession: der_ecdsa_signature(&r, &s),
+    })
+}
+
+/// An ECDSA signature as ASN.1 `SEQUENCE { r INTEGER, s INTEGER }` (what
+/// Go's SignASN1 returns): minimal big-endian integers, a zero byte before
+/// a high bit.
+fn der_ecdsa_signature(r: &[u8], s: &[u8]) -> Vec<u8> {
+    fn integer(out: &mut Vec<u8>, v: &[u8]) {
+        let start = v.iter().position(|b| *b != 0).unwrap_or(v.len() - 1);
+        let v = &v[start..];
+        let pad = v[0] & 0x80 != 0;
+        out.push(0x02);
+        out.push((v.len() + usize::from(pad)) as u8);
+        if pad {
+            out.push(0);
+        }
+        out.extend_from_slice(v);
+    }
+    let mut body = Vec::with_capacity(2 * 50);
+    integer(&mut body, r);
+    integer(&mut body, s);
+    // At most 2 * (2 + 49) = 102 bytes: one length byte after 0x81 above
+    // 127.
+    let mut out = vec![0x30];
+    if body.len() > 127 {
+        out.push(0x81);
+    }
+    out.push(body.len() as u8);
+    out.extend_from_slice(&body);
+    out
 }
 
 /// Go's pem.EncodeToMemory: base64 in 64-column lines.
@@ -1103,9 +1187,68 @@ mod tests {
         assert_eq!(kp.public_key().as_ref(), public);
     }
 
+    /// Upstream's ECDSAP384: the proof is ECDSA over SHA-256(pod UID),
+    /// which ring's P-384/SHA-256 verifier (an implementation apart from
+    /// the signer's) accepts; the SPKI is an EC key on secp384r1 and the
+    /// PEM a PKCS#8 document ring reads back to the same public key.
+    #[test]
+    fn ecdsa_p384_proof_signs_the_sha256_of_the_pod_uid_and_the_key_is_pkcs8() {
+        use ring::signature::ECDSA_P384_SHA384_ASN1_SIGNING;
+        use ring::signature::{ECDSA_P384_SHA256_ASN1, ECDSA_P384_SHA384_ASN1};
+        use x509_parser::prelude::FromDer;
+        let k = generate_key_and_proof("ECDSAP384", UID).unwrap();
+        assert_eq!(k.pkix_public_key.len(), 120);
+        let (rest, spki) =
+            x509_parser::x509::SubjectPublicKeyInfo::from_der(&k.pkix_public_key).unwrap();
+        assert!(rest.is_empty());
+        assert_eq!(spki.algorithm.algorithm.to_id_string(), "1.2.840.10045.2.1");
+        let curve = spki
+            .algorithm
+            .parameters
+            .as_ref()
+            .unwrap()
+            .as_oid()
+            .unwrap();
+        assert_eq!(curve.to_id_string(), "1.3.132.0.34");
+        let point = spki.subject_public_key.data.to_vec();
+        assert_eq!((point.len(), point[0]), (97, 4));
+        UnparsedPublicKey::new(&ECDSA_P384_SHA256_ASN1, &point)
+            .verify(UID.as_bytes(), &k.proof_of_possession)
+            .expect("proof verifies over SHA-256 of the pod UID");
+        // Not over another UID, and not with SHA-384 (the digest matters).
+        assert!(UnparsedPublicKey::new(&ECDSA_P384_SHA256_ASN1, &point)
+            .verify(b"another-uid", &k.proof_of_possession)
+            .is_err());
+        assert!(UnparsedPublicKey::new(&ECDSA_P384_SHA384_ASN1, &point)
+            .verify(UID.as_bytes(), &k.proof_of_possession)
+            .is_err());
+        let der = pem_der(&k.private_key_pem, "PRIVATE KEY");
+        assert_eq!(der.len(), 185);
+        let kp =
+            EcdsaKeyPair::from_pkcs8(&ECDSA_P384_SHA384_ASN1_SIGNING, &der, &SystemRandom::new())
+                .unwrap();
+        assert_eq!(kp.public_key().as_ref(), &point[..]);
+        let again = generate_key_and_proof("ECDSAP384", UID).unwrap();
+        assert_ne!(again.pkix_public_key, k.pkix_public_key);
+    }
+
+    /// Go's SignASN1 output: minimal INTEGERs, a zero byte before a high
+    /// bit, a long length form past 127 bytes.
+    #[test]
+    fn ecdsa_signatures_are_minimal_der() {
+        let mut r = [0u8; 48];
+        r[47] = 5;
+        let s = [0xffu8; 48];
+        let der = der_ecdsa_signature(&r, &s);
+        assert_eq!(&der[..5], &[0x30, 3 + 51, 0x02, 0x01, 0x05]);
+        assert_eq!(&der[5..8], &[0x02, 49, 0x00]);
+        let big = der_ecdsa_signature(&[0x80; 66], &[0x80; 66]);
+        assert_eq!(&big[..3], &[0x30, 0x81, 2 * 69]);
+    }
+
     #[test]
     fn key_types_ring_cannot_make_are_named_in_the_error() {
-        for t in ["RSA3072", "RSA4096", "ECDSAP384", "ECDSAP521"] {
+        for t in ["RSA3072", "RSA4096", "ECDSAP521"] {
             let e = generate_key_and_proof(t, UID).unwrap_err();
             assert_eq!(e, PodCertError::UnsupportedKeyType(t.into()));
             assert!(e.to_string().contains(t), "{e}");

@@ -149,7 +149,11 @@ async fn measure_csi(pod: &Pod, uid: &str, csi: &CsiVolumes) -> Vec<VolumeFigure
         let time = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
-        match crate::volume::csi::metrics::volume_stats(&csi.registry, &p, POD_BUDGET).await {
+        let started = std::time::Instant::now();
+        let r = crate::volume::csi::metrics::volume_stats(&csi.registry, &p, POD_BUDGET).await;
+        // metrics_csi.go times each GetMetrics under the driver's name.
+        crate::metrics::volume_stats_measured(&p.driver, started.elapsed());
+        match r {
             Ok(Some(s)) => out.push(VolumeFigures {
                 name: name.clone(),
                 pvc: claim_of(pod, &name),
@@ -296,9 +300,16 @@ fn measure_pod(pod: &Pod, volumes: &[(String, PathBuf)], budget: Duration) -> Ve
         let Some((how, pvc)) = plan(pod, name, path) else {
             continue;
         };
-        let Some([capacity, available, used, inodes, inodes_free, inodes_used]) =
-            measure(path, how, deadline)
-        else {
+        let started = Instant::now();
+        let figures = measure(path, how, deadline);
+        crate::metrics::volume_stats_measured(
+            match how {
+                Measure::StatFs => "statfs",
+                Measure::Du => "du",
+            },
+            started.elapsed(),
+        );
+        let Some([capacity, available, used, inodes, inodes_free, inodes_used]) = figures else {
             continue;
         };
         out.push(VolumeFigures {
@@ -421,7 +432,21 @@ mod tests {
             .iter()
             .map(|n| (n.to_string(), d.clone()))
             .collect();
+        let timed = || {
+            (
+                crate::metrics::volume_stats_measured_count("du"),
+                crate::metrics::volume_stats_measured_count("statfs"),
+            )
+        };
+        let before = timed();
         let f = measure_pod(&pod, &vols, Duration::from_secs(10));
+        // Each measurement timed under its provider's source (other tests
+        // may measure meanwhile: at least this pod's).
+        let after = timed();
+        assert!(
+            after.0 > before.0 && after.1 >= before.1 + 2,
+            "{before:?} {after:?}"
+        );
         let names: Vec<_> = f.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(
             names,

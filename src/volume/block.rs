@@ -278,8 +278,21 @@ fn unmap_paths(link: &Path, bind: &Path) -> Result<(), BlockError> {
         Err(_) => {}
     }
     if let Some(global) = bind.parent() {
-        // Only when no other pod maps it (upstream GenerateUnmapDeviceFunc).
-        let _ = std::fs::remove_dir(global);
+        // Only when no other pod maps it: upstream's UnmapDevice
+        // (GenerateUnmapDeviceFunc), timed as its `unmap_device`; a
+        // directory other pods still bind is no operation yet. Raw block
+        // volumes are local PVs only here.
+        let started = std::time::Instant::now();
+        match std::fs::remove_dir(global) {
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            r => crate::metrics::certvol::storage_operation(
+                "kubernetes.io/local-volume",
+                "unmap_device",
+                started.elapsed(),
+                r.is_ok(),
+            ),
+        }
     }
     Ok(())
 }
@@ -472,12 +485,27 @@ mod tests {
             assert_eq!(m.link, pod_device_map_dir(&root, uid).join("pv"));
             assert_eq!(std::fs::read_link(&m.link).unwrap(), dev.0);
         }
+        let unmapped_devices = || {
+            crate::metrics::certvol::storage_operation_count(
+                "kubernetes.io/local-volume",
+                "unmap_device",
+                "success",
+            )
+        };
+        let before = unmapped_devices();
         unmap(&a).unwrap();
         assert!(!mounted(&a.bind) && !a.bind.exists());
         assert!(std::fs::symlink_metadata(&a.link).is_err());
-        // The other pod's mapping stays, and with it the global directory.
+        // The other pod's mapping stays, and with it the global directory:
+        // no UnmapDevice yet.
         assert!(mounted(&b.bind) && global.is_dir());
+        assert_eq!(unmapped_devices(), before);
         unmap(&b).unwrap();
+        assert_eq!(
+            unmapped_devices(),
+            before + 1,
+            "the last pod's unmap_device"
+        );
         assert!(!mounted(&b.bind));
         assert!(
             !global.exists(),

@@ -169,6 +169,10 @@ struct State {
     actual: HashMap<String, HashMap<String, Mounted>>,
     in_flight: HashSet<(String, String)>,
     failures: HashMap<(String, String), Failure>,
+    /// When each (pod, volume) was first asked to be set up (upstream's
+    /// podToMount.mountRequestTime; renewed at each set-up of a volume
+    /// whose plugin remounts), for `overall_volume_mount`.
+    mount_requested: HashMap<(String, String), Instant>,
 }
 
 struct Inner {
@@ -694,6 +698,17 @@ impl VolumeManager {
                     }
                 };
                 if due {
+                    // desired_state_of_world's AddPodToVolume keeps the
+                    // first request time unless the plugin RequiresRemount
+                    // (configMap, secret, downward API, projected).
+                    let remounts = v.config_map.is_some()
+                        || v.secret.is_some()
+                        || v.downward_api.is_some()
+                        || v.projected.is_some();
+                    let at = st.mount_requested.entry(key.clone()).or_insert(now);
+                    if remounts {
+                        *at = now;
+                    }
                     st.in_flight.insert(key);
                     ops.push(Op::Mount {
                         pod: d.pod.clone(),
@@ -740,6 +755,8 @@ impl VolumeManager {
             }
         }
         st.failures.retain(|(u, _), _| st.desired.contains_key(u));
+        st.mount_requested
+            .retain(|(u, _), _| st.desired.contains_key(u));
         let keep: HashSet<String> = st.desired.keys().chain(st.actual.keys()).cloned().collect();
         drop(guard);
         // Attachable volumes of pods gone before they were set up are no
@@ -757,15 +774,27 @@ impl VolumeManager {
                 mounted,
             } => {
                 if let (Some(p), Some((claim, read_only))) = (&mounted.csi, &mounted.claim) {
-                    if let Err(e) = super::csi::expand::expand_in_use(
+                    let mut due = None;
+                    let r = super::csi::expand::expand_in_use(
                         &self.inner.csi,
                         &pod,
                         p,
                         claim,
                         *read_only,
+                        &mut due,
                     )
-                    .await
-                    {
+                    .await;
+                    // GenerateExpandInUseVolumeFunc's operation, run only
+                    // when the claim asks the node to finish a resize.
+                    if let Some(at) = due {
+                        crate::metrics::certvol::storage_operation(
+                            &mounted_plugin(&mounted),
+                            "volume_fs_resize",
+                            at.elapsed(),
+                            r.is_ok(),
+                        );
+                    }
+                    if let Err(e) = r {
                         // Tried again at the next pod sync.
                         warn!(pod_uid = %uid, volume = %name, error = %e, "NodeExpandVolume.NodeExpandVolume failed");
                     }
@@ -786,10 +815,16 @@ impl VolumeManager {
                 let plugin = r
                     .as_ref()
                     .map_or_else(|_| spec_plugin(&volume), |m| Some(mounted_plugin(m)));
+                // A raw block volume is mapped (GenerateMapVolumeFunc's
+                // map_volume), the others mounted.
+                let operation = match &r {
+                    Ok(m) if m.block.is_some() => "map_volume",
+                    _ => "volume_mount",
+                };
                 if let Some(p) = plugin {
                     crate::metrics::certvol::storage_operation(
                         &p,
-                        "volume_mount",
+                        operation,
                         started.elapsed(),
                         r.is_ok(),
                     );
@@ -797,6 +832,17 @@ impl VolumeManager {
                 let mut st = self.inner.state.lock();
                 let key = (uid.clone(), volume.name.clone());
                 st.in_flight.remove(&key);
+                // GenerateMountVolumeFunc's end-to-end time, from the
+                // mount request to a successful set-up (not for a map).
+                if let (Ok(m), Some(at)) = (&r, st.mount_requested.get(&key)) {
+                    if operation == "volume_mount" {
+                        crate::metrics::certvol::volume_operation_total(
+                            &mounted_plugin(m),
+                            "overall_volume_mount",
+                            at.elapsed(),
+                        );
+                    }
+                }
                 match r {
                     Ok(m) => {
                         st.failures.remove(&key);
@@ -896,12 +942,25 @@ impl VolumeManager {
                         None => Ok(()),
                     },
                 };
-                crate::metrics::certvol::storage_operation(
-                    &plugin,
-                    "volume_unmount",
-                    started.elapsed(),
-                    r.is_ok(),
-                );
+                // GenerateUnmapVolumeFunc's unmap_volume for a raw block
+                // volume (its unmap_device is timed in block.rs); a CSI
+                // volume's tear-down times its unpublish (volume_unmount)
+                // and unstage (unmount_device) itself.
+                if mounted.block.is_some() {
+                    crate::metrics::certvol::storage_operation(
+                        &plugin,
+                        "unmap_volume",
+                        started.elapsed(),
+                        r.is_ok(),
+                    );
+                } else if mounted.csi.is_none() {
+                    crate::metrics::certvol::storage_operation(
+                        &plugin,
+                        "volume_unmount",
+                        started.elapsed(),
+                        r.is_ok(),
+                    );
+                }
                 if let (Ok(()), Some(p)) = (&r, &mounted.csi) {
                     // Unpublished, and unstaged if last: no longer in use
                     // by this pod (upstream reports until the device is
@@ -1176,9 +1235,13 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
                 // user can use it.
                 std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777))?;
                 match owner {
-                    Some((gid, on_mismatch)) => {
-                        super::ownership::set_volume_ownership(&d, gid, false, on_mismatch)
-                    }
+                    Some((gid, on_mismatch)) => super::ownership::set_volume_ownership(
+                        &d,
+                        gid,
+                        false,
+                        on_mismatch,
+                        "kubernetes.io/empty-dir",
+                    ),
                     None => Ok(()),
                 }
             },
@@ -1227,7 +1290,11 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             // waits for the node is finished before the pod uses it.
             if !had {
                 if let Err(e) =
-                    super::csi::expand::expand_in_use(&inner.csi, pod, &p, &claim, read_only).await
+                    // Part of volume_mount upstream (expandVolumeDuringMount).
+                    super::csi::expand::expand_in_use(
+                        &inner.csi, pod, &p, &claim, read_only, &mut None,
+                    )
+                    .await
                 {
                     let spec = pv.metadata.name.as_deref().unwrap_or_default();
                     return Err(Failed::Other {
@@ -1254,7 +1321,15 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             crate::blocking::try_run(
                 format!("local volume {}", path.display()),
                 FS_DEADLINE,
-                move || super::ownership::set_volume_ownership(&d, gid, false, on_mismatch),
+                move || {
+                    super::ownership::set_volume_ownership(
+                        &d,
+                        gid,
+                        false,
+                        on_mismatch,
+                        "kubernetes.io/local-volume",
+                    )
+                },
             )
             .await
             .map_err(|e| format!("setting the fsGroup: {e}"))?;
@@ -1296,6 +1371,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
     let size = inner.opts.memory_capacity;
     let refresh_at = built.refresh_at;
     let owner = fs_group(pod);
+    let full_plugin = format!("kubernetes.io/{plugin}");
     let changed = crate::blocking::try_run(
         format!("{plugin} volume {}", dir.display()),
         FS_DEADLINE,
@@ -1310,7 +1386,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             // SetVolumeOwnership after each write; these volumes are
             // read-only to containers).
             if let (true, Some((gid, _))) = (changed, owner) {
-                super::ownership::set_volume_ownership(&d, gid, true, false)
+                super::ownership::set_volume_ownership(&d, gid, true, false, &full_plugin)
                     .map_err(|e| format!("setting the fsGroup: {e}"))?;
             }
             Ok(changed)
@@ -1919,6 +1995,10 @@ mod tests {
             storage_operation_count("kubernetes.io/empty-dir", "volume_mount", "success"),
             storage_operation_count("kubernetes.io/empty-dir", "volume_unmount", "success"),
         );
+        let overall_before = crate::metrics::certvol::volume_operation_total_count(
+            "kubernetes.io/empty-dir",
+            "overall_volume_mount",
+        );
         vm.wait_for_attach_and_mount(&p).await.unwrap();
         let mut got = vm.volume_counts();
         got.sort();
@@ -1937,6 +2017,13 @@ mod tests {
                 > before.0
         );
         assert!(storage_operation_count("kubernetes.io/host-path", "volume_mount", "success") > 0);
+        // End to end, from the mount request.
+        assert!(
+            crate::metrics::certvol::volume_operation_total_count(
+                "kubernetes.io/empty-dir",
+                "overall_volume_mount"
+            ) > overall_before
+        );
         vm.unmount_pod("u-count", Duration::from_secs(5))
             .await
             .unwrap();

@@ -19,12 +19,16 @@ const EXEC_MASK: u32 = 0o110;
 
 /// Applies the fsGroup to `dir` and everything below it. With
 /// `on_root_mismatch` (fsGroupChangePolicy OnRootMismatch) nothing is done
-/// when the root already has the group and the permissions.
+/// when the root already has the group and the permissions. A walk is
+/// upstream's `volume_fsgroup_recursive_apply` operation of volume plugin
+/// `plugin` (VolumeOwnership.changePermissionsRecursively calls its
+/// FSGroupCompleteHook after the walk; a skipped walk records nothing).
 pub fn set_volume_ownership(
     dir: &Path,
     fs_group: u32,
     read_only: bool,
     on_root_mismatch: bool,
+    plugin: &str,
 ) -> std::io::Result<()> {
     let root = std::fs::symlink_metadata(dir)?;
     let mask = if read_only { RO_MASK } else { RW_MASK };
@@ -34,7 +38,15 @@ pub fn set_volume_ownership(
             return Ok(());
         }
     }
-    walk(dir, root.dev(), fs_group, mask)
+    let started = std::time::Instant::now();
+    let r = walk(dir, root.dev(), fs_group, mask);
+    crate::metrics::certvol::storage_operation(
+        plugin,
+        "volume_fsgroup_recursive_apply",
+        started.elapsed(),
+        r.is_ok(),
+    );
+    r
 }
 
 fn walk(path: &Path, dev: u64, gid: u32, mask: u32) -> std::io::Result<()> {
@@ -77,6 +89,9 @@ fn lchown_group(path: &Path, gid: u32) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// A plugin name no other test uses (the metrics are process-wide).
+    const PLUGIN: &str = "kubernetes.io/test-ownership";
+
     #[test]
     fn files_go_to_the_fs_group_with_group_access_links_untouched() {
         let d = std::env::temp_dir().join(format!("rkubelet-own-{}", std::process::id()));
@@ -90,7 +105,16 @@ mod tests {
         .unwrap();
         std::fs::write(d.join("outside"), "o").unwrap();
         std::os::unix::fs::symlink(d.join("outside"), d.join("vol/link")).unwrap();
-        set_volume_ownership(&d.join("vol"), 4242, true, false).unwrap();
+        let applied = || {
+            crate::metrics::certvol::storage_operation_count(
+                PLUGIN,
+                "volume_fsgroup_recursive_apply",
+                "success",
+            )
+        };
+        assert_eq!(applied(), 0);
+        set_volume_ownership(&d.join("vol"), 4242, true, false, PLUGIN).unwrap();
+        assert_eq!(applied(), 1, "a walk is one volume_fsgroup_recursive_apply");
         let m = std::fs::metadata(d.join("vol/sub/token")).unwrap();
         assert_eq!((m.gid(), m.mode() & 0o7777), (4242, 0o640));
         let m = std::fs::metadata(d.join("vol/sub")).unwrap();
@@ -101,7 +125,7 @@ mod tests {
         assert_ne!(o.gid(), 4242);
         // Writable volumes get group write.
         std::fs::write(d.join("vol/w"), "w").unwrap();
-        set_volume_ownership(&d.join("vol"), 4242, false, false).unwrap();
+        set_volume_ownership(&d.join("vol"), 4242, false, false, PLUGIN).unwrap();
         let m = std::fs::metadata(d.join("vol/w")).unwrap();
         assert_eq!(m.mode() & 0o060, 0o060);
         // OnRootMismatch: a matching root means no walk (a new file keeps
@@ -109,9 +133,11 @@ mod tests {
         std::fs::write(d.join("vol/late"), "l").unwrap();
         std::fs::set_permissions(d.join("vol/late"), std::fs::Permissions::from_mode(0o600))
             .unwrap();
-        set_volume_ownership(&d.join("vol"), 4242, false, true).unwrap();
+        set_volume_ownership(&d.join("vol"), 4242, false, true, PLUGIN).unwrap();
         let late = std::fs::metadata(d.join("vol/late")).unwrap();
         assert_eq!(late.mode() & 0o777, 0o600);
+        // Two walks timed; the skipped one is no operation.
+        assert_eq!(applied(), 2);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -162,28 +162,35 @@ fn api_message(e: &kube::Error) -> String {
 /// `csi-<sha256(handle + driver + node)>`, whose `attachmentMetadata` is
 /// returned (upstream reads it again in MountDevice and SetUp through
 /// getPublishContext; one read serves both here).
+///
+/// `timed`: the check is upstream's VerifyControllerAttachedVolume
+/// operation (a volume not yet set up; a republish finds its volume
+/// attached in upstream's actual state and verifies nothing).
 pub async fn wait_for_attach(
     registry: &super::Registry,
     driver: &str,
     handle: &str,
+    timed: bool,
 ) -> Result<HashMap<String, String>, AttachError> {
     if !registry.controller_attach_detach() {
         return Err(AttachError::KubeletAttach);
     }
     let unique = unique_name(driver, handle);
-    check_cached_node(registry.cached_node().as_deref(), &unique)?;
-    let client = match registry.api_client() {
-        Ok(Some(c)) => c,
-        Ok(None) => return Err(AttachError::NodeGet("no API server".into())),
-        Err(e) => return Err(AttachError::NodeGet(e)),
-    };
-    let c = client.client().await;
+    let started = std::time::Instant::now();
+    let verified = verify_attached(registry, &unique).await;
+    // GenerateVerifyControllerAttachedVolumeFunc: a volume not yet in the
+    // cached Node's volumesAttached fails before the operation exists (a
+    // precondition, not timed); the rest is the operation.
+    if timed && !matches!(verified, Err(AttachError::NotInNodeStatus(_))) {
+        crate::metrics::certvol::storage_operation(
+            &format!("{PLUGIN_NAME}:{driver}"),
+            "verify_controller_attached_volume",
+            started.elapsed(),
+            verified.is_ok(),
+        );
+    }
+    let c = verified?;
     let node_name = registry.node_name();
-    let node = kube::Api::<Node>::all(c.clone())
-        .get(&node_name)
-        .await
-        .map_err(|e| AttachError::NodeGet(api_message(&e)))?;
-    attached_in(&node, &unique)?;
     let id = attachment_name(handle, driver, &node_name);
     let va = kube::Api::<VolumeAttachment>::all(c)
         .get(&id)
@@ -195,6 +202,27 @@ pub async fn wait_for_attach(
             ))
         })?;
     attachment_status(&va, handle)
+}
+
+/// The Node as last seen, then a fresh GET, list `unique` as attached;
+/// the API client for what follows.
+async fn verify_attached(
+    registry: &super::Registry,
+    unique: &str,
+) -> Result<kube::Client, AttachError> {
+    check_cached_node(registry.cached_node().as_deref(), unique)?;
+    let client = match registry.api_client() {
+        Ok(Some(c)) => c,
+        Ok(None) => return Err(AttachError::NodeGet("no API server".into())),
+        Err(e) => return Err(AttachError::NodeGet(e)),
+    };
+    let c = client.client().await;
+    let node = kube::Api::<Node>::all(c.clone())
+        .get(&registry.node_name())
+        .await
+        .map_err(|e| AttachError::NodeGet(api_message(&e)))?;
+    attached_in(&node, unique)?;
+    Ok(c)
 }
 
 /// Where a volume in use was learnt of.
@@ -373,6 +401,60 @@ mod tests {
         );
     }
 
+    /// GenerateVerifyControllerAttachedVolumeFunc's operation: a volume
+    /// not yet in the cached Node's volumesAttached is a precondition (no
+    /// sample); one attached but not reported in use is a failed
+    /// operation, timed.
+    #[tokio::test]
+    async fn the_attach_verification_is_timed_once_the_node_lists_the_volume() {
+        let registry = super::super::Registry::default();
+        registry.set_controller_attach_detach(true);
+        let driver = "verify-timing.csi";
+        let unique = unique_name(driver, "h");
+        let count = |status| {
+            crate::metrics::certvol::storage_operation_count(
+                &format!("kubernetes.io/csi:{driver}"),
+                "verify_controller_attached_volume",
+                status,
+            )
+        };
+        let (tx, rx) = tokio::sync::watch::channel(Some(node(&[], &[])));
+        let follower = registry.clone();
+        let follow = tokio::spawn(async move { follower.follow_node(rx).await });
+        let seen = |want: usize| {
+            let registry = registry.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+                loop {
+                    let n = registry.cached_node();
+                    let attached = n
+                        .as_ref()
+                        .and_then(|n| n.status.as_ref()?.volumes_attached.as_ref().map(Vec::len));
+                    if attached == Some(want) {
+                        return;
+                    }
+                    assert!(tokio::time::Instant::now() < deadline, "node not seen");
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+        seen(0).await;
+        assert_eq!(
+            wait_for_attach(&registry, driver, "h", true).await,
+            Err(AttachError::NotInNodeStatus(unique.clone()))
+        );
+        assert_eq!((count("success"), count("fail-unknown")), (0, 0));
+        tx.send(Some(node(&[&unique], &[]))).unwrap();
+        seen(1).await;
+        assert_eq!(
+            wait_for_attach(&registry, driver, "h", true).await,
+            Err(AttachError::NotReportedInUse)
+        );
+        assert_eq!((count("success"), count("fail-unknown")), (0, 1));
+        drop(tx);
+        follow.await.unwrap();
+    }
+
     fn va(status: serde_json::Value) -> VolumeAttachment {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "csi-x"},
@@ -437,13 +519,13 @@ mod tests {
         assert!(r.controller_attach_detach(), "on by default, as upstream");
         r.set_controller_attach_detach(false);
         assert_eq!(
-            wait_for_attach(&r, "d", "h").await,
+            wait_for_attach(&r, "d", "h", true).await,
             Err(AttachError::KubeletAttach)
         );
         // On, without a Node seen yet: waiting, no API call needed.
         r.set_controller_attach_detach(true);
         assert_eq!(
-            wait_for_attach(&r, "d", "h").await,
+            wait_for_attach(&r, "d", "h", true).await,
             Err(AttachError::NotReportedInUse)
         );
     }

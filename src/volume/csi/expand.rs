@@ -134,13 +134,16 @@ fn api_message(e: &kube::Error) -> String {
 /// Upstream's online expansion of a published volume of `pod` through
 /// claim `claim` (nothing when the node's part is not due). Read-only
 /// volumes are not expanded (FileSystemResizeFailed, as upstream); a
-/// driver without EXPAND_VOLUME is left alone.
+/// driver without EXPAND_VOLUME is left alone. `due` is set when the
+/// claim's size asks for the node's part: from then on this is upstream's
+/// `volume_fs_resize` operation (its reconciler generates it only then).
 pub async fn expand_in_use(
     registry: &Registry,
     pod: &Pod,
     published: &Published,
     claim: &str,
     read_only: bool,
+    due: &mut Option<std::time::Instant>,
 ) -> Result<(), String> {
     let Some(client) = registry.api_client()? else {
         return Ok(());
@@ -166,6 +169,7 @@ pub async fn expand_in_use(
     let Some((bytes, size)) = node_expansion_due(&pvc, &pv) else {
         return Ok(());
     };
+    *due = Some(std::time::Instant::now());
     let node = registry.node_name();
     if read_only {
         let msg = format!(

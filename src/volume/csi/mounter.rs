@@ -302,6 +302,7 @@ async fn apply_fs_group(
     req: &VolumeRequest,
     access_modes: Option<&[String]>,
     target: &Path,
+    driver: &str,
 ) -> Result<(), String> {
     let Some((gid, on_mismatch)) = pod_fs_group(pod) else {
         return Ok(());
@@ -313,10 +314,14 @@ async fn apply_fs_group(
     }
     let gid = u32::try_from(gid).map_err(|_| format!("fsGroup {gid} is out of range"))?;
     let t = target.to_path_buf();
+    // The CSI mounter's FSGroupCompleteHook names the driver.
+    let plugin = format!("{PLUGIN_NAME}:{driver}");
     crate::blocking::try_run(
         format!("fsGroup on {}", target.display()),
         FS_DEADLINE,
-        move || crate::volume::ownership::set_volume_ownership(&t, gid, false, on_mismatch),
+        move || {
+            crate::volume::ownership::set_volume_ownership(&t, gid, false, on_mismatch, &plugin)
+        },
     )
     .await
     .map_err(|e| format!("applyFSGroup failed for vol {}: {e}", req.volume_id))?;
@@ -429,7 +434,7 @@ pub async fn set_up_inline(
     );
     let mut p = publish(&service, &req, &src.driver, &target, None, false, data).await?;
     p.republish = object.requires_republish();
-    apply_fs_group(pod, &plan, &req, None, &target).await?;
+    apply_fs_group(pod, &plan, &req, None, &target, &src.driver).await?;
     Ok(p)
 }
 
@@ -482,7 +487,7 @@ pub async fn set_up_persistent(
         // attached here (upstream reports the desired state's attachable
         // volumes), so the controller never detaches it under a mount.
         registry.in_use().mark(uid, &unique);
-        attach::wait_for_attach(registry, &src.driver, &src.volume_handle)
+        attach::wait_for_attach(registry, &src.driver, &src.volume_handle, stage)
             .await
             .map_err(SetUpError::Attach)?
     } else {
@@ -581,7 +586,7 @@ pub async fn set_up_persistent(
     );
     let mut p = publish(&service, &req, &src.driver, &target, Some(g), stages, data).await?;
     p.republish = object.requires_republish();
-    apply_fs_group(pod, &plan, &req, Some(&access_modes), &target).await?;
+    apply_fs_group(pod, &plan, &req, Some(&access_modes), &target, &src.driver).await?;
     Ok(p)
 }
 
@@ -680,6 +685,35 @@ async fn publish(
 /// NodeUnstageVolume when the volume was staged and no other pod on the
 /// node publishes it (`still_used`).
 pub async fn tear_down(registry: &Registry, p: &Published, still_used: bool) -> Result<(), String> {
+    // Upstream's two operations, each timed (operation_generator.go:
+    // GenerateUnmountVolumeFunc, GenerateUnmountDeviceFunc).
+    let plugin = format!("{PLUGIN_NAME}:{}", p.driver);
+    let started = std::time::Instant::now();
+    let r = unpublish(registry, p).await;
+    crate::metrics::certvol::storage_operation(
+        &plugin,
+        "volume_unmount",
+        started.elapsed(),
+        r.is_ok(),
+    );
+    let service = r?;
+    if let (Some(g), false) = (&p.staging, still_used) {
+        let started = std::time::Instant::now();
+        let r = unmount_device(&service, &p.volume_id, g).await;
+        crate::metrics::certvol::storage_operation(
+            &plugin,
+            "unmount_device",
+            started.elapsed(),
+            r.is_ok(),
+        );
+        r?;
+    }
+    Ok(())
+}
+
+/// NodeUnpublishVolume and the pod's target directory (upstream's
+/// TearDown); the node service for what follows.
+async fn unpublish(registry: &Registry, p: &Published) -> Result<NodeService, String> {
     let d = registry.get(&p.driver).ok_or_else(|| {
         log_msg(format!(
             "Unmounter.TearDownAt failed to get CSI client: {}",
@@ -702,10 +736,7 @@ pub async fn tear_down(registry: &Registry, p: &Published, still_used: bool) -> 
             p.target.display()
         ))
     })?;
-    if let (Some(g), false) = (&p.staging, still_used) {
-        unmount_device(&service, &p.volume_id, g).await?;
-    }
-    Ok(())
+    Ok(service)
 }
 
 /// Upstream's UnmountDevice: NodeUnstageVolume when the driver stages
@@ -1377,11 +1408,11 @@ mod tests {
             caps: vec![CapType::StageUnstageVolume],
             ..Default::default()
         };
-        register(&root, &registry, "d.csi", node.clone());
+        register(&root, &registry, "pvpaths.csi", node.clone());
         let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "pv-7"},
             "spec": {"accessModes": ["ReadWriteOnce"],
-                "csi": {"driver": "d.csi", "volumeHandle": "h-7"}}
+                "csi": {"driver": "pvpaths.csi", "volumeHandle": "h-7"}}
         }))
         .unwrap();
         let pod = pod_with_fs_group(None);
@@ -1390,7 +1421,7 @@ mod tests {
             .unwrap();
         // Upstream's volume spec name for a claim is the PV's.
         assert_eq!(p.target, target_path(&root, "u-fs", "pv-7"));
-        let g = global_mount_path(&root, "d.csi", "h-7");
+        let g = global_mount_path(&root, "pvpaths.csi", "h-7");
         assert_eq!(p.staging.as_deref(), Some(g.as_path()));
         let read = |f: PathBuf| -> serde_json::Value {
             serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap()
@@ -1398,14 +1429,14 @@ mod tests {
         assert_eq!(
             read(p.target.parent().unwrap().join(VOL_DATA_FILE)),
             serde_json::json!({
-                "specVolID": "pv-7", "volumeHandle": "h-7", "driverName": "d.csi",
+                "specVolID": "pv-7", "volumeHandle": "h-7", "driverName": "pvpaths.csi",
                 "nodeName": "node-a", "volumeLifecycleMode": "Persistent",
-                "attachmentID": attachment_name("h-7", "d.csi", "node-a"),
+                "attachmentID": attachment_name("h-7", "pvpaths.csi", "node-a"),
             })
         );
         assert_eq!(
             read(g.parent().unwrap().join(VOL_DATA_FILE)),
-            serde_json::json!({"volumeHandle": "h-7", "driverName": "d.csi"})
+            serde_json::json!({"volumeHandle": "h-7", "driverName": "pvpaths.csi"})
         );
         assert_eq!(node.calls.lock().staged.len(), 1);
         assert_eq!(
@@ -1418,8 +1449,18 @@ mod tests {
             .unwrap();
         assert_eq!(node.calls.lock().staged.len(), 1);
         assert_eq!(node.calls.lock().published.len(), 2);
-        // Tear-down: unpublished, unstaged, the global directory gone.
+        // Tear-down: unpublished, unstaged, the global directory gone;
+        // upstream's two operations timed, each once (none before).
+        let ops = |op| {
+            crate::metrics::certvol::storage_operation_count(
+                "kubernetes.io/csi:pvpaths.csi",
+                op,
+                "success",
+            )
+        };
+        assert_eq!((ops("volume_unmount"), ops("unmount_device")), (0, 0));
         tear_down(&registry, &p, false).await.unwrap();
+        assert_eq!((ops("volume_unmount"), ops("unmount_device")), (1, 1));
         assert_eq!(node.calls.lock().unstaged.len(), 1);
         assert!(!g.parent().unwrap().exists());
         assert!(!p.target.parent().unwrap().exists());

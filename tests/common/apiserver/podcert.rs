@@ -6,21 +6,26 @@
 //! (`pkg/registry/certificates/podcertificaterequest` PrepareForCreate
 //! clears status; `pkg/apis/certificates/validation`
 //! ValidatePodCertificateRequestCreate verifies the proof of possession:
-//! Ed25519 over the pod UID's bytes, ECDSA over their SHA-256 digest).
-//! Not checked: RSA, P-384 and P-521 proofs (accepted unverified; ring
-//! cannot check a SHA-256 P-384 proof), the node restriction admission
-//! (pod bound to the requesting node), signer-name and annotation rules.
+//! Ed25519 over the pod UID's bytes, ECDSA over their SHA-256 digest, for
+//! P-384 keys too: `ecdsa.VerifyASN1(pub, hashBytes(podUID))` whatever the
+//! curve). Not checked: RSA and P-521 proofs (accepted unverified), the
+//! node restriction admission (pod bound to the requesting node),
+//! signer-name and annotation rules.
 
 use base64::Engine;
-use ring::signature::{UnparsedPublicKey, ECDSA_P256_SHA256_ASN1, ED25519};
+use ring::signature::{UnparsedPublicKey, ECDSA_P256_SHA256_ASN1, ECDSA_P384_SHA256_ASN1, ED25519};
 use serde_json::Value;
 
 use super::store::ApiError;
 
-/// SubjectPublicKeyInfo headers of a P-256 and an Ed25519 key.
+/// SubjectPublicKeyInfo headers of a P-256, a P-384 and an Ed25519 key.
 const P256_SPKI: [u8; 26] = [
     0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a,
     0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
+];
+const P384_SPKI: [u8; 23] = [
+    0x30, 0x76, 0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b,
+    0x81, 0x04, 0x00, 0x22, 0x03, 0x62, 0x00,
 ];
 const ED25519_SPKI: [u8; 12] = [
     0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
@@ -81,6 +86,13 @@ pub fn validate_create(obj: &Value) -> Result<(), ApiError> {
     if pkix.len() == 91 && pkix.starts_with(&P256_SPKI) {
         return check(
             UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, &pkix[26..])
+                .verify(uid.as_bytes(), &proof)
+                .is_ok(),
+        );
+    }
+    if pkix.len() == 120 && pkix.starts_with(&P384_SPKI) {
+        return check(
+            UnparsedPublicKey::new(&ECDSA_P384_SHA256_ASN1, &pkix[23..])
                 .verify(uid.as_bytes(), &proof)
                 .is_ok(),
         );
