@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use common::apiserver::{ApiServer, ApiServerOptions};
 use common::*;
-use rkubelet::cri::RuntimeService;
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(90);
@@ -34,20 +33,6 @@ fn container_id(p: &Value, i: usize) -> String {
         .unwrap()
         .trim_start_matches("containerd://")
         .to_string()
-}
-
-/// Runs `sh -c cmd` in the container through CRI ExecSync: stdout, trimmed.
-fn sh(k: &Kubelet, id: &str, cmd: &str) -> String {
-    let r = k
-        .cri
-        .rt
-        .block_on(
-            k.cri
-                .client
-                .exec_sync(id, vec!["sh".into(), "-c".into(), cmd.into()], 10),
-        )
-        .unwrap();
-    String::from_utf8_lossy(&r.stdout).trim().to_string()
 }
 
 /// The mount at `path` in this process's view: (fs type, super options).
@@ -682,41 +667,6 @@ fn without_the_feature_gate_a_trust_bundle_source_fails_as_upstream() {
             .then_some(())
     });
     drop(k);
-}
-
-/// A loop device on a backing file, detached when dropped (also when the
-/// test fails; a device still bound is detached by the kernel once free).
-struct LoopDevice(String);
-
-impl LoopDevice {
-    fn new(backing: &Path) -> LoopDevice {
-        let out = std::process::Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(backing)
-            .output()
-            .expect("losetup");
-        assert!(out.status.success(), "losetup: {out:?}");
-        LoopDevice(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("losetup")
-            .args(["-d", &self.0])
-            .status();
-    }
-}
-
-/// Mount points of this process's view whose path contains `part`.
-fn mounts_containing(part: &str) -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.contains(part))
-        .map(str::to_string)
-        .collect()
 }
 
 /// A claim bound to a local PV with `volumeMode: Block` (a loop device):

@@ -159,6 +159,15 @@ impl Failed {
                 event: a.event(spec),
                 node_wait: a.waits_for_node(),
             },
+            // Upstream's GenerateMapVolumeFunc records FailedMapVolume.
+            SetUpError::Map { step, error } => Failed::Other {
+                event: Some((
+                    "FailedMapVolume",
+                    format!("{step} failed for volume {spec:?} : {error}"),
+                )),
+                error,
+                node_wait: false,
+            },
         }
     }
 }
@@ -589,7 +598,7 @@ impl VolumeManager {
     }
 
     /// The pod's published CSI volumes, by volume name (their stats come
-    /// from the driver).
+    /// from the driver). Raw block ones are left out: no stats for them.
     pub fn csi_volumes(&self, uid: &str) -> Vec<(String, Arc<super::csi::mounter::Published>)> {
         let st = self.inner.state.lock();
         let mut v: Vec<_> = st
@@ -597,7 +606,7 @@ impl VolumeManager {
             .get(uid)
             .into_iter()
             .flatten()
-            .filter_map(|(n, m)| m.csi.clone().map(|p| (n.clone(), p)))
+            .filter_map(|(n, m)| m.csi.clone().filter(|p| !p.block).map(|p| (n.clone(), p)))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
@@ -759,6 +768,7 @@ impl VolumeManager {
                 if let (Some(p), Some((claim, read_only))) = (&mounted.csi, &mounted.claim) {
                     if let Err(e) = super::csi::expand::expand_in_use(
                         &self.inner.csi,
+                        &self.inner.objects,
                         &pod,
                         p,
                         claim,
@@ -856,7 +866,32 @@ impl VolumeManager {
             }
             Op::Unmount { uid, name, mounted } => {
                 let (plugin, started) = (mounted_plugin(&mounted), Instant::now());
+                // A staged volume is unstaged when no other pod still
+                // publishes it.
+                let still_used = |p: &super::csi::mounter::Published| {
+                    p.staging.is_some() && {
+                        let st = self.inner.state.lock();
+                        st.actual.iter().any(|(u, vols)| {
+                            vols.iter().any(|(n, m)| {
+                                (u != &uid || n != &name)
+                                    && m.csi.as_ref().is_some_and(|o| {
+                                        o.driver == p.driver && o.staging == p.staging
+                                    })
+                            })
+                        })
+                    }
+                };
                 let r = match (mounted.owned.clone(), mounted.csi.clone()) {
+                    (_, Some(p)) if p.block => {
+                        let used = still_used(&p);
+                        super::csi::block::tear_down(
+                            &self.inner.csi,
+                            &p,
+                            mounted.block.clone(),
+                            used,
+                        )
+                        .await
+                    }
                     _ if mounted.block.is_some() => {
                         let m = mounted.block.clone();
                         crate::blocking::try_run(
@@ -870,20 +905,8 @@ impl VolumeManager {
                         .await
                     }
                     (_, Some(p)) => {
-                        // A staged volume is unstaged when no other pod
-                        // still publishes it.
-                        let still_used = p.staging.is_some() && {
-                            let st = self.inner.state.lock();
-                            st.actual.iter().any(|(u, vols)| {
-                                vols.iter().any(|(n, m)| {
-                                    (u != &uid || n != &name)
-                                        && m.csi.as_ref().is_some_and(|o| {
-                                            o.driver == p.driver && o.staging == p.staging
-                                        })
-                                })
-                            })
-                        };
-                        super::csi::mounter::tear_down(&self.inner.csi, &p, still_used).await
+                        let used = still_used(&p);
+                        super::csi::mounter::tear_down(&self.inner.csi, &p, used).await
                     }
                     (owned, None) => match owned {
                         Some(dir) => crate::blocking::try_run(
@@ -1206,6 +1229,9 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         // volumeMounts / volumeDevices.
         let block = super::block::is_block(&pv);
         super::block::check_use(pod, &v.name, block).map_err(Failed::process)?;
+        if block && pv.spec.as_ref().is_some_and(|s| s.csi.is_some()) {
+            return csi_block(inner, pod, &pv, &claim, read_only, had).await;
+        }
         if block {
             return map_block(inner, uid, &pv).await;
         }
@@ -1226,8 +1252,15 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             // Upstream's expandVolumeDuringMount: a claim whose resize
             // waits for the node is finished before the pod uses it.
             if !had {
-                if let Err(e) =
-                    super::csi::expand::expand_in_use(&inner.csi, pod, &p, &claim, read_only).await
+                if let Err(e) = super::csi::expand::expand_in_use(
+                    &inner.csi,
+                    &inner.objects,
+                    pod,
+                    &p,
+                    &claim,
+                    read_only,
+                )
+                .await
                 {
                     let spec = pv.metadata.name.as_deref().unwrap_or_default();
                     return Err(Failed::Other {
@@ -1332,6 +1365,57 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
     })
 }
 
+/// A claim bound to a `volumeMode: Block` CSI PV: staged, published and
+/// mapped for the pod (`csi/block.rs`); expanded first when its claim
+/// waits for the node, as a mounted one.
+async fn csi_block(
+    inner: &Inner,
+    pod: &Pod,
+    pv: &k8s_openapi::api::core::v1::PersistentVolume,
+    claim: &str,
+    read_only: bool,
+    had: bool,
+) -> Result<Mounted, Failed> {
+    let spec = pv.metadata.name.as_deref().unwrap_or_default();
+    let (p, mapped) = super::csi::block::set_up(
+        &inner.csi,
+        &inner.objects,
+        &inner.root,
+        pod,
+        pv,
+        read_only,
+        // Staged already when set up before (upstream's device state).
+        !had,
+    )
+    .await
+    .map_err(|e| Failed::from_csi(e, spec))?;
+    if !had {
+        if let Err(e) =
+            super::csi::expand::expand_in_use(&inner.csi, &inner.objects, pod, &p, claim, read_only)
+                .await
+        {
+            return Err(Failed::Other {
+                event: Some((
+                    "FailedMapVolume",
+                    format!("MapVolume.MarkVolumeAsMounted failed while expanding volume for volume {spec:?} : {e}"),
+                )),
+                error: e,
+                node_wait: false,
+            });
+        }
+    }
+    Ok(Mounted {
+        path: mapped.link.clone(),
+        owned: None,
+        remountable: false,
+        refresh_at: None,
+        measured: false,
+        csi: Some(Arc::new(p)),
+        claim: Some((claim.to_string(), read_only)),
+        block: Some(Arc::new(mapped)),
+    })
+}
+
 /// A claim bound to a `volumeMode: Block` PV: the device is mapped for the
 /// pod (upstream's MapVolume for the local plugin; see `block.rs`).
 async fn map_block(
@@ -1341,9 +1425,10 @@ async fn map_block(
 ) -> Result<Mounted, Failed> {
     let name = pv.metadata.name.clone().unwrap_or_default();
     let Some(local) = pv.spec.as_ref().and_then(|s| s.local.as_ref()) else {
-        return Err(
-            format!("PV {name}: raw block volumes are supported for local PVs only").into(),
-        );
+        return Err(format!(
+            "PV {name}: raw block volumes are supported for local and CSI PVs only"
+        )
+        .into());
     };
     let (root, u, dev) = (
         inner.root.clone(),
@@ -1420,7 +1505,7 @@ fn mounted_plugin(m: &Mounted) -> String {
     if let Some(p) = &m.csi {
         return format!("kubernetes.io/csi:{}", p.driver);
     }
-    // Raw block volumes are only mapped for local PVs.
+    // Raw block volumes other than CSI ones (above) are local PVs.
     if m.block.is_some() {
         return "kubernetes.io/local-volume".into();
     }

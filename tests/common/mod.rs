@@ -391,3 +391,52 @@ pub fn simple_pod(name: &str, command: &str, restart_policy: &str) -> String {
 pub fn path_exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// Runs `sh -c cmd` in the container through CRI ExecSync: stdout, trimmed.
+pub fn sh(k: &Kubelet, id: &str, cmd: &str) -> String {
+    let r = k
+        .cri
+        .rt
+        .block_on(
+            k.cri
+                .client
+                .exec_sync(id, vec!["sh".into(), "-c".into(), cmd.into()], 10),
+        )
+        .unwrap();
+    String::from_utf8_lossy(&r.stdout).trim().to_string()
+}
+
+/// A loop device on a backing file, detached when dropped (also when the
+/// test fails; a device still bound is detached by the kernel once free).
+pub struct LoopDevice(pub String);
+
+impl LoopDevice {
+    pub fn new(backing: &Path) -> LoopDevice {
+        let out = std::process::Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(backing)
+            .output()
+            .expect("losetup");
+        assert!(out.status.success(), "losetup: {out:?}");
+        LoopDevice(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.0])
+            .status();
+    }
+}
+
+/// Mount points of this process's view whose path contains `part`.
+pub fn mounts_containing(part: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| p.contains(part))
+        .map(str::to_string)
+        .collect()
+}

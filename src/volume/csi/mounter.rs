@@ -46,6 +46,9 @@ pub struct Published {
     /// The CSIDriver's `requiresRepublish`: published again at each pod
     /// sync.
     pub republish: bool,
+    /// A raw block volume (`csi/block.rs`): `target` is the publish path
+    /// (a device file), `staging` the block staging path.
+    pub block: bool,
 }
 
 /// The volume context key of the pod's service-account tokens (upstream
@@ -337,7 +340,7 @@ fn vol_data(volume: &str, handle: &str, driver: &str, node: &str, mode: &str) ->
 }
 
 /// The driver's node service, or upstream's transient "not registered".
-fn node_service(registry: &Registry, driver: &str) -> Result<NodeService, String> {
+pub(super) fn node_service(registry: &Registry, driver: &str) -> Result<NodeService, String> {
     let d = registry.get(driver).ok_or_else(|| {
         log_msg(format!(
             "mounter.SetUpAt failed to get CSI client: {}",
@@ -347,23 +350,50 @@ fn node_service(registry: &Registry, driver: &str) -> Result<NodeService, String
     Ok(NodeService::new(&d.endpoint, CSI_TIMEOUT))
 }
 
-async fn secrets(
+/// Upstream's getCredentialsFromSecret: every key of the secret, its
+/// value as a string. Shared by staging, publishing and expansion, whose
+/// callers say which reference failed.
+pub(crate) async fn credentials(
     objects: &ObjectManager,
     ns: &str,
-    name: Option<&str>,
+    name: &str,
 ) -> Result<HashMap<String, String>, String> {
-    let Some(name) = name else {
-        return Ok(HashMap::new());
-    };
-    let s = objects
-        .secret(ns, name)
-        .await
-        .map_err(|e| format!("fetching NodePublishSecretRef {ns}/{name} failed: {e}"))?;
+    let s = objects.secret(ns, name).await.map_err(|e| {
+        log_msg(format!(
+            "failed to find the secret {name} in the namespace {ns} with error: {e}"
+        ))
+    })?;
     Ok(s.data
         .iter()
         .flatten()
         .map(|(k, v)| (k.clone(), String::from_utf8_lossy(&v.0).into_owned()))
         .collect())
+}
+
+/// A PV's secret reference as (namespace, name); the namespace defaults
+/// to `default`.
+pub(crate) fn secret_ref(r: &SecretReference) -> (String, String) {
+    (
+        r.namespace.clone().unwrap_or_else(|| "default".into()),
+        r.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The secret's data, or nothing without a reference; `field` names the
+/// reference in upstream's error ("fetching NodePublishSecretRef ns/name
+/// failed: ...").
+async fn secrets(
+    objects: &ObjectManager,
+    ns: &str,
+    name: Option<&str>,
+    field: &str,
+) -> Result<HashMap<String, String>, String> {
+    let Some(name) = name else {
+        return Ok(HashMap::new());
+    };
+    credentials(objects, ns, name)
+        .await
+        .map_err(|e| format!("fetching {field} {ns}/{name} failed: {e}"))
 }
 
 /// Sets up an inline (ephemeral) CSI volume: NodePublishVolume to the
@@ -415,9 +445,11 @@ pub async fn set_up_inline(
             src.node_publish_secret_ref
                 .as_ref()
                 .map(|r| r.name.as_str()),
+            "NodePublishSecretRef",
         )
         .await?,
         volume_mount_group: fs_group_arg(pod, &plan),
+        block: false,
     };
     let target = target_path(root, uid, volume);
     let data = vol_data(
@@ -476,20 +508,8 @@ pub async fn set_up_persistent(
             ))
         })?;
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let unique = attach::unique_name(&src.driver, &src.volume_handle);
-    let publish_context = if object.attach_required() {
-        // In use from the moment the kubelet decides the volume should be
-        // attached here (upstream reports the desired state's attachable
-        // volumes), so the controller never detaches it under a mount.
-        registry.in_use().mark(uid, &unique);
-        attach::wait_for_attach(registry, &src.driver, &src.volume_handle)
-            .await
-            .map_err(SetUpError::Attach)?
-    } else {
-        // Found on disk after a restart, but not attachable after all.
-        registry.in_use().release(uid, &unique);
-        HashMap::new()
-    };
+    let publish_context =
+        attachment_context(registry, &object, uid, &src.driver, &src.volume_handle).await?;
     let spec_name = pv.metadata.name.clone().unwrap_or_default();
     let mut context: HashMap<String, String> = src
         .volume_attributes
@@ -497,20 +517,12 @@ pub async fn set_up_persistent(
         .unwrap_or_default()
         .into_iter()
         .collect();
-    let secret_of = |r: &Option<SecretReference>| {
-        r.as_ref().map(|r| {
-            (
-                r.namespace.clone().unwrap_or_else(|| "default".into()),
-                r.name.clone().unwrap_or_default(),
-            )
-        })
-    };
-    let stage_secrets = match secret_of(&src.node_stage_secret_ref) {
-        Some((ns, n)) => secrets(objects, &ns, Some(&n)).await?,
+    let stage_secrets = match src.node_stage_secret_ref.as_ref().map(secret_ref) {
+        Some((ns, n)) => secrets(objects, &ns, Some(&n), "NodeStageSecretRef").await?,
         None => HashMap::new(),
     };
-    let publish_secrets = match secret_of(&src.node_publish_secret_ref) {
-        Some((ns, n)) => secrets(objects, &ns, Some(&n)).await?,
+    let publish_secrets = match src.node_publish_secret_ref.as_ref().map(secret_ref) {
+        Some((ns, n)) => secrets(objects, &ns, Some(&n), "NodePublishSecretRef").await?,
         None => HashMap::new(),
     };
     let mut req = VolumeRequest {
@@ -527,6 +539,7 @@ pub async fn set_up_persistent(
         volume_context: context.clone(),
         secrets: stage_secrets,
         volume_mount_group: None,
+        block: false,
     };
     let caps = service.capabilities().await.map_err(|e| {
         log_msg(format!(
@@ -585,6 +598,35 @@ pub async fn set_up_persistent(
     Ok(p)
 }
 
+/// The publish context of a persistent volume: a driver whose CSIDriver
+/// requires attach (the default, also without a CSIDriver) first waits for
+/// the attach/detach controller and its VolumeAttachment's
+/// `attachmentMetadata` is the context; the volume is reported in
+/// `node.status.volumesInUse` from then on (upstream's getPublishContext
+/// and skipAttach, for mounts and block maps alike).
+pub(super) async fn attachment_context(
+    registry: &Registry,
+    object: &DriverObject,
+    uid: &str,
+    driver: &str,
+    handle: &str,
+) -> Result<HashMap<String, String>, SetUpError> {
+    let unique = attach::unique_name(driver, handle);
+    if object.attach_required() {
+        // In use from the moment the kubelet decides the volume should be
+        // attached here (upstream reports the desired state's attachable
+        // volumes), so the controller never detaches it under a mount.
+        registry.in_use().mark(uid, &unique);
+        attach::wait_for_attach(registry, driver, handle)
+            .await
+            .map_err(SetUpError::Attach)
+    } else {
+        // Found on disk after a restart, but not attachable after all.
+        registry.in_use().release(uid, &unique);
+        Ok(HashMap::new())
+    }
+}
+
 /// Why a persistent volume is not set up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SetUpError {
@@ -595,6 +637,10 @@ pub enum SetUpError {
     /// Waiting for the attach/detach controller, or its attachment failed.
     #[error("{0}")]
     Attach(#[from] attach::AttachError),
+    /// A step of a raw block volume's map (upstream's MapVolume: a
+    /// FailedMapVolume event "<step> failed for volume ...").
+    #[error("{error}")]
+    Map { step: &'static str, error: String },
 }
 
 impl From<String> for SetUpError {
@@ -609,7 +655,7 @@ impl From<&str> for SetUpError {
     }
 }
 
-fn make_dirs(p: &Path) -> std::io::Result<()> {
+pub(super) fn make_dirs(p: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -673,6 +719,7 @@ async fn publish(
         target: target.to_path_buf(),
         staging,
         republish: false,
+        block: false,
     })
 }
 
@@ -731,7 +778,8 @@ async fn unmount_device(service: &NodeService, volume_id: &str, g: &Path) -> Res
 }
 
 /// CSI volumes left in the directory of a pod nobody owns any more (one
-/// deleted while rkubelet was down): each `vol_data.json` names the
+/// deleted while rkubelet was down; raw block ones as `block.rs` finds
+/// them): each `vol_data.json` names the
 /// driver and handle, and the driver unpublishes before the directory may
 /// go (upstream reconstructs such volumes from the same file). A
 /// persistent volume is then unstaged (upstream's UnmountDevice on the
@@ -739,6 +787,9 @@ async fn unmount_device(service: &NodeService, volume_id: &str, g: &Path) -> Res
 /// a `vol_data.json` for the same driver and handle. An error keeps the
 /// pod directory.
 pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> Result<(), String> {
+    // Raw block volumes first: their device links are in the pod's
+    // volumeDevices directory, their data under the plugin's.
+    super::block::tear_down_orphaned(registry, root, uid).await?;
     let dir = crate::volume::pod_dir(root, uid)
         .join("volumes")
         .join(PLUGIN_NAME.replace('/', "~"));
@@ -771,6 +822,7 @@ pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> 
                     target: e.path().join("mount"),
                     staging,
                     republish: false,
+                    block: false,
                 });
             }
             Ok(out)
@@ -1436,6 +1488,7 @@ mod tests {
             target: root.join("t/mount"),
             staging: None,
             republish: false,
+            block: false,
         };
         let t = Duration::from_secs(10);
         let e = super::super::metrics::volume_stats(&registry, &p, t)
