@@ -503,22 +503,34 @@ fn failed_mounts(api: &ApiServer, pod: &str) -> Vec<String> {
         .collect()
 }
 
-/// Claim `claim` (namespace default, 1Gi, ReadWriteOnce) bound to the CSI
-/// PV `pv` of handle `handle`, as the PV controller leaves them.
-fn bound_csi_claim(api: &ApiServer, pv: &str, handle: &str) {
+/// Claim `claim` (namespace default, spec `pvc_spec`) bound to PV `pv`
+/// (spec `pv_spec`, plus the claimRef), as the PV controller leaves them.
+fn bind_claim(api: &ApiServer, claim: &str, mut pvc_spec: Value, pv: &str, mut pv_spec: Value) {
+    pvc_spec["volumeName"] = json!(pv);
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "claim", "namespace": "default"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": pv}}));
+        "metadata": {"name": claim, "namespace": "default"}, "spec": pvc_spec}));
+    pv_spec["claimRef"] =
+        json!({"namespace": "default", "name": claim, "uid": pvc["metadata"]["uid"]});
     api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": pv},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-            "csi": {"driver": DRIVER, "volumeHandle": handle},
-            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+        "metadata": {"name": pv}, "spec": pv_spec}));
     let mut bound = api
-        .get("persistentvolumeclaims", Some("default"), "claim")
+        .get("persistentvolumeclaims", Some("default"), claim)
         .unwrap();
     bound["status"] = json!({"phase": "Bound"});
     api.update_status(bound);
+}
+
+/// Claim `claim` (namespace default, 1Gi, ReadWriteOnce) bound to the CSI
+/// PV `pv` of handle `handle`, as the PV controller leaves them.
+fn bound_csi_claim(api: &ApiServer, pv: &str, handle: &str) {
+    bind_claim(
+        api,
+        "claim",
+        json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}),
+        pv,
+        json!({"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": handle}}),
+    );
 }
 
 #[test]
@@ -1633,6 +1645,30 @@ fn a_claim_whose_resize_waits_for_the_node_is_expanded_before_its_pod_starts() {
     });
 }
 
+/// Claim `blk` (volumeMode Block) bound to the CSI PV `csi-blk-pv` (handle
+/// `blk-1`) whose `device` attribute names the loop device `dev` for the
+/// fake driver, with stage and publish secrets.
+fn csi_block_claim(api: &ApiServer, dev: &str) {
+    for (name, key) in [("stage-secret", "stagekey"), ("publish-secret", "pubkey")] {
+        api.create(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": "default"},
+            "data": {key: "c2VjcmV0"}}));
+    }
+    bind_claim(
+        api,
+        "blk",
+        json!({"accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+            "resources": {"requests": {"storage": "16Mi"}}}),
+        "csi-blk-pv",
+        json!({"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"],
+            "volumeMode": "Block",
+            "csi": {"driver": DRIVER, "volumeHandle": "blk-1",
+                "volumeAttributes": {"device": dev},
+                "nodeStageSecretRef": {"name": "stage-secret", "namespace": "default"},
+                "nodePublishSecretRef": {"name": "publish-secret", "namespace": "default"}}}),
+    );
+}
+
 /// A claim bound to a `volumeMode: Block` CSI PV (upstream's csiBlockMapper
 /// with MapBlockVolume): the driver gets NodeStageVolume at
 /// `volumeDevices/staging/<pv>` and NodePublishVolume at
@@ -1662,49 +1698,11 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
         "spec": {"attachRequired": false, "podInfoOnMount": true}
     }));
     let backing = k.dir.join("disk.img");
-    let mut disk = vec![0u8; 16 << 20];
-    disk[..13].copy_from_slice(b"HOST-WROTE-IT");
-    std::fs::write(&backing, &disk).unwrap();
-    drop(disk);
-    let dev = LoopDevice::new(&backing);
-    for (name, key) in [("stage-secret", "stagekey"), ("publish-secret", "pubkey")] {
-        api.create(json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": name, "namespace": "default"},
-            "data": {key: "c2VjcmV0"}}));
-    }
-    let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "blk", "namespace": "default"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
-            "resources": {"requests": {"storage": "16Mi"}}, "volumeName": "csi-blk-pv"}}));
-    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": "csi-blk-pv"},
-        "spec": {"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"],
-            "volumeMode": "Block",
-            "csi": {"driver": DRIVER, "volumeHandle": "blk-1",
-                "volumeAttributes": {"device": dev.0},
-                "nodeStageSecretRef": {"name": "stage-secret", "namespace": "default"},
-                "nodePublishSecretRef": {"name": "publish-secret", "namespace": "default"}},
-            "claimRef": {"namespace": "default", "name": "blk", "uid": pvc["metadata"]["uid"]}}}));
-    let mut bound = api
-        .get("persistentvolumeclaims", Some("default"), "blk")
-        .unwrap();
-    bound["status"] = json!({"phase": "Bound"});
-    api.update_status(bound);
+    let dev = marked_loop_disk(&backing);
+    csi_block_claim(&api, &dev.0);
 
     let name = format!("blk-{node}");
-    api.create(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": "blk"}}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeDevices": [{"name": "disk", "devicePath": "/dev/xvda"}]
-            }]
-        }
-    }));
+    api.create(block_pod(&name, node, "blk"));
     let p = running_pod(&api, &name);
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
     let devices = root.join("plugins/kubernetes.io/csi/volumeDevices");
@@ -1762,20 +1760,7 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
     assert_eq!(std::fs::read_link(&link).unwrap(), publish);
 
     let id = container_id(&p);
-    assert_eq!(sh(&k, &id, "test -b /dev/xvda && echo block"), "block");
-    assert_eq!(
-        sh(&k, &id, "dd if=/dev/xvda bs=13 count=1 2>/dev/null"),
-        "HOST-WROTE-IT"
-    );
-    sh(
-        &k,
-        &id,
-        "printf CONTAINER-WROTE-IT | dd of=/dev/xvda bs=4096 seek=1 conv=notrunc,fsync 2>/dev/null; sync",
-    );
-    wait_for("the container's write on the loop device", T, || {
-        let got = std::fs::read(&backing).unwrap();
-        (&got[4096..4096 + 18] == b"CONTAINER-WROTE-IT").then_some(())
-    });
+    device_is_shared_with_the_host(&k, &id, &backing, T);
 
     api.delete("pods", Some("default"), &name, Some(0));
     wait_for("NodeUnstageVolume", T, || {
@@ -1797,6 +1782,71 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
                 && !path_exists(publish.parent().unwrap())
                 && !path_exists(&devices.join("csi-blk-pv"))
                 && std::fs::symlink_metadata(&link).is_err()
+                && !path_exists(&pod_dir))
+            .then_some(())
+        },
+    );
+    drop(dev);
+}
+
+/// A block CSI volume of a pod deleted while rkubelet was down: after the
+/// restart its device link, the per-pod bind and the volume's
+/// `vol_data.json` say what to undo, and it is unmapped, unpublished and
+/// unstaged as at a normal tear-down, leaving nothing behind. The old
+/// code refused the PV, so the pod never ran.
+#[test]
+fn a_block_csi_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unmapped_after_restart() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-blk-restart";
+    let mut k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let (rt, endpoint) = serve_driver(&k, &driver);
+    register(&rt, &k, &endpoint, "reg.sock");
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": {"attachRequired": false}
+    }));
+    let dev = marked_loop_disk(&k.dir.join("disk.img"));
+    csi_block_claim(&api, &dev.0);
+    let name = format!("blk-gone-{node}");
+    api.create(block_pod(&name, node, "blk"));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let devices = root.join("plugins/kubernetes.io/csi/volumeDevices");
+    let global = devices.join("csi-blk-pv/dev");
+    assert_eq!(mounts_containing(global.to_str().unwrap()).len(), 1);
+
+    k.stop();
+    api.delete("pods", Some("default"), &name, Some(0));
+    k.spawn();
+    wait_for("NodeUnstageVolume after the restart", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+    let calls = driver.calls.lock();
+    assert_eq!(calls.log, ["stage", "publish", "unpublish", "unstage"]);
+    assert_eq!(
+        Path::new(&calls.unpublished[0].target_path),
+        devices.join("publish/csi-blk-pv").join(&uid)
+    );
+    assert_eq!(calls.unpublished[0].volume_id, "blk-1");
+    assert_eq!(
+        Path::new(&calls.unstaged[0].staging_target_path),
+        devices.join("staging/csi-blk-pv")
+    );
+    drop(calls);
+    let pod_dir = root.join("pods").join(&uid);
+    wait_for(
+        "no mounts, no volume directories, no pod directory",
+        T,
+        || {
+            (mounts_containing(root.to_str().unwrap()).is_empty()
+                && !path_exists(&devices.join("csi-blk-pv"))
+                && !path_exists(&devices.join("staging/csi-blk-pv"))
+                && !path_exists(&devices.join("publish/csi-blk-pv"))
                 && !path_exists(&pod_dir))
             .then_some(())
         },

@@ -683,11 +683,7 @@ fn a_block_claim_on_a_local_pv_is_a_device_in_the_container_and_goes_with_the_po
     let node = "it-vol-blk";
     let k = cluster_kubelet(node, &api);
     let backing = k.dir.join("disk.img");
-    let mut disk = vec![0u8; 16 << 20];
-    disk[..13].copy_from_slice(b"HOST-WROTE-IT");
-    std::fs::write(&backing, &disk).unwrap();
-    drop(disk);
-    let dev = LoopDevice::new(&backing);
+    let dev = marked_loop_disk(&backing);
 
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "blk", "namespace": "default"},
@@ -738,32 +734,11 @@ fn a_block_claim_on_a_local_pv_is_a_device_in_the_container_and_goes_with_the_po
     api.delete("pods", Some("default"), &wrong, Some(0));
 
     let name = format!("blk-{node}");
-    api.create(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": "blk"}}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeDevices": [{"name": "disk", "devicePath": "/dev/xvda"}]
-            }]
-        }
-    }));
+    api.create(block_pod(&name, node, "blk"));
     let p = running_pod(&api, &name);
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
     let id = container_id(&p, 0);
-    assert_eq!(sh(&k, &id, "test -b /dev/xvda && echo block"), "block");
-    assert_eq!(
-        sh(&k, &id, "dd if=/dev/xvda bs=13 count=1 2>/dev/null"),
-        "HOST-WROTE-IT"
-    );
-    sh(
-        &k,
-        &id,
-        "printf CONTAINER-WROTE-IT | dd of=/dev/xvda bs=4096 seek=1 conv=notrunc,fsync 2>/dev/null; sync",
-    );
+    device_is_shared_with_the_host(&k, &id, &backing, T);
     let root = k.dir.join("root");
     let global = root.join("plugins/kubernetes.io~local-volume/volumeDevices/pv-blk");
     let link = root
@@ -780,11 +755,6 @@ fn a_block_claim_on_a_local_pv_is_a_device_in_the_container_and_goes_with_the_po
         vec![global.join(&uid).display().to_string()],
         "one bind of the device for the pod"
     );
-    wait_for("the container's write in the backing file", T, || {
-        // The loop device writes through to its file.
-        let got = std::fs::read(&backing).unwrap();
-        (&got[4096..4096 + 18] == b"CONTAINER-WROTE-IT").then_some(())
-    });
 
     api.delete("pods", Some("default"), &name, Some(0));
     wait_for("the pod to be gone", T, || {

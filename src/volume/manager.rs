@@ -1404,16 +1404,26 @@ async fn csi_block(
             });
         }
     }
-    Ok(Mounted {
+    let mut m = mapped_volume(mapped);
+    m.csi = Some(Arc::new(p));
+    m.claim = Some((claim.to_string(), read_only));
+    Ok(m)
+}
+
+/// A raw block volume mapped for the pod: containers get its device link.
+/// Upstream's BlockVolumeMappers offer metrics, but of the device, which
+/// the pod stats here do not read.
+fn mapped_volume(mapped: super::block::Mapped) -> Mounted {
+    Mounted {
         path: mapped.link.clone(),
         owned: None,
         remountable: false,
         refresh_at: None,
         measured: false,
-        csi: Some(Arc::new(p)),
-        claim: Some((claim.to_string(), read_only)),
+        csi: None,
+        claim: None,
         block: Some(Arc::new(mapped)),
-    })
+    }
 }
 
 /// A claim bound to a `volumeMode: Block` PV: the device is mapped for the
@@ -1443,18 +1453,7 @@ async fn map_block(
     )
     .await
     .map_err(|e| format!("MapVolume.MapPodDevice failed for volume {name:?} : {e}"))?;
-    Ok(Mounted {
-        path: mapped.link.clone(),
-        owned: None,
-        remountable: false,
-        refresh_at: None,
-        // Upstream's local BlockVolumeMapper offers metrics, but of the
-        // device, which the pod stats here do not read.
-        measured: false,
-        csi: None,
-        claim: None,
-        block: Some(Arc::new(mapped)),
-    })
+    Ok(mapped_volume(mapped))
 }
 
 /// Upstream's full plugin name of a volume from its spec

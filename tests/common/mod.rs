@@ -440,3 +440,51 @@ pub fn mounts_containing(part: &str) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// A 16 MiB disk image at `backing` whose first bytes are `HOST-WROTE-IT`,
+/// behind a loop device (the raw block tests' device).
+pub fn marked_loop_disk(backing: &Path) -> LoopDevice {
+    let mut disk = vec![0u8; 16 << 20];
+    disk[..13].copy_from_slice(b"HOST-WROTE-IT");
+    std::fs::write(backing, &disk).unwrap();
+    LoopDevice::new(backing)
+}
+
+/// A pod on `node` whose container gets claim `claim` (volume `disk`) as
+/// the device `/dev/xvda`.
+pub fn block_pod(name: &str, node: &str, claim: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": claim}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeDevices": [{"name": "disk", "devicePath": "/dev/xvda"}]
+            }]
+        }
+    })
+}
+
+/// In container `id` of a [`block_pod`] on a [`marked_loop_disk`]:
+/// `/dev/xvda` is a block device with the host's mark, and what the
+/// container writes at 4096 reaches `backing` (the loop device writes
+/// through to its file).
+pub fn device_is_shared_with_the_host(k: &Kubelet, id: &str, backing: &Path, timeout: Duration) {
+    assert_eq!(sh(k, id, "test -b /dev/xvda && echo block"), "block");
+    assert_eq!(
+        sh(k, id, "dd if=/dev/xvda bs=13 count=1 2>/dev/null"),
+        "HOST-WROTE-IT"
+    );
+    sh(
+        k,
+        id,
+        "printf CONTAINER-WROTE-IT | dd of=/dev/xvda bs=4096 seek=1 conv=notrunc,fsync 2>/dev/null; sync",
+    );
+    wait_for("the container's write in the backing file", timeout, || {
+        let got = std::fs::read(backing).unwrap();
+        (&got[4096..4096 + 18] == b"CONTAINER-WROTE-IT").then_some(())
+    });
+}

@@ -32,7 +32,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use tracing::{debug, info};
 
-use super::client::{NodeService, VolumeRequest, CSI_TIMEOUT};
+use super::client::{NodeService, VolumeRequest};
 use super::mounter::{self, Published, SetUpError, VOL_DATA_FILE};
 use super::{log_msg, Registry, PLUGIN_NAME};
 use crate::objects::ObjectManager;
@@ -331,13 +331,7 @@ pub async fn tear_down(
     )
     .await
     .map_err(|e| format!("UnmapVolume.UnmapBlockVolume failed: {e}"))?;
-    let d = registry.get(&p.driver).ok_or_else(|| {
-        log_msg(format!(
-            "blockMapper.UnmapPodDevice failed to get CSI client: {}",
-            Registry::not_found(&p.driver)
-        ))
-    })?;
-    let service = NodeService::new(&d.endpoint, CSI_TIMEOUT);
+    let service = mounter::client_for(registry, &p.driver, "blockMapper.UnmapPodDevice")?;
     // Even a publish path that is not there is unpublished: an earlier
     // publish may have timed out (upstream).
     service
@@ -395,34 +389,6 @@ async fn tear_down_device(
     Ok(())
 }
 
-/// Mount points at or below `dir`.
-fn mounted_below(dir: &Path) -> std::io::Result<bool> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(info.lines().any(|l| {
-        l.split(' ').nth(4).is_some_and(|mp| {
-            Path::new(&crate::stats::procfs::unescape_mountinfo(mp)).starts_with(dir)
-        })
-    }))
-}
-
-/// Removes `dir` and what is in it (never following a link), unless
-/// something is still mounted there: that is the driver's to undo.
-fn remove_unmounted(dir: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-        Ok(m) if !m.is_dir() => return std::fs::remove_file(dir),
-        Ok(_) => {}
-    }
-    if mounted_below(dir)? {
-        return Err(std::io::Error::other(format!(
-            "{} is still mounted",
-            dir.display()
-        )));
-    }
-    std::fs::remove_dir_all(dir)
-}
-
 /// cleanupOrphanDeviceFiles: the (empty) publish directory, the staging
 /// path and the volume's directory (`data/vol_data.json`, `dev/`).
 fn cleanup_device_files(devices: &Path, spec: &str) -> Result<(), String> {
@@ -437,14 +403,14 @@ fn cleanup_device_files(devices: &Path, spec: &str) -> Result<(), String> {
         _ => {}
     }
     let staging = devices.join("staging").join(spec);
-    remove_unmounted(&staging).map_err(|e| {
+    mounter::remove_unmounted(&staging, true).map_err(|e| {
         log_msg(format!(
             "failed to delete volume staging path [{}]: {e}",
             staging.display()
         ))
     })?;
     let dir = devices.join(spec);
-    remove_unmounted(&dir).map_err(|e| format!("{}: {e}", dir.display()))
+    mounter::remove_unmounted(&dir, true).map_err(|e| format!("{}: {e}", dir.display()))
 }
 
 /// The block volume found on disk for a pod link name `spec`: its
@@ -630,6 +596,37 @@ mod tests {
             serde_json::json!({"specVolID": "pv1", "volumeHandle": "h", "driverName": "d",
                 "nodeName": "n", "attachmentID": mounter::attachment_name("h", "d", "n")})
         );
+    }
+
+    #[test]
+    fn a_pods_device_link_with_the_volumes_data_counts_in_use_after_a_restart() {
+        let root = crate::testutil::tempdir("csiblk-recon");
+        let links = pod_device_map_dir(&root, "u1");
+        std::fs::create_dir_all(&links).unwrap();
+        std::os::unix::fs::symlink(publish_path(&root, "pv1", "u1"), links.join("pv1")).unwrap();
+        // A link whose volume has no data is not counted.
+        std::os::unix::fs::symlink("/nowhere", links.join("pv2")).unwrap();
+        std::fs::create_dir_all(data_dir(&root, "pv1")).unwrap();
+        std::fs::write(
+            data_dir(&root, "pv1").join(VOL_DATA_FILE),
+            vol_data("pv1", "h1", "d.csi", "n").to_string(),
+        )
+        .unwrap();
+        assert_eq!(
+            reconstruct(&root),
+            vec![("u1".to_string(), "d.csi".to_string(), "h1".to_string())]
+        );
+        // And the attach bookkeeping sees it under its unique name.
+        assert_eq!(
+            super::super::attach::reconstruct(&root),
+            vec![(
+                "u1".to_string(),
+                super::super::attach::unique_name("d.csi", "h1")
+            )]
+        );
+        assert!(mapped_elsewhere(&root, "u2", "pv1"));
+        assert!(!mapped_elsewhere(&root, "u1", "pv1"));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -341,9 +341,19 @@ fn vol_data(volume: &str, handle: &str, driver: &str, node: &str, mode: &str) ->
 
 /// The driver's node service, or upstream's transient "not registered".
 pub(super) fn node_service(registry: &Registry, driver: &str) -> Result<NodeService, String> {
+    client_for(registry, driver, "mounter.SetUpAt")
+}
+
+/// The driver's node service; `op` names the operation in upstream's
+/// "<op> failed to get CSI client" for a driver not registered.
+pub(super) fn client_for(
+    registry: &Registry,
+    driver: &str,
+    op: &str,
+) -> Result<NodeService, String> {
     let d = registry.get(driver).ok_or_else(|| {
         log_msg(format!(
-            "mounter.SetUpAt failed to get CSI client: {}",
+            "{op} failed to get CSI client: {}",
             Registry::not_found(driver)
         ))
     })?;
@@ -727,13 +737,7 @@ async fn publish(
 /// NodeUnstageVolume when the volume was staged and no other pod on the
 /// node publishes it (`still_used`).
 pub async fn tear_down(registry: &Registry, p: &Published, still_used: bool) -> Result<(), String> {
-    let d = registry.get(&p.driver).ok_or_else(|| {
-        log_msg(format!(
-            "Unmounter.TearDownAt failed to get CSI client: {}",
-            Registry::not_found(&p.driver)
-        ))
-    })?;
-    let service = NodeService::new(&d.endpoint, CSI_TIMEOUT);
+    let service = client_for(registry, &p.driver, "Unmounter.TearDownAt")?;
     service
         .unpublish(&p.volume_id, &p.target.to_string_lossy())
         .await
@@ -906,21 +910,50 @@ fn is_mount_point(p: &Path) -> std::io::Result<bool> {
 }
 
 fn remove_if_unmounted(p: &Path) -> std::io::Result<()> {
+    remove_unmounted(p, false)
+}
+
+/// Removes `p` unless something is mounted there (that is the driver's to
+/// undo); a link is removed, never followed. Without `tree` only an empty
+/// directory that is no mount point: a driver that left files behind
+/// unmounted is not second-guessed (upstream removes with os.Remove). With
+/// `tree` (upstream's RemoveAll of a block staging path) a file, or a
+/// directory with what is in it, unless a mount is anywhere below.
+pub(super) fn remove_unmounted(p: &Path, tree: bool) -> std::io::Result<()> {
     match std::fs::symlink_metadata(p) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
-        Ok(m) if m.file_type().is_symlink() => return std::fs::remove_file(p),
+        Ok(m) if m.file_type().is_symlink() || (tree && !m.is_dir()) => {
+            return std::fs::remove_file(p)
+        }
         Ok(_) => {}
     }
-    if is_mount_point(p)? {
+    let mounted = if tree {
+        mounted_below(p)?
+    } else {
+        is_mount_point(p)?
+    };
+    if mounted {
         return Err(std::io::Error::other(format!(
             "{} is still mounted",
             p.display()
         )));
     }
-    // Only an empty directory: a driver that left files behind unmounted
-    // is not second-guessed (upstream removes with os.Remove too).
-    std::fs::remove_dir(p)
+    if tree {
+        std::fs::remove_dir_all(p)
+    } else {
+        std::fs::remove_dir(p)
+    }
+}
+
+/// Whether anything is mounted at or below `dir`.
+fn mounted_below(dir: &Path) -> std::io::Result<bool> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info.lines().any(|l| {
+        l.split(' ').nth(4).is_some_and(|mp| {
+            Path::new(&crate::stats::procfs::unescape_mountinfo(mp)).starts_with(dir)
+        })
+    }))
 }
 
 fn remove_empty_dir(p: &Path) -> std::io::Result<()> {
