@@ -1809,6 +1809,33 @@ mod tests {
     }
 
     #[test]
+    fn a_block_map_failure_is_upstreams_failed_map_volume() {
+        use super::super::csi::mounter::SetUpError;
+        let f = Failed::from_csi(
+            SetUpError::Map {
+                step: "MapVolume.MapPodDevice",
+                error: "rpc error: boom".into(),
+            },
+            "pv1",
+        );
+        match f {
+            Failed::Other {
+                error,
+                event: Some((reason, message)),
+                node_wait: false,
+            } => {
+                assert_eq!(error, "rpc error: boom");
+                assert_eq!(reason, "FailedMapVolume");
+                assert_eq!(
+                    message,
+                    "MapVolume.MapPodDevice failed for volume \"pv1\" : rpc error: boom"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn memory_volumes_are_sized_by_the_smallest_of_node_pod_and_limit() {
         let mut p = pod("u", vec![]);
         assert_eq!(memory_volume_size(&p, None, 1000), 1000);
