@@ -457,6 +457,23 @@ fn register(rt: &tokio::runtime::Runtime, k: &Kubelet, endpoint: &Path, socket: 
     registrar
 }
 
+/// `driver` served and registered with kubelet `k`, and its CSIDriver
+/// object of `spec` created; the returned runtime serves it (keep it).
+fn driver_with_object(
+    api: &ApiServer,
+    k: &Kubelet,
+    driver: &FakeDriver,
+    spec: Value,
+) -> tokio::runtime::Runtime {
+    let (rt, endpoint) = serve_driver(k, driver);
+    register(&rt, k, &endpoint, "reg.sock");
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": spec
+    }));
+    rt
+}
+
 fn sha256_hex(data: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, data.as_bytes())
         .as_ref()
@@ -709,14 +726,13 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
         stages: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
     // rkubelet does not attach: the driver says it needs none.
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER},
-        "spec": {"attachRequired": false, "volumeLifecycleModes": ["Persistent"]}
-    }));
+    let _rt = driver_with_object(
+        &api,
+        &k,
+        &driver,
+        json!({"attachRequired": false, "volumeLifecycleModes": ["Persistent"]}),
+    );
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "claim", "namespace": "default"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "csi-pv"}}));
@@ -915,15 +931,14 @@ fn driver_stats_tokens_mount_group_and_republish_follow_the_csidriver() {
         mount_group: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
     // Tokens for one audience, published again at every pod sync.
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER},
-        "spec": {"attachRequired": false, "requiresRepublish": true,
-            "tokenRequests": [{"audience": "vault", "expirationSeconds": 600}]}
-    }));
+    let _rt = driver_with_object(
+        &api,
+        &k,
+        &driver,
+        json!({"attachRequired": false, "requiresRepublish": true,
+            "tokenRequests": [{"audience": "vault", "expirationSeconds": 600}]}),
+    );
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "claim", "namespace": "default"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "stats-pv"}}));
@@ -1077,13 +1092,7 @@ fn a_staged_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unstaged_after_re
         stages: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER},
-        "spec": {"attachRequired": false}
-    }));
+    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": false}));
     bound_csi_claim(&api, "restart-pv", "vol-r");
     let name = format!("gone-{node}");
     api.create(json!({
@@ -1293,12 +1302,7 @@ fn volumes_in_use_are_not_dropped_while_a_restarted_kubelet_sets_its_volumes_up_
         stages: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER}, "spec": {"attachRequired": true}
-    }));
+    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": true}));
     bound_csi_claim(&api, "rs-pv", "vol-r");
     // The controller and the attacher have done their part already.
     let unique = format!("kubernetes.io/csi/{DRIVER}^vol-r");
@@ -1421,12 +1425,7 @@ fn a_grown_volume_is_expanded_online_and_its_claim_gets_the_new_capacity() {
         expands: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER}, "spec": {"attachRequired": false}
-    }));
+    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": false}));
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "claim", "namespace": "default"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "ex-pv"}}));
@@ -1550,12 +1549,7 @@ fn a_claim_whose_resize_waits_for_the_node_is_expanded_before_its_pod_starts() {
         expands: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER}, "spec": {"attachRequired": false}
-    }));
+    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": false}));
     // Grown while no pod used it: the resizer left the node's part pending.
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "claim", "namespace": "default"},
@@ -1690,13 +1684,12 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
         stages: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER},
-        "spec": {"attachRequired": false, "podInfoOnMount": true}
-    }));
+    let _rt = driver_with_object(
+        &api,
+        &k,
+        &driver,
+        json!({"attachRequired": false, "podInfoOnMount": true}),
+    );
     let backing = k.dir.join("disk.img");
     let dev = marked_loop_disk(&backing);
     csi_block_claim(&api, &dev.0);
@@ -1804,12 +1797,7 @@ fn a_block_csi_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unmapped_after
         stages: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER}, "spec": {"attachRequired": false}
-    }));
+    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": false}));
     let dev = marked_loop_disk(&k.dir.join("disk.img"));
     csi_block_claim(&api, &dev.0);
     let name = format!("blk-gone-{node}");
