@@ -1667,8 +1667,10 @@ fn csi_block_claim(api: &ApiServer, dev: &str) {
 /// with MapBlockVolume): the driver gets NodeStageVolume at
 /// `volumeDevices/staging/<pv>` and NodePublishVolume at
 /// `volumeDevices/publish/<pv>/<pod uid>`, both with a Block capability,
-/// the PV's secrets and (podInfoOnMount) the pod's identity; it binds a
-/// loop device there, and the container finds the device at its
+/// the PV's secrets and (podInfoOnMount) the pod's identity, and a claim
+/// resize pending on the node is done with NodeExpandVolume on the publish
+/// path; the driver binds a loop device there, and the container finds the
+/// device at its
 /// `volumeDevices` path, reads what the host wrote and writes what the
 /// host then reads back. Deleting the pod unmaps, unpublishes and
 /// unstages in that order and leaves no mount, no plugin directory of the
@@ -1682,6 +1684,7 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
     let root = k.dir.join("root");
     let driver = FakeDriver {
         stages: true,
+        expands: true,
         ..Default::default()
     };
     let _rt = driver_with_object(
@@ -1693,6 +1696,15 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
     let backing = k.dir.join("disk.img");
     let dev = marked_loop_disk(&backing);
     csi_block_claim(&api, &dev.0);
+    // The claim was grown to the PV's 16Mi while no pod used it: the
+    // node's part is pending and done at the map (upstream's
+    // expandVolumeDuringMount in GenerateMapVolumeFunc).
+    let mut c = api
+        .get("persistentvolumeclaims", Some("default"), "blk")
+        .unwrap();
+    c["status"]["capacity"] = json!({"storage": "8Mi"});
+    c["status"]["allocatedResourceStatuses"] = json!({"storage": "NodeResizePending"});
+    api.update_status(c);
 
     let name = format!("blk-{node}");
     api.create(block_pod(&name, node, "blk"));
@@ -1709,6 +1721,17 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
     };
     let calls = driver.calls.lock();
     assert_eq!(calls.log, ["stage", "publish"]);
+    // Expanded on the publish path with a Block capability.
+    assert_eq!(calls.expanded.len(), 1);
+    let ex = &calls.expanded[0];
+    assert_eq!(Path::new(&ex.volume_path), publish);
+    assert_eq!(Path::new(&ex.staging_target_path), staging);
+    assert!(is_block(&ex.volume_capability), "{ex:?}");
+    assert_eq!(ex.capacity_range.as_ref().unwrap().required_bytes, 16 << 20);
+    let claim = api
+        .get("persistentvolumeclaims", Some("default"), "blk")
+        .unwrap();
+    assert_eq!(claim["status"]["capacity"]["storage"], "16Mi");
     let st = &calls.staged[0];
     assert_eq!(st.volume_id, "blk-1");
     assert_eq!(Path::new(&st.staging_target_path), staging);
