@@ -44,6 +44,8 @@ struct Calls {
     unpublished: Vec<proto::NodeUnpublishVolumeRequest>,
     stats: Vec<proto::NodeGetVolumeStatsRequest>,
     expanded: Vec<proto::NodeExpandVolumeRequest>,
+    /// Every stage, publish, unpublish and unstage in order.
+    log: Vec<&'static str>,
 }
 
 #[derive(Clone, Default)]
@@ -105,12 +107,26 @@ fn bind(from: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 /// What the fake driver does to unstage and unpublish: unmount the path
-/// and remove its directory, if it is there.
+/// and remove its directory (or a block volume's device file), if it is
+/// there. A block staging directory holds the staged device as `device`:
+/// that goes, the directory is the kubelet's.
 async fn unmount_and_remove(dir: PathBuf) -> Result<(), Status> {
     tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        if dir.exists() {
-            unmount(&dir)?;
-            std::fs::remove_dir(&dir)?;
+        let staged_device = dir.join("device");
+        if std::fs::symlink_metadata(&staged_device).is_ok() {
+            unmount(&staged_device)?;
+            return std::fs::remove_file(&staged_device);
+        }
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => {
+                unmount(&dir)?;
+                std::fs::remove_dir(&dir)?;
+            }
+            Ok(_) => {
+                unmount(&dir)?;
+                std::fs::remove_file(&dir)?;
+            }
+            Err(_) => {}
         }
         Ok(())
     })
@@ -128,6 +144,19 @@ fn unmount(target: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The host device of a raw block volume (a Block capability; the PV's
+/// `device` attribute names it), None for a mount.
+fn block_device(
+    cap: &Option<proto::VolumeCapability>,
+    context: &HashMap<String, String>,
+) -> Option<String> {
+    let block = matches!(
+        cap.as_ref().and_then(|c| c.access_type.as_ref()),
+        Some(proto::volume_capability::AccessType::Block(_))
+    );
+    block.then(|| context.get("device").cloned().unwrap_or_default())
+}
+
 #[tonic::async_trait]
 impl node_server::Node for FakeDriver {
     async fn node_stage_volume(
@@ -139,6 +168,28 @@ impl node_server::Node for FakeDriver {
         }
         let r = r.into_inner();
         let g = PathBuf::from(&r.staging_target_path);
+        if let Some(dev) = block_device(&r.volume_capability, &r.volume_context) {
+            // A raw block volume: the device bound onto a file in the
+            // staging directory the kubelet made.
+            let file = g.join("device");
+            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                if !g.is_dir() {
+                    return Err(std::io::Error::other("no staging directory"));
+                }
+                if std::fs::symlink_metadata(&file).is_err() {
+                    std::fs::write(&file, "")?;
+                    bind(Path::new(&dev), &file)?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap()
+            .map_err(|e| Status::internal(e.to_string()))?;
+            let mut c = self.calls.lock();
+            c.staged.push(r);
+            c.log.push("stage");
+            return Ok(Response::new(proto::NodeStageVolumeResponse {}));
+        }
         // Staged already (a kubelet that restarted stages again): nothing
         // more to do, as NodeStageVolume is idempotent.
         if g.join("hello").exists() {
@@ -163,7 +214,9 @@ impl node_server::Node for FakeDriver {
     ) -> Result<Response<proto::NodeUnstageVolumeResponse>, Status> {
         let r = r.into_inner();
         unmount_and_remove(PathBuf::from(&r.staging_target_path)).await?;
-        self.calls.lock().unstaged.push(r);
+        let mut c = self.calls.lock();
+        c.unstaged.push(r);
+        c.log.push("unstage");
         Ok(Response::new(proto::NodeUnstageVolumeResponse {}))
     }
     /// As a real driver: creates the target, mounts a tmpfs there and
@@ -174,6 +227,34 @@ impl node_server::Node for FakeDriver {
     ) -> Result<Response<proto::NodePublishVolumeResponse>, Status> {
         let r = r.into_inner();
         let target = PathBuf::from(&r.target_path);
+        if let Some(dev) = block_device(&r.volume_capability, &r.volume_context) {
+            // A raw block volume: the driver creates the publish path as a
+            // file (its parent is the kubelet's) and binds the device, the
+            // staged one when it stages, onto it.
+            let staged = Path::new(&r.staging_target_path).join("device");
+            let from = if self.stages {
+                staged
+            } else {
+                PathBuf::from(dev)
+            };
+            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                if !target.parent().is_some_and(Path::is_dir) {
+                    return Err(std::io::Error::other("no publish directory"));
+                }
+                if std::fs::symlink_metadata(&target).is_err() {
+                    std::fs::write(&target, "")?;
+                    bind(&from, &target)?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap()
+            .map_err(|e| Status::internal(e.to_string()))?;
+            let mut c = self.calls.lock();
+            c.published.push(r);
+            c.log.push("publish");
+            return Ok(Response::new(proto::NodePublishVolumeResponse {}));
+        }
         // A republish of a published target (requiresRepublish) is
         // answered as a real driver does: nothing more to mount (the
         // target exists from the first publish until the unpublish).
@@ -209,7 +290,9 @@ impl node_server::Node for FakeDriver {
     ) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
         let r = r.into_inner();
         unmount_and_remove(PathBuf::from(&r.target_path)).await?;
-        self.calls.lock().unpublished.push(r);
+        let mut c = self.calls.lock();
+        c.unpublished.push(r);
+        c.log.push("unpublish");
         Ok(Response::new(proto::NodeUnpublishVolumeResponse {}))
     }
     async fn node_get_volume_stats(
@@ -374,6 +457,23 @@ fn register(rt: &tokio::runtime::Runtime, k: &Kubelet, endpoint: &Path, socket: 
     registrar
 }
 
+/// `driver` served and registered with kubelet `k`, and its CSIDriver
+/// object of `spec` created; the returned runtime serves it (keep it).
+fn driver_with_object(
+    api: &ApiServer,
+    k: &Kubelet,
+    driver: &FakeDriver,
+    spec: Value,
+) -> tokio::runtime::Runtime {
+    let (rt, endpoint) = serve_driver(k, driver);
+    register(&rt, k, &endpoint, "reg.sock");
+    api.create(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER}, "spec": spec
+    }));
+    rt
+}
+
 fn sha256_hex(data: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, data.as_bytes())
         .as_ref()
@@ -420,8 +520,6 @@ fn failed_mounts(api: &ApiServer, pod: &str) -> Vec<String> {
         .collect()
 }
 
-/// Claim `claim` (namespace default, 1Gi, ReadWriteOnce) bound to the CSI
-/// PV `pv` of handle `handle`, as the PV controller leaves them.
 /// Successful `op` samples of the fake driver's volumes in
 /// `storage_operation_duration_seconds` (0 when none).
 fn ops_timed(k: &Kubelet, op: &str) -> u64 {
@@ -436,20 +534,34 @@ fn ops_timed(k: &Kubelet, op: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn bound_csi_claim(api: &ApiServer, pv: &str, handle: &str) {
+/// Claim `claim` (namespace default, spec `pvc_spec`) bound to PV `pv`
+/// (spec `pv_spec`, plus the claimRef), as the PV controller leaves them.
+fn bind_claim(api: &ApiServer, claim: &str, mut pvc_spec: Value, pv: &str, mut pv_spec: Value) {
+    pvc_spec["volumeName"] = json!(pv);
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "claim", "namespace": "default"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": pv}}));
+        "metadata": {"name": claim, "namespace": "default"}, "spec": pvc_spec}));
+    pv_spec["claimRef"] =
+        json!({"namespace": "default", "name": claim, "uid": pvc["metadata"]["uid"]});
     api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": pv},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-            "csi": {"driver": DRIVER, "volumeHandle": handle},
-            "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
+        "metadata": {"name": pv}, "spec": pv_spec}));
     let mut bound = api
-        .get("persistentvolumeclaims", Some("default"), "claim")
+        .get("persistentvolumeclaims", Some("default"), claim)
         .unwrap();
     bound["status"] = json!({"phase": "Bound"});
     api.update_status(bound);
+}
+
+/// Claim `claim` (namespace default, 1Gi, ReadWriteOnce) bound to the CSI
+/// PV `pv` of handle `handle`, as the PV controller leaves them.
+fn bound_csi_claim(api: &ApiServer, pv: &str, handle: &str) {
+    bind_claim(
+        api,
+        "claim",
+        json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}),
+        pv,
+        json!({"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "csi": {"driver": DRIVER, "volumeHandle": handle}}),
+    );
 }
 
 #[test]
@@ -628,14 +740,13 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
         stages: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
     // rkubelet does not attach: the driver says it needs none.
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER},
-        "spec": {"attachRequired": false, "volumeLifecycleModes": ["Persistent"]}
-    }));
+    let _rt = driver_with_object(
+        &api,
+        &k,
+        &driver,
+        json!({"attachRequired": false, "volumeLifecycleModes": ["Persistent"]}),
+    );
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "claim", "namespace": "default"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "csi-pv"}}));
@@ -838,15 +949,14 @@ fn driver_stats_tokens_mount_group_and_republish_follow_the_csidriver() {
         mount_group: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
     // Tokens for one audience, published again at every pod sync.
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER},
-        "spec": {"attachRequired": false, "requiresRepublish": true,
-            "tokenRequests": [{"audience": "vault", "expirationSeconds": 600}]}
-    }));
+    let _rt = driver_with_object(
+        &api,
+        &k,
+        &driver,
+        json!({"attachRequired": false, "requiresRepublish": true,
+            "tokenRequests": [{"audience": "vault", "expirationSeconds": 600}]}),
+    );
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "claim", "namespace": "default"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "stats-pv"}}));
@@ -1000,13 +1110,7 @@ fn a_staged_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unstaged_after_re
         stages: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER},
-        "spec": {"attachRequired": false}
-    }));
+    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": false}));
     bound_csi_claim(&api, "restart-pv", "vol-r");
     let name = format!("gone-{node}");
     api.create(json!({
@@ -1218,12 +1322,7 @@ fn volumes_in_use_are_not_dropped_while_a_restarted_kubelet_sets_its_volumes_up_
         stages: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER}, "spec": {"attachRequired": true}
-    }));
+    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": true}));
     bound_csi_claim(&api, "rs-pv", "vol-r");
     // The controller and the attacher have done their part already.
     let unique = format!("kubernetes.io/csi/{DRIVER}^vol-r");
@@ -1346,25 +1445,24 @@ fn a_grown_volume_is_expanded_online_and_its_claim_gets_the_new_capacity() {
         expands: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER}, "spec": {"attachRequired": false}
-    }));
+    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": false}));
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "claim", "namespace": "default"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "ex-pv"}}));
     api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
         "metadata": {"name": "ex-pv"},
         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-            "csi": {"driver": DRIVER, "volumeHandle": "vol-x", "fsType": "ext4"},
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-x", "fsType": "ext4",
+                "nodeExpandSecretRef": {"name": "expand-secret", "namespace": "default"}},
             "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
     let mut bound = api
         .get("persistentvolumeclaims", Some("default"), "claim")
         .unwrap();
     bound["status"] = json!({"phase": "Bound", "capacity": {"storage": "1Gi"}});
     api.update_status(bound);
+    api.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "expand-secret", "namespace": "default"},
+        "data": {"expandkey": "c2VjcmV0"}}));
     let name = format!("ex-{node}");
     api.create(json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -1419,6 +1517,11 @@ fn a_grown_volume_is_expanded_online_and_its_claim_gets_the_new_capacity() {
         ))
     );
     assert_eq!(req.capacity_range.as_ref().unwrap().required_bytes, 2 << 30);
+    // The PV's nodeExpandSecretRef (upstream expander.go).
+    assert_eq!(
+        req.secrets,
+        [("expandkey".to_string(), "secret".to_string())].into()
+    );
     match req
         .volume_capability
         .as_ref()
@@ -1468,12 +1571,7 @@ fn a_claim_whose_resize_waits_for_the_node_is_expanded_before_its_pod_starts() {
         expands: true,
         ..Default::default()
     };
-    let (rt, endpoint) = serve_driver(&k, &driver);
-    register(&rt, &k, &endpoint, "reg.sock");
-    api.create(json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER}, "spec": {"attachRequired": false}
-    }));
+    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": false}));
     // Grown while no pod used it: the resizer left the node's part pending.
     let pvc = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "claim", "namespace": "default"},
@@ -1481,7 +1579,8 @@ fn a_claim_whose_resize_waits_for_the_node_is_expanded_before_its_pod_starts() {
     api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
         "metadata": {"name": "exm-pv"},
         "spec": {"capacity": {"storage": "3Gi"}, "accessModes": ["ReadWriteOnce"],
-            "csi": {"driver": DRIVER, "volumeHandle": "vol-m"},
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-m",
+                "nodeExpandSecretRef": {"name": "late-secret", "namespace": "default"}},
             "claimRef": {"namespace": "default", "name": "claim", "uid": pvc["metadata"]["uid"]}}}));
     let mut bound = api
         .get("persistentvolumeclaims", Some("default"), "claim")
@@ -1504,11 +1603,42 @@ fn a_claim_whose_resize_waits_for_the_node_is_expanded_before_its_pod_starts() {
             }]
         }
     }));
+    // The PV's nodeExpandSecretRef names a secret not there yet: the
+    // expansion fails as upstream's (the claim gets NodeResizeError, the
+    // pod a FailedMount) and the driver is not asked.
+    let want = "expander.NodeExpand failed to get NodeExpandSecretRef default/late-secret: kubernetes.io/csi: failed to find the secret late-secret in the namespace default with error: ";
+    wait_for("FailedMount for the missing expand secret", T, || {
+        failed_mounts(&api, &name).into_iter().find(|m| {
+            m.starts_with(&format!(
+                "MountVolume.Setup failed while expanding volume for volume \"exm-pv\" : {want}"
+            ))
+        })
+    });
+    wait_for("NodeResizeError on the claim", T, || {
+        api.get("persistentvolumeclaims", Some("default"), "claim")
+            .filter(|c| {
+                c["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c["type"] == "NodeResizeError"
+                            && c["message"].as_str().is_some_and(|m| m.contains(want))
+                    })
+                })
+            })
+    });
+    assert!(driver.calls.lock().expanded.is_empty());
+    assert!(api.get("pods", Some("default"), &name).unwrap()["status"]["phase"] != "Running");
+    api.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "late-secret", "namespace": "default"},
+        "data": {"k": "dg=="}}));
     running_pod(&api, &name);
     // Expanded during the mount, before the containers started: the
     // driver does not stage, so no staging path.
     let calls = driver.calls.lock();
     assert_eq!(calls.expanded.len(), 1, "expanded before the pod ran");
+    assert_eq!(
+        calls.expanded[0].secrets,
+        [("k".to_string(), "v".to_string())].into()
+    );
     assert_eq!(calls.expanded[0].volume_id, "vol-m");
     assert_eq!(
         calls.expanded[0]
@@ -1529,4 +1659,230 @@ fn a_claim_whose_resize_waits_for_the_node_is_expanded_before_its_pod_starts() {
     wait_for("NodeUnpublishVolume", T, || {
         (!driver.calls.lock().unpublished.is_empty()).then_some(())
     });
+}
+
+/// Claim `blk` (volumeMode Block) bound to the CSI PV `csi-blk-pv` (handle
+/// `blk-1`) whose `device` attribute names the loop device `dev` for the
+/// fake driver, with stage and publish secrets.
+fn csi_block_claim(api: &ApiServer, dev: &str) {
+    for (name, key) in [("stage-secret", "stagekey"), ("publish-secret", "pubkey")] {
+        api.create(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": "default"},
+            "data": {key: "c2VjcmV0"}}));
+    }
+    bind_claim(
+        api,
+        "blk",
+        json!({"accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+            "resources": {"requests": {"storage": "16Mi"}}}),
+        "csi-blk-pv",
+        json!({"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"],
+            "volumeMode": "Block",
+            "csi": {"driver": DRIVER, "volumeHandle": "blk-1",
+                "volumeAttributes": {"device": dev},
+                "nodeStageSecretRef": {"name": "stage-secret", "namespace": "default"},
+                "nodePublishSecretRef": {"name": "publish-secret", "namespace": "default"}}}),
+    );
+}
+
+/// A claim bound to a `volumeMode: Block` CSI PV (upstream's csiBlockMapper
+/// with MapBlockVolume): the driver gets NodeStageVolume at
+/// `volumeDevices/staging/<pv>` and NodePublishVolume at
+/// `volumeDevices/publish/<pv>/<pod uid>`, both with a Block capability,
+/// the PV's secrets and (podInfoOnMount) the pod's identity, and a claim
+/// resize pending on the node is done with NodeExpandVolume on the publish
+/// path; the driver binds a loop device there, and the container finds the
+/// device at its
+/// `volumeDevices` path, reads what the host wrote and writes what the
+/// host then reads back. Deleting the pod unmaps, unpublishes and
+/// unstages in that order and leaves no mount, no plugin directory of the
+/// volume and no pod directory. The old code refused the PV
+/// ("supported for local PVs only") and never started the pod.
+#[test]
+fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-blk";
+    let k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let driver = FakeDriver {
+        stages: true,
+        expands: true,
+        ..Default::default()
+    };
+    let _rt = driver_with_object(
+        &api,
+        &k,
+        &driver,
+        json!({"attachRequired": false, "podInfoOnMount": true}),
+    );
+    let backing = k.dir.join("disk.img");
+    let dev = marked_loop_disk(&backing);
+    csi_block_claim(&api, &dev.0);
+    // The claim was grown to the PV's 16Mi while no pod used it: the
+    // node's part is pending and done at the map (upstream's
+    // expandVolumeDuringMount in GenerateMapVolumeFunc).
+    let mut c = api
+        .get("persistentvolumeclaims", Some("default"), "blk")
+        .unwrap();
+    c["status"]["capacity"] = json!({"storage": "8Mi"});
+    c["status"]["allocatedResourceStatuses"] = json!({"storage": "NodeResizePending"});
+    api.update_status(c);
+
+    let name = format!("blk-{node}");
+    api.create(block_pod(&name, node, "blk"));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let devices = root.join("plugins/kubernetes.io/csi/volumeDevices");
+    let staging = devices.join("staging/csi-blk-pv");
+    let publish = devices.join("publish/csi-blk-pv").join(&uid);
+    let is_block = |c: &Option<proto::VolumeCapability>| {
+        matches!(
+            c.as_ref().and_then(|c| c.access_type.as_ref()),
+            Some(proto::volume_capability::AccessType::Block(_))
+        )
+    };
+    let calls = driver.calls.lock();
+    assert_eq!(calls.log, ["stage", "publish"]);
+    // Expanded on the publish path with a Block capability.
+    assert_eq!(calls.expanded.len(), 1);
+    let ex = &calls.expanded[0];
+    assert_eq!(Path::new(&ex.volume_path), publish);
+    assert_eq!(Path::new(&ex.staging_target_path), staging);
+    assert!(is_block(&ex.volume_capability), "{ex:?}");
+    assert_eq!(ex.capacity_range.as_ref().unwrap().required_bytes, 16 << 20);
+    let claim = api
+        .get("persistentvolumeclaims", Some("default"), "blk")
+        .unwrap();
+    assert_eq!(claim["status"]["capacity"]["storage"], "16Mi");
+    let st = &calls.staged[0];
+    assert_eq!(st.volume_id, "blk-1");
+    assert_eq!(Path::new(&st.staging_target_path), staging);
+    assert!(is_block(&st.volume_capability), "{st:?}");
+    assert_eq!(
+        st.secrets,
+        [("stagekey".to_string(), "secret".to_string())].into()
+    );
+    let pb = &calls.published[0];
+    assert_eq!(Path::new(&pb.target_path), publish);
+    assert_eq!(Path::new(&pb.staging_target_path), staging);
+    assert!(is_block(&pb.volume_capability), "{pb:?}");
+    assert!(!pb.readonly);
+    assert_eq!(
+        pb.secrets,
+        [("pubkey".to_string(), "secret".to_string())].into()
+    );
+    assert_eq!(
+        pb.volume_context["csi.storage.k8s.io/pod.name"],
+        name.as_str()
+    );
+    assert_eq!(pb.volume_context["device"], dev.0.as_str());
+    drop(calls);
+    // The volume's data, the per-pod bind of the publish path under the
+    // global map path, and the pod's link to the publish path.
+    let data: Value = serde_json::from_str(
+        &std::fs::read_to_string(devices.join("csi-blk-pv/data/vol_data.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(data["specVolID"], "csi-blk-pv");
+    assert_eq!(data["volumeHandle"], "blk-1");
+    assert_eq!(data["driverName"], DRIVER);
+    let global = devices.join("csi-blk-pv/dev");
+    assert_eq!(
+        mounts_containing(global.to_str().unwrap()),
+        vec![global.join(&uid).display().to_string()],
+        "one bind of the device for the pod"
+    );
+    let link = root.join(format!(
+        "pods/{uid}/volumeDevices/kubernetes.io~csi/csi-blk-pv"
+    ));
+    assert_eq!(std::fs::read_link(&link).unwrap(), publish);
+
+    let id = container_id(&p);
+    device_is_shared_with_the_host(&k, &id, &backing, T);
+
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnstageVolume", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+    let calls = driver.calls.lock();
+    assert_eq!(calls.log, ["stage", "publish", "unpublish", "unstage"]);
+    assert_eq!(Path::new(&calls.unpublished[0].target_path), publish);
+    assert_eq!(calls.unpublished[0].volume_id, "blk-1");
+    assert_eq!(Path::new(&calls.unstaged[0].staging_target_path), staging);
+    drop(calls);
+    let pod_dir = root.join("pods").join(&uid);
+    wait_for(
+        "no mounts, no volume directories, no pod directory",
+        T,
+        || {
+            (mounts_containing(root.to_str().unwrap()).is_empty()
+                && !path_exists(&staging)
+                && !path_exists(publish.parent().unwrap())
+                && !path_exists(&devices.join("csi-blk-pv"))
+                && std::fs::symlink_metadata(&link).is_err()
+                && !path_exists(&pod_dir))
+            .then_some(())
+        },
+    );
+    drop(dev);
+}
+
+/// A block CSI volume of a pod deleted while rkubelet was down: after the
+/// restart its device link, the per-pod bind and the volume's
+/// `vol_data.json` say what to undo, and it is unmapped, unpublished and
+/// unstaged as at a normal tear-down, leaving nothing behind. The old
+/// code refused the PV, so the pod never ran.
+#[test]
+fn a_block_csi_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unmapped_after_restart() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-blk-restart";
+    let mut k = cluster_kubelet(node, &api);
+    let root = k.dir.join("root");
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": false}));
+    let dev = marked_loop_disk(&k.dir.join("disk.img"));
+    csi_block_claim(&api, &dev.0);
+    let name = format!("blk-gone-{node}");
+    api.create(block_pod(&name, node, "blk"));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let devices = root.join("plugins/kubernetes.io/csi/volumeDevices");
+    let global = devices.join("csi-blk-pv/dev");
+    assert_eq!(mounts_containing(global.to_str().unwrap()).len(), 1);
+
+    k.stop();
+    api.delete("pods", Some("default"), &name, Some(0));
+    k.spawn();
+    wait_for("NodeUnstageVolume after the restart", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+    let calls = driver.calls.lock();
+    assert_eq!(calls.log, ["stage", "publish", "unpublish", "unstage"]);
+    assert_eq!(
+        Path::new(&calls.unpublished[0].target_path),
+        devices.join("publish/csi-blk-pv").join(&uid)
+    );
+    assert_eq!(calls.unpublished[0].volume_id, "blk-1");
+    assert_eq!(
+        Path::new(&calls.unstaged[0].staging_target_path),
+        devices.join("staging/csi-blk-pv")
+    );
+    drop(calls);
+    let pod_dir = root.join("pods").join(&uid);
+    wait_for(
+        "no mounts, no volume directories, no pod directory",
+        T,
+        || {
+            (mounts_containing(root.to_str().unwrap()).is_empty()
+                && !path_exists(&devices.join("csi-blk-pv"))
+                && !path_exists(&devices.join("staging/csi-blk-pv"))
+                && !path_exists(&devices.join("publish/csi-blk-pv"))
+                && !path_exists(&pod_dir))
+            .then_some(())
+        },
+    );
+    drop(dev);
 }

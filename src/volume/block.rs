@@ -1,13 +1,16 @@
-//! Raw block volumes (`volumeMode: Block`) of local PVs: upstream's
-//! BlockVolumeMapper for `kubernetes.io/local-volume` with
-//! `util.MapBlockVolume` / `UnmapBlockVolume` and the volume path handler.
+//! Raw block volumes (`volumeMode: Block`): upstream's
+//! `util.MapBlockVolume` / `UnmapBlockVolume` and the volume path handler,
+//! for the local plugin's BlockVolumeMapper (`kubernetes.io/local-volume`)
+//! here and for CSI's (`csi/block.rs`, which stages and publishes first
+//! and maps the driver's publish path the same way).
 //!
 //! Mapping a device for a pod: the device is bind-mounted onto the file
-//! `<root>/plugins/kubernetes.io~local-volume/volumeDevices/<pv>/<pod uid>`
-//! (the global map path; the bind keeps a reference per pod and marks the
-//! device in use), and a symlink to the device is made at
-//! `<root>/pods/<uid>/volumeDevices/kubernetes.io~local-volume/<pv>`, the
-//! path CRI gets as the device's host path. Unmapping removes the symlink,
+//! `<global map path>/<pod uid>` (the bind keeps a reference per pod and
+//! marks the device in use; the local plugin's global map path is
+//! `<root>/plugins/kubernetes.io~local-volume/volumeDevices/<pv>`), and a
+//! symlink to the device is made in the pod's
+//! `<root>/pods/<uid>/volumeDevices/<escaped plugin>/` directory, the path
+//! CRI gets as the device's host path. Unmapping removes the symlink,
 //! then unmounts the bind and removes its file, and the global directory
 //! once no pod uses it; symlinks are never followed.
 //!
@@ -30,6 +33,9 @@ use parking_lot::Mutex;
 /// The local plugin's directory name (`kubernetes.io/local-volume`
 /// escaped for the disk, as upstream's EscapeQualifiedName).
 pub const LOCAL_PLUGIN_DIR: &str = "kubernetes.io~local-volume";
+/// The CSI plugin's, for its pods' device links (upstream's
+/// GetPodDeviceMapPath in csi_block.go).
+pub const CSI_PLUGIN_DIR: &str = "kubernetes.io~csi";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
@@ -40,7 +46,7 @@ pub enum BlockError {
         #[source]
         source: std::io::Error,
     },
-    #[error("local PV {pv}: {} is not a block device", path.display())]
+    #[error("PV {pv}: {} is not a block device", path.display())]
     NotBlockDevice { pv: String, path: PathBuf },
     #[error("invalid PV name {0:?}")]
     BadName(String),
@@ -99,7 +105,7 @@ pub fn check_use(pod: &Pod, volume: &str, block: bool) -> Result<(), String> {
 
 /// PV names are DNS subdomains; anything that could leave the directory
 /// is refused before a path is built from it.
-fn check_name(pv: &str) -> Result<(), BlockError> {
+pub(crate) fn check_name(pv: &str) -> Result<(), BlockError> {
     if pv.is_empty() || pv == "." || pv == ".." || pv.contains('/') || pv.contains('\0') {
         return Err(BlockError::BadName(pv.to_string()));
     }
@@ -116,15 +122,23 @@ pub fn global_map_path(root: &Path, pv: &str) -> PathBuf {
 
 /// `<root>/pods/<uid>/volumeDevices/kubernetes.io~local-volume`.
 pub fn pod_device_map_dir(root: &Path, uid: &str) -> PathBuf {
+    plugin_device_map_dir(root, uid, LOCAL_PLUGIN_DIR)
+}
+
+/// `<root>/pods/<uid>/volumeDevices/<escaped plugin name>`.
+pub fn plugin_device_map_dir(root: &Path, uid: &str, plugin_dir: &str) -> PathBuf {
     super::pod_dir(root, uid)
         .join("volumeDevices")
-        .join(LOCAL_PLUGIN_DIR)
+        .join(plugin_dir)
 }
 
 /// Whether `path` is a device symlink of the pod (what CRI gets as a
-/// device's host path): upstream's GetPodDeviceMapPath.
+/// device's host path) of the local or the CSI plugin: upstream's
+/// GetPodDeviceMapPath.
 pub fn is_pod_device_path(root: &Path, uid: &str, path: &Path) -> bool {
-    path.parent() == Some(pod_device_map_dir(root, uid).as_path())
+    [LOCAL_PLUGIN_DIR, CSI_PLUGIN_DIR]
+        .iter()
+        .any(|p| path.parent() == Some(plugin_device_map_dir(root, uid, p).as_path()))
 }
 
 /// A device mapped for a pod.
@@ -159,8 +173,29 @@ fn cstr(p: &Path) -> std::io::Result<std::ffi::CString> {
 pub fn map(root: &Path, uid: &str, pv: &str, device: &Path) -> Result<Mapped, BlockError> {
     check_name(pv)?;
     check_name(uid)?;
-    // The local plugin hands the PV's path over as the device; only a block
-    // device can be bound onto the map file.
+    map_at(
+        &global_map_path(root, pv),
+        &pod_device_map_dir(root, uid),
+        uid,
+        pv,
+        device,
+    )
+}
+
+/// Upstream's MapBlockVolume with a plugin's paths: `device` bound onto
+/// `<global>/<uid>` and linked as `<link_dir>/<name>`. The caller has
+/// checked `uid` and `name` with [`check_name`]. Blocking.
+pub(crate) fn map_at(
+    global: &Path,
+    link_dir: &Path,
+    uid: &str,
+    name: &str,
+    device: &Path,
+) -> Result<Mapped, BlockError> {
+    let pv = name;
+    // The plugin hands a path over as the device (the local PV's, or the
+    // CSI driver's publish path); only a block device can be bound onto
+    // the map file.
     let meta = std::fs::metadata(device).map_err(io("stat", device))?;
     if !meta.file_type().is_block_device() {
         return Err(BlockError::NotBlockDevice {
@@ -168,8 +203,7 @@ pub fn map(root: &Path, uid: &str, pv: &str, device: &Path) -> Result<Mapped, Bl
             path: device.to_path_buf(),
         });
     }
-    let global = global_map_path(root, pv);
-    std::fs::create_dir_all(&global).map_err(io("mkdir", &global))?;
+    std::fs::create_dir_all(global).map_err(io("mkdir", global))?;
     let bind = global.join(uid);
     if !is_device(&bind).map_err(io("stat", &bind))? {
         // An empty file to bind the device onto (a bind of a device needs a
@@ -204,9 +238,8 @@ pub fn map(root: &Path, uid: &str, pv: &str, device: &Path) -> Result<Mapped, Bl
             });
         }
     }
-    let dir = pod_device_map_dir(root, uid);
-    std::fs::create_dir_all(&dir).map_err(io("mkdir", &dir))?;
-    let link = dir.join(pv);
+    std::fs::create_dir_all(link_dir).map_err(io("mkdir", link_dir))?;
+    let link = link_dir.join(pv);
     match std::fs::read_link(&link) {
         Ok(t) if t == device => {}
         Ok(_) => {
@@ -240,7 +273,9 @@ pub fn unmap(m: &Mapped) -> Result<(), BlockError> {
     unmap_paths(&m.link, &m.bind)
 }
 
-fn unmap_paths(link: &Path, bind: &Path) -> Result<(), BlockError> {
+/// Undoes a mapping found on disk (after a restart): the pod's `link`,
+/// then the `bind` file and its directory once empty. Blocking.
+pub(crate) fn unmap_paths(link: &Path, bind: &Path) -> Result<(), BlockError> {
     // The pod's link first: containers are gone, nothing resolves it now.
     match std::fs::symlink_metadata(link) {
         Ok(md) if md.file_type().is_symlink() => {

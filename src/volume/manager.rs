@@ -159,6 +159,15 @@ impl Failed {
                 event: a.event(spec),
                 node_wait: a.waits_for_node(),
             },
+            // Upstream's GenerateMapVolumeFunc records FailedMapVolume.
+            SetUpError::Map { step, error } => Failed::Other {
+                event: Some((
+                    "FailedMapVolume",
+                    format!("{step} failed for volume {spec:?} : {error}"),
+                )),
+                error,
+                node_wait: false,
+            },
         }
     }
 }
@@ -593,7 +602,7 @@ impl VolumeManager {
     }
 
     /// The pod's published CSI volumes, by volume name (their stats come
-    /// from the driver).
+    /// from the driver). Raw block ones are left out: no stats for them.
     pub fn csi_volumes(&self, uid: &str) -> Vec<(String, Arc<super::csi::mounter::Published>)> {
         let st = self.inner.state.lock();
         let mut v: Vec<_> = st
@@ -601,7 +610,7 @@ impl VolumeManager {
             .get(uid)
             .into_iter()
             .flatten()
-            .filter_map(|(n, m)| m.csi.clone().map(|p| (n.clone(), p)))
+            .filter_map(|(n, m)| m.csi.clone().filter(|p| !p.block).map(|p| (n.clone(), p)))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
@@ -777,6 +786,7 @@ impl VolumeManager {
                     let mut due = None;
                     let r = super::csi::expand::expand_in_use(
                         &self.inner.csi,
+                        &self.inner.objects,
                         &pod,
                         p,
                         claim,
@@ -902,7 +912,32 @@ impl VolumeManager {
             }
             Op::Unmount { uid, name, mounted } => {
                 let (plugin, started) = (mounted_plugin(&mounted), Instant::now());
+                // A staged volume is unstaged when no other pod still
+                // publishes it.
+                let still_used = |p: &super::csi::mounter::Published| {
+                    p.staging.is_some() && {
+                        let st = self.inner.state.lock();
+                        st.actual.iter().any(|(u, vols)| {
+                            vols.iter().any(|(n, m)| {
+                                (u != &uid || n != &name)
+                                    && m.csi.as_ref().is_some_and(|o| {
+                                        o.driver == p.driver && o.staging == p.staging
+                                    })
+                            })
+                        })
+                    }
+                };
                 let r = match (mounted.owned.clone(), mounted.csi.clone()) {
+                    (_, Some(p)) if p.block => {
+                        let used = still_used(&p);
+                        super::csi::block::tear_down(
+                            &self.inner.csi,
+                            &p,
+                            mounted.block.clone(),
+                            used,
+                        )
+                        .await
+                    }
                     _ if mounted.block.is_some() => {
                         let m = mounted.block.clone();
                         crate::blocking::try_run(
@@ -916,20 +951,8 @@ impl VolumeManager {
                         .await
                     }
                     (_, Some(p)) => {
-                        // A staged volume is unstaged when no other pod
-                        // still publishes it.
-                        let still_used = p.staging.is_some() && {
-                            let st = self.inner.state.lock();
-                            st.actual.iter().any(|(u, vols)| {
-                                vols.iter().any(|(n, m)| {
-                                    (u != &uid || n != &name)
-                                        && m.csi.as_ref().is_some_and(|o| {
-                                            o.driver == p.driver && o.staging == p.staging
-                                        })
-                                })
-                            })
-                        };
-                        super::csi::mounter::tear_down(&self.inner.csi, &p, still_used).await
+                        let used = still_used(&p);
+                        super::csi::mounter::tear_down(&self.inner.csi, &p, used).await
                     }
                     (owned, None) => match owned {
                         Some(dir) => crate::blocking::try_run(
@@ -1269,6 +1292,9 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         // volumeMounts / volumeDevices.
         let block = super::block::is_block(&pv);
         super::block::check_use(pod, &v.name, block).map_err(Failed::process)?;
+        if block && pv.spec.as_ref().is_some_and(|s| s.csi.is_some()) {
+            return csi_block(inner, pod, &pv, &claim, read_only, had).await;
+        }
         if block {
             return map_block(inner, uid, &pv).await;
         }
@@ -1292,7 +1318,13 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
                 if let Err(e) =
                     // Part of volume_mount upstream (expandVolumeDuringMount).
                     super::csi::expand::expand_in_use(
-                        &inner.csi, pod, &p, &claim, read_only, &mut None,
+                        &inner.csi,
+                        &inner.objects,
+                        pod,
+                        &p,
+                        &claim,
+                        read_only,
+                        &mut None,
                     )
                     .await
                 {
@@ -1408,6 +1440,76 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
     })
 }
 
+/// A claim bound to a `volumeMode: Block` CSI PV: staged, published and
+/// mapped for the pod (`csi/block.rs`); expanded first when its claim
+/// waits for the node, as a mounted one.
+async fn csi_block(
+    inner: &Inner,
+    pod: &Pod,
+    pv: &k8s_openapi::api::core::v1::PersistentVolume,
+    claim: &str,
+    read_only: bool,
+    had: bool,
+) -> Result<Mounted, Failed> {
+    let spec = pv.metadata.name.as_deref().unwrap_or_default();
+    let (p, mapped) = super::csi::block::set_up(
+        &inner.csi,
+        &inner.objects,
+        &inner.root,
+        pod,
+        pv,
+        read_only,
+        // Staged already when set up before (upstream's device state).
+        !had,
+    )
+    .await
+    .map_err(|e| Failed::from_csi(e, spec))?;
+    if !had {
+        if let Err(e) =
+            // Part of map_volume upstream (expandVolumeDuringMount).
+            super::csi::expand::expand_in_use(
+                &inner.csi,
+                &inner.objects,
+                pod,
+                &p,
+                claim,
+                read_only,
+                &mut None,
+            )
+            .await
+        {
+            return Err(Failed::Other {
+                event: Some((
+                    "FailedMapVolume",
+                    format!("MapVolume.MarkVolumeAsMounted failed while expanding volume for volume {spec:?} : {e}"),
+                )),
+                error: e,
+                node_wait: false,
+            });
+        }
+    }
+    let mut m = mapped_volume(mapped);
+    m.csi = Some(Arc::new(p));
+    m.claim = Some((claim.to_string(), read_only));
+    Ok(m)
+}
+
+/// A raw block volume mapped for the pod: containers get its device link.
+/// Upstream's BlockVolumeMappers offer metrics, but of the device, which
+/// the pod stats here do not read.
+fn mapped_volume(mapped: super::block::Mapped) -> Mounted {
+    Mounted {
+        path: mapped.link.clone(),
+        owned: None,
+        remountable: false,
+        refresh_at: None,
+        measured: false,
+        csi: None,
+        claim: None,
+        block: Some(Arc::new(mapped)),
+    }
+}
+
 /// A claim bound to a `volumeMode: Block` PV: the device is mapped for the
 /// pod (upstream's MapVolume for the local plugin; see `block.rs`).
 async fn map_block(
@@ -1417,9 +1519,10 @@ async fn map_block(
 ) -> Result<Mounted, Failed> {
     let name = pv.metadata.name.clone().unwrap_or_default();
     let Some(local) = pv.spec.as_ref().and_then(|s| s.local.as_ref()) else {
-        return Err(
-            format!("PV {name}: raw block volumes are supported for local PVs only").into(),
-        );
+        return Err(format!(
+            "PV {name}: raw block volumes are supported for local and CSI PVs only"
+        )
+        .into());
     };
     let (root, u, dev) = (
         inner.root.clone(),
@@ -1434,18 +1537,7 @@ async fn map_block(
     )
     .await
     .map_err(|e| format!("MapVolume.MapPodDevice failed for volume {name:?} : {e}"))?;
-    Ok(Mounted {
-        path: mapped.link.clone(),
-        owned: None,
-        remountable: false,
-        refresh_at: None,
-        // Upstream's local BlockVolumeMapper offers metrics, but of the
-        // device, which the pod stats here do not read.
-        measured: false,
-        csi: None,
-        claim: None,
-        block: Some(Arc::new(mapped)),
-    })
+    Ok(mapped_volume(mapped))
 }
 
 /// Upstream's full plugin name of a volume from its spec
@@ -1496,7 +1588,7 @@ fn mounted_plugin(m: &Mounted) -> String {
     if let Some(p) = &m.csi {
         return format!("kubernetes.io/csi:{}", p.driver);
     }
-    // Raw block volumes are only mapped for local PVs.
+    // Raw block volumes other than CSI ones (above) are local PVs.
     if m.block.is_some() {
         return "kubernetes.io/local-volume".into();
     }
@@ -1798,6 +1890,33 @@ mod tests {
             .unwrap();
         assert!(mount_options(dir).is_none() && !dir.exists());
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_block_map_failure_is_upstreams_failed_map_volume() {
+        use super::super::csi::mounter::SetUpError;
+        let f = Failed::from_csi(
+            SetUpError::Map {
+                step: "MapVolume.MapPodDevice",
+                error: "rpc error: boom".into(),
+            },
+            "pv1",
+        );
+        match f {
+            Failed::Other {
+                error,
+                event: Some((reason, message)),
+                node_wait: false,
+            } => {
+                assert_eq!(error, "rpc error: boom");
+                assert_eq!(reason, "FailedMapVolume");
+                assert_eq!(
+                    message,
+                    "MapVolume.MapPodDevice failed for volume \"pv1\" : rpc error: boom"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

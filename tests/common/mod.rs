@@ -391,3 +391,100 @@ pub fn simple_pod(name: &str, command: &str, restart_policy: &str) -> String {
 pub fn path_exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// Runs `sh -c cmd` in the container through CRI ExecSync: stdout, trimmed.
+pub fn sh(k: &Kubelet, id: &str, cmd: &str) -> String {
+    let r = k
+        .cri
+        .rt
+        .block_on(
+            k.cri
+                .client
+                .exec_sync(id, vec!["sh".into(), "-c".into(), cmd.into()], 10),
+        )
+        .unwrap();
+    String::from_utf8_lossy(&r.stdout).trim().to_string()
+}
+
+/// A loop device on a backing file, detached when dropped (also when the
+/// test fails; a device still bound is detached by the kernel once free).
+pub struct LoopDevice(pub String);
+
+impl LoopDevice {
+    pub fn new(backing: &Path) -> LoopDevice {
+        let out = std::process::Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(backing)
+            .output()
+            .expect("losetup");
+        assert!(out.status.success(), "losetup: {out:?}");
+        LoopDevice(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.0])
+            .status();
+    }
+}
+
+/// Mount points of this process's view whose path contains `part`.
+pub fn mounts_containing(part: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| p.contains(part))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A 16 MiB disk image at `backing` whose first bytes are `HOST-WROTE-IT`,
+/// behind a loop device (the raw block tests' device).
+pub fn marked_loop_disk(backing: &Path) -> LoopDevice {
+    let mut disk = vec![0u8; 16 << 20];
+    disk[..13].copy_from_slice(b"HOST-WROTE-IT");
+    std::fs::write(backing, &disk).unwrap();
+    LoopDevice::new(backing)
+}
+
+/// A pod on `node` whose container gets claim `claim` (volume `disk`) as
+/// the device `/dev/xvda`.
+pub fn block_pod(name: &str, node: &str, claim: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": claim}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeDevices": [{"name": "disk", "devicePath": "/dev/xvda"}]
+            }]
+        }
+    })
+}
+
+/// In container `id` of a [`block_pod`] on a [`marked_loop_disk`]:
+/// `/dev/xvda` is a block device with the host's mark, and what the
+/// container writes at 4096 reaches `backing` (the loop device writes
+/// through to its file).
+pub fn device_is_shared_with_the_host(k: &Kubelet, id: &str, backing: &Path, timeout: Duration) {
+    assert_eq!(sh(k, id, "test -b /dev/xvda && echo block"), "block");
+    assert_eq!(
+        sh(k, id, "dd if=/dev/xvda bs=13 count=1 2>/dev/null"),
+        "HOST-WROTE-IT"
+    );
+    sh(
+        k,
+        id,
+        "printf CONTAINER-WROTE-IT | dd of=/dev/xvda bs=4096 seek=1 conv=notrunc,fsync 2>/dev/null; sync",
+    );
+    wait_for("the container's write in the backing file", timeout, || {
+        let got = std::fs::read(backing).unwrap();
+        (&got[4096..4096 + 18] == b"CONTAINER-WROTE-IT").then_some(())
+    });
+}

@@ -292,7 +292,8 @@ impl InUse {
 }
 
 /// The persistent CSI volumes published into pod directories, from their
-/// `vol_data.json` (pod UID, unique name): what a restarted kubelet still
+/// `vol_data.json` (pod UID, unique name), and the block ones mapped
+/// into them: what a restarted kubelet still
 /// has in use. Blocking: run on the blocking pool.
 pub fn reconstruct(root: &std::path::Path) -> Vec<(String, String)> {
     let mut out = Vec::new();
@@ -321,6 +322,10 @@ pub fn reconstruct(root: &std::path::Path) -> Vec<(String, String)> {
             };
             out.push((uid.clone(), unique_name(d, h)));
         }
+    }
+    // Raw block volumes: the pods' device links and the volumes' data.
+    for (uid, d, h) in super::block::reconstruct(root) {
+        out.push((uid, unique_name(&d, &h)));
     }
     out
 }

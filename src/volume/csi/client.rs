@@ -137,28 +137,40 @@ pub struct VolumeRequest {
     /// The pod's fsGroup, for a driver with VOLUME_MOUNT_GROUP (upstream
     /// hands the group to the driver instead of changing ownership).
     pub volume_mount_group: Option<i64>,
+    /// A raw block volume (`volumeMode: Block`): a Block access type
+    /// instead of a mount (upstream's fsType "block", csi_client.go).
+    pub block: bool,
 }
 
 impl VolumeRequest {
-    /// A mounted file system (block volumes are not supported), with
-    /// upstream's access mode mapping (`asCSIAccessModeV1`, without the
+    /// A mounted file system, or a raw block device for a block volume
+    /// (upstream's csi_client.go: fsType "block" selects the Block access
+    /// type, with neither fsType nor mount flags), with upstream's access
+    /// mode mapping (`asCSIAccessModeV1`, without the
     /// SINGLE_NODE_MULTI_WRITER capability).
     fn capability(&self) -> proto::VolumeCapability {
-        use proto::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+        use proto::volume_capability::{
+            access_mode::Mode, AccessMode, AccessType, BlockVolume, MountVolume,
+        };
         let mode = match self.access_mode.as_str() {
             "ReadOnlyMany" => Mode::MultiNodeReaderOnly,
             "ReadWriteMany" => Mode::MultiNodeMultiWriter,
             _ => Mode::SingleNodeWriter,
         };
-        proto::VolumeCapability {
-            access_type: Some(AccessType::Mount(MountVolume {
+        let access_type = if self.block {
+            AccessType::Block(BlockVolume {})
+        } else {
+            AccessType::Mount(MountVolume {
                 fs_type: self.fs_type.clone(),
                 mount_flags: self.mount_flags.clone(),
                 volume_mount_group: self
                     .volume_mount_group
                     .map(|g| g.to_string())
                     .unwrap_or_default(),
-            })),
+            })
+        };
+        proto::VolumeCapability {
+            access_type: Some(access_type),
             access_mode: Some(AccessMode { mode: mode as i32 }),
         }
     }

@@ -4,7 +4,8 @@
 //! and handed over to the node (`status.allocatedResourceStatuses.storage:
 //! NodeResizePending`), the kubelet marks the claim NodeResizeInProgress,
 //! calls NodeExpandVolume on a driver with the EXPAND_VOLUME node
-//! capability, and records the new size in the claim's
+//! capability (with the PV's `nodeExpandSecretRef` secret, and for a raw
+//! block volume its publish path and a Block capability), and records the new size in the claim's
 //! `status.capacity`, clearing the resize status and conditions.
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -112,6 +113,21 @@ fn failed_patch(error: &str) -> Value {
     }]}})
 }
 
+/// Upstream's MarkNodeExpansionFailedCondition; a failure to patch is
+/// logged only (the expansion's own error is what the caller reports).
+async fn mark_failed(pvcs: &Api<PersistentVolumeClaim>, claim: &str, msg: &str) {
+    if let Err(pe) = pvcs
+        .patch_status(
+            claim,
+            &PatchParams::default(),
+            &Patch::Strategic(failed_patch(msg)),
+        )
+        .await
+    {
+        warn!(claim = %claim, error = %api_message(&pe), "MountVolume.NodeExpandVolume failed to mark node expansion as failed");
+    }
+}
+
 fn claim_ref(pvc: &PersistentVolumeClaim) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
@@ -139,6 +155,7 @@ fn api_message(e: &kube::Error) -> String {
 /// `volume_fs_resize` operation (its reconciler generates it only then).
 pub async fn expand_in_use(
     registry: &Registry,
+    objects: &crate::objects::ObjectManager,
     pod: &Pod,
     published: &Published,
     claim: &str,
@@ -217,6 +234,24 @@ pub async fn expand_in_use(
             )
         })?;
     let src = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
+    // Upstream's expander.go: the PV's nodeExpandSecretRef, fetched as the
+    // stage and publish secrets are; a secret that cannot be read fails the
+    // expansion (and is marked on the claim as any node expansion error).
+    let secrets = match src
+        .and_then(|s| s.node_expand_secret_ref.as_ref())
+        .map(super::mounter::secret_ref)
+    {
+        None => Default::default(),
+        Some((ns, n)) => match super::mounter::credentials(objects, &ns, &n).await {
+            Ok(s) => s,
+            Err(e) => {
+                let msg =
+                    format!("expander.NodeExpand failed to get NodeExpandSecretRef {ns}/{n}: {e}");
+                mark_failed(&pvcs, claim, &msg).await;
+                return Err(msg);
+            }
+        },
+    };
     let req = VolumeRequest {
         volume_id: published.volume_id.clone(),
         fs_type: src.and_then(|s| s.fs_type.clone()).unwrap_or_default(),
@@ -225,6 +260,10 @@ pub async fn expand_in_use(
             .as_ref()
             .and_then(|s| s.mount_options.clone())
             .unwrap_or_default(),
+        secrets,
+        // A block volume: the publish path and a Block capability
+        // (upstream's fsTypeBlockName for a non-filesystem volume).
+        block: published.block,
         ..Default::default()
     };
     let staging = match &published.staging {
@@ -237,16 +276,7 @@ pub async fn expand_in_use(
     {
         let msg = format!("Expander.NodeExpand failed to expand the volume : {e}");
         if e.is_final() {
-            if let Err(pe) = pvcs
-                .patch_status(
-                    claim,
-                    &PatchParams::default(),
-                    &Patch::Strategic(failed_patch(&msg)),
-                )
-                .await
-            {
-                warn!(claim = %claim, error = %api_message(&pe), "MountVolume.NodeExpandVolume failed to mark node expansion as failed");
-            }
+            mark_failed(&pvcs, claim, &msg).await;
         }
         return Err(msg);
     }

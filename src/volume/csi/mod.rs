@@ -2,7 +2,8 @@
 //! `pkg/kubelet/pluginmanager`): the registry of drivers that registered
 //! through `<root-dir>/plugins_registry/` (`registration.rs`), the gRPC
 //! client to a driver's node service (`client.rs`), the set-up and
-//! tear-down of CSI volumes in pods (`mounter.rs`), and their figures from
+//! tear-down of CSI volumes in pods (`mounter.rs`; raw block volumes in
+//! `block.rs`), and their figures from
 //! NodeGetVolumeStats (`metrics.rs`). Mounting is the
 //! driver's job; rkubelet computes the paths, makes the parent
 //! directories and removes them after the driver unpublished.
@@ -16,6 +17,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 pub mod attach;
+pub mod block;
 pub mod client;
 pub mod expand;
 pub mod metrics;

@@ -46,6 +46,9 @@ pub struct Published {
     /// The CSIDriver's `requiresRepublish`: published again at each pod
     /// sync.
     pub republish: bool,
+    /// A raw block volume (`csi/block.rs`): `target` is the publish path
+    /// (a device file), `staging` the block staging path.
+    pub block: bool,
 }
 
 /// The volume context key of the pod's service-account tokens (upstream
@@ -342,33 +345,70 @@ fn vol_data(volume: &str, handle: &str, driver: &str, node: &str, mode: &str) ->
 }
 
 /// The driver's node service, or upstream's transient "not registered".
-fn node_service(registry: &Registry, driver: &str) -> Result<NodeService, String> {
+pub(super) fn node_service(registry: &Registry, driver: &str) -> Result<NodeService, String> {
+    client_for(registry, driver, "mounter.SetUpAt")
+}
+
+/// The driver's node service; `op` names the operation in upstream's
+/// "<op> failed to get CSI client" for a driver not registered.
+pub(super) fn client_for(
+    registry: &Registry,
+    driver: &str,
+    op: &str,
+) -> Result<NodeService, String> {
     let d = registry.get(driver).ok_or_else(|| {
         log_msg(format!(
-            "mounter.SetUpAt failed to get CSI client: {}",
+            "{op} failed to get CSI client: {}",
             Registry::not_found(driver)
         ))
     })?;
     Ok(NodeService::new(&d.endpoint, CSI_TIMEOUT))
 }
 
-async fn secrets(
+/// Upstream's getCredentialsFromSecret: every key of the secret, its
+/// value as a string. Shared by staging, publishing and expansion, whose
+/// callers say which reference failed.
+pub(crate) async fn credentials(
     objects: &ObjectManager,
     ns: &str,
-    name: Option<&str>,
+    name: &str,
 ) -> Result<HashMap<String, String>, String> {
-    let Some(name) = name else {
-        return Ok(HashMap::new());
-    };
-    let s = objects
-        .secret(ns, name)
-        .await
-        .map_err(|e| format!("fetching NodePublishSecretRef {ns}/{name} failed: {e}"))?;
+    let s = objects.secret(ns, name).await.map_err(|e| {
+        log_msg(format!(
+            "failed to find the secret {name} in the namespace {ns} with error: {e}"
+        ))
+    })?;
     Ok(s.data
         .iter()
         .flatten()
         .map(|(k, v)| (k.clone(), String::from_utf8_lossy(&v.0).into_owned()))
         .collect())
+}
+
+/// A PV's secret reference as (namespace, name); the namespace defaults
+/// to `default`.
+pub(crate) fn secret_ref(r: &SecretReference) -> (String, String) {
+    (
+        r.namespace.clone().unwrap_or_else(|| "default".into()),
+        r.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The secret's data, or nothing without a reference; `field` names the
+/// reference in upstream's error ("fetching NodePublishSecretRef ns/name
+/// failed: ...").
+async fn secrets(
+    objects: &ObjectManager,
+    ns: &str,
+    name: Option<&str>,
+    field: &str,
+) -> Result<HashMap<String, String>, String> {
+    let Some(name) = name else {
+        return Ok(HashMap::new());
+    };
+    credentials(objects, ns, name)
+        .await
+        .map_err(|e| format!("fetching {field} {ns}/{name} failed: {e}"))
 }
 
 /// Sets up an inline (ephemeral) CSI volume: NodePublishVolume to the
@@ -420,9 +460,11 @@ pub async fn set_up_inline(
             src.node_publish_secret_ref
                 .as_ref()
                 .map(|r| r.name.as_str()),
+            "NodePublishSecretRef",
         )
         .await?,
         volume_mount_group: fs_group_arg(pod, &plan),
+        block: false,
     };
     let target = target_path(root, uid, volume);
     let data = vol_data(
@@ -481,20 +523,15 @@ pub async fn set_up_persistent(
             ))
         })?;
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let unique = attach::unique_name(&src.driver, &src.volume_handle);
-    let publish_context = if object.attach_required() {
-        // In use from the moment the kubelet decides the volume should be
-        // attached here (upstream reports the desired state's attachable
-        // volumes), so the controller never detaches it under a mount.
-        registry.in_use().mark(uid, &unique);
-        attach::wait_for_attach(registry, &src.driver, &src.volume_handle, stage)
-            .await
-            .map_err(SetUpError::Attach)?
-    } else {
-        // Found on disk after a restart, but not attachable after all.
-        registry.in_use().release(uid, &unique);
-        HashMap::new()
-    };
+    let publish_context = attachment_context(
+        registry,
+        &object,
+        uid,
+        &src.driver,
+        &src.volume_handle,
+        stage,
+    )
+    .await?;
     let spec_name = pv.metadata.name.clone().unwrap_or_default();
     let mut context: HashMap<String, String> = src
         .volume_attributes
@@ -502,20 +539,12 @@ pub async fn set_up_persistent(
         .unwrap_or_default()
         .into_iter()
         .collect();
-    let secret_of = |r: &Option<SecretReference>| {
-        r.as_ref().map(|r| {
-            (
-                r.namespace.clone().unwrap_or_else(|| "default".into()),
-                r.name.clone().unwrap_or_default(),
-            )
-        })
-    };
-    let stage_secrets = match secret_of(&src.node_stage_secret_ref) {
-        Some((ns, n)) => secrets(objects, &ns, Some(&n)).await?,
+    let stage_secrets = match src.node_stage_secret_ref.as_ref().map(secret_ref) {
+        Some((ns, n)) => secrets(objects, &ns, Some(&n), "NodeStageSecretRef").await?,
         None => HashMap::new(),
     };
-    let publish_secrets = match secret_of(&src.node_publish_secret_ref) {
-        Some((ns, n)) => secrets(objects, &ns, Some(&n)).await?,
+    let publish_secrets = match src.node_publish_secret_ref.as_ref().map(secret_ref) {
+        Some((ns, n)) => secrets(objects, &ns, Some(&n), "NodePublishSecretRef").await?,
         None => HashMap::new(),
     };
     let mut req = VolumeRequest {
@@ -532,6 +561,7 @@ pub async fn set_up_persistent(
         volume_context: context.clone(),
         secrets: stage_secrets,
         volume_mount_group: None,
+        block: false,
     };
     let caps = service.capabilities().await.map_err(|e| {
         log_msg(format!(
@@ -590,6 +620,36 @@ pub async fn set_up_persistent(
     Ok(p)
 }
 
+/// The publish context of a persistent volume: a driver whose CSIDriver
+/// requires attach (the default, also without a CSIDriver) first waits for
+/// the attach/detach controller and its VolumeAttachment's
+/// `attachmentMetadata` is the context; the volume is reported in
+/// `node.status.volumesInUse` from then on (upstream's getPublishContext
+/// and skipAttach, for mounts and block maps alike).
+pub(super) async fn attachment_context(
+    registry: &Registry,
+    object: &DriverObject,
+    uid: &str,
+    driver: &str,
+    handle: &str,
+    timed: bool,
+) -> Result<HashMap<String, String>, SetUpError> {
+    let unique = attach::unique_name(driver, handle);
+    if object.attach_required() {
+        // In use from the moment the kubelet decides the volume should be
+        // attached here (upstream reports the desired state's attachable
+        // volumes), so the controller never detaches it under a mount.
+        registry.in_use().mark(uid, &unique);
+        attach::wait_for_attach(registry, driver, handle, timed)
+            .await
+            .map_err(SetUpError::Attach)
+    } else {
+        // Found on disk after a restart, but not attachable after all.
+        registry.in_use().release(uid, &unique);
+        Ok(HashMap::new())
+    }
+}
+
 /// Why a persistent volume is not set up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SetUpError {
@@ -600,6 +660,10 @@ pub enum SetUpError {
     /// Waiting for the attach/detach controller, or its attachment failed.
     #[error("{0}")]
     Attach(#[from] attach::AttachError),
+    /// A step of a raw block volume's map (upstream's MapVolume: a
+    /// FailedMapVolume event "<step> failed for volume ...").
+    #[error("{error}")]
+    Map { step: &'static str, error: String },
 }
 
 impl From<String> for SetUpError {
@@ -614,7 +678,7 @@ impl From<&str> for SetUpError {
     }
 }
 
-fn make_dirs(p: &Path) -> std::io::Result<()> {
+pub(super) fn make_dirs(p: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -678,6 +742,7 @@ async fn publish(
         target: target.to_path_buf(),
         staging,
         republish: false,
+        block: false,
     })
 }
 
@@ -714,13 +779,7 @@ pub async fn tear_down(registry: &Registry, p: &Published, still_used: bool) -> 
 /// NodeUnpublishVolume and the pod's target directory (upstream's
 /// TearDown); the node service for what follows.
 async fn unpublish(registry: &Registry, p: &Published) -> Result<NodeService, String> {
-    let d = registry.get(&p.driver).ok_or_else(|| {
-        log_msg(format!(
-            "Unmounter.TearDownAt failed to get CSI client: {}",
-            Registry::not_found(&p.driver)
-        ))
-    })?;
-    let service = NodeService::new(&d.endpoint, CSI_TIMEOUT);
+    let service = client_for(registry, &p.driver, "Unmounter.TearDownAt")?;
     service
         .unpublish(&p.volume_id, &p.target.to_string_lossy())
         .await
@@ -762,7 +821,8 @@ async fn unmount_device(service: &NodeService, volume_id: &str, g: &Path) -> Res
 }
 
 /// CSI volumes left in the directory of a pod nobody owns any more (one
-/// deleted while rkubelet was down): each `vol_data.json` names the
+/// deleted while rkubelet was down; raw block ones as `block.rs` finds
+/// them): each `vol_data.json` names the
 /// driver and handle, and the driver unpublishes before the directory may
 /// go (upstream reconstructs such volumes from the same file). A
 /// persistent volume is then unstaged (upstream's UnmountDevice on the
@@ -770,6 +830,9 @@ async fn unmount_device(service: &NodeService, volume_id: &str, g: &Path) -> Res
 /// a `vol_data.json` for the same driver and handle. An error keeps the
 /// pod directory.
 pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> Result<(), String> {
+    // Raw block volumes first: their device links are in the pod's
+    // volumeDevices directory, their data under the plugin's.
+    super::block::tear_down_orphaned(registry, root, uid).await?;
     let dir = crate::volume::pod_dir(root, uid)
         .join("volumes")
         .join(PLUGIN_NAME.replace('/', "~"));
@@ -802,6 +865,7 @@ pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> 
                     target: e.path().join("mount"),
                     staging,
                     republish: false,
+                    block: false,
                 });
             }
             Ok(out)
@@ -885,21 +949,50 @@ fn is_mount_point(p: &Path) -> std::io::Result<bool> {
 }
 
 fn remove_if_unmounted(p: &Path) -> std::io::Result<()> {
+    remove_unmounted(p, false)
+}
+
+/// Removes `p` unless something is mounted there (that is the driver's to
+/// undo); a link is removed, never followed. Without `tree` only an empty
+/// directory that is no mount point: a driver that left files behind
+/// unmounted is not second-guessed (upstream removes with os.Remove). With
+/// `tree` (upstream's RemoveAll of a block staging path) a file, or a
+/// directory with what is in it, unless a mount is anywhere below.
+pub(super) fn remove_unmounted(p: &Path, tree: bool) -> std::io::Result<()> {
     match std::fs::symlink_metadata(p) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
-        Ok(m) if m.file_type().is_symlink() => return std::fs::remove_file(p),
+        Ok(m) if m.file_type().is_symlink() || (tree && !m.is_dir()) => {
+            return std::fs::remove_file(p)
+        }
         Ok(_) => {}
     }
-    if is_mount_point(p)? {
+    let mounted = if tree {
+        mounted_below(p)?
+    } else {
+        is_mount_point(p)?
+    };
+    if mounted {
         return Err(std::io::Error::other(format!(
             "{} is still mounted",
             p.display()
         )));
     }
-    // Only an empty directory: a driver that left files behind unmounted
-    // is not second-guessed (upstream removes with os.Remove too).
-    std::fs::remove_dir(p)
+    if tree {
+        std::fs::remove_dir_all(p)
+    } else {
+        std::fs::remove_dir(p)
+    }
+}
+
+/// Whether anything is mounted at or below `dir`.
+fn mounted_below(dir: &Path) -> std::io::Result<bool> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info.lines().any(|l| {
+        l.split(' ').nth(4).is_some_and(|mp| {
+            Path::new(&crate::stats::procfs::unescape_mountinfo(mp)).starts_with(dir)
+        })
+    }))
 }
 
 fn remove_empty_dir(p: &Path) -> std::io::Result<()> {
@@ -1477,6 +1570,7 @@ mod tests {
             target: root.join("t/mount"),
             staging: None,
             republish: false,
+            block: false,
         };
         let t = Duration::from_secs(10);
         let e = super::super::metrics::volume_stats(&registry, &p, t)
