@@ -10,10 +10,13 @@
 //! vectors, so nothing is counted and no series appears (rkubelet shows
 //! their HELP/TYPE lines, see the module documentation of `metrics`).
 //!
-//! Left out altogether: DRA's `dra_resource_claims_in_use` is a custom
-//! collector that upstream's DRA manager feeds with one all-drivers series
-//! (`claimsInUse`, value 0 with no claim) under a label value this
-//! session could not read; the image volume counters
+//! DRA's `dra_resource_claims_in_use` is a collector that upstream's DRA
+//! manager (`cm/dra/claiminfo.go`, registered by `container_manager_linux.go`
+//! while the DynamicResourceAllocation gate is on, the 1.34 default) fills
+//! with one all-drivers series, `driver_name="<any>"`, at 0 without claims:
+//! rkubelet shows that series.
+//!
+//! Left out altogether: the image volume counters
 //! (`kubelet_image_volume_*_total`) belong to the ImageVolume feature,
 //! which rkubelet does not implement and which is off by default in 1.34
 //! (their registration could not be read here either).
@@ -21,6 +24,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 
 use super::{add, def_histogram, ContainerType, ContainerTypeCode, Described, HistFamily};
 
@@ -49,6 +53,11 @@ pub struct ReasonLabel {
 pub struct DraOperationLabels {
     pub is_error: String,
     pub operation_name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriverName {
+    pub driver_name: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -109,6 +118,7 @@ pub struct AbsentMetrics {
     /// Their buckets were not read; no series is ever observed here.
     pub dra_operations_duration: HistFamily<DraOperationLabels>,
     pub dra_grpc_operations_duration: HistFamily<DraGrpcLabels>,
+    pub dra_claims_in_use: Family<DriverName, Gauge>,
 }
 
 impl AbsentMetrics {
@@ -124,6 +134,15 @@ impl AbsentMetrics {
             image_garbage_collected: Family::default(),
             dra_operations_duration: Family::new_with_constructor(def_histogram),
             dra_grpc_operations_duration: Family::new_with_constructor(def_histogram),
+            dra_claims_in_use: {
+                let f = Family::<DriverName, Gauge>::default();
+                // No claim is ever prepared: the all-drivers count stays 0.
+                f.get_or_create(&DriverName {
+                    driver_name: "<any>".into(),
+                })
+                .set(0);
+                f
+            },
         }
     }
 
@@ -187,6 +206,12 @@ impl AbsentMetrics {
             "dra_grpc_operations_duration_seconds",
             alpha!("Duration in seconds of the DRA gRPC operations"),
             self.dra_grpc_operations_duration.clone(),
+        );
+        add(
+            &mut v,
+            "dra_resource_claims_in_use",
+            alpha!("The number of ResourceClaims that are currently in use on the node, by driver name (driver_name label value) and across all drivers (special value <any> for driver_name). Note that the sum of all by-driver counts is not the total number of in-use ResourceClaims because the same ResourceClaim might use devices from different drivers. Instead, use the count for the <any> driver_name."),
+            self.dra_claims_in_use.clone(),
         );
         v
     }

@@ -394,6 +394,7 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         "histogram",
         &["driver_name", "grpc_status_code", "method_name"],
     ),
+    ("dra_resource_claims_in_use", "gauge", &["driver_name"]),
     // The CPU manager's gauges and the alignment counters (set upstream by
     // the static policy only).
     (
@@ -1247,6 +1248,8 @@ async fn families_upstream_registers_show_its_values_for_rkubelets_configuration
         "# HELP kubelet_image_garbage_collected_total [ALPHA] Total number of images garbage collected by the kubelet, whether through disk usage or image age.\n# TYPE kubelet_image_garbage_collected_total counter\n",
         "# TYPE dra_operations_duration_seconds histogram\n",
         "# TYPE dra_grpc_operations_duration_seconds histogram\n",
+        // cm/dra/claiminfo_test.go's expectation without claims.
+        "# TYPE dra_resource_claims_in_use gauge\ndra_resource_claims_in_use{driver_name=\"<any>\"} 0\n",
         "# HELP kubelet_graceful_shutdown_end_time_seconds [ALPHA] Last graceful shutdown end time since unix epoch in seconds\n",
     ] {
         assert!(text.contains(line), "no {line:?} in {text}");
