@@ -427,7 +427,19 @@ impl<'a> std::ops::Deref for Labels<'a> {
     }
 }
 
-impl Base<'_> {
+impl<'a> Base<'a> {
+    /// A cgroup that is no pod's or container's: only its `id`.
+    fn bare(id: &'a str) -> Self {
+        Base {
+            id,
+            name: "",
+            image: "",
+            pod: "",
+            namespace: "",
+            container: "",
+        }
+    }
+
     fn with<'b>(&'b self, extra: &[(&'b str, &'b str)]) -> Labels<'b> {
         let mut l = [
             ("id", self.id),
@@ -1283,25 +1295,10 @@ pub fn cadvisor_chunks(snap: Option<&Snapshot>, m: &Machine) -> Vec<Bytes> {
         let CgroupRaw { name, sample, .. } = h;
         let root = name == "/";
         if root {
-            let base = Base {
-                id: name,
-                name: "",
-                image: "",
-                pod: "",
-                namespace: "",
-                container: "",
-            };
-            root_fs_families(&mut e, &base, &snap.node.filesystems, Some(t));
+            root_fs_families(&mut e, &Base::bare(name), &snap.node.filesystems, Some(t));
         }
         entries.push(CgEntry {
-            base: Base {
-                id: name,
-                name: "",
-                image: "",
-                pod: "",
-                namespace: "",
-                container: "",
-            },
+            base: Base::bare(name),
             sample,
             start_ns: snap.node.boot_ns,
             interfaces: if root { &snap.node.interfaces } else { none },
