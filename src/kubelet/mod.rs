@@ -224,6 +224,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         .unwrap_or_default();
     let machine = Arc::new(MachineInfo::read());
     crate::metrics::detect_cgroup_version();
+    crate::metrics::apply_feature_gates(&opts.config);
     crate::metrics::node_startup_kubelet_started();
     let machine_for_node = machine.clone();
 

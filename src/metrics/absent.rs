@@ -10,16 +10,21 @@
 //! vectors, so nothing is counted and no series appears (rkubelet shows
 //! their HELP/TYPE lines, see the module documentation of `metrics`).
 //!
-//! DRA's `dra_resource_claims_in_use` is a collector that upstream's DRA
-//! manager (`cm/dra/claiminfo.go`, registered by `container_manager_linux.go`
-//! while the DynamicResourceAllocation gate is on, the 1.34 default) fills
-//! with one all-drivers series, `driver_name="<any>"`, at 0 without claims:
-//! rkubelet shows that series.
-//!
-//! Left out altogether: the image volume counters
-//! (`kubelet_image_volume_*_total`) belong to the ImageVolume feature,
-//! which rkubelet does not implement and which is off by default in 1.34
-//! (their registration could not be read here either).
+//! Two more are registered only while their feature gate is on (see
+//! [`gated_by_dra`] and [`gated_by_image_volume`]):
+//! - DRA's `dra_resource_claims_in_use`, a collector that upstream's DRA
+//!   manager (`cm/dra/claiminfo.go`, registered by
+//!   `container_manager_linux.go` while DynamicResourceAllocation is on, the
+//!   1.34 default) fills with one all-drivers series,
+//!   `driver_name="<any>"`, at 0 without claims;
+//! - the image volume counters (`kubelet_image_volume_requested_total`,
+//!   `..._mounted_succeed_total`, `..._mounted_errors_total`, plain
+//!   counters added with the ImageVolume feature in 1.33, beta and off by
+//!   default in 1.34; their registration behind the gate is as the 1.33
+//!   change describes it, no 1.34 source could be read here). rkubelet
+//!   refuses image volumes at volume set-up (containerd 1.7 cannot mount an
+//!   image), before the container start where upstream counts, so they
+//!   stay 0.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -119,6 +124,9 @@ pub struct AbsentMetrics {
     pub dra_operations_duration: HistFamily<DraOperationLabels>,
     pub dra_grpc_operations_duration: HistFamily<DraGrpcLabels>,
     pub dra_claims_in_use: Family<DriverName, Gauge>,
+    pub image_volume_requested: Counter,
+    pub image_volume_mounted_succeed: Counter,
+    pub image_volume_mounted_errors: Counter,
 }
 
 impl AbsentMetrics {
@@ -143,6 +151,9 @@ impl AbsentMetrics {
                 .set(0);
                 f
             },
+            image_volume_requested: Counter::default(),
+            image_volume_mounted_succeed: Counter::default(),
+            image_volume_mounted_errors: Counter::default(),
         }
     }
 
@@ -207,12 +218,43 @@ impl AbsentMetrics {
             alpha!("Duration in seconds of the DRA gRPC operations"),
             self.dra_grpc_operations_duration.clone(),
         );
+        v
+    }
+
+    /// Shown while DynamicResourceAllocation is on.
+    pub(super) fn gated_by_dra(&self) -> Vec<Described> {
+        let mut v: Vec<Described> = Vec::new();
         add(
             &mut v,
             "dra_resource_claims_in_use",
             alpha!("The number of ResourceClaims that are currently in use on the node, by driver name (driver_name label value) and across all drivers (special value <any> for driver_name). Note that the sum of all by-driver counts is not the total number of in-use ResourceClaims because the same ResourceClaim might use devices from different drivers. Instead, use the count for the <any> driver_name."),
             self.dra_claims_in_use.clone(),
         );
+        v
+    }
+
+    /// Shown while ImageVolume is on.
+    pub(super) fn gated_by_image_volume(&self) -> Vec<Described> {
+        let mut v: Vec<Described> = Vec::new();
+        for (name, help, c) in [
+            (
+                "kubelet_image_volume_requested",
+                alpha!("Number of requested image volumes."),
+                &self.image_volume_requested,
+            ),
+            (
+                "kubelet_image_volume_mounted_succeed",
+                alpha!("Number of successful image volume mounts."),
+                &self.image_volume_mounted_succeed,
+            ),
+            (
+                "kubelet_image_volume_mounted_errors",
+                alpha!("Number of failed image volume mounts."),
+                &self.image_volume_mounted_errors,
+            ),
+        ] {
+            add(&mut v, name, help, c.clone());
+        }
         v
     }
 }

@@ -742,6 +742,27 @@ fn update_log_sizes(snap: Option<&crate::stats::provider::Snapshot>) {
 /// exposed from then on).
 static CREDENTIAL_PROVIDER_METRICS: AtomicBool = AtomicBool::new(false);
 
+/// The DynamicResourceAllocation and ImageVolume gates, at their 1.34
+/// defaults until [`apply_feature_gates`] reads the configuration.
+static DRA_GATE: AtomicBool = AtomicBool::new(true);
+static IMAGE_VOLUME_GATE: AtomicBool = AtomicBool::new(false);
+
+/// Families upstream registers only while a feature gate is on follow the
+/// configuration's gates.
+pub fn apply_feature_gates(cfg: &crate::config::KubeletConfiguration) {
+    let (dra, image_volume) = gated_families(cfg);
+    DRA_GATE.store(dra, Ordering::Relaxed);
+    IMAGE_VOLUME_GATE.store(image_volume, Ordering::Relaxed);
+}
+
+/// (DynamicResourceAllocation, ImageVolume) as configured.
+fn gated_families(cfg: &crate::config::KubeletConfiguration) -> (bool, bool) {
+    (
+        cfg.feature_gate("DynamicResourceAllocation", true),
+        cfg.feature_gate("ImageVolume", false),
+    )
+}
+
 /// The `/metrics` registry. Names, help and label names follow upstream's
 /// metrics.go (kubelet subsystem), server/metrics/metrics.go (HTTP),
 /// component-base's restclient and version metrics.
@@ -991,6 +1012,11 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     r.register_collector(Box::new(Gated(
         &CREDENTIAL_PROVIDER_METRICS,
         Exact(plugins),
+    )));
+    r.register_collector(Box::new(Gated(&DRA_GATE, Exact(m.absent.gated_by_dra()))));
+    r.register_collector(Box::new(Gated(
+        &IMAGE_VOLUME_GATE,
+        Exact(m.absent.gated_by_image_volume()),
     )));
     r.register_collector(Box::new(v134::ConfigInfo(&v134::CONFIG_HASH)));
     r.register_collector(Box::new(LogSizes));

@@ -1156,6 +1156,44 @@ fn plugin_families_appear_only_once_plugins_are_registered() {
 }
 
 #[test]
+fn dra_and_image_volume_families_follow_their_feature_gates() {
+    // Defaults of 1.34: DynamicResourceAllocation on, ImageVolume off.
+    let mut cfg = crate::config::KubeletConfiguration::default();
+    assert_eq!(gated_families(&cfg), (true, false));
+    cfg.feature_gates
+        .insert("DynamicResourceAllocation".into(), false);
+    cfg.feature_gates.insert("ImageVolume".into(), true);
+    assert_eq!(gated_families(&cfg), (false, true));
+
+    static ON: AtomicBool = AtomicBool::new(false);
+    let m = &*METRICS;
+    let mut r = Registry::default();
+    r.register_collector(Box::new(Gated(
+        &ON,
+        Exact(m.absent.gated_by_image_volume()),
+    )));
+    let text = |r: &Registry| {
+        let mut out = String::new();
+        encode(&mut out, r).unwrap();
+        to_prometheus_text(&out)
+    };
+    assert_eq!(text(&r), "");
+    ON.store(true, Ordering::Relaxed);
+    let shown = text(&r);
+    for name in [
+        "kubelet_image_volume_requested_total",
+        "kubelet_image_volume_mounted_succeed_total",
+        "kubelet_image_volume_mounted_errors_total",
+    ] {
+        // Plain counters: client_golang prints them at 0 once registered.
+        assert!(
+            shown.contains(&format!("\n{name} 0\n")),
+            "{name} in {shown}"
+        );
+    }
+}
+
+#[test]
 fn pod_counts_split_static_and_active_as_handle_pod_cleanups() {
     // (static, active)
     let (desired, active) = pod_counts([
