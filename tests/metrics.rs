@@ -182,7 +182,9 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
 }
 
 /// Cluster mode: the kube-rs client's requests are counted as client-go's
-/// `rest_client_requests_total{code,host,method}`.
+/// `rest_client_requests_total{code,host,method}` and timed and sized as
+/// `rest_client_request_duration_seconds{host,verb}` and the size
+/// histograms (the kubelet dashboard's "Get/Post Request Latency").
 #[test]
 fn cluster_mode_counts_api_requests() {
     use common::apiserver::{ApiServer, ApiServerOptions};
@@ -207,7 +209,22 @@ fn cluster_mode_counts_api_requests() {
             .iter()
             .filter_map(|m| value(&s, "rest_client_requests_total", &[("method", m)]))
             .sum::<f64>();
-        (get >= 1.0 && write >= 1.0).then_some(s)
+        let timed = |family: &str, verb: &str| value(&s, family, &[("verb", verb)]);
+        let get_timed = timed("rest_client_request_duration_seconds_count", "GET")?;
+        let write_timed = ["POST", "PUT", "PATCH"]
+            .iter()
+            .filter_map(|m| timed("rest_client_request_duration_seconds_count", m))
+            .sum::<f64>();
+        let sized = timed("rest_client_response_size_bytes_count", "GET")?
+            + timed("rest_client_request_size_bytes_count", "GET")?;
+        let throttled = timed("rest_client_rate_limiter_duration_seconds_count", "GET")?;
+        (get >= 1.0
+            && write >= 1.0
+            && get_timed >= 1.0
+            && write_timed >= 1.0
+            && sized >= 2.0
+            && throttled >= 1.0)
+            .then_some(s)
     });
     let sample = s
         .samples

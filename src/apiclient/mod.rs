@@ -1,6 +1,8 @@
 //! The API server client of cluster mode: a kube-rs `Client` built from
 //! `--kubeconfig`, behind upstream's client-side rate limit (client-go's
-//! token bucket: `kubeAPIQPS` tokens a second, at most `kubeAPIBurst` saved).
+//! token bucket: `kubeAPIQPS` tokens a second, at most `kubeAPIBurst` saved),
+//! taken per request by the client's metrics layer as client-go's
+//! `tryThrottle` does (watches are not throttled).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,7 +44,7 @@ impl std::fmt::Debug for ApiClient {
     }
 }
 
-async fn build(path: &Path) -> Result<kube::Client, ApiClientError> {
+async fn build(path: &Path, limiter: &Arc<RateLimiter>) -> Result<kube::Client, ApiClientError> {
     let kubeconfig_err = |source| ApiClientError::Kubeconfig {
         path: path.to_path_buf(),
         source,
@@ -68,7 +70,10 @@ async fn build(path: &Path) -> Result<kube::Client, ApiClientError> {
             source,
         })?;
     Ok(builder
-        .with_layer(&crate::metrics::RestClientLayer::new(&host))
+        .with_layer(&crate::metrics::RestClientLayer::new(
+            &host,
+            Some(limiter.clone()),
+        ))
         .build())
 }
 
@@ -80,28 +85,34 @@ impl ApiClient {
         qps: i32,
         burst: i32,
     ) -> Result<Self, ApiClientError> {
-        Ok(Self::new(build(path).await?, qps, burst))
+        let limiter = Arc::new(RateLimiter::new(qps, burst));
+        let client = build(path, &limiter).await?;
+        Ok(Self::with_limiter(client, limiter))
     }
 
+    /// A client built elsewhere (tests): requests go through whatever
+    /// layers it has, so no rate limit unless it has one.
     pub fn new(client: kube::Client, qps: i32, burst: i32) -> Self {
+        Self::with_limiter(client, Arc::new(RateLimiter::new(qps, burst)))
+    }
+
+    fn with_limiter(client: kube::Client, limiter: Arc<RateLimiter>) -> Self {
         ApiClient {
             client: Arc::new(Mutex::new(client)),
-            limiter: Arc::new(RateLimiter::new(qps, burst)),
+            limiter,
             generation: Arc::new(tokio::sync::watch::channel(0).0),
         }
     }
 
-    /// The client, after waiting for a token of the rate limit: call it
-    /// once per request.
+    /// The current client (its requests wait for the rate limit).
     pub async fn client(&self) -> kube::Client {
-        self.limiter.acquire().await;
         self.client.lock().clone()
     }
 
     /// Rebuilds the client from the kubeconfig (after a certificate
     /// rotation) and tells the watches to reopen with it.
     pub async fn reload(&self, path: &Path) -> Result<(), ApiClientError> {
-        let fresh = build(path).await?;
+        let fresh = build(path, &self.limiter).await?;
         *self.client.lock() = fresh;
         self.generation.send_modify(|g| *g += 1);
         Ok(())

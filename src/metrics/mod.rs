@@ -271,6 +271,58 @@ pub struct RestClientLabels {
     pub method: String,
 }
 
+/// client-go's per-request families: label names sorted, as client_golang
+/// writes them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostVerb {
+    pub host: String,
+    pub verb: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeHostVerb {
+    pub code: String,
+    pub host: String,
+    pub verb: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExecPluginCall {
+    pub call_status: String,
+    pub code: String,
+}
+
+/// component-base's rest client latency buckets (request and rate limiter).
+pub const REST_LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+];
+/// Its size buckets: 64 bytes to 16 MiB.
+pub const REST_SIZE_BUCKETS: [f64; 11] = [
+    64.0, 256.0, 512.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0,
+];
+/// rest_client_exec_plugin_certificate_rotation_age: 10 minutes to 4 years.
+const EXEC_ROTATION_BUCKETS: [f64; 11] = [
+    600.0,
+    1800.0,
+    3600.0,
+    14400.0,
+    86400.0,
+    604800.0,
+    2592000.0,
+    7776000.0,
+    15552000.0,
+    31104000.0,
+    124416000.0,
+];
+
+fn rest_latency_histogram() -> Histogram {
+    Histogram::new(REST_LATENCY_BUCKETS)
+}
+fn rest_size_histogram() -> Histogram {
+    Histogram::new(REST_SIZE_BUCKETS)
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginName {
     pub plugin_name: String,
@@ -321,6 +373,16 @@ pub struct KubeletMetrics {
     /// By metric_source: "du", "statfs", or a CSI driver's name.
     pub volume_metric_collection_duration: HistFamily<MetricSource>,
     pub rest_client_requests: Family<RestClientLabels, Counter>,
+    pub rest_client_request_duration: HistFamily<HostVerb>,
+    pub rest_client_request_size: HistFamily<HostVerb>,
+    pub rest_client_response_size: HistFamily<HostVerb>,
+    pub rest_client_rate_limiter_duration: HistFamily<HostVerb>,
+    /// Never counted: rkubelet's client does not retry a request itself.
+    pub rest_client_request_retries: Family<CodeHostVerb, Counter>,
+    /// No exec plugin is tracked: +Inf, as upstream without one.
+    pub rest_client_exec_plugin_ttl: GaugeF,
+    pub rest_client_exec_plugin_rotation_age: Histogram,
+    pub rest_client_exec_plugin_calls: Family<ExecPluginCall, Counter>,
     pub build_info: Family<BuildInfo, Gauge>,
     /// kubelet_volume_stats_{capacity_bytes, available_bytes, used_bytes,
     /// inodes, inodes_free, inodes_used}, refreshed from the volume stats
@@ -663,6 +725,18 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     http_inflight_requests: Family::default(),
     volume_metric_collection_duration: Family::new_with_constructor(def_histogram),
     rest_client_requests: Family::default(),
+    rest_client_request_duration: Family::new_with_constructor(rest_latency_histogram),
+    rest_client_request_size: Family::new_with_constructor(rest_size_histogram),
+    rest_client_response_size: Family::new_with_constructor(rest_size_histogram),
+    rest_client_rate_limiter_duration: Family::new_with_constructor(rest_latency_histogram),
+    rest_client_request_retries: Family::default(),
+    rest_client_exec_plugin_ttl: {
+        let g = GaugeF::default();
+        g.set(f64::INFINITY);
+        g
+    },
+    rest_client_exec_plugin_rotation_age: Histogram::new(EXEC_ROTATION_BUCKETS),
+    rest_client_exec_plugin_calls: Family::default(),
     build_info: Family::default(),
     volume_stats: Default::default(),
     credential_provider_plugin_duration: Family::new_with_constructor(def_histogram),
@@ -939,11 +1013,63 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         alpha!("Duration in seconds to calculate volume stats"),
         m.volume_metric_collection_duration.clone(),
     );
+    // component-base's restclient/metrics.go registers these whatever
+    // the client does (its DNS resolver histogram is left unregistered
+    // there, and here); the transport cache families are not shown:
+    // rkubelet has no client-go transport cache.
+    add(
+        &mut v,
+        "rest_client_request_duration_seconds",
+        alpha!("Request latency in seconds. Broken down by verb, and host."),
+        m.rest_client_request_duration.clone(),
+    );
+    add(
+        &mut v,
+        "rest_client_request_size_bytes",
+        alpha!("Request size in bytes. Broken down by verb and host."),
+        m.rest_client_request_size.clone(),
+    );
+    add(
+        &mut v,
+        "rest_client_response_size_bytes",
+        alpha!("Response size in bytes. Broken down by verb and host."),
+        m.rest_client_response_size.clone(),
+    );
+    add(
+        &mut v,
+        "rest_client_rate_limiter_duration_seconds",
+        alpha!("Client side rate limiter latency in seconds. Broken down by verb, and host."),
+        m.rest_client_rate_limiter_duration.clone(),
+    );
     add(
         &mut v,
         "rest_client_requests",
         alpha!("Number of HTTP requests, partitioned by status code, method, and host."),
         m.rest_client_requests.clone(),
+    );
+    add(
+        &mut v,
+        "rest_client_request_retries",
+        alpha!("Number of request retries, partitioned by status code, verb, and host."),
+        m.rest_client_request_retries.clone(),
+    );
+    add(
+        &mut v,
+        "rest_client_exec_plugin_ttl_seconds",
+        alpha!("Gauge of the shortest TTL (time-to-live) of the client certificate(s) managed by the auth exec plugin. The value is in seconds until certificate expiry (negative if already expired). If auth exec plugins are unused or manage no TLS certificates, the value will be +INF."),
+        m.rest_client_exec_plugin_ttl.clone(),
+    );
+    add(
+        &mut v,
+        "rest_client_exec_plugin_certificate_rotation_age",
+        alpha!("Histogram of the number of seconds the last auth exec plugin client certificate lived before being rotated. If auth exec plugin client certificates are unused, histogram will contain no data."),
+        m.rest_client_exec_plugin_rotation_age.clone(),
+    );
+    add(
+        &mut v,
+        "rest_client_exec_plugin_call",
+        alpha!("Number of calls to an exec plugin, partitioned by the type of event encountered (no_error, plugin_execution_error, plugin_not_found_error, client_internal_error) and an optional exit code. The exit code will be set to 0 if and only if the plugin call was successful."),
+        m.rest_client_exec_plugin_calls.clone(),
     );
     add(
         &mut v,
@@ -1762,6 +1888,43 @@ pub fn volume_stats_measured_count(source: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(&want)?.parse().ok())
         .unwrap_or(0)
+}
+
+fn host_verb(host: &str, verb: &str) -> HostVerb {
+    HostVerb {
+        host: host.into(),
+        verb: verb.into(),
+    }
+}
+
+/// A request's latency, from before its rate-limiter wait to the end of
+/// its response body (client-go's request(), around Do's body read).
+pub fn rest_client_request_duration(verb: &str, host: &str, took: Duration) {
+    METRICS
+        .rest_client_request_duration
+        .get_or_create(&host_verb(host, verb))
+        .observe(took.as_secs_f64());
+}
+
+pub fn rest_client_request_size(verb: &str, host: &str, bytes: u64) {
+    METRICS
+        .rest_client_request_size
+        .get_or_create(&host_verb(host, verb))
+        .observe(bytes as f64);
+}
+
+pub fn rest_client_response_size(verb: &str, host: &str, bytes: u64) {
+    METRICS
+        .rest_client_response_size
+        .get_or_create(&host_verb(host, verb))
+        .observe(bytes as f64);
+}
+
+pub fn rest_client_rate_limiter_duration(verb: &str, host: &str, waited: Duration) {
+    METRICS
+        .rest_client_rate_limiter_duration
+        .get_or_create(&host_verb(host, verb))
+        .observe(waited.as_secs_f64());
 }
 
 /// One API request from the kube-rs client.

@@ -138,9 +138,45 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
         &["metric_source"],
     ),
     (
+        "rest_client_request_duration_seconds",
+        "histogram",
+        &["host", "verb"],
+    ),
+    (
+        "rest_client_request_size_bytes",
+        "histogram",
+        &["host", "verb"],
+    ),
+    (
+        "rest_client_response_size_bytes",
+        "histogram",
+        &["host", "verb"],
+    ),
+    (
+        "rest_client_rate_limiter_duration_seconds",
+        "histogram",
+        &["host", "verb"],
+    ),
+    (
         "rest_client_requests",
         "counter",
         &["code", "host", "method"],
+    ),
+    (
+        "rest_client_request_retries",
+        "counter",
+        &["code", "host", "verb"],
+    ),
+    ("rest_client_exec_plugin_ttl_seconds", "gauge", &[]),
+    (
+        "rest_client_exec_plugin_certificate_rotation_age",
+        "histogram",
+        &[],
+    ),
+    (
+        "rest_client_exec_plugin_call",
+        "counter",
+        &["call_status", "code"],
     ),
     (
         "kubernetes_build_info",
@@ -526,6 +562,26 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     started_container("container", Some("CreateContainerError"));
     restarted_pod(true);
     rest_client_request("200", "GET", "10.0.0.1:6443");
+    rest_client_request_duration("GET", "10.0.0.1:6443", Duration::from_millis(3));
+    rest_client_request_size("GET", "10.0.0.1:6443", 0);
+    rest_client_response_size("GET", "10.0.0.1:6443", 900);
+    rest_client_rate_limiter_duration("GET", "10.0.0.1:6443", Duration::ZERO);
+    // Never counted by rkubelet: series made here for their label names.
+    METRICS
+        .rest_client_request_retries
+        .get_or_create(&CodeHostVerb {
+            code: "500".into(),
+            host: "10.0.0.1:6443".into(),
+            verb: "GET".into(),
+        })
+        .inc();
+    METRICS
+        .rest_client_exec_plugin_calls
+        .get_or_create(&ExecPluginCall {
+            call_status: "no_error".into(),
+            code: "0".into(),
+        })
+        .inc();
     METRICS.pod_start_sli_duration.observe(1.0);
     METRICS
         .cgroup_manager_duration
@@ -729,6 +785,10 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
         let got = label_sets(&scrape, &sample);
         assert_eq!(got, BTreeSet::from([want]), "{name}: {text}");
     }
+    assert!(
+        text.contains("\nrest_client_exec_plugin_ttl_seconds +Inf\n"),
+        "no exec plugin: +Inf, as upstream"
+    );
     // Nothing else leaks into the registry.
     assert_eq!(ty.len(), EXPECTED.len(), "{ty:?}");
     assert!(text.contains(
@@ -941,7 +1001,7 @@ async fn rest_client_layer_counts_by_code_method_and_host() {
                 .unwrap(),
         )
     });
-    let mut svc = tower::Layer::layer(&RestClientLayer::new("10.9.8.7:6443"), svc);
+    let mut svc = tower::Layer::layer(&RestClientLayer::new("10.9.8.7:6443", None), svc);
     let l = RestClientLabels {
         code: "404".into(),
         host: "10.9.8.7:6443".into(),
