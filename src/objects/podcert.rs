@@ -1138,7 +1138,7 @@ impl ObjectManager {
             move || generate_key_and_proof(&key_type, &pod_uid),
         )
         .await
-        .map_err(|e| PodCertError::KeyGeneration(e.to_string()))??;
+        .map_err(keygen_failed)??;
         let req = build_request(&id, proj, &generated);
         let created = Api::<PodCertificateRequest>::namespaced(client, &key.namespace)
             .create(&PostParams::default(), &req)
@@ -1157,6 +1157,21 @@ impl ObjectManager {
             created_at,
         ))
     }
+}
+
+/// The blocking pool's failure as the volume's key generation error (its
+/// timeout text speaks of file systems, which this work has none of).
+fn keygen_failed(e: crate::blocking::BlockingError) -> PodCertError {
+    use crate::blocking::BlockingError;
+    PodCertError::KeyGeneration(match e {
+        BlockingError::Timeout { deadline, .. } => {
+            format!("key generation did not finish within {deadline:?}")
+        }
+        BlockingError::StillStuck { .. } => {
+            "an earlier key generation for this source has not finished".into()
+        }
+        BlockingError::Panicked { message, .. } => message,
+    })
 }
 
 /// Whether two states are the same phase of the machine (no transition
@@ -2066,6 +2081,24 @@ mod tests {
             m.pod_certificate(&pod, "v", 0, &proj).await,
             Err(PodCertError::NotIssued)
         );
+    }
+
+    #[test]
+    fn a_key_generation_that_fails_on_the_blocking_pool_says_so() {
+        use crate::blocking::BlockingError;
+        let e = keygen_failed(BlockingError::Timeout {
+            what: "podcert-key/u/v/0".into(),
+            deadline: KEYGEN_DEADLINE,
+        });
+        assert_eq!(
+            e.to_string(),
+            "while generating keypair: key generation did not finish within 120s"
+        );
+        assert!(e.surfaced());
+        let e = keygen_failed(BlockingError::StillStuck {
+            what: "podcert-key/u/v/0".into(),
+        });
+        assert!(e.to_string().contains("has not finished"), "{e}");
     }
 
     fn cert_pod(uid: &str, node: Option<&str>) -> Pod {
