@@ -2706,6 +2706,130 @@ fn pod_certificate_requests_clear_status_and_verify_the_proof_of_possession() {
     assert_eq!(after["status"]["certificateChain"], "CHAIN");
 }
 
+// ValidatePodCertificateRequestCreate (pkg/apis/certificates/validation)
+// for the kubelet's RSA3072, RSA4096 and ECDSAP521 keys
+// (pkg/kubelet/podcertificate generateKeyAndProof): an RSA key needs a
+// 3072- or 4096-bit modulus (else 422 "RSA keys must have modulus size
+// 3072 or 4096"), and its proof is checked with rsa.VerifyPSS(pub, SHA256,
+// sha256(podUID), proof, nil), whose nil options find the salt length: the
+// kubelet's SignPSS(nil) proof (the longest salt) and a digest-sized salt
+// both verify; a PKCS#1 v1.5 signature, or a proof over another pod's UID,
+// is 422 "could not verify proof-of-possession signature". A P-521 key's
+// proof is ecdsa.VerifyASN1 over the SHA-256 digest, as for the other
+// curves. A key type ParsePKIXPublicKey reads but the validation does not
+// take (X25519) is "unknown public key type".
+#[test]
+fn pod_certificate_requests_verify_rsa_pss_and_p521_proofs() {
+    use base64::Engine;
+    use rkubelet::objects::podcert::generate_key_and_proof;
+    use rsa::pkcs8::EncodePublicKey;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let uid = "11111111-2222-4333-8444-555555555555";
+    let pcr = |pod_uid: &str, spki: &[u8], proof: &[u8]| {
+        json!({"apiVersion": "certificates.k8s.io/v1alpha1", "kind": "PodCertificateRequest",
+            "metadata": {"generateName": "req-", "namespace": "default"},
+            "spec": {"signerName": "example.com/s", "podName": "p", "podUID": pod_uid,
+                "serviceAccountName": "default", "serviceAccountUID": "sa",
+                "nodeName": "n1", "nodeUID": "nu",
+                "pkixPublicKey": b64(spki), "proofOfPossession": b64(proof)}})
+    };
+    const PCRS: &str =
+        "/apis/certificates.k8s.io/v1alpha1/namespaces/default/podcertificaterequests";
+    const BAD_PROOF: &str = "could not verify proof-of-possession signature";
+    let s = plain();
+    let c = s.client();
+    let post = |body: Value| {
+        let r = c.post(PCRS, &body).unwrap();
+        let msg = r.body["message"].as_str().unwrap_or("").to_string();
+        (r.status, msg)
+    };
+    let refused = |body: Value| {
+        let (status, msg) = post(body);
+        assert_eq!(status, 422, "{msg}");
+        assert!(msg.contains(BAD_PROOF), "{msg}");
+    };
+    let rng = ring::rand::SystemRandom::new();
+    for key_type in ["RSA3072", "RSA4096"] {
+        let k = generate_key_and_proof(key_type, uid).unwrap();
+        assert_eq!(
+            post(pcr(uid, &k.pkix_public_key, &k.proof_of_possession)).0,
+            201,
+            "{key_type}: the kubelet's max-salt proof"
+        );
+        refused(pcr(
+            "another-uid",
+            &k.pkix_public_key,
+            &k.proof_of_possession,
+        ));
+        // The same key signing with ring: PSS with a digest-sized salt
+        // verifies too; PKCS#1 v1.5 does not.
+        let text = String::from_utf8(k.private_key_pem.clone()).unwrap();
+        let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
+        let pkcs8 = base64::engine::general_purpose::STANDARD
+            .decode(body)
+            .unwrap();
+        let kp = ring::signature::RsaKeyPair::from_pkcs8(&pkcs8).unwrap();
+        let mut sig = vec![0u8; kp.public().modulus_len()];
+        kp.sign(
+            &ring::signature::RSA_PSS_SHA256,
+            &rng,
+            uid.as_bytes(),
+            &mut sig,
+        )
+        .unwrap();
+        assert_eq!(
+            post(pcr(uid, &k.pkix_public_key, &sig)).0,
+            201,
+            "{key_type}"
+        );
+        kp.sign(
+            &ring::signature::RSA_PKCS1_SHA256,
+            &rng,
+            uid.as_bytes(),
+            &mut sig,
+        )
+        .unwrap();
+        refused(pcr(uid, &k.pkix_public_key, &sig));
+    }
+    // A 2048-bit modulus is refused before any proof is looked at.
+    let n = (rsa::BigUint::from(1u8) << 2047usize) + rsa::BigUint::from(1u8);
+    let small = rsa::RsaPublicKey::new(n, 65537u32.into())
+        .unwrap()
+        .to_public_key_der()
+        .unwrap();
+    let (status, msg) = post(pcr(uid, small.as_bytes(), &[0u8; 256]));
+    assert_eq!(status, 422, "{msg}");
+    assert!(
+        msg.contains("spec.pkixPublicKey: Invalid value: \"2048-bit modulus\": RSA keys must have modulus size 3072 or 4096"),
+        "{msg}"
+    );
+    // P-521.
+    let k = generate_key_and_proof("ECDSAP521", uid).unwrap();
+    assert_eq!(
+        post(pcr(uid, &k.pkix_public_key, &k.proof_of_possession)).0,
+        201
+    );
+    refused(pcr(
+        "another-uid",
+        &k.pkix_public_key,
+        &k.proof_of_possession,
+    ));
+    let mut trailing = k.proof_of_possession.clone();
+    trailing.push(0);
+    refused(pcr(uid, &k.pkix_public_key, &trailing));
+    // X25519: parsed by Go, taken by no branch.
+    let mut x25519 = vec![
+        0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x6e, 0x03, 0x21, 0x00,
+    ];
+    x25519.extend([9u8; 32]);
+    let (status, msg) = post(pcr(uid, &x25519, b"x"));
+    assert_eq!(status, 422, "{msg}");
+    assert!(
+        msg.contains("unknown public key type; supported types are Ed25519, ECDSA, and RSA"),
+        "{msg}"
+    );
+}
+
 // A kubelet watches the PodCertificateRequests of its node
 // (pkg/kubelet/kubelet.go: an informer with fieldSelector
 // spec.nodeName=<node>, all namespaces). The field labels are those of

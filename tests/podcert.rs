@@ -147,6 +147,25 @@ fn public_of(key_type: &str, pkcs8: &[u8]) -> Vec<u8> {
             .public_key()
             .as_ref()
             .to_vec(),
+        // DER RSAPublicKey, the SPKI's BIT STRING.
+        "RSA3072" => ring::signature::RsaKeyPair::from_pkcs8(pkcs8)
+            .unwrap()
+            .public()
+            .as_ref()
+            .to_vec(),
+        // ring has no P-521: the point of the PKCS#8 document's scalar,
+        // by the p521 crate.
+        "ECDSAP521" => {
+            let info = rsa::pkcs8::PrivateKeyInfo::try_from(pkcs8).unwrap();
+            // ECPrivateKey: SEQUENCE (3 bytes), version 1, OCTET STRING of
+            // the 66-byte scalar.
+            assert_eq!(&info.private_key[3..8], &[0x02, 0x01, 0x01, 0x04, 0x42]);
+            let d = p521::ecdsa::SigningKey::from_slice(&info.private_key[8..74]).unwrap();
+            p521::ecdsa::VerifyingKey::from(&d)
+                .to_encoded_point(false)
+                .as_bytes()
+                .to_vec()
+        }
         "ECDSAP384" => ring::signature::EcdsaKeyPair::from_pkcs8(
             &ring::signature::ECDSA_P384_SHA384_ASN1_SIGNING,
             pkcs8,
@@ -169,19 +188,27 @@ fn public_of(key_type: &str, pkcs8: &[u8]) -> Vec<u8> {
 }
 
 /// An API server with the default service account, a kubelet on `node`
-/// and a pod there with the one projected `source`, once its first
-/// PodCertificateRequest exists: (api, kubelet, pod name, request).
-fn one_source_pod(node: &str, source: Value) -> (ApiServer, Kubelet, String, Value) {
+/// and a pod there with the projected `sources`, once it has as many
+/// PodCertificateRequests: (api, kubelet, pod name, requests).
+fn pod_with_sources(node: &str, sources: Value) -> (ApiServer, Kubelet, String, Vec<Value>) {
     let api = ApiServer::start(ApiServerOptions::default());
     api.create(json!({"apiVersion": "v1", "kind": "ServiceAccount",
         "metadata": {"name": "default", "namespace": "default"}}));
     let k = kubelet(node, &api);
     let name = format!("pcert-{node}");
-    api.create(pod(&name, node, json!([source])));
-    let req = wait_for("a PodCertificateRequest", T, || {
-        requests(&api, &name).into_iter().next()
+    let n = sources.as_array().map_or(0, Vec::len);
+    api.create(pod(&name, node, sources));
+    let reqs = wait_for("the PodCertificateRequests", T, || {
+        let r = requests(&api, &name);
+        (r.len() == n).then_some(r)
     });
-    (api, k, name, req)
+    (api, k, name, reqs)
+}
+
+/// `pod_with_sources` with the one `source`: its one request.
+fn one_source_pod(node: &str, source: Value) -> (ApiServer, Kubelet, String, Value) {
+    let (api, k, name, mut reqs) = pod_with_sources(node, json!([source]));
+    (api, k, name, reqs.remove(0))
 }
 
 /// Deletes pod `name` at once and waits until the API has it no more.
@@ -334,6 +361,61 @@ fn an_ecdsa_p384_key_is_requested_with_its_proof_and_served() {
     assert_eq!(cat(&k, &id, "tls.crt"), chain);
     let key = pem_der(&cat(&k, &id, "tls.key"), "PRIVATE KEY");
     assert_eq!(public_of("ECDSAP384", &key), key_spki[23..]);
+    delete_pod(&api, &name);
+    drop(k);
+}
+
+/// RSA3072 and ECDSAP521 sources, each a credential bundle (upstream's
+/// generateKeyAndProof: an RSA key with an RSASSA-PSS proof, a P-521 key
+/// with ECDSA over SHA-256 of the pod UID): both requests pass the API
+/// server double's proof checks (`rsa.VerifyPSS` with nil options,
+/// `ecdsa.VerifyASN1`), and once issued the pod reads bundles of a PKCS#8
+/// key whose public half is its request's, then the chain. The old code
+/// refused both key types.
+#[test]
+fn rsa3072_and_p521_keys_are_requested_with_their_proofs_and_served_as_bundles() {
+    let (api, k, name, reqs) = pod_with_sources(
+        "it-pcert-rsa",
+        json!([
+            {"podCertificate": {"signerName": "example.com/s", "keyType": "RSA3072",
+                "credentialBundlePath": "rsa.pem"}},
+            {"podCertificate": {"signerName": "example.com/s", "keyType": "ECDSAP521",
+                "credentialBundlePath": "p521.pem"}}
+        ]),
+    );
+    // By key length: a 3072-bit rsaEncryption SPKI is 422 bytes (24 of
+    // header), a secp521r1 one 158 (25 of header).
+    let (rsa_req, ec_req) = if spki(&reqs[0]).len() == 422 {
+        (&reqs[0], &reqs[1])
+    } else {
+        (&reqs[1], &reqs[0])
+    };
+    assert_eq!(
+        (spki(rsa_req).len(), spki(ec_req).len()),
+        (422, 158),
+        "{reqs:?}"
+    );
+    let (chain_rsa, chain_ec) = (ca_certificate_pem("rsa"), ca_certificate_pem("p521"));
+    issue(&api, rsa_req, &chain_rsa, unix_now() + 86400);
+    issue(&api, ec_req, &chain_ec, unix_now() + 86400);
+    let p = wait_for("the pod Running", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
+    });
+    let id = container_id(&p);
+    for (file, key_type, req, chain, header) in [
+        ("rsa.pem", "RSA3072", rsa_req, &chain_rsa, 24),
+        ("p521.pem", "ECDSAP521", ec_req, &chain_ec, 25),
+    ] {
+        let bundle = cat(&k, &id, file);
+        assert!(
+            bundle.starts_with("-----BEGIN PRIVATE KEY-----\n"),
+            "{bundle}"
+        );
+        assert!(bundle.ends_with(chain.as_str()), "key then chain: {bundle}");
+        let key = pem_der(&bundle, "PRIVATE KEY");
+        assert_eq!(public_of(key_type, &key), spki(req)[header..], "{key_type}");
+    }
     delete_pod(&api, &name);
     drop(k);
 }

@@ -57,6 +57,10 @@ const REFRESH_PASS: i64 = 60;
 /// long (plus jitter) after its creation is taken as deleted, and made
 /// again.
 const ASSUME_DELETED_AFTER: i64 = 600;
+/// How long one key generation may take before the volume reports it
+/// (an RSA4096 prime search takes seconds on a busy node; this is far
+/// past it).
+const KEYGEN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 /// upstream jitterDuration: up to 5 minutes, so that projections issued
 /// together do not all ask for their refresh at once.
 const JITTER_MAX: i64 = 300;
@@ -75,10 +79,6 @@ pub enum PodCertError {
     Denied { reason: String, message: String },
     #[error("PodCertificateRequest was permanently failed: reason={reason:?} message={message:?}")]
     Failed { reason: String, message: String },
-    /// A key type upstream generates but rkubelet cannot (RSA keys and
-    /// P-521: ring makes neither).
-    #[error("while generating keypair: key type {0:?} is not supported by rkubelet (ECDSAP256, ECDSAP384 and ED25519 are)")]
-    UnsupportedKeyType(String),
     #[error("while generating keypair: unknown key type {0:?}")]
     UnknownKeyType(String),
     #[error("while generating keypair: {0}")]
@@ -97,14 +97,11 @@ pub enum PodCertError {
 }
 
 impl PodCertError {
-    /// rkubelet's own limits, which the volume reports (upstream would
+    /// rkubelet's own failures, which the volume reports (upstream would
     /// have made the key): every other error of a step is logged, and the
     /// volume reads the state as it is, as upstream's does.
     fn surfaced(&self) -> bool {
-        matches!(
-            self,
-            PodCertError::UnsupportedKeyType(_) | PodCertError::KeyGeneration(_)
-        )
+        matches!(self, PodCertError::KeyGeneration(_))
     }
 }
 
@@ -531,9 +528,41 @@ pub struct GeneratedKey {
     /// DER SubjectPublicKeyInfo (Go's MarshalPKIXPublicKey).
     pub pkix_public_key: Vec<u8>,
     /// The signature of the pod UID's bytes: ECDSA (ASN.1) over their
-    /// SHA-256 digest (for P-384 too), Ed25519 over the bytes themselves.
+    /// SHA-256 digest (for P-384 and P-521 too), RSASSA-PSS over that
+    /// digest, Ed25519 over the bytes themselves.
     pub proof_of_possession: Vec<u8>,
 }
+
+/// ring's system random source as the RNG the RustCrypto key generators
+/// and signers take, so that every key type draws from the one source.
+struct RingRng(SystemRandom);
+
+impl rsa::rand_core::RngCore for RingRng {
+    fn next_u32(&mut self) -> u32 {
+        rsa::rand_core::impls::next_u32_via_fill(self)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        rsa::rand_core::impls::next_u64_via_fill(self)
+    }
+
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        // getrandom(2) does not fail on Linux; a key must never be made of
+        // anything but its output (the blocking pool turns the panic into
+        // a key generation error).
+        self.0.fill(dest).expect("the system random source failed");
+    }
+
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rsa::rand_core::Error> {
+        self.0.fill(dest).map_err(|_| {
+            let code = std::num::NonZeroU32::new(rsa::rand_core::Error::CUSTOM_START)
+                .expect("a non-zero code");
+            rsa::rand_core::Error::from(code)
+        })
+    }
+}
+
+impl rsa::rand_core::CryptoRng for RingRng {}
 
 /// SubjectPublicKeyInfo headers for the fixed-size keys: the algorithm
 /// (and curve) and the BIT STRING of the key.
@@ -555,6 +584,18 @@ const P384_PKCS8_HEAD: [u8; 35] = [
     0x01, 0x04, 0x30,
 ];
 const P384_PKCS8_MID: [u8; 5] = [0xa1, 0x64, 0x03, 0x62, 0x00];
+const P521_SPKI_PREFIX: [u8; 25] = [
+    0x30, 0x81, 0x9b, 0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05,
+    0x2b, 0x81, 0x04, 0x00, 0x23, 0x03, 0x81, 0x86, 0x00,
+];
+/// The same for a P-521 key (secp521r1), around the 66-byte scalar (Go
+/// pads it to the order's size) and the 133-byte uncompressed point.
+const P521_PKCS8_HEAD: [u8; 35] = [
+    0x30, 0x81, 0xee, 0x02, 0x01, 0x00, 0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02,
+    0x01, 0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x23, 0x04, 0x81, 0xd6, 0x30, 0x81, 0xd3, 0x02, 0x01,
+    0x01, 0x04, 0x42,
+];
+const P521_PKCS8_MID: [u8; 7] = [0xa1, 0x81, 0x89, 0x03, 0x81, 0x86, 0x00];
 const ED25519_SPKI_PREFIX: [u8; 12] = [
     0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
 ];
@@ -604,9 +645,9 @@ pub fn generate_key_and_proof(key_type: &str, pod_uid: &str) -> Result<Generated
             })
         }
         "ECDSAP384" => p384_key_and_proof(&rng, pod_uid),
-        "RSA3072" | "RSA4096" | "ECDSAP521" => {
-            Err(PodCertError::UnsupportedKeyType(key_type.to_string()))
-        }
+        "ECDSAP521" => p521_key_and_proof(rng, pod_uid),
+        "RSA3072" => rsa_key_and_proof(rng, 3072, pod_uid),
+        "RSA4096" => rsa_key_and_proof(rng, 4096, pod_uid),
         other => Err(PodCertError::UnknownKeyType(other.to_string())),
     }
 }
@@ -637,18 +678,109 @@ fn p384_key_and_proof(rng: &SystemRandom, pod_uid: &str) -> Result<GeneratedKey,
         .sign_prehash(digest.as_ref())
         .map_err(|_| PodCertError::KeyGeneration("while signing proof".into()))?;
     let point = key.verifying_key().to_encoded_point(false);
-    let point = point.as_bytes();
-    let mut spki = P384_SPKI_PREFIX.to_vec();
-    spki.extend_from_slice(point);
-    let mut pkcs8 = P384_PKCS8_HEAD.to_vec();
-    pkcs8.extend_from_slice(&key.to_bytes());
-    pkcs8.extend_from_slice(&P384_PKCS8_MID);
-    pkcs8.extend_from_slice(point);
     let (r, s) = sig.split_bytes();
-    Ok(GeneratedKey {
+    Ok(ec_generated(
+        (&P384_SPKI_PREFIX, &P384_PKCS8_HEAD, &P384_PKCS8_MID),
+        &key.to_bytes(),
+        point.as_bytes(),
+        (&r, &s),
+    ))
+}
+
+/// An EC key as Go writes it: the SPKI (`spki` header, then the point) and
+/// the PKCS#8 document (`head`, the scalar, `mid`, the point), with the
+/// proof's r and s as ASN.1.
+fn ec_generated(
+    (spki_prefix, head, mid): (&[u8], &[u8], &[u8]),
+    scalar: &[u8],
+    point: &[u8],
+    (r, s): (&[u8], &[u8]),
+) -> GeneratedKey {
+    let mut spki = spki_prefix.to_vec();
+    spki.extend_from_slice(point);
+    let mut pkcs8 = head.to_vec();
+    pkcs8.extend_from_slice(scalar);
+    pkcs8.extend_from_slice(mid);
+    pkcs8.extend_from_slice(point);
+    GeneratedKey {
         private_key_pem: pem_block("PRIVATE KEY", &pkcs8),
         pkix_public_key: spki,
-        proof_of_possession: der_ecdsa_signature(&r, &s),
+        proof_of_possession: der_ecdsa_signature(r, s),
+    }
+}
+
+/// upstream's ECDSAP521 case: as P-384, `ecdsa.SignASN1` over the SHA-256
+/// digest of the pod UID. The p521 crate takes a prehash of at least half
+/// the field (33 bytes), so the digest goes in zero-padded on the left to
+/// the field's 66 bytes: the same integer, which Go's hashToInt takes
+/// as is (a digest shorter than the order is not shifted).
+fn p521_key_and_proof(rng: SystemRandom, pod_uid: &str) -> Result<GeneratedKey, PodCertError> {
+    use p521::ecdsa::signature::hazmat::RandomizedPrehashSigner;
+    let mut rng = RingRng(rng);
+    // A uniformly random non-zero scalar, as Go's GenerateKey.
+    let key = p521::ecdsa::SigningKey::random(&mut rng);
+    let sig: p521::ecdsa::Signature = key
+        .sign_prehash_with_rng(&mut rng, &p521_prehash(pod_uid))
+        .map_err(|_| PodCertError::KeyGeneration("while signing proof".into()))?;
+    // (SigningKey::verifying_key is behind a feature p521 0.13 lacks.)
+    let point = p521::ecdsa::VerifyingKey::from(&key).to_encoded_point(false);
+    let (r, s) = sig.split_bytes();
+    Ok(ec_generated(
+        (&P521_SPKI_PREFIX, &P521_PKCS8_HEAD, &P521_PKCS8_MID),
+        &key.to_bytes(),
+        point.as_bytes(),
+        (&r, &s),
+    ))
+}
+
+/// The SHA-256 digest of the pod UID as a P-521 prehash (see above).
+fn p521_prehash(pod_uid: &str) -> [u8; 66] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, pod_uid.as_bytes());
+    let mut z = [0u8; 66];
+    z[66 - 32..].copy_from_slice(digest.as_ref());
+    z
+}
+
+/// Go's PSSSaltLengthAuto when signing (crypto/rsa pss.go SignPSS): the
+/// longest salt the modulus leaves room for beside a SHA-256 digest.
+fn pss_max_salt_len(modulus_bits: usize) -> usize {
+    (modulus_bits - 1).div_ceil(8) - 2 - 32
+}
+
+/// upstream's RSA3072 and RSA4096 cases: `rsa.GenerateKey` (e = 65537, two
+/// primes, a modulus of exactly `bits` bits), the proof `rsa.SignPSS(rand,
+/// key, SHA256, sha256(podUID), nil)`: nil options sign with the longest
+/// salt, which the API server's `VerifyPSS(..., nil)` finds whatever its
+/// length (pkg/apis/certificates/validation). The key is written as Go's
+/// MarshalPKCS8PrivateKey writes it: rsaEncryption with NULL parameters
+/// around the PKCS#1 RSAPrivateKey (version 0, n, e, d, p, q, the CRT
+/// values); the public key as MarshalPKIXPublicKey.
+fn rsa_key_and_proof(
+    rng: SystemRandom,
+    bits: usize,
+    pod_uid: &str,
+) -> Result<GeneratedKey, PodCertError> {
+    use rsa::pkcs8::{EncodePrivateKey, EncodePublicKey};
+    use rsa::traits::PublicKeyParts;
+    let gen_err = || PodCertError::KeyGeneration(format!("while generating RSA {bits} key"));
+    let mut rng = RingRng(rng);
+    let key = rsa::RsaPrivateKey::new(&mut rng, bits).map_err(|_| gen_err())?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, pod_uid.as_bytes());
+    // Blinded, as Go's private key operations are.
+    let pss =
+        rsa::pss::Pss::new_blinded_with_salt::<sha2::Sha256>(pss_max_salt_len(key.n().bits()));
+    let proof = key
+        .sign_with_rng(&mut rng, pss, digest.as_ref())
+        .map_err(|_| PodCertError::KeyGeneration("while signing proof".into()))?;
+    let pkcs8 = key.to_pkcs8_der().map_err(|_| gen_err())?;
+    let spki = key
+        .to_public_key()
+        .to_public_key_der()
+        .map_err(|_| gen_err())?;
+    Ok(GeneratedKey {
+        private_key_pem: pem_block("PRIVATE KEY", pkcs8.as_bytes()),
+        pkix_public_key: spki.into_vec(),
+        proof_of_possession: proof,
     })
 }
 
@@ -993,8 +1125,20 @@ impl ObjectManager {
             node_name,
             node_uid: node.metadata.uid.unwrap_or_default(),
         };
-        // Key generation is CPU work of a millisecond or so (no I/O).
-        let generated = generate_key_and_proof(&proj.key_type, &key.pod_uid)?;
+        // Key generation is CPU work, up to seconds for an RSA key (the
+        // prime search): it runs on the blocking pool, not on the async
+        // threads.
+        let (key_type, pod_uid) = (proj.key_type.clone(), key.pod_uid.clone());
+        let generated = crate::blocking::run(
+            format!(
+                "podcert-key/{}/{}/{}",
+                key.pod_uid, key.volume, key.source_index
+            ),
+            KEYGEN_DEADLINE,
+            move || generate_key_and_proof(&key_type, &pod_uid),
+        )
+        .await
+        .map_err(keygen_failed)??;
         let req = build_request(&id, proj, &generated);
         let created = Api::<PodCertificateRequest>::namespaced(client, &key.namespace)
             .create(&PostParams::default(), &req)
@@ -1013,6 +1157,21 @@ impl ObjectManager {
             created_at,
         ))
     }
+}
+
+/// The blocking pool's failure as the volume's key generation error (its
+/// timeout text speaks of file systems, which this work has none of).
+fn keygen_failed(e: crate::blocking::BlockingError) -> PodCertError {
+    use crate::blocking::BlockingError;
+    PodCertError::KeyGeneration(match e {
+        BlockingError::Timeout { deadline, .. } => {
+            format!("key generation did not finish within {deadline:?}")
+        }
+        BlockingError::StillStuck { .. } => {
+            "an earlier key generation for this source has not finished".into()
+        }
+        BlockingError::Panicked { message, .. } => message,
+    })
 }
 
 /// Whether two states are the same phase of the machine (no transition
@@ -1187,6 +1346,26 @@ mod tests {
         assert_eq!(kp.public_key().as_ref(), public);
     }
 
+    /// The uncompressed point of an EC SubjectPublicKeyInfo on `curve`
+    /// (its OID), read by x509-parser.
+    fn ec_spki_point(der: &[u8], curve: &str) -> Vec<u8> {
+        use x509_parser::prelude::FromDer;
+        let (rest, spki) = x509_parser::x509::SubjectPublicKeyInfo::from_der(der).unwrap();
+        assert!(rest.is_empty());
+        assert_eq!(spki.algorithm.algorithm.to_id_string(), "1.2.840.10045.2.1");
+        let oid = spki
+            .algorithm
+            .parameters
+            .as_ref()
+            .unwrap()
+            .as_oid()
+            .unwrap();
+        assert_eq!(oid.to_id_string(), curve);
+        let point = spki.subject_public_key.data.to_vec();
+        assert_eq!(point[0], 4, "uncompressed");
+        point
+    }
+
     /// Upstream's ECDSAP384: the proof is ECDSA over SHA-256(pod UID),
     /// which ring's P-384/SHA-256 verifier (an implementation apart from
     /// the signer's) accepts; the SPKI is an EC key on secp384r1 and the
@@ -1195,23 +1374,10 @@ mod tests {
     fn ecdsa_p384_proof_signs_the_sha256_of_the_pod_uid_and_the_key_is_pkcs8() {
         use ring::signature::ECDSA_P384_SHA384_ASN1_SIGNING;
         use ring::signature::{ECDSA_P384_SHA256_ASN1, ECDSA_P384_SHA384_ASN1};
-        use x509_parser::prelude::FromDer;
         let k = generate_key_and_proof("ECDSAP384", UID).unwrap();
         assert_eq!(k.pkix_public_key.len(), 120);
-        let (rest, spki) =
-            x509_parser::x509::SubjectPublicKeyInfo::from_der(&k.pkix_public_key).unwrap();
-        assert!(rest.is_empty());
-        assert_eq!(spki.algorithm.algorithm.to_id_string(), "1.2.840.10045.2.1");
-        let curve = spki
-            .algorithm
-            .parameters
-            .as_ref()
-            .unwrap()
-            .as_oid()
-            .unwrap();
-        assert_eq!(curve.to_id_string(), "1.3.132.0.34");
-        let point = spki.subject_public_key.data.to_vec();
-        assert_eq!((point.len(), point[0]), (97, 4));
+        let point = ec_spki_point(&k.pkix_public_key, "1.3.132.0.34");
+        assert_eq!(point.len(), 97);
         UnparsedPublicKey::new(&ECDSA_P384_SHA256_ASN1, &point)
             .verify(UID.as_bytes(), &k.proof_of_possession)
             .expect("proof verifies over SHA-256 of the pod UID");
@@ -1247,16 +1413,152 @@ mod tests {
     }
 
     #[test]
-    fn key_types_ring_cannot_make_are_named_in_the_error() {
-        for t in ["RSA3072", "RSA4096", "ECDSAP521"] {
-            let e = generate_key_and_proof(t, UID).unwrap_err();
-            assert_eq!(e, PodCertError::UnsupportedKeyType(t.into()));
-            assert!(e.to_string().contains(t), "{e}");
-        }
+    fn an_unknown_key_type_is_named_in_the_error() {
         assert_eq!(
             generate_key_and_proof("DSA", UID).unwrap_err().to_string(),
             "while generating keypair: unknown key type \"DSA\""
         );
+    }
+
+    /// Upstream's RSA3072 and RSA4096: the SPKI is an rsaEncryption key
+    /// (NULL parameters) of exactly that many bits and e = 65537; the PEM
+    /// is the PKCS#8 document Go writes, which ring's strict parser reads
+    /// back to the same public key; the proof is RSASSA-PSS over SHA-256
+    /// of the pod UID with Go's nil-options salt, the longest the modulus
+    /// allows (a verifier expecting a digest-sized salt refuses it), and
+    /// does not verify over another UID.
+    #[test]
+    fn rsa_keys_are_pkcs8_with_a_max_salt_pss_proof_over_the_sha256_of_the_pod_uid() {
+        use rsa::traits::PublicKeyParts;
+        use x509_parser::prelude::FromDer;
+        use x509_parser::public_key::PublicKey;
+        for (key_type, bits, spki_len, max_salt) in
+            [("RSA3072", 3072, 422, 350), ("RSA4096", 4096, 550, 478)]
+        {
+            let k = generate_key_and_proof(key_type, UID).unwrap();
+            assert_eq!(k.pkix_public_key.len(), spki_len, "{key_type}");
+            let (rest, spki) =
+                x509_parser::x509::SubjectPublicKeyInfo::from_der(&k.pkix_public_key).unwrap();
+            assert!(rest.is_empty());
+            assert_eq!(
+                spki.algorithm.algorithm.to_id_string(),
+                "1.2.840.113549.1.1.1"
+            );
+            assert_eq!(
+                spki.algorithm.parameters.as_ref().map(|p| p.tag().0),
+                Some(5),
+                "NULL parameters"
+            );
+            let PublicKey::RSA(rsa_pub) = spki.parsed().unwrap() else {
+                panic!("{key_type}: not an RSA key");
+            };
+            let modulus = rsa::BigUint::from_bytes_be(rsa_pub.modulus);
+            assert_eq!(modulus.bits(), bits);
+            assert_eq!(rsa_pub.try_exponent().unwrap(), 65537);
+            // PKCS#8 v1: rsaEncryption, NULL, and the PKCS#1 key.
+            let der = pem_der(&k.private_key_pem, "PRIVATE KEY");
+            assert_eq!(
+                &der[4..24],
+                &[
+                    0x02, 0x01, 0x00, 0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d,
+                    0x01, 0x01, 0x01, 0x05, 0x00, 0x04, 0x82
+                ]
+            );
+            let kp = ring::signature::RsaKeyPair::from_pkcs8(&der).unwrap();
+            assert_eq!(
+                kp.public().as_ref(),
+                spki.subject_public_key.data.as_ref(),
+                "the private key is the SPKI's"
+            );
+            assert_eq!(k.proof_of_possession.len(), bits / 8);
+            let public = rsa::RsaPublicKey::new(modulus, 65537u32.into()).unwrap();
+            assert_eq!(public.size(), bits / 8);
+            let verify = |uid: &str, salt: usize| {
+                let digest = ring::digest::digest(&ring::digest::SHA256, uid.as_bytes());
+                public.verify(
+                    rsa::pss::Pss::new_with_salt::<sha2::Sha256>(salt),
+                    digest.as_ref(),
+                    &k.proof_of_possession,
+                )
+            };
+            assert_eq!(pss_max_salt_len(bits), max_salt);
+            verify(UID, max_salt).expect("proof verifies over SHA-256 of the pod UID");
+            assert!(verify(UID, 32).is_err(), "not a digest-sized salt");
+            assert!(verify("another-uid", max_salt).is_err());
+        }
+    }
+
+    /// An ASN.1 ECDSA signature's r and s, each left-padded to `n` bytes.
+    fn ecdsa_r_s(der: &[u8], n: usize) -> (Vec<u8>, Vec<u8>) {
+        let (_, seq) = x509_parser::der_parser::parse_der(der).unwrap();
+        let ints = seq.as_sequence().unwrap();
+        assert_eq!(ints.len(), 2);
+        let pad = |o: &x509_parser::der_parser::ber::BerObject| {
+            let v = o.as_slice().unwrap();
+            let v = v.strip_prefix(&[0]).unwrap_or(v);
+            let mut out = vec![0u8; n - v.len()];
+            out.extend_from_slice(v);
+            out
+        };
+        (pad(&ints[0]), pad(&ints[1]))
+    }
+
+    /// Upstream's ECDSAP521: the SPKI is an EC key on secp521r1; the PEM
+    /// is Go's PKCS#8 (ecPublicKey/secp521r1 around an ECPrivateKey v1
+    /// with the 66-byte scalar and the public point) whose scalar gives
+    /// the SPKI's point; the proof is ECDSA over SHA-256 of the pod UID
+    /// (not over SHA-512, the p521 crate's own digest, nor another UID).
+    #[test]
+    fn ecdsa_p521_proof_signs_the_sha256_of_the_pod_uid_and_the_key_is_pkcs8() {
+        use p521::ecdsa::signature::hazmat::PrehashVerifier;
+        use p521::ecdsa::signature::Verifier;
+        let k = generate_key_and_proof("ECDSAP521", UID).unwrap();
+        assert_eq!(k.pkix_public_key.len(), 158);
+        let point = ec_spki_point(&k.pkix_public_key, "1.3.132.0.35");
+        assert_eq!(point.len(), 133);
+        let vk = p521::ecdsa::VerifyingKey::from_sec1_bytes(&point).unwrap();
+        let (r, s) = ecdsa_r_s(&k.proof_of_possession, 66);
+        let sig = p521::ecdsa::Signature::from_scalars(
+            *p521::FieldBytes::from_slice(&r),
+            *p521::FieldBytes::from_slice(&s),
+        )
+        .unwrap();
+        vk.verify_prehash(&p521_prehash(UID), &sig)
+            .expect("proof verifies over SHA-256 of the pod UID");
+        assert!(vk
+            .verify_prehash(&p521_prehash("another-uid"), &sig)
+            .is_err());
+        assert!(vk.verify(UID.as_bytes(), &sig).is_err(), "not over SHA-512");
+        // The PKCS#8 document, read by the pkcs8 crate's DER parser.
+        let der = pem_der(&k.private_key_pem, "PRIVATE KEY");
+        assert_eq!(der.len(), 241);
+        let info = rsa::pkcs8::PrivateKeyInfo::try_from(&der[..]).unwrap();
+        assert_eq!(info.algorithm.oid.to_string(), "1.2.840.10045.2.1");
+        assert_eq!(
+            info.algorithm.parameters_oid().unwrap().to_string(),
+            "1.3.132.0.35"
+        );
+        assert!(info.public_key.is_none(), "PKCS#8 v1, as Go writes");
+        let (rest, ec) = x509_parser::der_parser::parse_der(info.private_key).unwrap();
+        assert!(rest.is_empty());
+        let ec = ec.as_sequence().unwrap();
+        assert_eq!(ec.len(), 3, "version, key, [1] public key; no [0]");
+        assert_eq!(ec[0].as_u32().unwrap(), 1);
+        let d = ec[1].as_slice().unwrap();
+        assert_eq!(d.len(), 66);
+        let from_d = p521::ecdsa::SigningKey::from_slice(d).unwrap();
+        assert_eq!(
+            p521::ecdsa::VerifyingKey::from(&from_d)
+                .to_encoded_point(false)
+                .as_bytes(),
+            &point[..]
+        );
+        assert_eq!(ec[2].tag().0, 1);
+        let mut bits = vec![0x03, 0x81, 0x86, 0x00];
+        bits.extend_from_slice(&point);
+        assert_eq!(ec[2].as_slice().unwrap(), &bits[..]);
+        let again = generate_key_and_proof("ECDSAP521", UID).unwrap();
+        assert_ne!(again.pkix_public_key, k.pkix_public_key);
     }
 
     #[test]
@@ -1754,17 +2056,17 @@ mod tests {
         ));
     }
 
-    /// rkubelet's own key limits are what the volume reports (upstream
-    /// would have made the key), before any API call.
+    /// rkubelet's own key generation failures are what the volume reports
+    /// (upstream would have made the key); the API's are logged.
     #[tokio::test]
-    async fn an_unsupported_key_type_is_the_volumes_error() {
+    async fn a_key_generation_failure_is_the_volumes_error() {
         let m = ObjectManager::new(
             unreachable_api(),
             tokio_util::task::TaskTracker::new(),
             tokio_util::sync::CancellationToken::new(),
         )
         .with_pod_certificate_request(true);
-        let e = PodCertError::UnsupportedKeyType("RSA3072".into());
+        let e = PodCertError::KeyGeneration("while generating RSA 3072 key".into());
         assert!(e.surfaced());
         assert!(!PodCertError::ServiceAccount("x".into()).surfaced());
         // The API is away: the account's GET fails first, logged; the
@@ -1779,6 +2081,24 @@ mod tests {
             m.pod_certificate(&pod, "v", 0, &proj).await,
             Err(PodCertError::NotIssued)
         );
+    }
+
+    #[test]
+    fn a_key_generation_that_fails_on_the_blocking_pool_says_so() {
+        use crate::blocking::BlockingError;
+        let e = keygen_failed(BlockingError::Timeout {
+            what: "podcert-key/u/v/0".into(),
+            deadline: KEYGEN_DEADLINE,
+        });
+        assert_eq!(
+            e.to_string(),
+            "while generating keypair: key generation did not finish within 120s"
+        );
+        assert!(e.surfaced());
+        let e = keygen_failed(BlockingError::StillStuck {
+            what: "podcert-key/u/v/0".into(),
+        });
+        assert!(e.to_string().contains("has not finished"), "{e}");
     }
 
     fn cert_pod(uid: &str, node: Option<&str>) -> Pod {

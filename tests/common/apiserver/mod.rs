@@ -20,8 +20,9 @@
 //!   `certificates.k8s.io/v1beta1` `clustertrustbundles` (validation and
 //!   the `spec.signerName` field selector of upstream's registry);
 //!   `certificates.k8s.io/v1alpha1` `podcertificaterequests` (+`/status`;
-//!   status cleared at create, the proof of possession verified for P-256
-//!   and Ed25519 keys, the `spec.nodeName`, `spec.podName`,
+//!   status cleared at create, the proof of possession verified for every
+//!   key type upstream's validation takes (Ed25519, ECDSA P-256/P-384/P-521,
+//!   RSA 3072/4096 with PSS), the `spec.nodeName`, `spec.podName`,
 //!   `spec.signerName` and `metadata.name` field selectors, see podcert.rs);
 //!   `storage.k8s.io/v1` `csidrivers` and `csinodes` (cluster-scoped,
 //!   stored as given), `volumeattachments` (+`/status`; status cleared at
