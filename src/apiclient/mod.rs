@@ -30,8 +30,9 @@ pub enum ApiClientError {
 /// A cloneable handle: the kube client and the shared rate limiter.
 #[derive(Clone)]
 pub struct ApiClient {
-    /// Swapped when the client certificate is rotated.
-    client: Arc<Mutex<kube::Client>>,
+    /// Swapped when the client certificate is rotated: the client of every
+    /// request, and the heartbeat client.
+    client: Arc<Mutex<(kube::Client, kube::Client)>>,
     limiter: Arc<RateLimiter>,
     /// Bumped on each swap, so long-lived watches reopen with the new
     /// credentials.
@@ -44,7 +45,11 @@ impl std::fmt::Debug for ApiClient {
     }
 }
 
-async fn build(path: &Path, limiter: &Arc<RateLimiter>) -> Result<kube::Client, ApiClientError> {
+/// The client of `path`'s kubeconfig; its requests wait for `limiter`.
+async fn build(
+    path: &Path,
+    limiter: Option<&Arc<RateLimiter>>,
+) -> Result<kube::Client, ApiClientError> {
     let kubeconfig_err = |source| ApiClientError::Kubeconfig {
         path: path.to_path_buf(),
         source,
@@ -72,7 +77,7 @@ async fn build(path: &Path, limiter: &Arc<RateLimiter>) -> Result<kube::Client, 
     Ok(builder
         .with_layer(&crate::metrics::RestClientLayer::new(
             &host,
-            Some(limiter.clone()),
+            limiter.cloned(),
         ))
         .build())
 }
@@ -86,19 +91,34 @@ impl ApiClient {
         burst: i32,
     ) -> Result<Self, ApiClientError> {
         let limiter = Arc::new(RateLimiter::new(qps, burst));
-        let client = build(path, &limiter).await?;
-        Ok(Self::with_limiter(client, limiter))
+        let clients = Self::build_both(path, &limiter).await?;
+        Ok(Self::with_limiter(clients, limiter))
     }
 
-    /// A client built elsewhere (tests): requests go through whatever
-    /// layers it has, so no rate limit unless it has one.
+    /// Upstream's two clients of one kubeconfig: the kubelet's, under the
+    /// rate limit, and the heartbeat client (`heartbeatClientConfig.QPS =
+    /// -1`, cmd/kubelet/app/server.go), so a burst of pod status updates
+    /// never delays a lease renewal or a node status update.
+    async fn build_both(
+        path: &Path,
+        limiter: &Arc<RateLimiter>,
+    ) -> Result<(kube::Client, kube::Client), ApiClientError> {
+        Ok((build(path, Some(limiter)).await?, build(path, None).await?))
+    }
+
+    /// A client built elsewhere (tests), also used for heartbeats:
+    /// requests go through whatever layers it has, so no rate limit unless
+    /// it has one.
     pub fn new(client: kube::Client, qps: i32, burst: i32) -> Self {
-        Self::with_limiter(client, Arc::new(RateLimiter::new(qps, burst)))
+        Self::with_limiter(
+            (client.clone(), client),
+            Arc::new(RateLimiter::new(qps, burst)),
+        )
     }
 
-    fn with_limiter(client: kube::Client, limiter: Arc<RateLimiter>) -> Self {
+    fn with_limiter(clients: (kube::Client, kube::Client), limiter: Arc<RateLimiter>) -> Self {
         ApiClient {
-            client: Arc::new(Mutex::new(client)),
+            client: Arc::new(Mutex::new(clients)),
             limiter,
             generation: Arc::new(tokio::sync::watch::channel(0).0),
         }
@@ -106,13 +126,20 @@ impl ApiClient {
 
     /// The current client (its requests wait for the rate limit).
     pub async fn client(&self) -> kube::Client {
-        self.client.lock().clone()
+        self.client.lock().0.clone()
+    }
+
+    /// The client of node status updates and lease renewals, never
+    /// throttled (the callers bound each try with upstream's heartbeat
+    /// timeout).
+    pub async fn heartbeat_client(&self) -> kube::Client {
+        self.client.lock().1.clone()
     }
 
     /// Rebuilds the client from the kubeconfig (after a certificate
     /// rotation) and tells the watches to reopen with it.
     pub async fn reload(&self, path: &Path) -> Result<(), ApiClientError> {
-        let fresh = build(path, &self.limiter).await?;
+        let fresh = Self::build_both(path, &self.limiter).await?;
         *self.client.lock() = fresh;
         self.generation.send_modify(|g| *g += 1);
         Ok(())
@@ -218,6 +245,51 @@ impl RateLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kubelet's client waits for the rate limit; the heartbeat client
+    /// of the same kubeconfig does not (upstream's QPS -1), also after a
+    /// reload.
+    #[tokio::test]
+    async fn heartbeats_skip_the_rate_limit_that_other_requests_take() {
+        use k8s_openapi::api::core::v1::Node;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().fallback(|| async {
+            (
+                [("content-type", "application/json")],
+                r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n"}}"#,
+            )
+        });
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let dir = crate::testutil::tempdir("apiclient-heartbeat");
+        let kc = dir.join("kubeconfig");
+        std::fs::write(
+            &kc,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+            ),
+        )
+        .unwrap();
+        let api = ApiClient::from_kubeconfig(&kc, 50, 100).await.unwrap();
+        let host = addr.to_string();
+        let throttled = || crate::metrics::rest_client_throttled_count(&host, "GET");
+        for round in 0..2 {
+            let before = throttled();
+            let nodes: kube::Api<Node> = kube::Api::all(api.heartbeat_client().await);
+            nodes.get("n").await.unwrap();
+            assert_eq!(
+                throttled(),
+                before,
+                "round {round}: a heartbeat is not throttled"
+            );
+            let nodes: kube::Api<Node> = kube::Api::all(api.client().await);
+            nodes.get("n").await.unwrap();
+            assert_eq!(throttled(), before + 1, "round {round}: a request is");
+            api.reload(&kc).await.unwrap();
+        }
+        server.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_burst_is_free_then_requests_are_spaced_by_qps() {

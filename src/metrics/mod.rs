@@ -1877,6 +1877,20 @@ pub fn volume_stats_measured(source: &str, took: Duration) {
         .observe(took.as_secs_f64());
 }
 
+/// How many requests to `host` with `verb` waited for the rate limiter
+/// (tests).
+#[cfg(test)]
+pub fn rest_client_throttled_count(host: &str, verb: &str) -> u64 {
+    let mut r = Registry::default();
+    r.register("v", "", METRICS.rest_client_rate_limiter_duration.clone());
+    let mut text = String::new();
+    encode(&mut text, &r).unwrap_or_default();
+    let want = format!("v_count{{host=\"{host}\",verb=\"{verb}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&want)?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// How many `source` measurements were timed (tests).
 #[cfg(test)]
 pub fn volume_stats_measured_count(source: &str) -> u64 {

@@ -99,7 +99,7 @@ async fn renew(
     duration: i32,
     latest: Option<Lease>,
 ) -> Result<Lease, kube::Error> {
-    let leases: Api<Lease> = Api::namespaced(api.client().await, LEASE_NAMESPACE);
+    let leases: Api<Lease> = Api::namespaced(api.heartbeat_client().await, LEASE_NAMESPACE);
     let pp = PostParams::default();
     // Upstream reuses the lease from its last update and reads it again
     // only after a failure: one request per renewal.
@@ -109,14 +109,15 @@ async fn renew(
             Some(l) => Some(l),
             None => {
                 let fresh = renewed(None, node, node_uid, duration);
-                let leases: Api<Lease> = Api::namespaced(api.client().await, LEASE_NAMESPACE);
+                let leases: Api<Lease> =
+                    Api::namespaced(api.heartbeat_client().await, LEASE_NAMESPACE);
                 debug!(node, "creating the node lease");
                 return leases.create(&pp, &fresh).await;
             }
         },
     };
     let next = renewed(base, node, node_uid, duration);
-    let leases: Api<Lease> = Api::namespaced(api.client().await, LEASE_NAMESPACE);
+    let leases: Api<Lease> = Api::namespaced(api.heartbeat_client().await, LEASE_NAMESPACE);
     leases.replace(node, &pp, &next).await
 }
 

@@ -836,7 +836,7 @@ async fn try_update(
         let cached = cache.borrow().clone();
         cached.ok_or_else(|| NodeStatusError::NotCached(name.clone()))?
     } else {
-        let nodes: Api<Node> = Api::all(api.client().await);
+        let nodes: Api<Node> = Api::all(api.heartbeat_client().await);
         nodes
             .get(name)
             .await
@@ -870,7 +870,7 @@ async fn try_update(
         return Ok(());
     }
     let body = node_patch(&before, &after, labels);
-    let nodes: Api<Node> = Api::all(api.client().await);
+    let nodes: Api<Node> = Api::all(api.heartbeat_client().await);
     let updated = nodes
         .patch_status(name, &PatchParams::default(), &Patch::Strategic(body))
         .await
@@ -990,7 +990,7 @@ async fn fast_update(
         Ok(Some(p)) => p,
     };
     info!(node = %cfg.node_name, "fast updating node status as it just became ready");
-    let nodes: Api<Node> = Api::all(api.client().await);
+    let nodes: Api<Node> = Api::all(api.heartbeat_client().await);
     match nodes
         .patch_status(
             &cfg.node_name,
