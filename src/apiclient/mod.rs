@@ -25,7 +25,16 @@ pub enum ApiClientError {
         #[source]
         source: kube::Error,
     },
+    #[error("building the API client from {}: {source}", path.display())]
+    Blocking {
+        path: PathBuf,
+        #[source]
+        source: crate::blocking::BlockingError,
+    },
 }
+
+/// How long reading a kubeconfig and the files it names may take.
+const BUILD_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A cloneable handle: the kube client and the shared rate limiter.
 #[derive(Clone)]
@@ -103,7 +112,21 @@ impl ApiClient {
         path: &Path,
         limiter: &Arc<RateLimiter>,
     ) -> Result<(kube::Client, kube::Client), ApiClientError> {
-        Ok((build(path, Some(limiter)).await?, build(path, None).await?))
+        // kube-rs reads the kubeconfig, its certificate files and any exec
+        // plugin's output with blocking calls: on the blocking pool, in
+        // the runtime's context (the clients' connection pools need it).
+        let (p, l) = (path.to_path_buf(), limiter.clone());
+        let rt = tokio::runtime::Handle::current();
+        crate::blocking::run(
+            format!("apiclient/{}", path.display()),
+            BUILD_DEADLINE,
+            move || rt.block_on(async { Ok((build(&p, Some(&l)).await?, build(&p, None).await?)) }),
+        )
+        .await
+        .map_err(|source| ApiClientError::Blocking {
+            path: path.to_path_buf(),
+            source,
+        })?
     }
 
     /// A client built elsewhere (tests), also used for heartbeats:
