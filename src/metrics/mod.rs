@@ -377,7 +377,8 @@ pub struct KubeletMetrics {
     pub rest_client_request_size: HistFamily<HostVerb>,
     pub rest_client_response_size: HistFamily<HostVerb>,
     pub rest_client_rate_limiter_duration: HistFamily<HostVerb>,
-    /// Never counted: rkubelet's client does not retry a request itself.
+    /// No series: kube-rs retries 429/503/504 answers inside its stack,
+    /// below the layer that records the rest.
     pub rest_client_request_retries: Family<CodeHostVerb, Counter>,
     /// No exec plugin is tracked: +Inf, as upstream without one.
     pub rest_client_exec_plugin_ttl: GaugeF,
