@@ -8,7 +8,11 @@
 //! projected). hostPath volumes report nothing, as upstream's plugin (those
 //! behind a PV are left out by the volume manager's `measured_volumes`).
 //! CSI volumes are asked of their driver (NodeGetVolumeStats, when it has
-//! the GET_VOLUME_STATS capability; none otherwise, as upstream).
+//! the GET_VOLUME_STATS capability; none otherwise, as upstream), raw block
+//! ones included (upstream's csiBlockMapper is a MetricsProvider). With the
+//! CSIVolumeHealth gate on, a driver's volume condition is the volume's
+//! `volumeHealthStats` and an abnormal one a VolumeConditionAbnormal event
+//! (volume_stat_calculator.go).
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -36,6 +40,9 @@ pub struct VolumeFigures {
     pub inodes: u64,
     pub inodes_free: u64,
     pub inodes_used: u64,
+    /// The driver's volume condition (CSIVolumeHealth): abnormal or not;
+    /// None when not read.
+    pub abnormal: Option<bool>,
 }
 
 impl VolumeFigures {
@@ -55,6 +62,10 @@ impl VolumeFigures {
                 name: n.clone(),
                 namespace: ns.clone(),
             }),
+            // parsePodVolumeStats: set only when the metrics carry one.
+            volume_health_stats: self
+                .abnormal
+                .map(|abnormal| super::types::VolumeHealthStats { abnormal }),
         }
     }
 }
@@ -138,6 +149,8 @@ pub struct CsiVolumes {
     pub volumes: Box<
         dyn Fn(&str) -> Vec<(String, Arc<crate::volume::csi::mounter::Published>)> + Send + Sync,
     >,
+    /// The CSIVolumeHealth feature gate.
+    pub health: bool,
 }
 
 /// The pod's CSI volumes as their drivers report them; a volume whose
@@ -150,21 +163,37 @@ async fn measure_csi(pod: &Pod, uid: &str, csi: &CsiVolumes) -> Vec<VolumeFigure
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
         let started = std::time::Instant::now();
-        let r = crate::volume::csi::metrics::volume_stats(&csi.registry, &p, POD_BUDGET).await;
+        let r =
+            crate::volume::csi::metrics::volume_stats(&csi.registry, &p, POD_BUDGET, csi.health)
+                .await;
         // metrics_csi.go times each GetMetrics under the driver's name.
         crate::metrics::volume_stats_measured(&p.driver, started.elapsed());
         match r {
-            Ok(Some(s)) => out.push(VolumeFigures {
-                name: name.clone(),
-                pvc: claim_of(pod, &name),
-                time,
-                capacity: s.capacity,
-                available: s.available,
-                used: s.used,
-                inodes: s.inodes,
-                inodes_free: s.inodes_free,
-                inodes_used: s.inodes_used,
-            }),
+            Ok(Some(s)) => {
+                if let Some((true, message)) = &s.condition {
+                    // calcAndStoreStats' event for an abnormal volume, at
+                    // each calculation (the recorder aggregates repeats).
+                    crate::events::pod(
+                        pod,
+                        None,
+                        crate::events::WARNING,
+                        "VolumeConditionAbnormal",
+                        format!("Volume {name}: {message}"),
+                    );
+                }
+                out.push(VolumeFigures {
+                    name: name.clone(),
+                    pvc: claim_of(pod, &name),
+                    time,
+                    capacity: s.capacity,
+                    available: s.available,
+                    used: s.used,
+                    inodes: s.inodes,
+                    inodes_free: s.inodes_free,
+                    inodes_used: s.inodes_used,
+                    abnormal: s.condition.map(|(a, _)| a),
+                })
+            }
             Ok(None) => {}
             Err(e) => {
                 tracing::debug!(pod_uid = %uid, volume = %name, error = %e, "Failed to calculate volume metrics")
@@ -322,6 +351,7 @@ fn measure_pod(pod: &Pod, volumes: &[(String, PathBuf)], budget: Duration) -> Ve
             inodes,
             inodes_free,
             inodes_used,
+            abnormal: None,
         });
     }
     out
@@ -471,6 +501,34 @@ mod tests {
             .get("pvcRef")
             .is_none());
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// parsePodVolumeStats: `volumeHealthStats` only when the figures
+    /// carry a condition (CSIVolumeHealth with a VOLUME_CONDITION driver).
+    #[test]
+    fn volume_health_is_in_the_summary_only_when_read() {
+        let mut f = VolumeFigures {
+            name: "data".into(),
+            pvc: None,
+            time: 0,
+            capacity: 1,
+            available: 1,
+            used: 0,
+            inodes: 0,
+            inodes_free: 0,
+            inodes_used: 0,
+            abnormal: None,
+        };
+        let json = serde_json::to_value(f.to_stats()).unwrap();
+        assert!(json.get("volumeHealthStats").is_none(), "{json}");
+        for abnormal in [true, false] {
+            f.abnormal = Some(abnormal);
+            let json = serde_json::to_value(f.to_stats()).unwrap();
+            assert_eq!(
+                json["volumeHealthStats"],
+                serde_json::json!({ "abnormal": abnormal })
+            );
+        }
     }
 
     #[tokio::test]

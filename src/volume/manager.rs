@@ -602,7 +602,9 @@ impl VolumeManager {
     }
 
     /// The pod's published CSI volumes, by volume name (their stats come
-    /// from the driver). Raw block ones are left out: no stats for them.
+    /// from the driver), raw block ones included: upstream's
+    /// calcAndStoreStats measures the block volumes whose mapper
+    /// SupportsMetrics, as csiBlockMapper does.
     pub fn csi_volumes(&self, uid: &str) -> Vec<(String, Arc<super::csi::mounter::Published>)> {
         let st = self.inner.state.lock();
         let mut v: Vec<_> = st
@@ -610,7 +612,7 @@ impl VolumeManager {
             .get(uid)
             .into_iter()
             .flatten()
-            .filter_map(|(n, m)| m.csi.clone().filter(|p| !p.block).map(|p| (n.clone(), p)))
+            .filter_map(|(n, m)| m.csi.clone().map(|p| (n.clone(), p)))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
@@ -1292,8 +1294,11 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         // volumeMounts / volumeDevices.
         let block = super::block::is_block(&pv);
         super::block::check_use(pod, &v.name, block).map_err(Failed::process)?;
+        // Staged already when set up before, for this pod or another
+        // (upstream's device mount state is the volume's).
+        let staged = had || device_set_up(inner, &pv, block);
         if block && pv.spec.as_ref().is_some_and(|s| s.csi.is_some()) {
-            return csi_block(inner, pod, &pv, &claim, read_only, had).await;
+            return csi_block(inner, pod, &pv, &claim, read_only, had, staged).await;
         }
         if block {
             return map_block(inner, uid, &pv).await;
@@ -1306,9 +1311,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
                 pod,
                 &pv,
                 read_only,
-                // Staged already when set up before (upstream's device
-                // mount state).
-                !had,
+                !staged,
             )
             .await
             .map_err(|e| Failed::from_csi(e, pv.metadata.name.as_deref().unwrap_or_default()))?;
@@ -1450,6 +1453,7 @@ async fn csi_block(
     claim: &str,
     read_only: bool,
     had: bool,
+    staged: bool,
 ) -> Result<Mounted, Failed> {
     let spec = pv.metadata.name.as_deref().unwrap_or_default();
     let (p, mapped) = super::csi::block::set_up(
@@ -1459,8 +1463,7 @@ async fn csi_block(
         pod,
         pv,
         read_only,
-        // Staged already when set up before (upstream's device state).
-        !had,
+        !staged,
     )
     .await
     .map_err(|e| Failed::from_csi(e, spec))?;
@@ -1494,9 +1497,34 @@ async fn csi_block(
     Ok(m)
 }
 
+/// Whether CSI PV `pv` is set up (staged) on the node already, for some
+/// pod: upstream's GenerateMountVolumeFunc and GenerateMapVolumeFunc skip
+/// MountDevice / SetUpDevice when the volume's GetDeviceMountState is
+/// DeviceGloballyMounted (operation_generator.go), so a second pod's
+/// set-up publishes only. A volume whose operation is in flight (perhaps a
+/// tear-down that unstages) does not count: staging again is idempotent.
+fn device_set_up(
+    inner: &Inner,
+    pv: &k8s_openapi::api::core::v1::PersistentVolume,
+    block: bool,
+) -> bool {
+    let Some(src) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
+        return false;
+    };
+    let st = inner.state.lock();
+    st.actual.iter().any(|(uid, vols)| {
+        vols.iter().any(|(name, m)| {
+            m.csi.as_ref().is_some_and(|p| {
+                p.driver == src.driver && p.volume_id == src.volume_handle && p.block == block
+            }) && !st.in_flight.contains(&(uid.clone(), name.clone()))
+        })
+    })
+}
+
 /// A raw block volume mapped for the pod: containers get its device link.
-/// Upstream's BlockVolumeMappers offer metrics, but of the device, which
-/// the pod stats here do not read.
+/// A CSI one is measured through its driver (`csi_volumes`); upstream's
+/// local plugin offers metrics of the device (metrics_block.go), which the
+/// pod stats here do not read.
 fn mapped_volume(mapped: super::block::Mapped) -> Mounted {
     Mounted {
         path: mapped.link.clone(),
@@ -2213,6 +2241,60 @@ mod tests {
         );
         assert_eq!(mounted_plugin(&m(None, true)), "kubernetes.io/local-volume");
         assert_eq!(mounted_plugin(&m(None, false)), "kubernetes.io/host-path");
+    }
+
+    /// Upstream's device mount state is the volume's: a CSI PV another pod
+    /// has set up (and no operation is running on) is staged already, so a
+    /// second pod's set-up publishes only.
+    #[test]
+    fn a_csi_pv_set_up_for_another_pod_counts_as_staged() {
+        let vm = manager(&root("staged"));
+        let pv = |handle: &str| -> k8s_openapi::api::core::v1::PersistentVolume {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "pv1"},
+                "spec": {"csi": {"driver": "d.csi", "volumeHandle": handle}}
+            }))
+            .unwrap()
+        };
+        assert!(!device_set_up(&vm.inner, &pv("h"), true));
+        let published = super::super::csi::mounter::Published {
+            driver: "d.csi".into(),
+            volume_id: "h".into(),
+            target: "/r/t".into(),
+            staging: Some("/r/s".into()),
+            republish: false,
+            block: true,
+        };
+        vm.inner
+            .state
+            .lock()
+            .actual
+            .entry("a".into())
+            .or_default()
+            .insert(
+                "disk".into(),
+                Mounted {
+                    path: "/r/link".into(),
+                    owned: None,
+                    remountable: false,
+                    refresh_at: None,
+                    measured: false,
+                    csi: Some(Arc::new(published)),
+                    claim: None,
+                    block: None,
+                },
+            );
+        assert!(device_set_up(&vm.inner, &pv("h"), true));
+        // Another volume, or the same handle mounted rather than mapped.
+        assert!(!device_set_up(&vm.inner, &pv("h2"), true));
+        assert!(!device_set_up(&vm.inner, &pv("h"), false));
+        // Its operation running (perhaps a tear-down): staged again.
+        vm.inner
+            .state
+            .lock()
+            .in_flight
+            .insert(("a".into(), "disk".into()));
+        assert!(!device_set_up(&vm.inner, &pv("h"), true));
     }
 
     /// A request a podCertificate source waits on reached a terminal state:

@@ -245,9 +245,14 @@ pub async fn set_up(
         volume_id: src.volume_handle.clone(),
         target,
         staging: Some(staging),
-        // Upstream maps a pod's device once (MapPodDevice is skipped for a
-        // mapped volume): no republish.
-        republish: false,
+        // Upstream republishes block volumes too: the CSI plugin's
+        // RequiresRemount (csi_plugin.go) asks only the CSIDriver's
+        // requiresRepublish, MarkRemountRequired marks every volume of the
+        // synced pod, and MountVolume (operation_executor.go) runs
+        // GenerateMapVolumeFunc again for a Block one, which skips
+        // SetUpDevice (the device is globally mounted) but calls
+        // MapPodDevice (NodePublishVolume) and MapBlockVolume each time.
+        republish: object.requires_republish(),
         block: true,
     };
     Ok((published, mapped))
@@ -295,6 +300,15 @@ async fn stage_volume(
         .stage(&req, &staging.to_string_lossy())
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Where a block volume's figures are asked for (NodeGetVolumeStats'
+/// volume path): the pod's bind under the global map path,
+/// `volumeDevices/<spec>/dev/<pod uid>`, as upstream's NewBlockVolumeMapper
+/// hands NewMetricsCsi `GetGlobalMapPath + "/" + podUID` (csi_plugin.go).
+pub fn stats_path(p: &Published) -> Option<PathBuf> {
+    let (devices, spec, uid) = parts(p)?;
+    Some(devices.join(spec).join("dev").join(uid))
 }
 
 /// The paths of a published block volume, from its publish path
@@ -591,6 +605,11 @@ mod tests {
             p.target.ancestors().nth(7),
             Some(root),
             "the root from a publish path"
+        );
+        // Stats are asked for at the pod's bind under the global map path.
+        assert_eq!(
+            stats_path(&p),
+            Some(global_map_path(root, "pv1").join("u1"))
         );
     }
 
