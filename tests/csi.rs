@@ -1960,6 +1960,13 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
     drop(calls);
     wait_block_volume_gone(&b, &[&uid]);
     assert!(std::fs::symlink_metadata(&link).is_err());
+    // GenerateUnmapVolumeFunc's and GenerateUnmapDeviceFunc's operations,
+    // under the driver's plugin name (not the local plugin's).
+    wait_for("unmap_volume and unmap_device timed once", T, || {
+        ((ops_timed(k, "unmap_volume"), ops_timed(k, "unmap_device")) == (1, 1)).then_some(())
+    });
+    let (_, metrics) = http_get(&k.read_only, "/metrics").expect("/metrics");
+    assert!(!metrics.contains("kubernetes.io/local-volume"), "{metrics}");
 }
 
 /// A block CSI volume of a pod deleted while rkubelet was down: after the
@@ -2003,6 +2010,14 @@ fn a_block_csi_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unmapped_after
     );
     drop(calls);
     wait_block_volume_gone(&b, &[&uid]);
+    // The orphan's unmap and unstage are timed as at a normal tear-down.
+    wait_for("unmap_volume and unmap_device timed once", T, || {
+        ((
+            ops_timed(&b.k, "unmap_volume"),
+            ops_timed(&b.k, "unmap_device"),
+        ) == (1, 1))
+            .then_some(())
+    });
 }
 
 /// A block CSI volume of a driver without STAGE_UNSTAGE_VOLUME whose

@@ -967,11 +967,12 @@ impl VolumeManager {
                         None => Ok(()),
                     },
                 };
-                // GenerateUnmapVolumeFunc's unmap_volume for a raw block
-                // volume (its unmap_device is timed in block.rs); a CSI
-                // volume's tear-down times its unpublish (volume_unmount)
-                // and unstage (unmount_device) itself.
-                if mounted.block.is_some() {
+                // GenerateUnmapVolumeFunc's unmap_volume for a local raw
+                // block volume (its unmap_device is timed in block.rs); a
+                // CSI volume's tear-down times its unpublish (volume_unmount
+                // or unmap_volume) and unstage (unmount_device or
+                // unmap_device) itself.
+                if mounted.block.is_some() && mounted.csi.is_none() {
                     crate::metrics::certvol::storage_operation(
                         &plugin,
                         "unmap_volume",

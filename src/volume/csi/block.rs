@@ -324,14 +324,49 @@ fn parts(p: &Published) -> Option<(PathBuf, String, String)> {
 
 /// Upstream's UnmapVolume of a block CSI volume for one pod: the pod's
 /// mapping (`mapped`, or what is on disk after a restart), then
-/// NodeUnpublishVolume of the publish path; then UnmapDevice when no other
-/// pod maps the volume (`still_used` false).
+/// NodeUnpublishVolume of the publish path, timed as the driver's
+/// `unmap_volume` (GenerateUnmapVolumeFunc); then UnmapDevice when no other
+/// pod maps the volume (`still_used` false), timed as its `unmap_device`
+/// (GenerateUnmapDeviceFunc: TearDownDevice and the global map path).
 pub async fn tear_down(
     registry: &Registry,
     p: &Published,
     mapped: Option<std::sync::Arc<Mapped>>,
     still_used: bool,
 ) -> Result<(), String> {
+    let plugin = format!("{PLUGIN_NAME}:{}", p.driver);
+    let started = std::time::Instant::now();
+    let r = unmap_volume(registry, p, mapped).await;
+    crate::metrics::certvol::storage_operation(
+        &plugin,
+        "unmap_volume",
+        started.elapsed(),
+        r.is_ok(),
+    );
+    let service = r?;
+    if !still_used {
+        let (devices, spec, _) = parts(p)
+            .ok_or_else(|| format!("{} is not a CSI block publish path", p.target.display()))?;
+        let started = std::time::Instant::now();
+        let r = tear_down_device(&service, &p.volume_id, &devices, &spec).await;
+        crate::metrics::certvol::storage_operation(
+            &plugin,
+            "unmap_device",
+            started.elapsed(),
+            r.is_ok(),
+        );
+        r?;
+    }
+    Ok(())
+}
+
+/// UnmapBlockVolume and UnmapPodDevice; the driver's client for what
+/// follows.
+async fn unmap_volume(
+    registry: &Registry,
+    p: &Published,
+    mapped: Option<std::sync::Arc<Mapped>>,
+) -> Result<NodeService, String> {
     let (devices, spec, uid) = parts(p)
         .ok_or_else(|| format!("{} is not a CSI block publish path", p.target.display()))?;
     let root_link = p
@@ -344,8 +379,8 @@ pub async fn tear_down(
         format!("unmap block volume {spec} of pod {uid}"),
         FS_DEADLINE,
         move || match (mapped, root_link) {
-            (Some(m), _) => blk::unmap(&m).map_err(|e| e.to_string()),
-            (None, Some(link)) => blk::unmap_paths(&link, &bind).map_err(|e| e.to_string()),
+            (Some(m), _) => blk::unmap_for(&m, None).map_err(|e| e.to_string()),
+            (None, Some(link)) => blk::unmap_paths(&link, &bind, None).map_err(|e| e.to_string()),
             (None, None) => Ok(()),
         },
     )
@@ -363,10 +398,7 @@ pub async fn tear_down(
             ))
         })?;
     info!(driver = %p.driver, volume_id = %p.volume_id, target = %p.target.display(), "CSI block volume unpublished");
-    if !still_used {
-        tear_down_device(&service, &p.volume_id, &devices, &spec).await?;
-    }
-    Ok(())
+    Ok(service)
 }
 
 /// TearDownDevice and upstream's cleanupOrphanDeviceFiles.
@@ -520,7 +552,7 @@ pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> 
                 crate::blocking::try_run(
                     format!("unmap block volume {spec} of pod {uid}"),
                     FS_DEADLINE,
-                    move || blk::unmap_paths(&link, &bind).map_err(|e| e.to_string()),
+                    move || blk::unmap_paths(&link, &bind, None).map_err(|e| e.to_string()),
                 )
                 .await?;
             }
