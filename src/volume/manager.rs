@@ -596,9 +596,24 @@ impl VolumeManager {
     }
 
     /// The pod's volumes that have stats (not hostPath ones, direct or
-    /// through a PV): name → host path.
+    /// through a PV): name → host path; for a local raw block volume its
+    /// bind under the global map path (upstream's local NewBlockVolumeMapper
+    /// measures `<global map path>/<pod uid>` with NewMetricsBlock).
     pub fn measured_volumes(&self, uid: &str) -> Vec<(String, PathBuf)> {
-        self.volumes_where(uid, |m| m.measured)
+        let st = self.inner.state.lock();
+        let mut v: Vec<_> = st
+            .actual
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter(|(_, m)| m.measured)
+            .map(|(n, m)| {
+                let path = m.block.as_ref().map_or(&m.path, |b| &b.bind);
+                (n.clone(), path.clone())
+            })
+            .collect();
+        v.sort();
+        v
     }
 
     /// The pod's published CSI volumes, by volume name (their stats come
@@ -1495,6 +1510,8 @@ async fn csi_block(
     let mut m = mapped_volume(mapped);
     m.csi = Some(Arc::new(p));
     m.claim = Some((claim.to_string(), read_only));
+    // Measured through the driver instead (`csi_volumes`).
+    m.measured = false;
     Ok(m)
 }
 
@@ -1522,17 +1539,16 @@ fn device_set_up(
     })
 }
 
-/// A raw block volume mapped for the pod: containers get its device link.
-/// A CSI one is measured through its driver (`csi_volumes`); upstream's
-/// local plugin offers metrics of the device (metrics_block.go), which the
-/// pod stats here do not read.
+/// A raw block volume mapped for the pod: containers get its device link;
+/// its stats are the device's size (upstream's local plugin measures it
+/// with metrics_block.go; a CSI one is asked of its driver instead).
 fn mapped_volume(mapped: super::block::Mapped) -> Mounted {
     Mounted {
         path: mapped.link.clone(),
         owned: None,
         remountable: false,
         refresh_at: None,
-        measured: false,
+        measured: true,
         csi: None,
         claim: None,
         block: Some(Arc::new(mapped)),
