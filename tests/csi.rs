@@ -519,25 +519,6 @@ fn cluster_kubelet_with(node: &str, api: &ApiServer, more: &str) -> Kubelet {
     k
 }
 
-/// Pod `uid`'s entry for volume `volume` in `/stats/summary`, once there.
-fn summary_volume(k: &Kubelet, uid: &str, volume: &str) -> Value {
-    wait_for(&format!("volume {volume} in /stats/summary"), T, || {
-        let (code, body) = http_get(&k.read_only, "/stats/summary")?;
-        if code != 200 {
-            return None;
-        }
-        let s: Value = serde_json::from_str(&body).ok()?;
-        s["pods"]
-            .as_array()?
-            .iter()
-            .find(|p| p["podRef"]["uid"] == uid)?["volume"]
-            .as_array()?
-            .iter()
-            .find(|v| v["name"] == volume)
-            .cloned()
-    })
-}
-
 /// The messages of a pod's VolumeConditionAbnormal events.
 fn condition_events(api: &ApiServer, pod: &str) -> Vec<String> {
     api.list("events")
@@ -1109,21 +1090,7 @@ fn driver_stats_tokens_mount_group_and_republish_follow_the_csidriver() {
         .contains_key("csi.storage.k8s.io/serviceAccount.tokens"));
 
     // The driver's figures are the pod's volume stats, with the claim.
-    let vol = wait_for("the CSI volume in /stats/summary", T, || {
-        let (code, body) = http_get(&k.read_only, "/stats/summary")?;
-        if code != 200 {
-            return None;
-        }
-        let s: Value = serde_json::from_str(&body).ok()?;
-        s["pods"]
-            .as_array()?
-            .iter()
-            .find(|p| p["podRef"]["uid"] == uid.as_str())?["volume"]
-            .as_array()?
-            .iter()
-            .find(|v| v["name"] == "data")
-            .cloned()
-    });
+    let vol = summary_volume(&k, &uid, "data", T);
     assert_eq!(vol["usedBytes"], STATS_BYTES.2);
     assert_eq!(vol["capacityBytes"], STATS_BYTES.1);
     assert_eq!(vol["availableBytes"], STATS_BYTES.0);
@@ -1917,7 +1884,7 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
     assert_eq!(std::fs::read_link(&link).unwrap(), publish);
 
     // The driver's figures are the block volume's stats, with its claim.
-    let vol = summary_volume(k, &uid, "disk");
+    let vol = summary_volume(k, &uid, "disk", T);
     assert_eq!(vol["usedBytes"], STATS_BYTES.2);
     assert_eq!(vol["capacityBytes"], STATS_BYTES.1);
     assert_eq!(vol["availableBytes"], STATS_BYTES.0);
@@ -2075,7 +2042,7 @@ fn a_republishing_drivers_block_volume_is_published_again_and_its_health_reporte
     );
     device_is_shared_with_the_host(k, &container_id(&p), &b.backing, T);
 
-    let vol = summary_volume(k, &uid, "disk");
+    let vol = summary_volume(k, &uid, "disk", T);
     assert_eq!(vol["volumeHealthStats"], json!({"abnormal": true}), "{vol}");
     assert_eq!(vol["usedBytes"], STATS_BYTES.2);
     let want = "kubelet_volume_stats_health_status_abnormal{namespace=\"default\",persistentvolumeclaim=\"blk\"} 1";

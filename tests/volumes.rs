@@ -769,18 +769,7 @@ fn a_block_claim_on_a_local_pv_is_a_device_in_the_container_and_goes_with_the_po
     };
     assert!(timed("map_volume"), "map_volume timed");
     assert!(!timed("volume_mount"), "a mapped device is no mount");
-    let vol = wait_for("the block volume in /stats/summary", T, || {
-        let (code, body) = http_get(&k.read_only, "/stats/summary")?;
-        let s: Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
-        s["pods"]
-            .as_array()?
-            .iter()
-            .find(|p| p["podRef"]["uid"] == uid.as_str())?["volume"]
-            .as_array()?
-            .iter()
-            .find(|v| v["name"] == "disk")
-            .cloned()
-    });
+    let vol = summary_volume(&k, &uid, "disk", T);
     assert_eq!(vol["capacityBytes"], 16u64 << 20, "{vol}");
     assert_eq!(vol["usedBytes"], 0);
     assert_eq!(vol["availableBytes"], 0);

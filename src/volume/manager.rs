@@ -592,7 +592,7 @@ impl VolumeManager {
 
     /// The pod's volumes as set up: name → host path.
     pub fn pod_volumes(&self, uid: &str) -> Vec<(String, PathBuf)> {
-        self.volumes_where(uid, |_| true)
+        self.volumes_where(uid, |m| Some(m.path.clone()))
     }
 
     /// The pod's volumes that have stats (not hostPath ones, direct or
@@ -600,20 +600,10 @@ impl VolumeManager {
     /// bind under the global map path (upstream's local NewBlockVolumeMapper
     /// measures `<global map path>/<pod uid>` with NewMetricsBlock).
     pub fn measured_volumes(&self, uid: &str) -> Vec<(String, PathBuf)> {
-        let st = self.inner.state.lock();
-        let mut v: Vec<_> = st
-            .actual
-            .get(uid)
-            .into_iter()
-            .flatten()
-            .filter(|(_, m)| m.measured)
-            .map(|(n, m)| {
-                let path = m.block.as_ref().map_or(&m.path, |b| &b.bind);
-                (n.clone(), path.clone())
-            })
-            .collect();
-        v.sort();
-        v
+        self.volumes_where(uid, |m| {
+            m.measured
+                .then(|| m.block.as_ref().map_or(&m.path, |b| &b.bind).clone())
+        })
     }
 
     /// The pod's published CSI volumes, by volume name (their stats come
@@ -621,29 +611,24 @@ impl VolumeManager {
     /// calcAndStoreStats measures the block volumes whose mapper
     /// SupportsMetrics, as csiBlockMapper does.
     pub fn csi_volumes(&self, uid: &str) -> Vec<(String, Arc<super::csi::mounter::Published>)> {
-        let st = self.inner.state.lock();
-        let mut v: Vec<_> = st
-            .actual
-            .get(uid)
-            .into_iter()
-            .flatten()
-            .filter_map(|(n, m)| m.csi.clone().map(|p| (n.clone(), p)))
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        self.volumes_where(uid, |m| m.csi.clone())
     }
 
-    fn volumes_where(&self, uid: &str, keep: impl Fn(&Mounted) -> bool) -> Vec<(String, PathBuf)> {
+    /// What `pick` takes of each of the pod's volumes as set up, by name.
+    fn volumes_where<T>(
+        &self,
+        uid: &str,
+        pick: impl Fn(&Mounted) -> Option<T>,
+    ) -> Vec<(String, T)> {
         let st = self.inner.state.lock();
         let mut v: Vec<_> = st
             .actual
             .get(uid)
             .into_iter()
             .flatten()
-            .filter(|(_, m)| keep(m))
-            .map(|(n, m)| (n.clone(), m.path.clone()))
+            .filter_map(|(n, m)| pick(m).map(|t| (n.clone(), t)))
             .collect();
-        v.sort();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
 
