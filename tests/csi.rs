@@ -1997,9 +1997,11 @@ fn a_block_csi_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unmapped_after
 /// volume's `volumeHealthStats` in `/stats/summary`,
 /// `kubelet_volume_stats_health_status_abnormal` 1 for its claim and a
 /// VolumeConditionAbnormal event "Volume disk: <message>"
-/// (volume_stat_calculator.go, collectors/volume_stats.go). Deleting the
-/// pod unpublishes without an unstage and leaves nothing. The old code
-/// published a block volume once and read no condition.
+/// (volume_stat_calculator.go, collectors/volume_stats.go); a claim grown
+/// meanwhile is expanded at a republish (NodeExpandVolume on the publish
+/// path). Deleting the pod unpublishes without an unstage and leaves
+/// nothing. The old code published a block volume once, read no
+/// condition, and never expanded a republished volume.
 #[test]
 fn a_republishing_drivers_block_volume_is_published_again_and_its_health_reported() {
     let api = ApiServer::start(ApiServerOptions::default());
@@ -2007,6 +2009,7 @@ fn a_republishing_drivers_block_volume_is_published_again_and_its_health_reporte
     let driver = FakeDriver {
         stats: true,
         condition: Some((true, "device lost")),
+        expands: true,
         ..Default::default()
     };
     let b = block_setup(
@@ -2052,6 +2055,32 @@ fn a_republishing_drivers_block_volume_is_published_again_and_its_health_reporte
         Some(condition_events(&api, &name)).filter(|e| !e.is_empty())
     });
     assert_eq!(events, ["Volume disk: device lost"]);
+
+    // The test plays the external-resizer: the republish finishes the
+    // node's part (expandVolumeDuringMount runs at every map).
+    assert!(driver.calls.lock().expanded.is_empty());
+    let mut pv = api.get("persistentvolumes", None, "csi-blk-pv").unwrap();
+    pv["spec"]["capacity"]["storage"] = json!("32Mi");
+    api.update(pv);
+    let mut c = api
+        .get("persistentvolumeclaims", Some("default"), "blk")
+        .unwrap();
+    c["spec"]["resources"]["requests"]["storage"] = json!("32Mi");
+    let mut c = api.update(c);
+    c["status"]["capacity"] = json!({"storage": "16Mi"});
+    c["status"]["allocatedResources"] = json!({"storage": "32Mi"});
+    c["status"]["allocatedResourceStatuses"] = json!({"storage": "NodeResizePending"});
+    api.update_status(c);
+    wait_for("NodeExpandVolume at a republish", T, || {
+        (!driver.calls.lock().expanded.is_empty()).then_some(())
+    });
+    let ex = driver.calls.lock().expanded[0].clone();
+    assert_eq!(Path::new(&ex.volume_path), publish);
+    assert_eq!(ex.capacity_range.as_ref().unwrap().required_bytes, 32 << 20);
+    wait_for("the claim's new capacity", T, || {
+        let c = api.get("persistentvolumeclaims", Some("default"), "blk")?;
+        (c["status"]["capacity"]["storage"] == "32Mi").then_some(())
+    });
 
     api.delete("pods", Some("default"), &name, Some(0));
     wait_for("NodeUnpublishVolume", T, || {

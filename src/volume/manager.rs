@@ -1299,7 +1299,7 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         // (upstream's device mount state is the volume's).
         let staged = had || device_set_up(inner, &pv, block);
         if block && pv.spec.as_ref().is_some_and(|s| s.csi.is_some()) {
-            return csi_block(inner, pod, &pv, &claim, read_only, had, staged).await;
+            return csi_block(inner, pod, &pv, &claim, read_only, staged).await;
         }
         if block {
             return map_block(inner, uid, &pv).await;
@@ -1317,33 +1317,33 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             .await
             .map_err(|e| Failed::from_csi(e, pv.metadata.name.as_deref().unwrap_or_default()))?;
             // Upstream's expandVolumeDuringMount: a claim whose resize
-            // waits for the node is finished before the pod uses it.
-            if !had {
-                if let Err(e) =
-                    // Part of volume_mount upstream (expandVolumeDuringMount).
-                    super::csi::expand::expand_in_use(
-                        &inner.csi,
-                        &inner.objects,
-                        pod,
-                        &p,
-                        &claim,
-                        read_only,
-                        &mut None,
-                    )
-                    .await
-                {
-                    let spec = pv.metadata.name.as_deref().unwrap_or_default();
-                    return Err(Failed::Other {
-                        event: Some((
-                            "FailedMount",
-                            format!(
-                                "MountVolume.Setup failed while expanding volume for volume {spec:?} : {e}"
-                            ),
-                        )),
-                        error: e,
-                        node_wait: false,
-                    });
-                }
+            // waits for the node is finished before the pod uses it, and at
+            // a republish too (GenerateMountVolumeFunc calls it at every
+            // run, remounts included).
+            if let Err(e) =
+                // Part of volume_mount upstream (expandVolumeDuringMount).
+                super::csi::expand::expand_in_use(
+                    &inner.csi,
+                    &inner.objects,
+                    pod,
+                    &p,
+                    &claim,
+                    read_only,
+                    &mut None,
+                )
+                .await
+            {
+                let spec = pv.metadata.name.as_deref().unwrap_or_default();
+                return Err(Failed::Other {
+                    event: Some((
+                        "FailedMount",
+                        format!(
+                            "MountVolume.Setup failed while expanding volume for volume {spec:?} : {e}"
+                        ),
+                    )),
+                    error: e,
+                    node_wait: false,
+                });
             }
             let mut m = csi_mounted(p);
             m.claim = Some((claim, read_only));
@@ -1445,15 +1445,15 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
 }
 
 /// A claim bound to a `volumeMode: Block` CSI PV: staged, published and
-/// mapped for the pod (`csi/block.rs`); expanded first when its claim
-/// waits for the node, as a mounted one.
+/// mapped for the pod (`csi/block.rs`); expanded when its claim waits for
+/// the node, as a mounted one, at a republish too (GenerateMapVolumeFunc
+/// calls expandVolumeDuringMount at every run).
 async fn csi_block(
     inner: &Inner,
     pod: &Pod,
     pv: &k8s_openapi::api::core::v1::PersistentVolume,
     claim: &str,
     read_only: bool,
-    had: bool,
     staged: bool,
 ) -> Result<Mounted, Failed> {
     let spec = pv.metadata.name.as_deref().unwrap_or_default();
@@ -1468,29 +1468,27 @@ async fn csi_block(
     )
     .await
     .map_err(|e| Failed::from_csi(e, spec))?;
-    if !had {
-        if let Err(e) =
-            // Part of map_volume upstream (expandVolumeDuringMount).
-            super::csi::expand::expand_in_use(
-                &inner.csi,
-                &inner.objects,
-                pod,
-                &p,
-                claim,
-                read_only,
-                &mut None,
-            )
-            .await
-        {
-            return Err(Failed::Other {
-                event: Some((
-                    "FailedMapVolume",
-                    format!("MapVolume.MarkVolumeAsMounted failed while expanding volume for volume {spec:?} : {e}"),
-                )),
-                error: e,
-                node_wait: false,
-            });
-        }
+    if let Err(e) =
+        // Part of map_volume upstream (expandVolumeDuringMount).
+        super::csi::expand::expand_in_use(
+            &inner.csi,
+            &inner.objects,
+            pod,
+            &p,
+            claim,
+            read_only,
+            &mut None,
+        )
+        .await
+    {
+        return Err(Failed::Other {
+            event: Some((
+                "FailedMapVolume",
+                format!("MapVolume.MarkVolumeAsMounted failed while expanding volume for volume {spec:?} : {e}"),
+            )),
+            error: e,
+            node_wait: false,
+        });
     }
     let mut m = mapped_volume(mapped);
     m.csi = Some(Arc::new(p));
