@@ -1316,35 +1316,19 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
             )
             .await
             .map_err(|e| Failed::from_csi(e, pv.metadata.name.as_deref().unwrap_or_default()))?;
-            // Upstream's expandVolumeDuringMount: a claim whose resize
-            // waits for the node is finished before the pod uses it, and at
-            // a republish too (GenerateMountVolumeFunc calls it at every
-            // run, remounts included).
-            if let Err(e) =
-                // Part of volume_mount upstream (expandVolumeDuringMount).
-                super::csi::expand::expand_in_use(
-                    &inner.csi,
-                    &inner.objects,
-                    pod,
-                    &p,
-                    &claim,
-                    read_only,
-                    &mut None,
-                )
-                .await
-            {
-                let spec = pv.metadata.name.as_deref().unwrap_or_default();
-                return Err(Failed::Other {
-                    event: Some((
-                        "FailedMount",
-                        format!(
-                            "MountVolume.Setup failed while expanding volume for volume {spec:?} : {e}"
-                        ),
-                    )),
-                    error: e,
-                    node_wait: false,
-                });
-            }
+            // Part of volume_mount upstream (GenerateMountVolumeFunc calls
+            // it at every run, remounts included).
+            let spec = pv.metadata.name.as_deref().unwrap_or_default();
+            expand_during_set_up(
+                inner,
+                pod,
+                &p,
+                &claim,
+                read_only,
+                "FailedMount",
+                format!("MountVolume.Setup failed while expanding volume for volume {spec:?}"),
+            )
+            .await?;
             let mut m = csi_mounted(p);
             m.claim = Some((claim, read_only));
             return Ok(m);
@@ -1444,6 +1428,35 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
     })
 }
 
+/// Upstream's expandVolumeDuringMount: a claim whose resize waits for the
+/// node is finished before the pod uses the volume (and at a republish);
+/// a failure is event `reason` with `message: <error>`.
+async fn expand_during_set_up(
+    inner: &Inner,
+    pod: &Pod,
+    p: &super::csi::mounter::Published,
+    claim: &str,
+    read_only: bool,
+    reason: &'static str,
+    message: String,
+) -> Result<(), Failed> {
+    super::csi::expand::expand_in_use(
+        &inner.csi,
+        &inner.objects,
+        pod,
+        p,
+        claim,
+        read_only,
+        &mut None,
+    )
+    .await
+    .map_err(|e| Failed::Other {
+        event: Some((reason, format!("{message} : {e}"))),
+        error: e,
+        node_wait: false,
+    })
+}
+
 /// A claim bound to a `volumeMode: Block` CSI PV: staged, published and
 /// mapped for the pod (`csi/block.rs`); expanded when its claim waits for
 /// the node, as a mounted one, at a republish too (GenerateMapVolumeFunc
@@ -1468,28 +1481,17 @@ async fn csi_block(
     )
     .await
     .map_err(|e| Failed::from_csi(e, spec))?;
-    if let Err(e) =
-        // Part of map_volume upstream (expandVolumeDuringMount).
-        super::csi::expand::expand_in_use(
-            &inner.csi,
-            &inner.objects,
-            pod,
-            &p,
-            claim,
-            read_only,
-            &mut None,
-        )
-        .await
-    {
-        return Err(Failed::Other {
-            event: Some((
-                "FailedMapVolume",
-                format!("MapVolume.MarkVolumeAsMounted failed while expanding volume for volume {spec:?} : {e}"),
-            )),
-            error: e,
-            node_wait: false,
-        });
-    }
+    // Part of map_volume upstream.
+    expand_during_set_up(
+        inner,
+        pod,
+        &p,
+        claim,
+        read_only,
+        "FailedMapVolume",
+        format!("MapVolume.MarkVolumeAsMounted failed while expanding volume for volume {spec:?}"),
+    )
+    .await?;
     let mut m = mapped_volume(mapped);
     m.csi = Some(Arc::new(p));
     m.claim = Some((claim.to_string(), read_only));
