@@ -14,7 +14,11 @@
 //! test, playing the attach/detach controller and the external-attacher,
 //! and gets the VolumeAttachment's metadata as its publish context; a PV
 //! the test grows (as the external-resizer) is expanded online with
-//! NodeExpandVolume and its claim gets the new capacity.
+//! NodeExpandVolume and its claim gets the new capacity. Raw block PVs are
+//! staged, published and mapped (also for two pods, and for a driver that
+//! does not stage), measured through the driver, republished for
+//! requiresRepublish, and with CSIVolumeHealth on their driver's abnormal
+//! condition is reported.
 
 mod common;
 
@@ -60,6 +64,9 @@ struct FakeDriver {
     mount_group: bool,
     /// Reports EXPAND_VOLUME: NodeExpandVolume answers the size asked for.
     expands: bool,
+    /// Reports VOLUME_CONDITION: NodeGetVolumeStats answers this
+    /// condition (abnormal, message).
+    condition: Option<(bool, &'static str)>,
 }
 
 /// What the fake driver's NodeGetVolumeStats answers: bytes
@@ -315,7 +322,12 @@ impl node_server::Node for FakeDriver {
                 usage(STATS_BYTES, Unit::Bytes),
                 usage(STATS_INODES, Unit::Inodes),
             ],
-            volume_condition: None,
+            volume_condition: self
+                .condition
+                .map(|(abnormal, message)| proto::VolumeCondition {
+                    abnormal,
+                    message: message.into(),
+                }),
         }))
     }
     async fn node_expand_volume(
@@ -342,6 +354,7 @@ impl node_server::Node for FakeDriver {
             (self.stats, Type::GetVolumeStats),
             (self.mount_group, Type::VolumeMountGroup),
             (self.expands, Type::ExpandVolume),
+            (self.condition.is_some(), Type::VolumeCondition),
         ]
         .into_iter()
         .filter(|(on, _)| *on)
@@ -491,13 +504,38 @@ fn container_id(p: &Value) -> String {
 }
 
 fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
+    cluster_kubelet_with(node, api, "")
+}
+
+/// As [`cluster_kubelet`], with `more` appended to its configuration.
+fn cluster_kubelet_with(node: &str, api: &ApiServer, more: &str) -> Kubelet {
     let mut k = Kubelet::new(node);
     let kc = api.node_kubeconfig(&k.dir, node);
     k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
-    k.extra_config =
-        "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\nvolumeStatsAggPeriod: 1s\n".into();
+    k.extra_config = format!(
+        "nodeStatusUpdateFrequency: 1s\nsyncFrequency: 5s\nvolumeStatsAggPeriod: 1s\n{more}"
+    );
     k.spawn();
     k
+}
+
+/// The messages of a pod's VolumeConditionAbnormal events.
+fn condition_events(api: &ApiServer, pod: &str) -> Vec<String> {
+    api.list("events")
+        .into_iter()
+        .filter(|e| e["reason"] == "VolumeConditionAbnormal" && e["involvedObject"]["name"] == pod)
+        .filter_map(|e| e["message"].as_str().map(String::from))
+        .collect()
+}
+
+/// The `/metrics` lines of the `kubelet_volume_stats_*` families.
+fn volume_stat_lines(k: &Kubelet) -> Vec<String> {
+    let (_, metrics) = http_get(&k.read_only, "/metrics").expect("/metrics");
+    metrics
+        .lines()
+        .filter(|l| l.contains("kubelet_volume_stats"))
+        .map(String::from)
+        .collect()
 }
 
 fn running_pod(api: &ApiServer, name: &str) -> Value {
@@ -1052,21 +1090,7 @@ fn driver_stats_tokens_mount_group_and_republish_follow_the_csidriver() {
         .contains_key("csi.storage.k8s.io/serviceAccount.tokens"));
 
     // The driver's figures are the pod's volume stats, with the claim.
-    let vol = wait_for("the CSI volume in /stats/summary", T, || {
-        let (code, body) = http_get(&k.read_only, "/stats/summary")?;
-        if code != 200 {
-            return None;
-        }
-        let s: Value = serde_json::from_str(&body).ok()?;
-        s["pods"]
-            .as_array()?
-            .iter()
-            .find(|p| p["podRef"]["uid"] == uid.as_str())?["volume"]
-            .as_array()?
-            .iter()
-            .find(|v| v["name"] == "data")
-            .cloned()
-    });
+    let vol = summary_volume(&k, &uid, "data", T);
     assert_eq!(vol["usedBytes"], STATS_BYTES.2);
     assert_eq!(vol["capacityBytes"], STATS_BYTES.1);
     assert_eq!(vol["availableBytes"], STATS_BYTES.0);
@@ -1685,6 +1709,64 @@ fn csi_block_claim(api: &ApiServer, dev: &str) {
     );
 }
 
+/// A cluster kubelet for a block CSI volume: `driver` served and
+/// registered under a CSIDriver of `spec`, and claim `blk` bound to its PV
+/// on a [`marked_loop_disk`] (`csi_block_claim`).
+struct BlockSetup {
+    /// Detached before the driver's runtime and the kubelet go.
+    dev: LoopDevice,
+    backing: PathBuf,
+    _rt: tokio::runtime::Runtime,
+    k: Kubelet,
+    root: PathBuf,
+    /// `<root>/plugins/kubernetes.io/csi/volumeDevices`.
+    devices: PathBuf,
+}
+
+/// [`BlockSetup`] for `node`, its kubelet configured with `more` too.
+fn block_setup(
+    api: &ApiServer,
+    node: &str,
+    driver: &FakeDriver,
+    spec: Value,
+    more: &str,
+) -> BlockSetup {
+    let k = cluster_kubelet_with(node, api, more);
+    let root = k.dir.join("root");
+    let rt = driver_with_object(api, &k, driver, spec);
+    let backing = k.dir.join("disk.img");
+    let dev = marked_loop_disk(&backing);
+    csi_block_claim(api, &dev.0);
+    BlockSetup {
+        dev,
+        backing,
+        _rt: rt,
+        devices: root.join("plugins/kubernetes.io/csi/volumeDevices"),
+        root,
+        k,
+    }
+}
+
+/// Waits until the block volume `csi-blk-pv` has left nothing behind: no
+/// mount under the root, none of its plugin directories, no directory of
+/// the pods `uids`.
+fn wait_block_volume_gone(b: &BlockSetup, uids: &[&str]) {
+    wait_for(
+        "no mounts, no volume directories, no pod directories",
+        T,
+        || {
+            (mounts_containing(b.root.to_str().unwrap()).is_empty()
+                && ["csi-blk-pv", "staging/csi-blk-pv", "publish/csi-blk-pv"]
+                    .iter()
+                    .all(|d| !path_exists(&b.devices.join(d)))
+                && uids
+                    .iter()
+                    .all(|u| !path_exists(&b.root.join("pods").join(u))))
+            .then_some(())
+        },
+    );
+}
+
 /// A claim bound to a `volumeMode: Block` CSI PV (upstream's csiBlockMapper
 /// with MapBlockVolume): the driver gets NodeStageVolume at
 /// `volumeDevices/staging/<pv>` and NodePublishVolume at
@@ -1694,30 +1776,35 @@ fn csi_block_claim(api: &ApiServer, dev: &str) {
 /// path; the driver binds a loop device there, and the container finds the
 /// device at its
 /// `volumeDevices` path, reads what the host wrote and writes what the
-/// host then reads back. Deleting the pod unmaps, unpublishes and
+/// host then reads back. The driver's NodeGetVolumeStats figures, asked
+/// for at the pod's bind under the global map path (upstream's
+/// NewBlockVolumeMapper hands NewMetricsCsi that path), are the volume's
+/// entry in `/stats/summary` and its claim's `kubelet_volume_stats_*`;
+/// with CSIVolumeHealth off (the default) the driver's abnormal condition
+/// is not reported. Deleting the pod unmaps, unpublishes and
 /// unstages in that order and leaves no mount, no plugin directory of the
 /// volume and no pod directory. The old code refused the PV
-/// ("supported for local PVs only") and never started the pod.
+/// ("supported for local PVs only") and never started the pod, and then
+/// left block volumes out of the stats.
 #[test]
 fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
     let api = ApiServer::start(ApiServerOptions::default());
     let node = "it-csi-blk";
-    let k = cluster_kubelet(node, &api);
-    let root = k.dir.join("root");
     let driver = FakeDriver {
         stages: true,
         expands: true,
+        stats: true,
+        condition: Some((true, "device lost")),
         ..Default::default()
     };
-    let _rt = driver_with_object(
+    let b = block_setup(
         &api,
-        &k,
+        node,
         &driver,
         json!({"attachRequired": false, "podInfoOnMount": true}),
+        "",
     );
-    let backing = k.dir.join("disk.img");
-    let dev = marked_loop_disk(&backing);
-    csi_block_claim(&api, &dev.0);
+    let (k, root, devices, dev) = (&b.k, &b.root, &b.devices, &b.dev);
     // The claim was grown to the PV's 16Mi while no pod used it: the
     // node's part is pending and done at the map (upstream's
     // expandVolumeDuringMount in GenerateMapVolumeFunc).
@@ -1732,7 +1819,6 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
     api.create(block_pod(&name, node, "blk"));
     let p = running_pod(&api, &name);
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
-    let devices = root.join("plugins/kubernetes.io/csi/volumeDevices");
     let staging = devices.join("staging/csi-blk-pv");
     let publish = devices.join("publish/csi-blk-pv").join(&uid);
     let is_block = |c: &Option<proto::VolumeCapability>| {
@@ -1797,8 +1883,37 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
     ));
     assert_eq!(std::fs::read_link(&link).unwrap(), publish);
 
+    // The driver's figures are the block volume's stats, with its claim.
+    let vol = summary_volume(k, &uid, "disk", T);
+    assert_eq!(vol["usedBytes"], STATS_BYTES.2);
+    assert_eq!(vol["capacityBytes"], STATS_BYTES.1);
+    assert_eq!(vol["availableBytes"], STATS_BYTES.0);
+    assert_eq!(vol["inodes"], STATS_INODES.1);
+    assert_eq!(
+        vol["pvcRef"],
+        json!({"name": "blk", "namespace": "default"})
+    );
+    assert!(vol.get("volumeHealthStats").is_none(), "{vol}");
+    let asked = driver.calls.lock().stats[0].clone();
+    assert_eq!(asked.volume_id, "blk-1");
+    assert_eq!(Path::new(&asked.volume_path), global.join(&uid));
+    let lines = volume_stat_lines(k);
+    assert!(
+        lines.iter().any(|l| *l
+            == format!(
+                "kubelet_volume_stats_capacity_bytes{{namespace=\"default\",persistentvolumeclaim=\"blk\"}} {}",
+                STATS_BYTES.1
+            )),
+        "{lines:#?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("health_status_abnormal")),
+        "{lines:#?}"
+    );
+    assert!(condition_events(&api, &name).is_empty());
+
     let id = container_id(&p);
-    device_is_shared_with_the_host(&k, &id, &backing, T);
+    device_is_shared_with_the_host(k, &id, &b.backing, T);
 
     api.delete("pods", Some("default"), &name, Some(0));
     wait_for("NodeUnstageVolume", T, || {
@@ -1810,21 +1925,15 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
     assert_eq!(calls.unpublished[0].volume_id, "blk-1");
     assert_eq!(Path::new(&calls.unstaged[0].staging_target_path), staging);
     drop(calls);
-    let pod_dir = root.join("pods").join(&uid);
-    wait_for(
-        "no mounts, no volume directories, no pod directory",
-        T,
-        || {
-            (mounts_containing(root.to_str().unwrap()).is_empty()
-                && !path_exists(&staging)
-                && !path_exists(publish.parent().unwrap())
-                && !path_exists(&devices.join("csi-blk-pv"))
-                && std::fs::symlink_metadata(&link).is_err()
-                && !path_exists(&pod_dir))
-            .then_some(())
-        },
-    );
-    drop(dev);
+    wait_block_volume_gone(&b, &[&uid]);
+    assert!(std::fs::symlink_metadata(&link).is_err());
+    // GenerateUnmapVolumeFunc's and GenerateUnmapDeviceFunc's operations,
+    // under the driver's plugin name (not the local plugin's).
+    wait_for("unmap_volume and unmap_device timed once", T, || {
+        ((ops_timed(k, "unmap_volume"), ops_timed(k, "unmap_device")) == (1, 1)).then_some(())
+    });
+    let (_, metrics) = http_get(&k.read_only, "/metrics").expect("/metrics");
+    assert!(!metrics.contains("kubernetes.io/local-volume"), "{metrics}");
 }
 
 /// A block CSI volume of a pod deleted while rkubelet was down: after the
@@ -1836,26 +1945,22 @@ fn a_block_claim_on_a_csi_pv_is_staged_published_and_mapped_as_a_device() {
 fn a_block_csi_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unmapped_after_restart() {
     let api = ApiServer::start(ApiServerOptions::default());
     let node = "it-csi-blk-restart";
-    let mut k = cluster_kubelet(node, &api);
-    let root = k.dir.join("root");
     let driver = FakeDriver {
         stages: true,
         ..Default::default()
     };
-    let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": false}));
-    let dev = marked_loop_disk(&k.dir.join("disk.img"));
-    csi_block_claim(&api, &dev.0);
+    let mut b = block_setup(&api, node, &driver, json!({"attachRequired": false}), "");
+    let devices = b.devices.clone();
     let name = format!("blk-gone-{node}");
     api.create(block_pod(&name, node, "blk"));
     let p = running_pod(&api, &name);
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
-    let devices = root.join("plugins/kubernetes.io/csi/volumeDevices");
     let global = devices.join("csi-blk-pv/dev");
     assert_eq!(mounts_containing(global.to_str().unwrap()).len(), 1);
 
-    k.stop();
+    b.k.stop();
     api.delete("pods", Some("default"), &name, Some(0));
-    k.spawn();
+    b.k.spawn();
     wait_for("NodeUnstageVolume after the restart", T, || {
         (!driver.calls.lock().unstaged.is_empty()).then_some(())
     });
@@ -1871,18 +1976,199 @@ fn a_block_csi_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unmapped_after
         devices.join("staging/csi-blk-pv")
     );
     drop(calls);
-    let pod_dir = root.join("pods").join(&uid);
-    wait_for(
-        "no mounts, no volume directories, no pod directory",
-        T,
-        || {
-            (mounts_containing(root.to_str().unwrap()).is_empty()
-                && !path_exists(&devices.join("csi-blk-pv"))
-                && !path_exists(&devices.join("staging/csi-blk-pv"))
-                && !path_exists(&devices.join("publish/csi-blk-pv"))
-                && !path_exists(&pod_dir))
+    wait_block_volume_gone(&b, &[&uid]);
+    // The orphan's unmap and unstage are timed as at a normal tear-down.
+    wait_for("unmap_volume and unmap_device timed once", T, || {
+        ((
+            ops_timed(&b.k, "unmap_volume"),
+            ops_timed(&b.k, "unmap_device"),
+        ) == (1, 1))
             .then_some(())
-        },
+    });
+}
+
+/// A block CSI volume of a driver without STAGE_UNSTAGE_VOLUME whose
+/// CSIDriver has `requiresRepublish: true`, with CSIVolumeHealth on and the
+/// driver reporting VOLUME_CONDITION and an abnormal volume: never staged;
+/// published again at a later pod sync to the same publish path (upstream's
+/// csiPlugin.RequiresRemount asks only the CSIDriver, and MountVolume runs
+/// GenerateMapVolumeFunc again for a Block volume, calling MapPodDevice
+/// while skipping SetUpDevice), the device still the container's; the
+/// volume's `volumeHealthStats` in `/stats/summary`,
+/// `kubelet_volume_stats_health_status_abnormal` 1 for its claim and a
+/// VolumeConditionAbnormal event "Volume disk: <message>"
+/// (volume_stat_calculator.go, collectors/volume_stats.go); a claim grown
+/// meanwhile is expanded at a republish (NodeExpandVolume on the publish
+/// path). Deleting the pod unpublishes without an unstage and leaves
+/// nothing. The old code published a block volume once, read no
+/// condition, and never expanded a republished volume.
+#[test]
+fn a_republishing_drivers_block_volume_is_published_again_and_its_health_reported() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-blk-health";
+    let driver = FakeDriver {
+        stats: true,
+        condition: Some((true, "device lost")),
+        expands: true,
+        ..Default::default()
+    };
+    let b = block_setup(
+        &api,
+        node,
+        &driver,
+        json!({"attachRequired": false, "requiresRepublish": true}),
+        "featureGates:\n  CSIVolumeHealth: true\n",
     );
-    drop(dev);
+    let (k, devices) = (&b.k, &b.devices);
+    let name = format!("blk-health-{node}");
+    api.create(block_pod(&name, node, "blk"));
+    let p = running_pod(&api, &name);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let publish = devices.join("publish/csi-blk-pv").join(&uid);
+
+    wait_for("a second NodePublishVolume", T, || {
+        (driver.calls.lock().published.len() >= 2).then_some(())
+    });
+    let calls = driver.calls.lock();
+    assert!(calls.staged.is_empty(), "a driver without staging");
+    for pb in &calls.published[..2] {
+        assert_eq!(Path::new(&pb.target_path), publish);
+        assert_eq!(pb.volume_id, "blk-1");
+    }
+    assert!(calls.log.iter().all(|c| *c == "publish"), "{:?}", calls.log);
+    drop(calls);
+    let global = devices.join("csi-blk-pv/dev");
+    assert_eq!(
+        mounts_containing(global.to_str().unwrap()),
+        vec![global.join(&uid).display().to_string()],
+        "still one bind of the device for the pod"
+    );
+    device_is_shared_with_the_host(k, &container_id(&p), &b.backing, T);
+
+    let vol = summary_volume(k, &uid, "disk", T);
+    assert_eq!(vol["volumeHealthStats"], json!({"abnormal": true}), "{vol}");
+    assert_eq!(vol["usedBytes"], STATS_BYTES.2);
+    let want = "kubelet_volume_stats_health_status_abnormal{namespace=\"default\",persistentvolumeclaim=\"blk\"} 1";
+    let lines = volume_stat_lines(k);
+    assert!(lines.iter().any(|l| l == want), "{lines:#?}");
+    let events = wait_for("a VolumeConditionAbnormal event", T, || {
+        Some(condition_events(&api, &name)).filter(|e| !e.is_empty())
+    });
+    assert_eq!(events, ["Volume disk: device lost"]);
+
+    // The test plays the external-resizer: the republish finishes the
+    // node's part (expandVolumeDuringMount runs at every map).
+    assert!(driver.calls.lock().expanded.is_empty());
+    let mut pv = api.get("persistentvolumes", None, "csi-blk-pv").unwrap();
+    pv["spec"]["capacity"]["storage"] = json!("32Mi");
+    api.update(pv);
+    let mut c = api
+        .get("persistentvolumeclaims", Some("default"), "blk")
+        .unwrap();
+    c["spec"]["resources"]["requests"]["storage"] = json!("32Mi");
+    let mut c = api.update(c);
+    c["status"]["capacity"] = json!({"storage": "16Mi"});
+    c["status"]["allocatedResources"] = json!({"storage": "32Mi"});
+    c["status"]["allocatedResourceStatuses"] = json!({"storage": "NodeResizePending"});
+    api.update_status(c);
+    wait_for("NodeExpandVolume at a republish", T, || {
+        (!driver.calls.lock().expanded.is_empty()).then_some(())
+    });
+    let ex = driver.calls.lock().expanded[0].clone();
+    assert_eq!(Path::new(&ex.volume_path), publish);
+    assert_eq!(ex.capacity_range.as_ref().unwrap().required_bytes, 32 << 20);
+    wait_for("the claim's new capacity", T, || {
+        let c = api.get("persistentvolumeclaims", Some("default"), "blk")?;
+        (c["status"]["capacity"]["storage"] == "32Mi").then_some(())
+    });
+
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("NodeUnpublishVolume", T, || {
+        (!driver.calls.lock().unpublished.is_empty()).then_some(())
+    });
+    wait_block_volume_gone(&b, &[&uid]);
+    let calls = driver.calls.lock();
+    assert!(calls.unstaged.is_empty());
+    assert_eq!(Path::new(&calls.unpublished[0].target_path), publish);
+}
+
+/// Two pods on one block CSI volume: staged once and published for each
+/// (one bind per pod under the global map path); the first pod's deletion
+/// unpublishes its publish path only, leaving the staging and the other
+/// pod's mapping; the last one's unpublishes and unstages (upstream's
+/// UnmapDevice runs once no pod maps the device).
+#[test]
+fn a_block_csi_volume_shared_by_two_pods_is_unstaged_after_the_last() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-blk-two";
+    let driver = FakeDriver {
+        stages: true,
+        ..Default::default()
+    };
+    let setup = block_setup(&api, node, &driver, json!({"attachRequired": false}), "");
+    let (root, devices) = (&setup.root, &setup.devices);
+    let (a, b) = (format!("blk-a-{node}"), format!("blk-b-{node}"));
+    api.create(block_pod(&a, node, "blk"));
+    let ua = running_pod(&api, &a)["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    api.create(block_pod(&b, node, "blk"));
+    let ub = running_pod(&api, &b)["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let staging = devices.join("staging/csi-blk-pv");
+    let global = devices.join("csi-blk-pv/dev");
+    let publish = |uid: &str| devices.join("publish/csi-blk-pv").join(uid);
+    let calls = driver.calls.lock();
+    assert_eq!(calls.log, ["stage", "publish", "publish"]);
+    assert_eq!(Path::new(&calls.published[0].target_path), publish(&ua));
+    assert_eq!(Path::new(&calls.published[1].target_path), publish(&ub));
+    drop(calls);
+    let mut binds = mounts_containing(global.to_str().unwrap());
+    binds.sort();
+    let mut want = vec![
+        global.join(&ua).display().to_string(),
+        global.join(&ub).display().to_string(),
+    ];
+    want.sort();
+    assert_eq!(binds, want);
+
+    api.delete("pods", Some("default"), &a, Some(0));
+    wait_for("pod a's NodeUnpublishVolume", T, || {
+        (!driver.calls.lock().unpublished.is_empty()).then_some(())
+    });
+    wait_for("pod a's directory gone", T, || {
+        (!path_exists(&root.join("pods").join(&ua))).then_some(())
+    });
+    let calls = driver.calls.lock();
+    assert_eq!(calls.log, ["stage", "publish", "publish", "unpublish"]);
+    assert_eq!(Path::new(&calls.unpublished[0].target_path), publish(&ua));
+    drop(calls);
+    assert!(path_exists(&staging), "still staged for pod b");
+    assert_eq!(
+        mounts_containing(global.to_str().unwrap()),
+        vec![global.join(&ub).display().to_string()]
+    );
+
+    api.delete("pods", Some("default"), &b, Some(0));
+    wait_for("NodeUnstageVolume after the last pod", T, || {
+        (!driver.calls.lock().unstaged.is_empty()).then_some(())
+    });
+    let calls = driver.calls.lock();
+    assert_eq!(
+        calls.log,
+        [
+            "stage",
+            "publish",
+            "publish",
+            "unpublish",
+            "unpublish",
+            "unstage"
+        ]
+    );
+    assert_eq!(Path::new(&calls.unpublished[1].target_path), publish(&ub));
+    drop(calls);
+    wait_block_volume_gone(&setup, &[&ua, &ub]);
 }

@@ -675,8 +675,11 @@ fn without_the_feature_gate_a_trust_bundle_source_fails_as_upstream() {
 /// path, a link in the pod's volumeDevices directory, handed to CRI as a
 /// device), reads what the host wrote and writes what the host then finds
 /// in the backing file; a pod naming the claim in `volumeMounts` fails as
-/// upstream's populator does; nothing is left once the pod is gone. The
-/// old code treated the device as a directory and never started the pod.
+/// upstream's populator does; the device's size is the volume's capacity
+/// in `/stats/summary` and the claim's `kubelet_volume_stats_capacity_bytes`
+/// (metrics_block.go; used and inodes zero); nothing is left once the pod
+/// is gone. The old code treated the device as a directory and never
+/// started the pod, and then left block volumes out of the stats.
 #[test]
 fn a_block_claim_on_a_local_pv_is_a_device_in_the_container_and_goes_with_the_pod() {
     let api = ApiServer::start(ApiServerOptions::default());
@@ -766,6 +769,21 @@ fn a_block_claim_on_a_local_pv_is_a_device_in_the_container_and_goes_with_the_po
     };
     assert!(timed("map_volume"), "map_volume timed");
     assert!(!timed("volume_mount"), "a mapped device is no mount");
+    let vol = summary_volume(&k, &uid, "disk", T);
+    assert_eq!(vol["capacityBytes"], 16u64 << 20, "{vol}");
+    assert_eq!(vol["usedBytes"], 0);
+    assert_eq!(vol["availableBytes"], 0);
+    assert_eq!(vol["inodes"], 0);
+    assert_eq!(
+        vol["pvcRef"],
+        json!({"name": "blk", "namespace": "default"})
+    );
+    let (_, metrics) = http_get(&k.read_only, "/metrics").expect("/metrics");
+    assert!(
+        metrics.lines().any(|l| l
+            == "kubelet_volume_stats_capacity_bytes{namespace=\"default\",persistentvolumeclaim=\"blk\"} 16777216"),
+        "{metrics}"
+    );
 
     api.delete("pods", Some("default"), &name, Some(0));
     wait_for("the pod to be gone", T, || {

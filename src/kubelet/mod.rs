@@ -401,6 +401,8 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         let csi = crate::stats::volumes::CsiVolumes {
             registry: vc.csi_drivers().clone(),
             volumes: Box::new(move |uid| vc.csi_volumes(uid)),
+            // Alpha, off by default (kube_features.go).
+            health: cfg.feature_gate("CSIVolumeHealth", false),
         };
         let period = cfg.volume_stats_agg_period.0;
         let t = token.child_token();

@@ -389,6 +389,10 @@ pub struct KubeletMetrics {
     /// inodes, inodes_free, inodes_used}, refreshed from the volume stats
     /// cache at each scrape.
     pub volume_stats: [Family<VolumeLabels, Gauge>; 6],
+    /// kubelet_volume_stats_health_status_abnormal: a claim's volume
+    /// condition, only for volumes whose stats carry one (CSIVolumeHealth
+    /// with a VOLUME_CONDITION driver).
+    pub volume_health_abnormal: Family<VolumeLabels, Gauge>,
     /// kubelet_credential_provider_plugin_{duration, errors_total}: shown
     /// only once plugins are registered (upstream's registerMetrics runs
     /// in RegisterCredentialProviderPlugins).
@@ -740,6 +744,7 @@ pub static METRICS: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     rest_client_exec_plugin_calls: Family::default(),
     build_info: Family::default(),
     volume_stats: Default::default(),
+    volume_health_abnormal: Family::default(),
     credential_provider_plugin_duration: Family::new_with_constructor(def_histogram),
     credential_provider_plugin_errors: Family::default(),
     rare: RareMetrics::new(),
@@ -837,6 +842,12 @@ fn gated_families(cfg: &crate::config::KubeletConfiguration) -> (bool, bool) {
         cfg.feature_gate("ImageVolume", false),
     )
 }
+
+/// Whether a scrape has health series: upstream's collector describes
+/// kubelet_volume_stats_health_status_abnormal always, but client_golang
+/// writes no family without samples, so it shows only while some claim's
+/// stats carry a volume condition (never with CSIVolumeHealth off).
+static VOLUME_HEALTH_SERIES: AtomicBool = AtomicBool::new(false);
 
 /// The `/metrics` registry. Names, help and label names follow upstream's
 /// metrics.go (kubelet subsystem), server/metrics/metrics.go (HTTP),
@@ -1144,6 +1155,15 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     r.register_collector(Box::new(Gated(
         &IMAGE_VOLUME_GATE,
         Exact(m.absent.gated_by_image_volume()),
+    )));
+    // pkg/kubelet/metrics/collectors/volume_stats.go.
+    r.register_collector(Box::new(Gated(
+        &VOLUME_HEALTH_SERIES,
+        Exact(vec![(
+            "kubelet_volume_stats_health_status_abnormal",
+            alpha!("Abnormal volume health status. The count is either 1 or 0. 1 indicates the volume is unhealthy, 0 indicates volume is healthy"),
+            Box::new(m.volume_health_abnormal.clone()),
+        )]),
     )));
     r.register_collector(Box::new(v134::ConfigInfo(&v134::CONFIG_HASH)));
     r.register_collector(Box::new(LogSizes));
@@ -1966,6 +1986,8 @@ fn update_volume_stats(claims: &[crate::stats::volumes::VolumeFigures]) {
     for f in &METRICS.volume_stats {
         f.clear();
     }
+    METRICS.volume_health_abnormal.clear();
+    let mut health = false;
     for c in claims {
         let Some((namespace, claim)) = &c.pvc else {
             continue;
@@ -1985,7 +2007,15 @@ fn update_volume_stats(claims: &[crate::stats::volumes::VolumeFigures]) {
         for (f, v) in METRICS.volume_stats.iter().zip(values) {
             f.get_or_create(&labels).set(v.min(i64::MAX as u64) as i64);
         }
+        if let Some(abnormal) = c.abnormal {
+            health = true;
+            METRICS
+                .volume_health_abnormal
+                .get_or_create(&labels)
+                .set(i64::from(abnormal));
+        }
     }
+    VOLUME_HEALTH_SERIES.store(health, Ordering::Relaxed);
 }
 
 fn update_running(snapshot: &crate::pleg::Snapshot) {

@@ -751,6 +751,7 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
         inodes: 1000,
         inodes_free: 990,
         inodes_used: 10,
+        abnormal: None,
     };
     state.stats.volume_stats().set(
         "u1",
@@ -1401,6 +1402,74 @@ async fn container_log_sizes_come_from_the_pod_stats_and_vanish_without_them() {
     // collector's family with no metrics.
     let text = render_with(&state, None);
     assert!(!text.contains("kubelet_container_log_filesystem_used_bytes"));
+    token.cancel();
+}
+
+/// volume_stats.go: kubelet_volume_stats_health_status_abnormal is 1 for
+/// a claim whose volume condition is abnormal, 0 for a normal one, and no
+/// series for a volume whose stats carry no condition; with none carrying
+/// one (CSIVolumeHealth off, the default) the family is absent, as
+/// client_golang writes no family without samples. The old code had no
+/// such family.
+#[tokio::test]
+async fn volume_health_is_a_series_only_for_volumes_with_a_condition() {
+    let (state, token) = ServerState::for_tests(Arc::new(FakeRuntime::new()));
+    let figures = |claim: &str, abnormal| crate::stats::volumes::VolumeFigures {
+        name: claim.into(),
+        pvc: Some(("prod".into(), claim.into())),
+        time: 0,
+        capacity: 10,
+        available: 5,
+        used: 5,
+        inodes: 0,
+        inodes_free: 0,
+        inodes_used: 0,
+        abnormal,
+    };
+    state.stats.volume_stats().set(
+        "u-health",
+        vec![
+            figures("sick", Some(true)),
+            figures("fine", Some(false)),
+            figures("plain", None),
+        ],
+    );
+    let text = render(&state);
+    assert!(text.contains(
+        "# HELP kubelet_volume_stats_health_status_abnormal [ALPHA] Abnormal volume health status. The count is either 1 or 0. 1 indicates the volume is unhealthy, 0 indicates volume is healthy\n# TYPE kubelet_volume_stats_health_status_abnormal gauge\n"
+    ), "{text}");
+    let scrape = parse(&text);
+    let mut got: Vec<(String, f64)> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "kubelet_volume_stats_health_status_abnormal")
+        .map(|s| {
+            assert_eq!(s.labels.get("namespace"), Some("prod"));
+            let v = match s.value {
+                prometheus_parse::Value::Gauge(v) => v,
+                ref other => panic!("{other:?}"),
+            };
+            (
+                s.labels.get("persistentvolumeclaim").unwrap().to_string(),
+                v,
+            )
+        })
+        .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(got, vec![("fine".into(), 0.0), ("sick".into(), 1.0)]);
+    // No volume with a condition: no family.
+    state
+        .stats
+        .volume_stats()
+        .set("u-health", vec![figures("plain", None)]);
+    let text = render(&state);
+    assert!(
+        !text.contains("kubelet_volume_stats_health_status_abnormal"),
+        "{text}"
+    );
+    assert!(text.contains(
+        "kubelet_volume_stats_used_bytes{namespace=\"prod\",persistentvolumeclaim=\"plain\"} 5\n"
+    ));
     token.cancel();
 }
 

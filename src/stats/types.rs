@@ -211,6 +211,18 @@ pub struct VolumeStats {
     pub name: String,
     #[serde(rename = "pvcRef", skip_serializing_if = "Option::is_none", default)]
     pub pvc_ref: Option<PvcReference>,
+    #[serde(
+        rename = "volumeHealthStats",
+        skip_serializing_if = "Option::is_none",
+        default
+    )]
+    pub volume_health_stats: Option<VolumeHealthStats>,
+}
+
+/// A volume's health (stats/v1alpha1 VolumeHealthStats; CSIVolumeHealth).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VolumeHealthStats {
+    pub abnormal: bool,
 }
 
 /// The claim a volume comes from.

@@ -6,12 +6,18 @@
 //! (with the file system's capacity and free space from statfs) for the
 //! kubelet's on-disk volumes (emptyDir, configMap, secret, downwardAPI,
 //! projected). hostPath volumes report nothing, as upstream's plugin (those
-//! behind a PV are left out by the volume manager's `measured_volumes`).
+//! behind a PV are left out by the volume manager's `measured_volumes`). A
+//! local raw block volume reports its device's size as capacity and
+//! nothing else (metrics_block.go).
 //! CSI volumes are asked of their driver (NodeGetVolumeStats, when it has
-//! the GET_VOLUME_STATS capability; none otherwise, as upstream).
+//! the GET_VOLUME_STATS capability; none otherwise, as upstream), raw block
+//! ones included (upstream's csiBlockMapper is a MetricsProvider). With the
+//! CSIVolumeHealth gate on, a driver's volume condition is the volume's
+//! `volumeHealthStats` and an abnormal one a VolumeConditionAbnormal event
+//! (volume_stat_calculator.go).
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +42,9 @@ pub struct VolumeFigures {
     pub inodes: u64,
     pub inodes_free: u64,
     pub inodes_used: u64,
+    /// The driver's volume condition (CSIVolumeHealth): abnormal or not;
+    /// None when not read.
+    pub abnormal: Option<bool>,
 }
 
 impl VolumeFigures {
@@ -55,6 +64,10 @@ impl VolumeFigures {
                 name: n.clone(),
                 namespace: ns.clone(),
             }),
+            // parsePodVolumeStats: set only when the metrics carry one.
+            volume_health_stats: self
+                .abnormal
+                .map(|abnormal| super::types::VolumeHealthStats { abnormal }),
         }
     }
 }
@@ -101,6 +114,9 @@ enum Measure {
     StatFs,
     /// A walk of the directory for usage; capacity from statfs.
     Du,
+    /// A block device: its size (seek to the end), as upstream's
+    /// metricsBlock; the other figures are zero.
+    Block,
 }
 
 /// The claim behind `pod`'s volume `name` (upstream's PVCReference: the
@@ -138,6 +154,8 @@ pub struct CsiVolumes {
     pub volumes: Box<
         dyn Fn(&str) -> Vec<(String, Arc<crate::volume::csi::mounter::Published>)> + Send + Sync,
     >,
+    /// The CSIVolumeHealth feature gate.
+    pub health: bool,
 }
 
 /// The pod's CSI volumes as their drivers report them; a volume whose
@@ -150,21 +168,37 @@ async fn measure_csi(pod: &Pod, uid: &str, csi: &CsiVolumes) -> Vec<VolumeFigure
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
         let started = std::time::Instant::now();
-        let r = crate::volume::csi::metrics::volume_stats(&csi.registry, &p, POD_BUDGET).await;
+        let r =
+            crate::volume::csi::metrics::volume_stats(&csi.registry, &p, POD_BUDGET, csi.health)
+                .await;
         // metrics_csi.go times each GetMetrics under the driver's name.
         crate::metrics::volume_stats_measured(&p.driver, started.elapsed());
         match r {
-            Ok(Some(s)) => out.push(VolumeFigures {
-                name: name.clone(),
-                pvc: claim_of(pod, &name),
-                time,
-                capacity: s.capacity,
-                available: s.available,
-                used: s.used,
-                inodes: s.inodes,
-                inodes_free: s.inodes_free,
-                inodes_used: s.inodes_used,
-            }),
+            Ok(Some(s)) => {
+                if let Some((true, message)) = &s.condition {
+                    // calcAndStoreStats' event for an abnormal volume, at
+                    // each calculation (the recorder aggregates repeats).
+                    crate::events::pod(
+                        pod,
+                        None,
+                        crate::events::WARNING,
+                        "VolumeConditionAbnormal",
+                        format!("Volume {name}: {message}"),
+                    );
+                }
+                out.push(VolumeFigures {
+                    name: name.clone(),
+                    pvc: claim_of(pod, &name),
+                    time,
+                    capacity: s.capacity,
+                    available: s.available,
+                    used: s.used,
+                    inodes: s.inodes,
+                    inodes_free: s.inodes_free,
+                    inodes_used: s.inodes_used,
+                    abnormal: s.condition.map(|(a, _)| a),
+                })
+            }
             Ok(None) => {}
             Err(e) => {
                 tracing::debug!(pod_uid = %uid, volume = %name, error = %e, "Failed to calculate volume metrics")
@@ -185,7 +219,14 @@ fn plan(pod: &Pod, name: &str, path: &Path) -> Option<(Measure, Option<(String, 
         .iter()
         .find(|v| v.name == name)?;
     if v.persistent_volume_claim.is_some() || v.ephemeral.is_some() {
-        return Some((Measure::StatFs, claim_of(pod, name)));
+        // A mapped raw block volume's path is its bind of the device.
+        let block = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+        let how = if block {
+            Measure::Block
+        } else {
+            Measure::StatFs
+        };
+        return Some((how, claim_of(pod, name)));
     }
     if v.host_path.is_some() {
         return None;
@@ -272,7 +313,22 @@ pub fn disk_usage(root: &Path, deadline: Instant) -> (u64, u64) {
     (bytes, inodes)
 }
 
+/// The size of the block device at `path` (not followed if a link).
+fn device_size(path: &Path) -> Option<u64> {
+    use std::io::Seek;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    f.seek(std::io::SeekFrom::End(0)).ok()
+}
+
 fn measure(path: &Path, how: Measure, deadline: Instant) -> Option<[u64; 6]> {
+    if how == Measure::Block {
+        return device_size(path).map(|capacity| [capacity, 0, 0, 0, 0, 0]);
+    }
     let st = statfs(path)?;
     let bsize = st.f_frsize as u64;
     let capacity = st.f_blocks * bsize;
@@ -284,6 +340,8 @@ fn measure(path: &Path, how: Measure, deadline: Instant) -> Option<[u64; 6]> {
             inodes.saturating_sub(inodes_free),
         ),
         Measure::Du => disk_usage(path, deadline),
+        // Answered above without statfs.
+        Measure::Block => (0, 0),
     };
     Some([capacity, available, used, inodes, inodes_free, inodes_used])
 }
@@ -306,6 +364,7 @@ fn measure_pod(pod: &Pod, volumes: &[(String, PathBuf)], budget: Duration) -> Ve
             match how {
                 Measure::StatFs => "statfs",
                 Measure::Du => "du",
+                Measure::Block => "block",
             },
             started.elapsed(),
         );
@@ -322,6 +381,7 @@ fn measure_pod(pod: &Pod, volumes: &[(String, PathBuf)], budget: Duration) -> Ve
             inodes,
             inodes_free,
             inodes_used,
+            abnormal: None,
         });
     }
     out
@@ -470,6 +530,77 @@ mod tests {
             .unwrap()
             .get("pvcRef")
             .is_none());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// parsePodVolumeStats: `volumeHealthStats` only when the figures
+    /// carry a condition (CSIVolumeHealth with a VOLUME_CONDITION driver).
+    #[test]
+    fn volume_health_is_in_the_summary_only_when_read() {
+        let mut f = VolumeFigures {
+            name: "data".into(),
+            pvc: None,
+            time: 0,
+            capacity: 1,
+            available: 1,
+            used: 0,
+            inodes: 0,
+            inodes_free: 0,
+            inodes_used: 0,
+            abnormal: None,
+        };
+        let json = serde_json::to_value(f.to_stats()).unwrap();
+        assert!(json.get("volumeHealthStats").is_none(), "{json}");
+        for abnormal in [true, false] {
+            f.abnormal = Some(abnormal);
+            let json = serde_json::to_value(f.to_stats()).unwrap();
+            assert_eq!(
+                json["volumeHealthStats"],
+                serde_json::json!({ "abnormal": abnormal })
+            );
+        }
+    }
+
+    /// metrics_block.go: a block volume's capacity is its size, found by
+    /// seeking to the end; the rest is zero. A claim whose path is a
+    /// block device (a mapped raw block volume's bind) is measured so.
+    #[test]
+    fn a_block_volume_reports_its_size_as_capacity() {
+        let d = tempdir("block");
+        let file = d.join("image");
+        std::fs::write(&file, vec![0u8; 12_345]).unwrap();
+        assert_eq!(
+            measure(&file, Measure::Block, Instant::now()),
+            Some([12_345, 0, 0, 0, 0, 0])
+        );
+        // Never through a link.
+        std::os::unix::fs::symlink(&file, d.join("link")).unwrap();
+        assert_eq!(
+            measure(&d.join("link"), Measure::Block, Instant::now()),
+            None
+        );
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "prod", "uid": "u1"},
+            "spec": {"containers": [], "volumes": [
+                {"name": "disk", "persistentVolumeClaim": {"claimName": "blk"}}
+            ]}
+        }))
+        .unwrap();
+        assert_eq!(
+            plan(&pod, "disk", &file).map(|p| p.0),
+            Some(Measure::StatFs)
+        );
+        // A device node (loop0's numbers; mknod needs root).
+        let node = d.join("dev");
+        let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the call.
+        let made =
+            unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(7, 0)) } == 0;
+        if made {
+            assert_eq!(plan(&pod, "disk", &node).map(|p| p.0), Some(Measure::Block));
+        } else {
+            eprintln!("skipped the device node: mknod failed");
+        }
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -266,16 +266,32 @@ pub(crate) fn map_at(
     })
 }
 
+/// The local plugin's name in the storage operation metrics.
+const LOCAL_PLUGIN: &str = "kubernetes.io/local-volume";
+
 /// Undoes [`map`]: upstream's UnmapBlockVolume, then UnmapDevice's removal
-/// of the global map path once no pod has a bind there. Blocking.
+/// of the global map path once no pod has a bind there (timed as the local
+/// plugin's `unmap_device`). Blocking.
 pub fn unmap(m: &Mapped) -> Result<(), BlockError> {
+    unmap_for(m, Some(LOCAL_PLUGIN))
+}
+
+/// [`unmap`] with the plugin whose `unmap_device` the removal of the
+/// global map path is (None: the caller times its own, as the CSI plugin's
+/// covers its TearDownDevice). Blocking.
+pub(crate) fn unmap_for(m: &Mapped, device_plugin: Option<&str>) -> Result<(), BlockError> {
     drop(m.hold.lock().take());
-    unmap_paths(&m.link, &m.bind)
+    unmap_paths(&m.link, &m.bind, device_plugin)
 }
 
 /// Undoes a mapping found on disk (after a restart): the pod's `link`,
-/// then the `bind` file and its directory once empty. Blocking.
-pub(crate) fn unmap_paths(link: &Path, bind: &Path) -> Result<(), BlockError> {
+/// then the `bind` file and its directory once empty (timed as
+/// `device_plugin`'s `unmap_device`, if given). Blocking.
+pub(crate) fn unmap_paths(
+    link: &Path,
+    bind: &Path,
+    device_plugin: Option<&str>,
+) -> Result<(), BlockError> {
     // The pod's link first: containers are gone, nothing resolves it now.
     match std::fs::symlink_metadata(link) {
         Ok(md) if md.file_type().is_symlink() => {
@@ -315,18 +331,21 @@ pub(crate) fn unmap_paths(link: &Path, bind: &Path) -> Result<(), BlockError> {
     if let Some(global) = bind.parent() {
         // Only when no other pod maps it: upstream's UnmapDevice
         // (GenerateUnmapDeviceFunc), timed as its `unmap_device`; a
-        // directory other pods still bind is no operation yet. Raw block
-        // volumes are local PVs only here.
+        // directory other pods still bind is no operation yet.
         let started = std::time::Instant::now();
         match std::fs::remove_dir(global) {
             Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            r => crate::metrics::certvol::storage_operation(
-                "kubernetes.io/local-volume",
-                "unmap_device",
-                started.elapsed(),
-                r.is_ok(),
-            ),
+            r => {
+                if let Some(plugin) = device_plugin {
+                    crate::metrics::certvol::storage_operation(
+                        plugin,
+                        "unmap_device",
+                        started.elapsed(),
+                        r.is_ok(),
+                    )
+                }
+            }
         }
     }
     Ok(())
@@ -334,7 +353,10 @@ pub(crate) fn unmap_paths(link: &Path, bind: &Path) -> Result<(), BlockError> {
 
 /// The block volumes of pod `uid` left from before a restart (not in the
 /// volume manager's state): every `<global map path>/<uid>` bind and the
-/// pod's links are undone. Blocking; for the orphaned-pod cleanup.
+/// pod's links are undone, each timed as the local plugin's `unmap_volume`
+/// (upstream's reconciler unmaps a reconstructed volume with
+/// GenerateUnmapVolumeFunc, as any other). Blocking; for the orphaned-pod
+/// cleanup.
 pub fn unmap_orphaned(root: &Path, uid: &str) -> Result<(), BlockError> {
     check_name(uid)?;
     let base = root
@@ -357,7 +379,15 @@ pub fn unmap_orphaned(root: &Path, uid: &str) -> Result<(), BlockError> {
         let bind = e.path().join(uid);
         let link = dir.join(&pv);
         if std::fs::symlink_metadata(&bind).is_ok() || std::fs::symlink_metadata(&link).is_ok() {
-            unmap_paths(&link, &bind)?;
+            let started = std::time::Instant::now();
+            let r = unmap_paths(&link, &bind, Some(LOCAL_PLUGIN));
+            crate::metrics::certvol::storage_operation(
+                LOCAL_PLUGIN,
+                "unmap_volume",
+                started.elapsed(),
+                r.is_ok(),
+            );
+            r?;
         }
     }
     Ok(())
@@ -566,7 +596,18 @@ mod tests {
         std::os::unix::fs::symlink(outside.join("keep"), dir.join("pv")).unwrap();
         // Another pod's bind file stays, and so does the global directory.
         std::fs::write(global.join("other"), "").unwrap();
+        let unmapped = || {
+            crate::metrics::certvol::storage_operation_count(
+                LOCAL_PLUGIN,
+                "unmap_volume",
+                "success",
+            )
+        };
+        let before = unmapped();
         unmap_orphaned(&root, "u").unwrap();
+        // Timed as the reconciler's unmap of a reconstructed volume (other
+        // tests may add theirs meanwhile).
+        assert!(unmapped() > before);
         assert!(std::fs::symlink_metadata(dir.join("pv")).is_err());
         assert!(!global.join("u").exists());
         assert!(global.join("other").exists());

@@ -592,41 +592,43 @@ impl VolumeManager {
 
     /// The pod's volumes as set up: name → host path.
     pub fn pod_volumes(&self, uid: &str) -> Vec<(String, PathBuf)> {
-        self.volumes_where(uid, |_| true)
+        self.volumes_where(uid, |m| Some(m.path.clone()))
     }
 
     /// The pod's volumes that have stats (not hostPath ones, direct or
-    /// through a PV): name → host path.
+    /// through a PV): name → host path; for a local raw block volume its
+    /// bind under the global map path (upstream's local NewBlockVolumeMapper
+    /// measures `<global map path>/<pod uid>` with NewMetricsBlock).
     pub fn measured_volumes(&self, uid: &str) -> Vec<(String, PathBuf)> {
-        self.volumes_where(uid, |m| m.measured)
+        self.volumes_where(uid, |m| {
+            m.measured
+                .then(|| m.block.as_ref().map_or(&m.path, |b| &b.bind).clone())
+        })
     }
 
     /// The pod's published CSI volumes, by volume name (their stats come
-    /// from the driver). Raw block ones are left out: no stats for them.
+    /// from the driver), raw block ones included: upstream's
+    /// calcAndStoreStats measures the block volumes whose mapper
+    /// SupportsMetrics, as csiBlockMapper does.
     pub fn csi_volumes(&self, uid: &str) -> Vec<(String, Arc<super::csi::mounter::Published>)> {
-        let st = self.inner.state.lock();
-        let mut v: Vec<_> = st
-            .actual
-            .get(uid)
-            .into_iter()
-            .flatten()
-            .filter_map(|(n, m)| m.csi.clone().filter(|p| !p.block).map(|p| (n.clone(), p)))
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        self.volumes_where(uid, |m| m.csi.clone())
     }
 
-    fn volumes_where(&self, uid: &str, keep: impl Fn(&Mounted) -> bool) -> Vec<(String, PathBuf)> {
+    /// What `pick` takes of each of the pod's volumes as set up, by name.
+    fn volumes_where<T>(
+        &self,
+        uid: &str,
+        pick: impl Fn(&Mounted) -> Option<T>,
+    ) -> Vec<(String, T)> {
         let st = self.inner.state.lock();
         let mut v: Vec<_> = st
             .actual
             .get(uid)
             .into_iter()
             .flatten()
-            .filter(|(_, m)| keep(m))
-            .map(|(n, m)| (n.clone(), m.path.clone()))
+            .filter_map(|(n, m)| pick(m).map(|t| (n.clone(), t)))
             .collect();
-        v.sort();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
 
@@ -965,11 +967,12 @@ impl VolumeManager {
                         None => Ok(()),
                     },
                 };
-                // GenerateUnmapVolumeFunc's unmap_volume for a raw block
-                // volume (its unmap_device is timed in block.rs); a CSI
-                // volume's tear-down times its unpublish (volume_unmount)
-                // and unstage (unmount_device) itself.
-                if mounted.block.is_some() {
+                // GenerateUnmapVolumeFunc's unmap_volume for a local raw
+                // block volume (its unmap_device is timed in block.rs); a
+                // CSI volume's tear-down times its unpublish (volume_unmount
+                // or unmap_volume) and unstage (unmount_device or
+                // unmap_device) itself.
+                if mounted.block.is_some() && mounted.csi.is_none() {
                     crate::metrics::certvol::storage_operation(
                         &plugin,
                         "unmap_volume",
@@ -1292,8 +1295,11 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         // volumeMounts / volumeDevices.
         let block = super::block::is_block(&pv);
         super::block::check_use(pod, &v.name, block).map_err(Failed::process)?;
+        // Staged already when set up before, for this pod or another
+        // (upstream's device mount state is the volume's).
+        let staged = had || device_set_up(inner, &pv, block);
         if block && pv.spec.as_ref().is_some_and(|s| s.csi.is_some()) {
-            return csi_block(inner, pod, &pv, &claim, read_only, had).await;
+            return csi_block(inner, pod, &pv, &claim, read_only, staged).await;
         }
         if block {
             return map_block(inner, uid, &pv).await;
@@ -1306,41 +1312,23 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
                 pod,
                 &pv,
                 read_only,
-                // Staged already when set up before (upstream's device
-                // mount state).
-                !had,
+                !staged,
             )
             .await
             .map_err(|e| Failed::from_csi(e, pv.metadata.name.as_deref().unwrap_or_default()))?;
-            // Upstream's expandVolumeDuringMount: a claim whose resize
-            // waits for the node is finished before the pod uses it.
-            if !had {
-                if let Err(e) =
-                    // Part of volume_mount upstream (expandVolumeDuringMount).
-                    super::csi::expand::expand_in_use(
-                        &inner.csi,
-                        &inner.objects,
-                        pod,
-                        &p,
-                        &claim,
-                        read_only,
-                        &mut None,
-                    )
-                    .await
-                {
-                    let spec = pv.metadata.name.as_deref().unwrap_or_default();
-                    return Err(Failed::Other {
-                        event: Some((
-                            "FailedMount",
-                            format!(
-                                "MountVolume.Setup failed while expanding volume for volume {spec:?} : {e}"
-                            ),
-                        )),
-                        error: e,
-                        node_wait: false,
-                    });
-                }
-            }
+            // Part of volume_mount upstream (GenerateMountVolumeFunc calls
+            // it at every run, remounts included).
+            let spec = pv.metadata.name.as_deref().unwrap_or_default();
+            expand_during_set_up(
+                inner,
+                pod,
+                &p,
+                &claim,
+                read_only,
+                "FailedMount",
+                format!("MountVolume.Setup failed while expanding volume for volume {spec:?}"),
+            )
+            .await?;
             let mut m = csi_mounted(p);
             m.claim = Some((claim, read_only));
             return Ok(m);
@@ -1440,16 +1428,46 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
     })
 }
 
+/// Upstream's expandVolumeDuringMount: a claim whose resize waits for the
+/// node is finished before the pod uses the volume (and at a republish);
+/// a failure is event `reason` with `message: <error>`.
+async fn expand_during_set_up(
+    inner: &Inner,
+    pod: &Pod,
+    p: &super::csi::mounter::Published,
+    claim: &str,
+    read_only: bool,
+    reason: &'static str,
+    message: String,
+) -> Result<(), Failed> {
+    super::csi::expand::expand_in_use(
+        &inner.csi,
+        &inner.objects,
+        pod,
+        p,
+        claim,
+        read_only,
+        &mut None,
+    )
+    .await
+    .map_err(|e| Failed::Other {
+        event: Some((reason, format!("{message} : {e}"))),
+        error: e,
+        node_wait: false,
+    })
+}
+
 /// A claim bound to a `volumeMode: Block` CSI PV: staged, published and
-/// mapped for the pod (`csi/block.rs`); expanded first when its claim
-/// waits for the node, as a mounted one.
+/// mapped for the pod (`csi/block.rs`); expanded when its claim waits for
+/// the node, as a mounted one, at a republish too (GenerateMapVolumeFunc
+/// calls expandVolumeDuringMount at every run).
 async fn csi_block(
     inner: &Inner,
     pod: &Pod,
     pv: &k8s_openapi::api::core::v1::PersistentVolume,
     claim: &str,
     read_only: bool,
-    had: bool,
+    staged: bool,
 ) -> Result<Mounted, Failed> {
     let spec = pv.metadata.name.as_deref().unwrap_or_default();
     let (p, mapped) = super::csi::block::set_up(
@@ -1459,51 +1477,63 @@ async fn csi_block(
         pod,
         pv,
         read_only,
-        // Staged already when set up before (upstream's device state).
-        !had,
+        !staged,
     )
     .await
     .map_err(|e| Failed::from_csi(e, spec))?;
-    if !had {
-        if let Err(e) =
-            // Part of map_volume upstream (expandVolumeDuringMount).
-            super::csi::expand::expand_in_use(
-                &inner.csi,
-                &inner.objects,
-                pod,
-                &p,
-                claim,
-                read_only,
-                &mut None,
-            )
-            .await
-        {
-            return Err(Failed::Other {
-                event: Some((
-                    "FailedMapVolume",
-                    format!("MapVolume.MarkVolumeAsMounted failed while expanding volume for volume {spec:?} : {e}"),
-                )),
-                error: e,
-                node_wait: false,
-            });
-        }
-    }
+    // Part of map_volume upstream.
+    expand_during_set_up(
+        inner,
+        pod,
+        &p,
+        claim,
+        read_only,
+        "FailedMapVolume",
+        format!("MapVolume.MarkVolumeAsMounted failed while expanding volume for volume {spec:?}"),
+    )
+    .await?;
     let mut m = mapped_volume(mapped);
     m.csi = Some(Arc::new(p));
     m.claim = Some((claim.to_string(), read_only));
+    // Measured through the driver instead (`csi_volumes`).
+    m.measured = false;
     Ok(m)
 }
 
-/// A raw block volume mapped for the pod: containers get its device link.
-/// Upstream's BlockVolumeMappers offer metrics, but of the device, which
-/// the pod stats here do not read.
+/// Whether CSI PV `pv` is set up (staged) on the node already, for some
+/// pod: upstream's GenerateMountVolumeFunc and GenerateMapVolumeFunc skip
+/// MountDevice / SetUpDevice when the volume's GetDeviceMountState is
+/// DeviceGloballyMounted (operation_generator.go), so a second pod's
+/// set-up publishes only. A volume whose operation is in flight (perhaps a
+/// tear-down that unstages) does not count: staging again is idempotent.
+fn device_set_up(
+    inner: &Inner,
+    pv: &k8s_openapi::api::core::v1::PersistentVolume,
+    block: bool,
+) -> bool {
+    let Some(src) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
+        return false;
+    };
+    let st = inner.state.lock();
+    st.actual.iter().any(|(uid, vols)| {
+        vols.iter().any(|(name, m)| {
+            m.csi.as_ref().is_some_and(|p| {
+                p.driver == src.driver && p.volume_id == src.volume_handle && p.block == block
+            }) && !st.in_flight.contains(&(uid.clone(), name.clone()))
+        })
+    })
+}
+
+/// A raw block volume mapped for the pod: containers get its device link;
+/// its stats are the device's size (upstream's local plugin measures it
+/// with metrics_block.go; a CSI one is asked of its driver instead).
 fn mapped_volume(mapped: super::block::Mapped) -> Mounted {
     Mounted {
         path: mapped.link.clone(),
         owned: None,
         remountable: false,
         refresh_at: None,
-        measured: false,
+        measured: true,
         csi: None,
         claim: None,
         block: Some(Arc::new(mapped)),
@@ -2213,6 +2243,60 @@ mod tests {
         );
         assert_eq!(mounted_plugin(&m(None, true)), "kubernetes.io/local-volume");
         assert_eq!(mounted_plugin(&m(None, false)), "kubernetes.io/host-path");
+    }
+
+    /// Upstream's device mount state is the volume's: a CSI PV another pod
+    /// has set up (and no operation is running on) is staged already, so a
+    /// second pod's set-up publishes only.
+    #[test]
+    fn a_csi_pv_set_up_for_another_pod_counts_as_staged() {
+        let vm = manager(&root("staged"));
+        let pv = |handle: &str| -> k8s_openapi::api::core::v1::PersistentVolume {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "pv1"},
+                "spec": {"csi": {"driver": "d.csi", "volumeHandle": handle}}
+            }))
+            .unwrap()
+        };
+        assert!(!device_set_up(&vm.inner, &pv("h"), true));
+        let published = super::super::csi::mounter::Published {
+            driver: "d.csi".into(),
+            volume_id: "h".into(),
+            target: "/r/t".into(),
+            staging: Some("/r/s".into()),
+            republish: false,
+            block: true,
+        };
+        vm.inner
+            .state
+            .lock()
+            .actual
+            .entry("a".into())
+            .or_default()
+            .insert(
+                "disk".into(),
+                Mounted {
+                    path: "/r/link".into(),
+                    owned: None,
+                    remountable: false,
+                    refresh_at: None,
+                    measured: false,
+                    csi: Some(Arc::new(published)),
+                    claim: None,
+                    block: None,
+                },
+            );
+        assert!(device_set_up(&vm.inner, &pv("h"), true));
+        // Another volume, or the same handle mounted rather than mapped.
+        assert!(!device_set_up(&vm.inner, &pv("h2"), true));
+        assert!(!device_set_up(&vm.inner, &pv("h"), false));
+        // Its operation running (perhaps a tear-down): staged again.
+        vm.inner
+            .state
+            .lock()
+            .in_flight
+            .insert(("a".into(), "disk".into()));
+        assert!(!device_set_up(&vm.inner, &pv("h"), true));
     }
 
     /// A request a podCertificate source waits on reached a terminal state:

@@ -468,6 +468,30 @@ pub fn block_pod(name: &str, node: &str, claim: &str) -> Value {
     })
 }
 
+/// Pod `uid`'s entry for volume `volume` in `/stats/summary`, once there
+/// (within `timeout`).
+pub fn summary_volume(k: &Kubelet, uid: &str, volume: &str, timeout: Duration) -> Value {
+    wait_for(
+        &format!("volume {volume} in /stats/summary"),
+        timeout,
+        || {
+            let (code, body) = http_get(&k.read_only, "/stats/summary")?;
+            if code != 200 {
+                return None;
+            }
+            let s: Value = serde_json::from_str(&body).ok()?;
+            s["pods"]
+                .as_array()?
+                .iter()
+                .find(|p| p["podRef"]["uid"] == uid)?["volume"]
+                .as_array()?
+                .iter()
+                .find(|v| v["name"] == volume)
+                .cloned()
+        },
+    )
+}
+
 /// In container `id` of a [`block_pod`] on a [`marked_loop_disk`]:
 /// `/dev/xvda` is a block device with the host's mark, and what the
 /// container writes at 4096 reaches `backing` (the loop device writes

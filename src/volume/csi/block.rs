@@ -245,9 +245,14 @@ pub async fn set_up(
         volume_id: src.volume_handle.clone(),
         target,
         staging: Some(staging),
-        // Upstream maps a pod's device once (MapPodDevice is skipped for a
-        // mapped volume): no republish.
-        republish: false,
+        // Upstream republishes block volumes too: the CSI plugin's
+        // RequiresRemount (csi_plugin.go) asks only the CSIDriver's
+        // requiresRepublish, MarkRemountRequired marks every volume of the
+        // synced pod, and MountVolume (operation_executor.go) runs
+        // GenerateMapVolumeFunc again for a Block one, which skips
+        // SetUpDevice (the device is globally mounted) but calls
+        // MapPodDevice (NodePublishVolume) and MapBlockVolume each time.
+        republish: object.requires_republish(),
         block: true,
     };
     Ok((published, mapped))
@@ -297,6 +302,15 @@ async fn stage_volume(
         .map_err(|e| e.to_string())
 }
 
+/// Where a block volume's figures are asked for (NodeGetVolumeStats'
+/// volume path): the pod's bind under the global map path,
+/// `volumeDevices/<spec>/dev/<pod uid>`, as upstream's NewBlockVolumeMapper
+/// hands NewMetricsCsi `GetGlobalMapPath + "/" + podUID` (csi_plugin.go).
+pub fn stats_path(p: &Published) -> Option<PathBuf> {
+    let (devices, spec, uid) = parts(p)?;
+    Some(devices.join(spec).join("dev").join(uid))
+}
+
 /// The paths of a published block volume, from its publish path
 /// `volumeDevices/publish/<spec>/<uid>`: (root's volumeDevices dir, spec,
 /// uid).
@@ -310,14 +324,49 @@ fn parts(p: &Published) -> Option<(PathBuf, String, String)> {
 
 /// Upstream's UnmapVolume of a block CSI volume for one pod: the pod's
 /// mapping (`mapped`, or what is on disk after a restart), then
-/// NodeUnpublishVolume of the publish path; then UnmapDevice when no other
-/// pod maps the volume (`still_used` false).
+/// NodeUnpublishVolume of the publish path, timed as the driver's
+/// `unmap_volume` (GenerateUnmapVolumeFunc); then UnmapDevice when no other
+/// pod maps the volume (`still_used` false), timed as its `unmap_device`
+/// (GenerateUnmapDeviceFunc: TearDownDevice and the global map path).
 pub async fn tear_down(
     registry: &Registry,
     p: &Published,
     mapped: Option<std::sync::Arc<Mapped>>,
     still_used: bool,
 ) -> Result<(), String> {
+    let plugin = format!("{PLUGIN_NAME}:{}", p.driver);
+    let started = std::time::Instant::now();
+    let r = unmap_volume(registry, p, mapped).await;
+    crate::metrics::certvol::storage_operation(
+        &plugin,
+        "unmap_volume",
+        started.elapsed(),
+        r.is_ok(),
+    );
+    let service = r?;
+    if !still_used {
+        let (devices, spec, _) = parts(p)
+            .ok_or_else(|| format!("{} is not a CSI block publish path", p.target.display()))?;
+        let started = std::time::Instant::now();
+        let r = tear_down_device(&service, &p.volume_id, &devices, &spec).await;
+        crate::metrics::certvol::storage_operation(
+            &plugin,
+            "unmap_device",
+            started.elapsed(),
+            r.is_ok(),
+        );
+        r?;
+    }
+    Ok(())
+}
+
+/// UnmapBlockVolume and UnmapPodDevice; the driver's client for what
+/// follows.
+async fn unmap_volume(
+    registry: &Registry,
+    p: &Published,
+    mapped: Option<std::sync::Arc<Mapped>>,
+) -> Result<NodeService, String> {
     let (devices, spec, uid) = parts(p)
         .ok_or_else(|| format!("{} is not a CSI block publish path", p.target.display()))?;
     let root_link = p
@@ -330,8 +379,8 @@ pub async fn tear_down(
         format!("unmap block volume {spec} of pod {uid}"),
         FS_DEADLINE,
         move || match (mapped, root_link) {
-            (Some(m), _) => blk::unmap(&m).map_err(|e| e.to_string()),
-            (None, Some(link)) => blk::unmap_paths(&link, &bind).map_err(|e| e.to_string()),
+            (Some(m), _) => blk::unmap_for(&m, None).map_err(|e| e.to_string()),
+            (None, Some(link)) => blk::unmap_paths(&link, &bind, None).map_err(|e| e.to_string()),
             (None, None) => Ok(()),
         },
     )
@@ -349,10 +398,7 @@ pub async fn tear_down(
             ))
         })?;
     info!(driver = %p.driver, volume_id = %p.volume_id, target = %p.target.display(), "CSI block volume unpublished");
-    if !still_used {
-        tear_down_device(&service, &p.volume_id, &devices, &spec).await?;
-    }
-    Ok(())
+    Ok(service)
 }
 
 /// TearDownDevice and upstream's cleanupOrphanDeviceFiles.
@@ -506,7 +552,7 @@ pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> 
                 crate::blocking::try_run(
                     format!("unmap block volume {spec} of pod {uid}"),
                     FS_DEADLINE,
-                    move || blk::unmap_paths(&link, &bind).map_err(|e| e.to_string()),
+                    move || blk::unmap_paths(&link, &bind, None).map_err(|e| e.to_string()),
                 )
                 .await?;
             }
@@ -591,6 +637,11 @@ mod tests {
             p.target.ancestors().nth(7),
             Some(root),
             "the root from a publish path"
+        );
+        // Stats are asked for at the pod's bind under the global map path.
+        assert_eq!(
+            stats_path(&p),
+            Some(global_map_path(root, "pv1").join("u1"))
         );
     }
 

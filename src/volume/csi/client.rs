@@ -98,6 +98,9 @@ impl Capabilities {
     pub fn expand_volume(&self) -> bool {
         self.has(proto::node_service_capability::rpc::Type::ExpandVolume)
     }
+    pub fn volume_condition(&self) -> bool {
+        self.has(proto::node_service_capability::rpc::Type::VolumeCondition)
+    }
 }
 
 /// NodeGetVolumeStats' answer, by unit.

@@ -1573,13 +1573,13 @@ mod tests {
             block: false,
         };
         let t = Duration::from_secs(10);
-        let e = super::super::metrics::volume_stats(&registry, &p, t)
+        let e = super::super::metrics::volume_stats(&registry, &p, t, false)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("not found in the list"), "{e}");
         let without = FakeNode::default();
         register(&root, &registry, "d.csi", without.clone());
-        assert!(super::super::metrics::volume_stats(&registry, &p, t)
+        assert!(super::super::metrics::volume_stats(&registry, &p, t, false)
             .await
             .unwrap()
             .is_none());
@@ -1593,7 +1593,7 @@ mod tests {
             driver: "d2.csi".into(),
             ..p
         };
-        let s = super::super::metrics::volume_stats(&registry, &p, t)
+        let s = super::super::metrics::volume_stats(&registry, &p, t, false)
             .await
             .unwrap()
             .unwrap();
@@ -1608,10 +1608,53 @@ mod tests {
             ),
             (1000, 700, 300, 100, 90, 10)
         );
-        assert_eq!(s.condition, Some((true, "disk on fire".to_string())));
+        // CSIVolumeHealth off (the default): the condition is not read.
+        assert_eq!(s.condition, None);
         let asked = with.calls.lock().stats[0].clone();
         assert_eq!(asked.volume_id, "h");
         assert_eq!(asked.volume_path, p.target.to_string_lossy());
+        // With the gate on, only a driver with VOLUME_CONDITION has its
+        // condition read (csi_client.go's nodeSupportsVolumeCondition).
+        let s = super::super::metrics::volume_stats(&registry, &p, t, true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.condition, None);
+        let healthy = FakeNode {
+            caps: vec![CapType::GetVolumeStats, CapType::VolumeCondition],
+            ..Default::default()
+        };
+        register(&root, &registry, "d4.csi", healthy);
+        let p4 = Published {
+            driver: "d4.csi".into(),
+            ..p.clone()
+        };
+        let s = super::super::metrics::volume_stats(&registry, &p4, t, true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.condition, Some((true, "disk on fire".to_string())));
+        let s = super::super::metrics::volume_stats(&registry, &p4, t, false)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.condition, None);
+        // A raw block volume's figures are asked for at the pod's bind
+        // under the global map path (NewBlockVolumeMapper's NewMetricsCsi).
+        let block = Published {
+            target: super::super::block::publish_path(&root, "pv1", "u1"),
+            block: true,
+            ..p.clone()
+        };
+        super::super::metrics::volume_stats(&registry, &block, t, false)
+            .await
+            .unwrap()
+            .unwrap();
+        let asked = with.calls.lock().stats.last().cloned().unwrap();
+        assert_eq!(
+            Path::new(&asked.volume_path),
+            super::super::block::global_map_path(&root, "pv1").join("u1")
+        );
         // An answer without usage is an error (upstream), not zeros.
         let empty = FakeNode {
             caps: vec![CapType::GetVolumeStats],
@@ -1623,7 +1666,7 @@ mod tests {
             driver: "d3.csi".into(),
             ..p
         };
-        let e = super::super::metrics::volume_stats(&registry, &p, t)
+        let e = super::super::metrics::volume_stats(&registry, &p, t, false)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("usage is nil"), "{e}");
