@@ -53,3 +53,20 @@ pub fn tempdir(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// A kubeconfig in `dir` for a plain-HTTP test server at `addr`, with no
+/// credentials.
+pub fn plain_http_kubeconfig(
+    dir: &std::path::Path,
+    addr: std::net::SocketAddr,
+) -> std::path::PathBuf {
+    let kc = dir.join("kubeconfig");
+    std::fs::write(
+        &kc,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    kc
+}

@@ -285,14 +285,7 @@ mod tests {
         });
         let server = tokio::spawn(async move { axum::serve(listener, app).await });
         let dir = crate::testutil::tempdir("apiclient-heartbeat");
-        let kc = dir.join("kubeconfig");
-        std::fs::write(
-            &kc,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
-            ),
-        )
-        .unwrap();
+        let kc = crate::testutil::plain_http_kubeconfig(&dir, addr);
         let api = ApiClient::from_kubeconfig(&kc, 50, 100).await.unwrap();
         let host = addr.to_string();
         let throttled = || crate::metrics::rest_client_throttled_count(&host, "GET");

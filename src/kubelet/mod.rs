@@ -913,6 +913,7 @@ impl ClusterTasks {
                 api.clone(),
                 node_cfg.node_name.clone(),
                 node_cfg.lease_duration_seconds,
+                node_cfg.heartbeat_timeout(),
                 registered_rx.clone(),
                 self.api_health.clone(),
                 token.child_token(),

@@ -54,11 +54,15 @@ pub fn renewed(base: Option<Lease>, node: &str, node_uid: Option<&str>, duration
 }
 
 /// Renews the lease until `token` is cancelled. `node_uid` is the
-/// registered Node's UID once known (for the owner reference).
+/// registered Node's UID once known (for the owner reference). Each renewal
+/// may take `try_timeout` (upstream's heartbeat client timeout, the smaller
+/// of the status period and the lease duration): a hung request is given
+/// up and retried, and shutdown never waits for one.
 pub async fn run(
     api: ApiClient,
     node: String,
     duration_seconds: i32,
+    try_timeout: Duration,
     mut node_uid: tokio::sync::watch::Receiver<Option<String>>,
     health: crate::apiclient::ApiHealth,
     token: CancellationToken,
@@ -68,7 +72,16 @@ pub async fn run(
     let mut backoff = Duration::from_millis(200);
     loop {
         let uid = node_uid.borrow_and_update().clone();
-        let wait = match renew(&api, &node, uid.as_deref(), duration_seconds, latest.take()).await {
+        let tried = tokio::select! {
+            _ = token.cancelled() => return,
+            r = tokio::time::timeout(
+                try_timeout,
+                renew(&api, &node, uid.as_deref(), duration_seconds, latest.take()),
+            ) => r
+                .map_err(|_| format!("no answer within {try_timeout:?}"))
+                .and_then(|r| r.map_err(|e| e.to_string())),
+        };
+        let wait = match tried {
             Ok(l) => {
                 health.ok();
                 latest = Some(l);
@@ -76,7 +89,7 @@ pub async fn run(
                 interval
             }
             Err(e) => {
-                health.failed(e.to_string());
+                health.failed(e.clone());
                 warn!(node = %node, error = %e, "failed to renew the node lease, will retry");
                 let w = backoff;
                 backoff = (backoff * 2).min(Duration::from_secs(7));
@@ -124,6 +137,56 @@ async fn renew(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lease renewal the API server never answers is given up after the
+    /// heartbeat timeout (reported, then retried), and cancelling the task
+    /// ends it while a renewal hangs.
+    #[tokio::test]
+    async fn a_hung_renewal_times_out_and_never_holds_shutdown() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Accepts and reads nothing back: every request hangs.
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                held.push(sock);
+            }
+        });
+        let dir = crate::testutil::tempdir("lease-hung");
+        let kc = crate::testutil::plain_http_kubeconfig(&dir, addr);
+        let api = ApiClient::from_kubeconfig(&kc, 50, 100).await.unwrap();
+        let health = crate::apiclient::ApiHealth::default();
+        let token = CancellationToken::new();
+        let (_uid_tx, uid_rx) = tokio::sync::watch::channel(None);
+        let task = tokio::spawn(run(
+            api,
+            "n".into(),
+            40,
+            Duration::from_millis(300),
+            uid_rx,
+            health.clone(),
+            token.clone(),
+        ));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match health.status() {
+                Err(e) if e.contains("no answer within") => break,
+                other => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "renewal not given up: {other:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The task is in a renewal or its backoff: cancelling ends it.
+        token.cancel();
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("the lease task ends when cancelled")
+            .unwrap();
+        server.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_40_second_lease_is_renewed_every_10_seconds() {

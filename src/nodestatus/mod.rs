@@ -114,6 +114,18 @@ pub struct NodeConfig {
     pub facts: Arc<parking_lot::RwLock<crate::lifecycle::NodeFacts>>,
 }
 
+impl NodeConfig {
+    /// Upstream's heartbeat client timeout (cmd/kubelet/app/server.go): the
+    /// smaller of the status period and the lease duration, so a hung
+    /// request cannot eat the period.
+    pub fn heartbeat_timeout(&self) -> Duration {
+        let lease = Duration::from_secs(self.lease_duration_seconds.max(1) as u64);
+        self.update_frequency
+            .min(lease)
+            .max(Duration::from_millis(100))
+    }
+}
+
 /// What changes at run time: the health behind the Ready condition, the
 /// runtime's version and the node's images.
 #[derive(Debug, Clone, Default)]
@@ -741,13 +753,7 @@ pub async fn run(
         &NodeStatus::default(),
         &node.status.clone().unwrap_or_default(),
     );
-    // Upstream's heartbeat client timeout: the smaller of the status period
-    // and the lease duration, so a hung request cannot eat the period.
-    let lease = Duration::from_secs(cfg.lease_duration_seconds.max(1) as u64);
-    let try_timeout = cfg
-        .update_frequency
-        .min(lease)
-        .max(Duration::from_millis(100));
+    let try_timeout = cfg.heartbeat_timeout();
     let mut last_report: Option<tokio::time::Instant> = None;
     let mut failures = Throttle::new(Duration::from_secs(60));
     let mut tick = tokio::time::interval(cfg.update_frequency.max(Duration::from_millis(100)));
