@@ -177,6 +177,10 @@ struct State {
     desired: HashMap<String, Desired>,
     actual: HashMap<String, HashMap<String, Mounted>>,
     in_flight: HashSet<(String, String)>,
+    /// The in-flight operations that tear a volume down (and may unstage
+    /// its device); the others (a republish, an expansion check) leave the
+    /// device staged.
+    tearing_down: HashSet<(String, String)>,
     failures: HashMap<(String, String), Failure>,
     /// When each (pod, volume) was first asked to be set up (upstream's
     /// podToMount.mountRequestTime; renewed at each set-up of a volume
@@ -757,7 +761,8 @@ impl VolumeManager {
                 if st.in_flight.contains(&key) {
                     continue;
                 }
-                st.in_flight.insert(key);
+                st.in_flight.insert(key.clone());
+                st.tearing_down.insert(key);
                 ops.push(Op::Unmount {
                     uid: uid.clone(),
                     name: name.clone(),
@@ -1000,6 +1005,7 @@ impl VolumeManager {
                 }
                 let mut st = self.inner.state.lock();
                 st.in_flight.remove(&(uid.clone(), name.clone()));
+                st.tearing_down.remove(&(uid.clone(), name.clone()));
                 match r {
                     Ok(()) => {
                         debug!(pod_uid = %uid, volume = %name, "volume torn down");
@@ -1504,8 +1510,9 @@ async fn csi_block(
 /// pod: upstream's GenerateMountVolumeFunc and GenerateMapVolumeFunc skip
 /// MountDevice / SetUpDevice when the volume's GetDeviceMountState is
 /// DeviceGloballyMounted (operation_generator.go), so a second pod's
-/// set-up publishes only. A volume whose operation is in flight (perhaps a
-/// tear-down that unstages) does not count: staging again is idempotent.
+/// set-up publishes only. A volume being torn down (which may unstage it)
+/// does not count: staging again is idempotent. Its other operations (a
+/// republish, the expansion check of a pod sync) leave it staged.
 fn device_set_up(
     inner: &Inner,
     pv: &k8s_openapi::api::core::v1::PersistentVolume,
@@ -1519,7 +1526,7 @@ fn device_set_up(
         vols.iter().any(|(name, m)| {
             m.csi.as_ref().is_some_and(|p| {
                 p.driver == src.driver && p.volume_id == src.volume_handle && p.block == block
-            }) && !st.in_flight.contains(&(uid.clone(), name.clone()))
+            }) && !st.tearing_down.contains(&(uid.clone(), name.clone()))
         })
     })
 }
@@ -2290,11 +2297,20 @@ mod tests {
         // Another volume, or the same handle mounted rather than mapped.
         assert!(!device_set_up(&vm.inner, &pv("h2"), true));
         assert!(!device_set_up(&vm.inner, &pv("h"), false));
-        // Its operation running (perhaps a tear-down): staged again.
+        // Another of its operations running (the expansion check of a
+        // pod sync, a republish): still staged. A flaky stage, publish,
+        // stage, publish came from counting those as tear-downs.
         vm.inner
             .state
             .lock()
             .in_flight
+            .insert(("a".into(), "disk".into()));
+        assert!(device_set_up(&vm.inner, &pv("h"), true));
+        // Its tear-down running (it may unstage): staged again.
+        vm.inner
+            .state
+            .lock()
+            .tearing_down
             .insert(("a".into(), "disk".into()));
         assert!(!device_set_up(&vm.inner, &pv("h"), true));
     }
