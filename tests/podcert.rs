@@ -99,6 +99,15 @@ fn deny(api: &ApiServer, req: &Value) {
     api.update_status(r);
 }
 
+/// Waits for pod `name`'s first container to run; its CRI ID.
+fn running_container_id(api: &ApiServer, name: &str) -> String {
+    let p = wait_for("the pod Running", T, || {
+        api.get("pods", Some("default"), name)
+            .filter(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
+    });
+    container_id(&p)
+}
+
 fn container_id(p: &Value) -> String {
     p["status"]["containerStatuses"][0]["containerID"]
         .as_str()
@@ -294,11 +303,7 @@ fn a_pod_waits_for_its_certificates_then_reads_key_and_chain_and_they_refresh() 
     // 8 s at the latest.
     issue(&api, ed, &chain_ed, unix_now() - 300 + 8);
     issue(&api, ec, &chain_ec, unix_now() + 86400);
-    let p = wait_for("the pod Running", T, || {
-        api.get("pods", Some("default"), &name)
-            .filter(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
-    });
-    let id = container_id(&p);
+    let id = running_container_id(&api, &name);
     let bundle = cat(&k, &id, "bundle.pem");
     assert!(
         bundle.starts_with("-----BEGIN PRIVATE KEY-----\n"),
@@ -353,11 +358,7 @@ fn an_ecdsa_p384_key_is_requested_with_its_proof_and_served() {
     assert_eq!((key_spki.len(), key_spki[23]), (120, 4));
     let chain = ca_certificate_pem("p384");
     issue(&api, &req, &chain, unix_now() + 86400);
-    let p = wait_for("the pod Running", T, || {
-        api.get("pods", Some("default"), &name)
-            .filter(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
-    });
-    let id = container_id(&p);
+    let id = running_container_id(&api, &name);
     assert_eq!(cat(&k, &id, "tls.crt"), chain);
     let key = pem_der(&cat(&k, &id, "tls.key"), "PRIVATE KEY");
     assert_eq!(public_of("ECDSAP384", &key), key_spki[23..]);
@@ -398,11 +399,7 @@ fn rsa3072_and_p521_keys_are_requested_with_their_proofs_and_served_as_bundles()
     let (chain_rsa, chain_ec) = (ca_certificate_pem("rsa"), ca_certificate_pem("p521"));
     issue(&api, rsa_req, &chain_rsa, unix_now() + 86400);
     issue(&api, ec_req, &chain_ec, unix_now() + 86400);
-    let p = wait_for("the pod Running", T, || {
-        api.get("pods", Some("default"), &name)
-            .filter(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
-    });
-    let id = container_id(&p);
+    let id = running_container_id(&api, &name);
     for (file, key_type, req, chain, header) in [
         ("rsa.pem", "RSA3072", rsa_req, &chain_rsa, 24),
         ("p521.pem", "ECDSAP521", ec_req, &chain_ec, 25),
@@ -564,16 +561,13 @@ fn issuance_wakes_the_volume_before_its_backoff_retry() {
     });
     let chain = ca_certificate_pem("wake");
     issue(&api, &req, &chain, unix_now() + 86400);
-    let p = wait_for("the pod Running", T, || {
-        api.get("pods", Some("default"), &name)
-            .filter(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
-    });
+    let id = running_container_id(&api, &name);
     let seen_running = std::time::Instant::now();
     assert!(
         seen_running < retry_not_before,
         "the pod started only at the volume's backoff retry: the watch did not wake it"
     );
-    assert!(cat(&k, &container_id(&p), "bundle.pem").ends_with(&chain));
+    assert!(cat(&k, &id, "bundle.pem").ends_with(&chain));
     delete_pod(&api, &name);
     drop(k);
 }

@@ -1902,24 +1902,30 @@ pub fn volume_stats_measured(source: &str, took: Duration) {
 /// (tests).
 #[cfg(test)]
 pub fn rest_client_throttled_count(host: &str, verb: &str) -> u64 {
-    let mut r = Registry::default();
-    r.register("v", "", METRICS.rest_client_rate_limiter_duration.clone());
-    let mut text = String::new();
-    encode(&mut text, &r).unwrap_or_default();
-    let want = format!("v_count{{host=\"{host}\",verb=\"{verb}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&want)?.parse().ok())
-        .unwrap_or(0)
+    histogram_count(
+        METRICS.rest_client_rate_limiter_duration.clone(),
+        &format!("host=\"{host}\",verb=\"{verb}\""),
+    )
 }
 
 /// How many `source` measurements were timed (tests).
 #[cfg(test)]
 pub fn volume_stats_measured_count(source: &str) -> u64 {
+    histogram_count(
+        METRICS.volume_metric_collection_duration.clone(),
+        &format!("metric_source=\"{source}\""),
+    )
+}
+
+/// The observation count of one series (`labels` as written) of a
+/// histogram family (tests).
+#[cfg(test)]
+fn histogram_count(family: impl prometheus_client::registry::Metric, labels: &str) -> u64 {
     let mut r = Registry::default();
-    r.register("v", "", METRICS.volume_metric_collection_duration.clone());
+    r.register("v", "", family);
     let mut text = String::new();
     encode(&mut text, &r).unwrap_or_default();
-    let want = format!("v_count{{metric_source=\"{source}\"}} ");
+    let want = format!("v_count{{{labels}}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&want)?.parse().ok())
         .unwrap_or(0)
