@@ -6,6 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $(id -u) == 0 ]] || { echo "scripts/test.sh must run as root (it drives containerd)" >&2; exit 1; }
 source scripts/lib-cargo.sh
+# A one-off build gains nothing from incremental caches, which would take
+# several GB of disk on top of the build.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+# Say so plainly when the disk is too small, not as a linker crash later.
+mkdir -p target
+avail_kb=$(df -Pk target | awk 'NR==2 {print $4}')
+if (( avail_kb < 6 * 1024 * 1024 )); then
+    echo "scripts/test.sh: only $((avail_kb / 1024)) MiB free under $(pwd)/target; the build needs about 6 GiB" >&2
+    exit 1
+fi
 
 ./scripts/setup.sh
 # One kubelet per node: a demo rkubelet would clean up the tests' pods as
