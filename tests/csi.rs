@@ -50,6 +50,10 @@ struct Calls {
     expanded: Vec<proto::NodeExpandVolumeRequest>,
     /// Every stage, publish, unpublish and unstage in order.
     log: Vec<&'static str>,
+    /// The volume a slow NodeUnstageVolume is working on.
+    unstaging: Option<String>,
+    /// Calls that came for a volume while its unstage was in flight.
+    overlaps: Vec<String>,
 }
 
 #[derive(Clone, Default)]
@@ -67,6 +71,23 @@ struct FakeDriver {
     /// Reports VOLUME_CONDITION: NodeGetVolumeStats answers this
     /// condition (abnormal, message).
     condition: Option<(bool, &'static str)>,
+    /// A slow driver: NodeUnstageVolume takes this long, or less when
+    /// another call for the same volume arrives meanwhile (recorded in
+    /// `Calls::overlaps`, which the CSI spec forbids the CO to send).
+    slow_unstage: Option<Duration>,
+    overlap: Arc<tokio::sync::Notify>,
+}
+
+impl FakeDriver {
+    /// Records `what` as an overlap when volume `id` is being unstaged.
+    fn entered(&self, id: &str, what: &str) {
+        let mut c = self.calls.lock();
+        if c.unstaging.as_deref() == Some(id) {
+            c.overlaps
+                .push(format!("{what} of {id} during its unstage"));
+            self.overlap.notify_one();
+        }
+    }
 }
 
 /// What the fake driver's NodeGetVolumeStats answers: bytes
@@ -174,6 +195,7 @@ impl node_server::Node for FakeDriver {
             return Err(Status::unimplemented("no staging"));
         }
         let r = r.into_inner();
+        self.entered(&r.volume_id, "NodeStageVolume");
         let g = PathBuf::from(&r.staging_target_path);
         if let Some(dev) = block_device(&r.volume_capability, &r.volume_context) {
             // A raw block volume: the device bound onto a file in the
@@ -212,7 +234,9 @@ impl node_server::Node for FakeDriver {
         .await
         .unwrap()
         .map_err(|e| Status::internal(e.to_string()))?;
-        self.calls.lock().staged.push(r);
+        let mut c = self.calls.lock();
+        c.staged.push(r);
+        c.log.push("stage");
         Ok(Response::new(proto::NodeStageVolumeResponse {}))
     }
     async fn node_unstage_volume(
@@ -220,6 +244,12 @@ impl node_server::Node for FakeDriver {
         r: Request<proto::NodeUnstageVolumeRequest>,
     ) -> Result<Response<proto::NodeUnstageVolumeResponse>, Status> {
         let r = r.into_inner();
+        self.entered(&r.volume_id, "NodeUnstageVolume");
+        if let Some(d) = self.slow_unstage {
+            self.calls.lock().unstaging = Some(r.volume_id.clone());
+            let _ = tokio::time::timeout(d, self.overlap.notified()).await;
+            self.calls.lock().unstaging = None;
+        }
         unmount_and_remove(PathBuf::from(&r.staging_target_path)).await?;
         let mut c = self.calls.lock();
         c.unstaged.push(r);
@@ -233,6 +263,7 @@ impl node_server::Node for FakeDriver {
         r: Request<proto::NodePublishVolumeRequest>,
     ) -> Result<Response<proto::NodePublishVolumeResponse>, Status> {
         let r = r.into_inner();
+        self.entered(&r.volume_id, "NodePublishVolume");
         let target = PathBuf::from(&r.target_path);
         if let Some(dev) = block_device(&r.volume_capability, &r.volume_context) {
             // A raw block volume: the driver creates the publish path as a
@@ -288,7 +319,9 @@ impl node_server::Node for FakeDriver {
         .await
         .unwrap()
         .map_err(|e| Status::internal(e.to_string()))?;
-        self.calls.lock().published.push(r);
+        let mut c = self.calls.lock();
+        c.published.push(r);
+        c.log.push("publish");
         Ok(Response::new(proto::NodePublishVolumeResponse {}))
     }
     async fn node_unpublish_volume(
@@ -296,6 +329,7 @@ impl node_server::Node for FakeDriver {
         r: Request<proto::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
         let r = r.into_inner();
+        self.entered(&r.volume_id, "NodeUnpublishVolume");
         unmount_and_remove(PathBuf::from(&r.target_path)).await?;
         let mut c = self.calls.lock();
         c.unpublished.push(r);
@@ -744,19 +778,7 @@ fn an_inline_volume_of_a_driver_without_ephemeral_mode_is_refused_as_upstream() 
     });
     // No CSIDriver object: only persistent volumes (upstream).
     let name = format!("nomode-{node}");
-    api.create(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "data", "csi": {"driver": DRIVER}}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
-            }]
-        }
-    }));
+    api.create(data_pod(&name, node, json!({"csi": {"driver": DRIVER}})));
     let msg = wait_for("FailedMount for the missing CSIDriver", T, || {
         failed_mounts(&api, &name).into_iter().next()
     });
@@ -800,19 +822,7 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
     api.update_status(bound);
 
     let name = format!("pv-{node}");
-    api.create(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
-            }]
-        }
-    }));
+    api.create(claim_pod(&name, node, "claim"));
     let p = running_pod(&api, &name);
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
     let global = root.join(format!(
@@ -915,6 +925,100 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
     assert_eq!(n["metadata"]["labels"]["topology.fake.csi/zone"], "z1");
 }
 
+/// A pod whose container has volume `data` (of `source`) at /data.
+fn data_pod(name: &str, node: &str, mut source: Value) -> Value {
+    source["name"] = json!("data");
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [source],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+            }]
+        }
+    })
+}
+
+/// A pod on claim `claim` with its volume at /data.
+fn claim_pod(name: &str, node: &str, claim: &str) -> Value {
+    data_pod(
+        name,
+        node,
+        json!({"persistentVolumeClaim": {"claimName": claim}}),
+    )
+}
+
+/// Pod B comes for a volume while pod A's tear-down is unstaging it on a
+/// slow driver: B's set-up waits for the unstage (no call for the volume
+/// while it is in flight), then stages and publishes it again. Before,
+/// B's stage and publish went to the driver during A's unstage, which
+/// then removed what B had just published.
+#[test]
+fn a_volume_being_unstaged_for_one_pod_is_staged_again_for_the_next_only_afterwards() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-csi-serial";
+    let k = cluster_kubelet(node, &api);
+    // The window in which a second call would overlap: an unstage ends
+    // early when one arrives, so only the fixed kubelet waits it out.
+    let driver = FakeDriver {
+        stages: true,
+        slow_unstage: Some(Duration::from_secs(4)),
+        ..Default::default()
+    };
+    let _rt = driver_with_object(
+        &api,
+        &k,
+        &driver,
+        json!({"attachRequired": false, "volumeLifecycleModes": ["Persistent"]}),
+    );
+    bound_csi_claim(&api, "csi-serial-pv", "vol-s");
+    let (a, b) = (format!("a-{node}"), format!("b-{node}"));
+    api.create(claim_pod(&a, node, "claim"));
+    running_pod(&api, &a);
+    assert_eq!(driver.calls.lock().log, ["stage", "publish"]);
+
+    api.delete("pods", Some("default"), &a, Some(0));
+    wait_for("pod a's unstage in flight", T, || {
+        driver.calls.lock().unstaging.is_some().then_some(())
+    });
+    api.create(claim_pod(&b, node, "claim"));
+    let p = running_pod(&api, &b);
+    let calls = driver.calls.lock();
+    assert_eq!(calls.overlaps, Vec::<String>::new());
+    assert_eq!(
+        calls.log,
+        [
+            "stage",
+            "publish",
+            "unpublish",
+            "unstage",
+            "stage",
+            "publish"
+        ]
+    );
+    drop(calls);
+    let out = k
+        .cri
+        .rt
+        .block_on(k.cri.client.exec_sync(
+            &container_id(&p),
+            vec!["cat".into(), "/data/hello".into()],
+            10,
+        ))
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "staged vol-s");
+
+    api.delete("pods", Some("default"), &b, Some(0));
+    wait_for("pod b's unstage", T, || {
+        (driver.calls.lock().unstaged.len() == 2).then_some(())
+    });
+    assert_eq!(driver.calls.lock().overlaps, Vec::<String>::new());
+}
+
 #[test]
 fn a_pod_deleted_while_rkubelet_was_down_has_its_csi_volume_unpublished_after_restart() {
     let api = ApiServer::start(ApiServerOptions::default());
@@ -930,19 +1034,7 @@ fn a_pod_deleted_while_rkubelet_was_down_has_its_csi_volume_unpublished_after_re
         "spec": {"volumeLifecycleModes": ["Ephemeral"]}
     }));
     let name = format!("gone-{node}");
-    api.create(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "data", "csi": {"driver": DRIVER}}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
-            }]
-        }
-    }));
+    api.create(data_pod(&name, node, json!({"csi": {"driver": DRIVER}})));
     let p = running_pod(&api, &name);
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
     let pod_dir = root.join("pods").join(&uid);
@@ -1137,19 +1229,7 @@ fn a_staged_volume_of_a_pod_deleted_while_rkubelet_was_down_is_unstaged_after_re
     let _rt = driver_with_object(&api, &k, &driver, json!({"attachRequired": false}));
     bound_csi_claim(&api, "restart-pv", "vol-r");
     let name = format!("gone-{node}");
-    api.create(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
-            }]
-        }
-    }));
+    api.create(claim_pod(&name, node, "claim"));
     let p = running_pod(&api, &name);
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
     let pod_dir = root.join("pods").join(&uid);
@@ -1212,19 +1292,7 @@ fn a_volume_that_needs_attaching_waits_for_the_controller_and_gets_its_metadata_
     assert_eq!(d["spec"]["attachRequired"], true);
     bound_csi_claim(&api, "att-pv", "vol-a");
     let name = format!("att-{node}");
-    api.create(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
-            }]
-        }
-    }));
+    api.create(claim_pod(&name, node, "claim"));
     // Upstream's unique volume name, reported in use before anything is
     // attached (so the controller may attach it and never detaches it).
     let unique = format!("kubernetes.io/csi/{DRIVER}^vol-a");
@@ -1370,19 +1438,7 @@ fn volumes_in_use_are_not_dropped_while_a_restarted_kubelet_sets_its_volumes_up_
         .unwrap();
     assert_eq!(r.status, 200, "{:?}", r.body);
     let name = format!("rs-{node}");
-    api.create(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
-            }]
-        }
-    }));
+    api.create(claim_pod(&name, node, "claim"));
     running_pod(&api, &name);
     assert_eq!(volumes_in_use(&api, node), json!([unique]));
     assert_eq!(driver.calls.lock().published.len(), 1);
@@ -1488,19 +1544,7 @@ fn a_grown_volume_is_expanded_online_and_its_claim_gets_the_new_capacity() {
         "metadata": {"name": "expand-secret", "namespace": "default"},
         "data": {"expandkey": "c2VjcmV0"}}));
     let name = format!("ex-{node}");
-    api.create(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
-            }]
-        }
-    }));
+    api.create(claim_pod(&name, node, "claim"));
     let p = running_pod(&api, &name);
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
     assert!(driver.calls.lock().expanded.is_empty());
@@ -1614,19 +1658,7 @@ fn a_claim_whose_resize_waits_for_the_node_is_expanded_before_its_pod_starts() {
         "allocatedResourceStatuses": {"storage": "NodeResizePending"}});
     api.update_status(bound);
     let name = format!("exm-{node}");
-    api.create(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "exec sleep 3600"],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}]
-            }]
-        }
-    }));
+    api.create(claim_pod(&name, node, "claim"));
     // The PV's nodeExpandSecretRef names a secret not there yet: the
     // expansion fails as upstream's (the claim gets NodeResizeError, the
     // pod a FailedMount) and the driver is not asked.

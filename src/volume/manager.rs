@@ -203,6 +203,8 @@ struct Inner {
     orphans: Mutex<(bool, HashMap<String, Instant>)>,
     /// The CSI drivers registered on this node.
     csi: super::csi::Registry,
+    /// One operation at a time per CSI persistent volume, across pods.
+    volume_locks: super::locks::VolumeLocks,
 }
 
 /// The handle pod workers and servers hold; cheap to clone.
@@ -246,6 +248,7 @@ impl VolumeManager {
                 tasks: Default::default(),
                 orphans: Default::default(),
                 csi: Default::default(),
+                volume_locks: Default::default(),
             }),
         }
     }
@@ -790,6 +793,11 @@ impl VolumeManager {
                 mounted,
             } => {
                 if let (Some(p), Some((claim, read_only))) = (&mounted.csi, &mounted.claim) {
+                    let _guard = self
+                        .inner
+                        .volume_locks
+                        .lock(&super::csi::attach::unique_name(&p.driver, &p.volume_id))
+                        .await;
                     let mut due = None;
                     let r = super::csi::expand::expand_in_use(
                         &self.inner.csi,
@@ -828,7 +836,10 @@ impl VolumeManager {
                     .and_then(|g| g.get(&volume.name))
                     .is_some();
                 let started = Instant::now();
-                let r = set_up(&self.inner, &pod, &volume, had).await;
+                // Held until the actual state has the result, so another
+                // pod's tear-down sees this pod among the volume's users.
+                let mut guard = None;
+                let r = set_up(&self.inner, &pod, &volume, had, &mut guard).await;
                 let plugin = r
                     .as_ref()
                     .map_or_else(|_| spec_plugin(&volume), |m| Some(mounted_plugin(m)));
@@ -872,6 +883,7 @@ impl VolumeManager {
                             .insert(volume.name.clone(), m);
                     }
                     Err(f) => {
+                        drop(guard.take());
                         let attempts = st.failures.get(&key).map_or(0, |f| f.attempts) + 1;
                         let wait = RETRY_INITIAL
                             .saturating_mul(1 << (attempts - 1).min(16))
@@ -918,6 +930,17 @@ impl VolumeManager {
                 }
             }
             Op::Unmount { uid, name, mounted } => {
+                // Until this pod leaves the actual state: a set-up waiting
+                // for the volume then sees whether it is still staged.
+                let _guard = match &mounted.csi {
+                    Some(p) if p.staging.is_some() || mounted.claim.is_some() => Some(
+                        self.inner
+                            .volume_locks
+                            .lock(&super::csi::attach::unique_name(&p.driver, &p.volume_id))
+                            .await,
+                    ),
+                    _ => None,
+                };
                 let (plugin, started) = (mounted_plugin(&mounted), Instant::now());
                 // A staged volume is unstaged when no other pod still
                 // publishes it.
@@ -1219,7 +1242,15 @@ fn plugin_dir(root: &Path, uid: &str, plugin: &str, name: &str) -> PathBuf {
 
 /// Sets up (or writes again) one volume.
 /// `had`: the volume is set up already (a remount or republish).
-async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mounted, Failed> {
+/// `guard` takes the volume's lock when it is a CSI persistent volume
+/// (known once its claim is resolved).
+async fn set_up(
+    inner: &Inner,
+    pod: &Pod,
+    v: &Volume,
+    had: bool,
+    guard: &mut Option<super::locks::VolumeGuard>,
+) -> Result<Mounted, Failed> {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let root = &inner.root;
     if let Some(hp) = &v.host_path {
@@ -1301,6 +1332,10 @@ async fn set_up(inner: &Inner, pod: &Pod, v: &Volume, had: bool) -> Result<Mount
         // volumeMounts / volumeDevices.
         let block = super::block::is_block(&pv);
         super::block::check_use(pod, &v.name, block).map_err(Failed::process)?;
+        if let Some(src) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+            let key = super::csi::attach::unique_name(&src.driver, &src.volume_handle);
+            *guard = Some(inner.volume_locks.lock(&key).await);
+        }
         // Staged already when set up before, for this pod or another
         // (upstream's device mount state is the volume's).
         let staged = had || device_set_up(inner, &pv, block);
