@@ -1,12 +1,13 @@
 //! The rkubelet binary: flags, config file, logging, then the kubelet until
 //! SIGTERM/SIGINT. Errors stop here as anyhow; pods keep running on exit.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use rkubelet::config::flags::{self, FlagError, VersionMode};
-use rkubelet::config::{self, KubeletConfiguration};
+use rkubelet::config::{self, features, KubeletConfiguration};
 use rkubelet::kubelet::{self, KubeletOptions, KUBERNETES_VERSION};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -100,10 +101,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Upstream's `SetFromMap` at startup (`cmd/kubelet/app/server.go`): an
+/// unknown or locked gate ends it; setting a GA or deprecated gate warns.
+fn set_feature_gates(gates: &BTreeMap<String, bool>) -> anyhow::Result<Vec<String>> {
+    features::check(gates).context("failed to set feature gates from initial flags-based config")
+}
+
 fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
     for w in &flags.deprecation_warnings {
         warn!("{w}");
     }
+    // Upstream sets the command line's gates before it reads the config
+    // file, and the merged ones after.
+    let mut from_flags = KubeletConfiguration::default();
+    flags.apply(&mut from_flags);
+    set_feature_gates(&from_flags.feature_gates)?;
     let mut cfg = match &flags.config {
         Some(path) => {
             let (cfg, warnings) = config::load_file(path).with_context(|| {
@@ -117,6 +129,9 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
         None => KubeletConfiguration::default(),
     };
     flags.apply(&mut cfg);
+    for w in set_feature_gates(&cfg.feature_gates)? {
+        warn!("{w}");
+    }
     cfg.validate().context("invalid kubelet configuration")?;
     let baseline = config::honesty::baseline(flags.config.is_some());
     for w in config::honesty::unimplemented_settings(&cfg, &baseline, &flags) {

@@ -1,4 +1,5 @@
-//! The command line behaves like upstream's: --version, unknown flags.
+//! The command line behaves like upstream's: --version, unknown flags,
+//! unknown and locked feature gates.
 
 use std::process::Command;
 
@@ -36,4 +37,41 @@ fn broken_config_file_exits_one_naming_the_file() {
     std::fs::remove_file(&path).unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains(path.to_str().unwrap()));
+}
+
+#[test]
+fn unknown_feature_gate_flag_exits_one_with_upstreams_message() {
+    // cmd/kubelet/app/server.go sets the command line's gates before
+    // anything else runs.
+    let out = rkubelet(&["--feature-gates=NoSuchGate=true"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "failed to set feature gates from initial flags-based config: unrecognized feature gate: NoSuchGate"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn locked_feature_gate_in_the_config_file_exits_one_with_upstreams_message() {
+    let path = std::env::temp_dir().join(format!("rkubelet-gates-{}.yaml", std::process::id()));
+    std::fs::write(
+        &path,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         featureGates:\n  NodeSwap: false\n",
+    )
+    .unwrap();
+    let out = rkubelet(&["--config", path.to_str().unwrap()]);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "failed to set feature gates from initial flags-based config: \
+             cannot set feature gate NodeSwap to false, feature is locked to true"
+        ),
+        "{err}"
+    );
 }

@@ -69,6 +69,24 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
         value(&s, "kubelet_node_name", &[("node", "it-metrics")]),
         Some(1.0)
     );
+    // The gates as set at start (featuregate's AddMetrics): GA gates have
+    // an empty stage.
+    assert_eq!(
+        value(
+            &s,
+            "kubernetes_feature_enabled",
+            &[("name", "KubeletCgroupDriverFromCRI"), ("stage", "")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "kubernetes_feature_enabled",
+            &[("name", "PodCertificateRequest"), ("stage", "ALPHA")]
+        ),
+        Some(0.0)
+    );
     assert!(value(&s, "kubelet_started_pods_total", &[]).is_some_and(|n| n >= 1.0));
     assert!(value(
         &s,

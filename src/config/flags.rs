@@ -1184,7 +1184,7 @@ mod tests {
         let (mut cfg, _) = KubeletConfiguration::load_str(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
              maxPods: 50\nstaticPodPath: /etc/kubernetes/manifests\nfailSwapOn: true\n\
-             featureGates:\n  A: true\n  B: true\nclusterDNS: [10.0.0.1]\nsyncFrequency: 30s\n",
+             featureGates:\n  ImageVolume: true\n  KubeletPSI: true\nclusterDNS: [10.0.0.1]\nsyncFrequency: 30s\n",
         )
         .unwrap();
         let f = ok(&[
@@ -1192,7 +1192,7 @@ mod tests {
             "--pod-manifest-path",
             "/srv/manifests",
             "--fail-swap-on=false",
-            "--feature-gates=B=false,C=true",
+            "--feature-gates=KubeletPSI=false,PodCertificateRequest=true",
             "--cluster-dns=10.96.0.10",
             "--cluster-dns=10.96.0.11",
             "--eviction-hard=memory.available<200Mi",
@@ -1211,7 +1211,14 @@ mod tests {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        assert_eq!(gates, ["A=true", "B=false", "C=true"]);
+        assert_eq!(
+            gates,
+            [
+                "ImageVolume=true",
+                "KubeletPSI=false",
+                "PodCertificateRequest=true"
+            ]
+        );
         assert_eq!(cfg.cluster_dns, ["10.96.0.10", "10.96.0.11"]);
         assert_eq!(cfg.eviction_hard.len(), 1);
         assert_eq!(cfg.eviction_hard["memory.available"], "200Mi");

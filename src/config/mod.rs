@@ -4,6 +4,7 @@
 //! and the config-file handling in `cmd/kubelet/app` (targets Kubernetes 1.34).
 
 pub mod duration;
+pub mod features;
 pub mod flags;
 pub mod honesty;
 
@@ -67,6 +68,9 @@ pub enum ConfigError {
     /// Validation failures, formatted like Go's `utilerrors.NewAggregate`.
     #[error("{}", aggregate_message(.0))]
     Invalid(Vec<String>),
+    /// `featureGates` names an unknown gate or moves a locked one.
+    #[error(transparent)]
+    FeatureGates(#[from] features::GateErrors),
 }
 
 fn type_meta_message(field: &str, found: &str, want: &str) -> String {
@@ -1177,10 +1181,11 @@ fn detect_format(text: &str) -> Format {
 }
 
 impl KubeletConfiguration {
-    /// Whether feature gate `name` is on: as set in `featureGates`, else
-    /// `default` (upstream's default for that gate in this release).
-    pub fn feature_gate(&self, name: &str, default: bool) -> bool {
-        self.feature_gates.get(name).copied().unwrap_or(default)
+    /// Whether feature gate `name` is on: as set in `featureGates` (or by
+    /// AllAlpha/AllBeta), else its 1.34 default ([`features::GATES`]).
+    /// Panics on a gate 1.34 does not know, as upstream's `Enabled` does.
+    pub fn feature_gate(&self, name: &str) -> bool {
+        features::enabled(&self.feature_gates, name)
     }
 
     /// What a config file holding only `apiVersion` and `kind` yields: v1beta1 defaults
@@ -1244,9 +1249,11 @@ impl KubeletConfiguration {
         let mut errs: Vec<String> = Vec::new();
         // Upstream words taint errors without the "invalid configuration" prefix.
         let mut taint_errs: Vec<String> = Vec::new();
+        // Upstream sets the gates on a copy first and returns their error
+        // alone (`validation.go`, `localFeatureGate.SetFromMap`).
+        features::check(&self.feature_gates)?;
         let mut bad = |msg: String| errs.push(format!("invalid configuration: {msg}"));
-        // Gates are only known when set explicitly; beta/GA gates count as on otherwise.
-        let gate = |name: &str, default: bool| self.feature_gate(name, default);
+        let gate = |name: &str| self.feature_gate(name);
 
         if self.node_lease_duration_seconds <= 0 {
             bad("nodeLeaseDurationSeconds must be greater than 0".into());
@@ -1304,7 +1311,7 @@ impl KubeletConfiguration {
             ));
         }
         let cfs_default = GoDuration::from_millis(100);
-        if gate("CustomCPUCFSQuotaPeriod", false) {
+        if gate("CustomCPUCFSQuotaPeriod") {
             let p = self.cpu_cfs_quota_period.as_duration();
             if p < std::time::Duration::from_millis(1) || p > std::time::Duration::from_secs(1) {
                 bad(format!(
@@ -1332,7 +1339,7 @@ impl KubeletConfiguration {
             bad(format!("imageGCLowThresholdPercent (--image-gc-low-threshold) {low} must be less than imageGCHighThresholdPercent (--image-gc-high-threshold) {high}"));
         }
         if !self.image_maximum_gc_age.is_zero() {
-            if !gate("ImageMaximumGCAge", true) {
+            if !gate("ImageMaximumGCAge") {
                 bad("ImageMaximumGCAge feature gate is required for Kubelet configuration option imageMaximumGCAge".into());
             }
             if self.image_maximum_gc_age <= self.image_minimum_gc_age {
@@ -1382,7 +1389,7 @@ impl KubeletConfiguration {
                 bad("maxParallelImagePulls cannot be larger than 1 unless SerializeImagePulls (--serialize-image-pulls) is set to false".into());
             }
         }
-        if self.server_tls_bootstrap && !gate("RotateKubeletServerCertificate", true) {
+        if self.server_tls_bootstrap && !gate("RotateKubeletServerCertificate") {
             bad(
                 "serverTLSBootstrap true requires feature gate RotateKubeletServerCertificate"
                     .into(),
@@ -2036,6 +2043,24 @@ volumeStatsAggPeriod: 0s
             c.validate().unwrap_err().to_string(),
             "invalid configuration: unknown configmap and secret manager mode: Poll"
         );
+    }
+
+    #[test]
+    fn validation_refuses_unknown_and_locked_gates_first() {
+        // Upstream's ValidateKubeletConfiguration returns the gates' error
+        // alone, before any field check (`localFeatureGate.SetFromMap`).
+        let (mut c, _) = load("featureGates:\n  NoSuchGate: true\nport: 70000\n");
+        let err = c.validate().unwrap_err();
+        assert!(matches!(err, ConfigError::FeatureGates(_)), "{err:?}");
+        assert_eq!(err.to_string(), "unrecognized feature gate: NoSuchGate");
+        c.feature_gates = [("NodeSwap".to_string(), false)].into();
+        c.port = 10250;
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "cannot set feature gate NodeSwap to false, feature is locked to true"
+        );
+        c.feature_gates = [("NodeSwap".to_string(), true)].into();
+        c.validate().unwrap();
     }
 
     #[test]

@@ -1418,7 +1418,7 @@ impl CredentialProviders {
         if config.is_empty() && bin_dir.is_empty() {
             return Ok(None);
         }
-        let gate = cfg.feature_gate(SA_TOKEN_GATE, true);
+        let gate = cfg.feature_gate(SA_TOKEN_GATE);
         Self::load_gated(Path::new(config), Path::new(bin_dir), gate).map(|p| Some(Arc::new(p)))
     }
 

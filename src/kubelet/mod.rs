@@ -188,7 +188,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         &opts.config.container_runtime_endpoint,
         opts.config.runtime_request_timeout.0,
     )?);
-    if opts.config.feature_gate(CGROUP_DRIVER_FROM_CRI_GATE, true) {
+    if opts.config.feature_gate(CGROUP_DRIVER_FROM_CRI_GATE) {
         let configured = std::mem::take(&mut opts.config.cgroup_driver);
         opts.config.cgroup_driver =
             cgroup_driver_from_runtime(remote.as_ref(), configured, Duration::from_secs(2)).await;
@@ -265,14 +265,10 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         ),
         cfg.sync_frequency.0,
     )
-    .with_cluster_trust_bundle_projection(cfg.feature_gate(
-        crate::objects::trustbundle::FEATURE_GATE,
-        crate::objects::trustbundle::FEATURE_GATE_DEFAULT,
-    ))
-    .with_pod_certificate_request(cfg.feature_gate(
-        crate::objects::podcert::FEATURE_GATE,
-        crate::objects::podcert::FEATURE_GATE_DEFAULT,
-    ));
+    .with_cluster_trust_bundle_projection(
+        cfg.feature_gate(crate::objects::trustbundle::FEATURE_GATE),
+    )
+    .with_pod_certificate_request(cfg.feature_gate(crate::objects::podcert::FEATURE_GATE));
     // Service-account-token mode reads ServiceAccounts and requests
     // tokens through the object manager (its client comes in cluster mode).
     if let Some(p) = &credential_providers {
@@ -402,7 +398,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             registry: vc.csi_drivers().clone(),
             volumes: Box::new(move |uid| vc.csi_volumes(uid)),
             // Alpha, off by default (kube_features.go).
-            health: cfg.feature_gate("CSIVolumeHealth", false),
+            health: cfg.feature_gate("CSIVolumeHealth"),
         };
         let period = cfg.volume_stats_agg_period.0;
         let t = token.child_token();

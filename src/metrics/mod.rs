@@ -59,6 +59,13 @@ macro_rules! alpha {
     };
 }
 
+/// And that of BETA metrics so.
+macro_rules! beta {
+    ($s:literal) => {
+        concat!("[BETA] ", $s)
+    };
+}
+
 mod absent;
 pub mod certvol;
 pub mod cm;
@@ -828,18 +835,69 @@ static DRA_GATE: AtomicBool = AtomicBool::new(true);
 static IMAGE_VOLUME_GATE: AtomicBool = AtomicBool::new(false);
 
 /// Families upstream registers only while a feature gate is on follow the
-/// configuration's gates.
+/// configuration's gates, and `kubernetes_feature_enabled` shows them all
+/// (upstream's `AddMetrics`, called once the gates are set).
 pub fn apply_feature_gates(cfg: &crate::config::KubeletConfiguration) {
     let (dra, image_volume) = gated_families(cfg);
     DRA_GATE.store(dra, Ordering::Relaxed);
     IMAGE_VOLUME_GATE.store(image_volume, Ordering::Relaxed);
+    *FEATURE_STATES.lock() = Some(feature_states(cfg));
+}
+
+/// Whether each gate of [`crate::config::features::GATES`] is on, in its
+/// order; `None` until [`apply_feature_gates`].
+static FEATURE_STATES: Mutex<Option<Vec<bool>>> = Mutex::new(None);
+
+fn feature_states(cfg: &crate::config::KubeletConfiguration) -> Vec<bool> {
+    crate::config::features::GATES
+        .iter()
+        .map(|g| cfg.feature_gate(g.name))
+        .collect()
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FeatureLabels {
+    name: &'static str,
+    stage: &'static str,
+}
+
+/// `kubernetes_feature_enabled{name,stage}`: component-base
+/// `metrics/prometheus/feature/metrics.go` (BETA in 1.34), set by
+/// featuregate's `AddMetrics` for every known gate, AllAlpha and AllBeta
+/// included, to 1 or 0; no family before that. Series in gate-name order,
+/// as client_golang sorts them.
+#[derive(Debug)]
+struct FeatureInfo(&'static Mutex<Option<Vec<bool>>>);
+
+impl Collector for FeatureInfo {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let states = self.0.lock();
+        let Some(states) = states.as_ref() else {
+            return Ok(());
+        };
+        let mut m = enc.encode_descriptor(
+            "kubernetes_feature_enabled",
+            beta!("This metric records the data about the stage and enablement of a k8s feature."),
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (gate, &on) in crate::config::features::GATES.iter().zip(states) {
+            let labels = FeatureLabels {
+                name: gate.name,
+                stage: gate.stage.as_str(),
+            };
+            prometheus_client::metrics::gauge::ConstGauge::new(i64::from(on))
+                .encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
 }
 
 /// (DynamicResourceAllocation, ImageVolume) as configured.
 fn gated_families(cfg: &crate::config::KubeletConfiguration) -> (bool, bool) {
     (
-        cfg.feature_gate("DynamicResourceAllocation", true),
-        cfg.feature_gate("ImageVolume", false),
+        cfg.feature_gate("DynamicResourceAllocation"),
+        cfg.feature_gate("ImageVolume"),
     )
 }
 
@@ -1166,6 +1224,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         )]),
     )));
     r.register_collector(Box::new(v134::ConfigInfo(&v134::CONFIG_HASH)));
+    r.register_collector(Box::new(FeatureInfo(&FEATURE_STATES)));
     r.register_collector(Box::new(LogSizes));
     r.register_collector(Box::new(certvol::CertCollector));
     r.register_collector(Box::new(certvol::TotalVolumes));

@@ -193,6 +193,8 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
             "platform",
         ],
     ),
+    // component-base metrics/prometheus/feature/metrics.go.
+    ("kubernetes_feature_enabled", "gauge", &["name", "stage"]),
     ("process_cpu_seconds", "counter", &[]),
     ("process_max_fds", "gauge", &[]),
     (
@@ -595,6 +597,7 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     set_pod_counts([(false, true), (true, true)]);
     set_working_pods([("sync", false, true, false)]);
     register_credential_provider_metrics();
+    apply_feature_gates(&crate::config::KubeletConfiguration::default());
     credential_provider_plugin_run("ecr", Duration::from_millis(30), true);
     v134::set_credential_provider_config_hash("sha256:abcd1234".into());
     admission_rejected("OutOfcpu");
@@ -1214,6 +1217,59 @@ fn plugin_families_appear_only_once_plugins_are_registered() {
     REGISTERED.store(true, Ordering::Relaxed);
     assert!(text(&r)
         .contains("kubelet_credential_provider_plugin_errors_total{plugin_name=\"ecr\"} 1\n"));
+}
+
+#[test]
+fn feature_enabled_shows_every_known_gate_once_the_gates_are_set() {
+    static STATES: Mutex<Option<Vec<bool>>> = Mutex::new(None);
+    let mut r = Registry::default();
+    r.register_collector(Box::new(FeatureInfo(&STATES)));
+    let text = |r: &Registry| {
+        let mut out = String::new();
+        encode(&mut out, r).unwrap();
+        to_prometheus_text(&out)
+    };
+    // Before AddMetrics the vector has no series, so no family.
+    assert_eq!(text(&r), "");
+    let cfg = crate::config::KubeletConfiguration {
+        feature_gates: [
+            ("AllAlpha".to_string(), true),
+            ("KubeletFineGrainedAuthz".to_string(), false),
+            ("CSIVolumeHealth".to_string(), false),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    *STATES.lock() = Some(feature_states(&cfg));
+    let shown = text(&r);
+    // Upstream's help (BETA), stage spelling (GA empty) and 1/0 values,
+    // labels in client_golang's order.
+    assert!(shown.starts_with(
+        "# HELP kubernetes_feature_enabled [BETA] This metric records the data about the stage and enablement of a k8s feature.\n\
+         # TYPE kubernetes_feature_enabled gauge\n\
+         kubernetes_feature_enabled{name=\"APIResponseCompression\",stage=\"BETA\"} 1\n"
+    ), "{shown}");
+    for line in [
+        "kubernetes_feature_enabled{name=\"AllAlpha\",stage=\"ALPHA\"} 1",
+        "kubernetes_feature_enabled{name=\"AllBeta\",stage=\"BETA\"} 0",
+        "kubernetes_feature_enabled{name=\"PodCertificateRequest\",stage=\"ALPHA\"} 1",
+        "kubernetes_feature_enabled{name=\"CSIVolumeHealth\",stage=\"ALPHA\"} 0",
+        "kubernetes_feature_enabled{name=\"KubeletFineGrainedAuthz\",stage=\"BETA\"} 0",
+        "kubernetes_feature_enabled{name=\"NodeSwap\",stage=\"\"} 1",
+        "kubernetes_feature_enabled{name=\"AllowServiceLBStatusOnNonLB\",stage=\"DEPRECATED\"} 0",
+    ] {
+        assert!(shown.contains(&format!("\n{line}\n")), "{line} in {shown}");
+    }
+    let names: Vec<&str> = shown
+        .lines()
+        .filter_map(|l| l.strip_prefix("kubernetes_feature_enabled{name=\""))
+        .map(|l| l.split('"').next().unwrap())
+        .collect();
+    let known: Vec<&str> = crate::config::features::GATES
+        .iter()
+        .map(|g| g.name)
+        .collect();
+    assert_eq!(names, known, "one series per gate, sorted by name");
 }
 
 #[test]

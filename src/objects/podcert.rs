@@ -34,11 +34,10 @@ use tracing::{debug, info, warn};
 
 use super::{ObjectKey, ObjectManager};
 use crate::apiclient::ApiClient;
+use crate::config::features;
 
-/// The kubelet's feature gate for the projection.
+/// The kubelet's feature gate for the projection (alpha, off in 1.34).
 pub const FEATURE_GATE: &str = "PodCertificateRequest";
-/// Its default in 1.34: alpha, off.
-pub const FEATURE_GATE_DEFAULT: bool = false;
 
 /// The kind of the `ObjectKey`s that announce a request the manager waits
 /// on reaching a terminal state; their `name` is the pod's UID (upstream's
@@ -285,7 +284,10 @@ impl View {
 
 impl PodCerts {
     fn enabled(&self) -> bool {
-        self.gate.get().copied().unwrap_or(FEATURE_GATE_DEFAULT)
+        self.gate
+            .get()
+            .copied()
+            .unwrap_or_else(|| features::default_of(FEATURE_GATE))
     }
 
     /// Whether a state waits on the request `namespace/name`.

@@ -21,11 +21,11 @@ use tracing::{info, warn};
 
 use super::{ObjectKey, ObjectManager};
 use crate::apiclient::ApiClient;
+use crate::config::features;
 
-/// The kubelet's feature gate for the projection.
+/// The kubelet's feature gate for the projection (beta, off by default in
+/// 1.34).
 pub const FEATURE_GATE: &str = "ClusterTrustBundleProjection";
-/// Its default in 1.34: beta since 1.33, off by default.
-pub const FEATURE_GATE_DEFAULT: bool = false;
 
 /// The kind `ObjectKey`s of bundle changes carry (cluster-scoped: no
 /// namespace).
@@ -121,7 +121,11 @@ impl ObjectManager {
 
     async fn trust_bundles(&self) -> Result<Arc<Bundles>, TrustBundleError> {
         let tb = &self.inner.trust_bundles;
-        let enabled = tb.gate.get().copied().unwrap_or(FEATURE_GATE_DEFAULT);
+        let enabled = tb
+            .gate
+            .get()
+            .copied()
+            .unwrap_or_else(|| features::default_of(FEATURE_GATE));
         // Upstream builds the NoopManager without a client (static pods)
         // or with the gate off.
         let Some(api) = self.api.get().filter(|_| enabled) else {

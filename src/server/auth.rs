@@ -204,7 +204,7 @@ impl Auth {
             "" => return Err(AuthError::NoMode),
             other => return Err(AuthError::UnknownMode(other.into())),
         };
-        let fine_grained = cfg.feature_gate("KubeletFineGrainedAuthz", true);
+        let fine_grained = cfg.feature_gate("KubeletFineGrainedAuthz");
         Ok(Arc::new(Auth {
             cfg: AuthConfig {
                 anonymous: cfg.authentication.anonymous.enabled,
