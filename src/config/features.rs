@@ -183,6 +183,29 @@ pub fn enabled(gates: &BTreeMap<String, bool>, name: &str) -> bool {
     all.copied().unwrap_or(gate.default)
 }
 
+/// The gates whose behaviour rkubelet follows; any other gate the user
+/// moves from its default is reported as accepted but not implemented
+/// (`config::honesty`). Sorted.
+pub const FOLLOWED: &[&str] = &[
+    "CSIVolumeHealth",
+    "ClusterTrustBundleProjection",
+    "DynamicResourceAllocation",
+    "KubeletFineGrainedAuthz",
+    "PodCertificateRequest",
+];
+
+/// The gates `gates` moves away from their defaults (directly, or through
+/// AllAlpha/AllBeta) that rkubelet does not follow, sorted.
+pub fn unfollowed(gates: &BTreeMap<String, bool>) -> Vec<&'static str> {
+    GATES
+        .iter()
+        .filter(|g| g.name != ALL_ALPHA && g.name != ALL_BETA)
+        .filter(|g| FOLLOWED.binary_search(&g.name).is_err())
+        .filter(|g| enabled(gates, g.name) != g.default)
+        .map(|g| g.name)
+        .collect()
+}
+
 /// Gate `name`'s 1.34 default; panics on an unknown name like [`enabled`].
 pub fn default_of(name: &str) -> bool {
     enabled(&BTreeMap::new(), name)
@@ -469,6 +492,25 @@ pub static GATES: &[Gate] = &[
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn only_gates_rkubelet_does_not_follow_are_reported_when_moved() {
+        assert!(FOLLOWED.windows(2).all(|w| w[0] < w[1]));
+        assert!(FOLLOWED.iter().all(|g| lookup(g).is_some()));
+        let moved = |pairs: &[(&str, bool)]| {
+            let m: BTreeMap<String, bool> =
+                pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+            unfollowed(&m)
+        };
+        assert!(moved(&[("PodCertificateRequest", true)]).is_empty());
+        // Set to its default: nothing changes.
+        assert!(moved(&[("ImageVolume", false)]).is_empty());
+        assert_eq!(moved(&[("ImageVolume", true)]), ["ImageVolume"]);
+        let all = moved(&[("AllAlpha", true)]);
+        assert!(all.contains(&"EnvFiles"), "{all:?}");
+        assert!(!all.contains(&"PodCertificateRequest"));
+    }
+
     use super::*;
 
     fn gates(pairs: &[(&str, bool)]) -> BTreeMap<String, bool> {

@@ -46,7 +46,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "makeIPTablesUtilChains",
     "iptablesMasqueradeBit",
     "iptablesDropBit",
-    "featureGates",
     "failSwapOn",
     "memorySwap",
     "systemReserved",
@@ -103,6 +102,11 @@ pub fn unimplemented_settings(
         .filter(|f| set.get(**f) != default.get(**f))
         .map(|f| format!("field {f} is accepted but not implemented"))
         .collect();
+    out.extend(
+        super::features::unfollowed(&cfg.feature_gates)
+            .into_iter()
+            .map(|g| format!("feature gate {g} is accepted but not implemented")),
+    );
     let mut flag = |set: bool, name: &str, what: &str| {
         if set {
             out.push(format!(
@@ -130,6 +134,14 @@ mod tests {
         assert_eq!(
             w,
             vec!["field podPidsLimit is accepted but not implemented".to_string()]
+        );
+        let (gated, _) = KubeletConfiguration::load_str(&format!(
+            "{HEADER}featureGates:\n  ImageVolume: true\n  PodCertificateRequest: true\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            unimplemented_settings(&gated, &base, &flags),
+            vec!["feature gate ImageVolume is accepted but not implemented".to_string()]
         );
         flags.cloud_provider = Some("external".into());
         let w = unimplemented_settings(&cfg, &base, &flags);
