@@ -52,6 +52,16 @@ impl VolumeLocks {
     fn len(&self) -> usize {
         self.entries.lock().len()
     }
+
+    /// How many hold or wait for volume `key` (tests).
+    #[cfg(test)]
+    pub fn users(&self, key: &str) -> usize {
+        // The map's own reference aside; a holder's guard keeps one.
+        self.entries
+            .lock()
+            .get(key)
+            .map_or(0, |m| Arc::strong_count(m) - 1)
+    }
 }
 
 impl Drop for VolumeGuard {

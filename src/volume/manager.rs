@@ -203,8 +203,6 @@ struct Inner {
     orphans: Mutex<(bool, HashMap<String, Instant>)>,
     /// The CSI drivers registered on this node.
     csi: super::csi::Registry,
-    /// One operation at a time per CSI persistent volume, across pods.
-    volume_locks: super::locks::VolumeLocks,
 }
 
 /// The handle pod workers and servers hold; cheap to clone.
@@ -248,7 +246,6 @@ impl VolumeManager {
                 tasks: Default::default(),
                 orphans: Default::default(),
                 csi: Default::default(),
-                volume_locks: Default::default(),
             }),
         }
     }
@@ -793,11 +790,7 @@ impl VolumeManager {
                 mounted,
             } => {
                 if let (Some(p), Some((claim, read_only))) = (&mounted.csi, &mounted.claim) {
-                    let _guard = self
-                        .inner
-                        .volume_locks
-                        .lock(&super::csi::attach::unique_name(&p.driver, &p.volume_id))
-                        .await;
+                    let _guard = self.inner.csi.lock_volume(&p.driver, &p.volume_id).await;
                     let mut due = None;
                     let r = super::csi::expand::expand_in_use(
                         &self.inner.csi,
@@ -933,12 +926,9 @@ impl VolumeManager {
                 // Until this pod leaves the actual state: a set-up waiting
                 // for the volume then sees whether it is still staged.
                 let _guard = match &mounted.csi {
-                    Some(p) if p.staging.is_some() || mounted.claim.is_some() => Some(
-                        self.inner
-                            .volume_locks
-                            .lock(&super::csi::attach::unique_name(&p.driver, &p.volume_id))
-                            .await,
-                    ),
+                    Some(p) if p.staging.is_some() || mounted.claim.is_some() => {
+                        Some(self.inner.csi.lock_volume(&p.driver, &p.volume_id).await)
+                    }
                     _ => None,
                 };
                 let (plugin, started) = (mounted_plugin(&mounted), Instant::now());
@@ -1333,8 +1323,7 @@ async fn set_up(
         let block = super::block::is_block(&pv);
         super::block::check_use(pod, &v.name, block).map_err(Failed::process)?;
         if let Some(src) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
-            let key = super::csi::attach::unique_name(&src.driver, &src.volume_handle);
-            *guard = Some(inner.volume_locks.lock(&key).await);
+            *guard = Some(inner.csi.lock_volume(&src.driver, &src.volume_handle).await);
         }
         // Staged already when set up before, for this pod or another
         // (upstream's device mount state is the volume's).

@@ -14,7 +14,7 @@ use crate::cri::v1::{Mount, MountPropagation};
 pub mod atomic_writer;
 pub mod block;
 pub mod csi;
-mod locks;
+pub(crate) mod locks;
 pub mod manager;
 pub mod ownership;
 pub mod payload;

@@ -515,7 +515,7 @@ pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> 
     let found = crate::blocking::try_run(
         format!("list the block volumes of pod {uid}"),
         FS_DEADLINE,
-        move || -> Result<Vec<(String, Option<Published>, bool)>, String> {
+        move || -> Result<Vec<(String, Option<Published>)>, String> {
             let dir = pod_device_map_dir(&r, &u);
             let entries = match std::fs::read_dir(&dir) {
                 Ok(e) => e,
@@ -531,16 +531,25 @@ pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> 
                     continue;
                 }
                 let p = found_on_disk(&r, &spec, &u)?;
-                let elsewhere = mapped_elsewhere(&r, &u, &spec);
-                out.push((spec, p, elsewhere));
+                out.push((spec, p));
             }
             Ok(out)
         },
     )
     .await?;
-    for (spec, p, still_used) in found {
+    for (spec, p) in found {
         match p {
             Some(p) => {
+                // Held through the unstage, as for a mounted volume
+                // (mounter.rs `tear_down_orphaned`).
+                let _guard = registry.lock_volume(&p.driver, &p.volume_id).await;
+                let (r, u, s) = (root.to_path_buf(), uid.to_string(), spec.clone());
+                let still_used = crate::blocking::try_run(
+                    format!("look for other users of block volume {spec}"),
+                    FS_DEADLINE,
+                    move || Ok::<_, String>(mapped_elsewhere(&r, &u, &s)),
+                )
+                .await?;
                 tear_down(registry, &p, None, still_used).await?;
                 info!(pod_uid = %uid, driver = %p.driver, volume = %spec, "CSI block volume of an orphaned pod unmapped");
             }

@@ -163,6 +163,9 @@ struct RegistryInner {
     node: watch::Sender<Option<Arc<k8s_openapi::api::core::v1::Node>>>,
     /// What to report in `node.status.volumesInUse`.
     in_use: Mutex<attach::InUse>,
+    /// One operation at a time per persistent volume, across pods and the
+    /// clean-up of pods gone while rkubelet was down.
+    volume_locks: crate::volume::locks::VolumeLocks,
 }
 
 impl Default for Registry {
@@ -176,6 +179,7 @@ impl Default for Registry {
                 controller_attach: std::sync::atomic::AtomicBool::new(true),
                 node: watch::channel(None).0,
                 in_use: Default::default(),
+                volume_locks: Default::default(),
             }),
         }
     }
@@ -285,6 +289,26 @@ impl Registry {
     }
 
     /// The volumes-in-use bookkeeping (see [`attach::InUse`]).
+    /// Waits until no other operation runs on persistent volume `handle`
+    /// of `driver` (see `volume::locks`).
+    pub async fn lock_volume(
+        &self,
+        driver: &str,
+        handle: &str,
+    ) -> crate::volume::locks::VolumeGuard {
+        self.inner
+            .volume_locks
+            .lock(&attach::unique_name(driver, handle))
+            .await
+    }
+
+    #[cfg(test)]
+    pub fn volume_lock_users(&self, driver: &str, handle: &str) -> usize {
+        self.inner
+            .volume_locks
+            .users(&attach::unique_name(driver, handle))
+    }
+
     pub fn in_use(&self) -> parking_lot::MutexGuard<'_, attach::InUse> {
         self.inner.in_use.lock()
     }

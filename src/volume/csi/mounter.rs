@@ -873,6 +873,13 @@ pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> 
     )
     .await?;
     for p in found {
+        // Held through the unstage: a pod setting the volume up meanwhile
+        // either comes first (and its vol_data.json keeps the volume
+        // staged) or stages it again after.
+        let _guard = match &p.staging {
+            Some(_) => Some(registry.lock_volume(&p.driver, &p.volume_id).await),
+            None => None,
+        };
         let still_used = match &p.staging {
             None => true,
             Some(_) => {
@@ -1346,6 +1353,37 @@ mod tests {
         );
         assert!(!t2.parent().unwrap().exists());
         assert!(!g.parent().unwrap().exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// The clean-up of a pod gone while rkubelet was down takes the
+    /// volume's lock before it looks for other users and unstages: a set-up
+    /// holding it (which may be writing its own vol_data.json) goes first.
+    #[tokio::test]
+    async fn an_orphans_persistent_volume_waits_for_an_operation_on_it() {
+        let root = test_root("orph-lock");
+        let registry = Registry::default();
+        let node = FakeNode {
+            caps: vec![CapType::StageUnstageVolume],
+            ..Default::default()
+        };
+        register(&root, &registry, "d.csi", node.clone());
+        leave_persistent(&root, "u1", "pv-1", "h1");
+        let held = registry.lock_volume("d.csi", "h1").await;
+        let (r, rt) = (registry.clone(), root.clone());
+        let cleanup = tokio::spawn(async move { tear_down_orphaned(&r, &rt, "u1").await });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while registry.volume_lock_users("d.csi", "h1") < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the clean-up never waited"
+            );
+            tokio::task::yield_now().await;
+        }
+        assert!(node.calls.lock().unpublished.is_empty());
+        drop(held);
+        cleanup.await.unwrap().unwrap();
+        assert_eq!(node.calls.lock().unstaged.len(), 1);
         std::fs::remove_dir_all(&root).unwrap();
     }
 
