@@ -39,12 +39,26 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
+/// A loopback port nothing listens on now, for a server to bind.
+///
+/// Never the same port twice in one test process: the probe's listener is
+/// closed at once, so the kernel may hand its port out again to the next
+/// probe (two servers of one kubelet once got one port, and the second
+/// failed with "Address already in use").
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut handed = HANDED_OUT.lock().unwrap();
+        if !handed.contains(&port) {
+            handed.push(port);
+            return port;
+        }
+    }
 }
 
 /// A blocking HTTP/1.1 GET against 127.0.0.1; returns (status, body).
