@@ -12,8 +12,8 @@ export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 # Say so plainly when the disk is too small, not as a linker crash later.
 mkdir -p target
 avail_kb=$(df -Pk target | awk 'NR==2 {print $4}')
-if (( avail_kb < 6 * 1024 * 1024 )); then
-    echo "scripts/test.sh: only $((avail_kb / 1024)) MiB free under $(pwd)/target; the build needs about 6 GiB" >&2
+if (( avail_kb < 4 * 1024 * 1024 )); then
+    echo "scripts/test.sh: only $((avail_kb / 1024)) MiB free under $(pwd)/target; a fresh build takes about 3 GiB" >&2
     exit 1
 fi
 
