@@ -3,11 +3,31 @@
 
 use std::process::Command;
 
+/// Runs rkubelet to its exit. Each of these invocations must end at once;
+/// one that starts a kubelet instead is killed after a deadline and the
+/// test fails, rather than hanging the suite.
 fn rkubelet(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rkubelet"))
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rkubelet"))
         .args(args)
-        .output()
-        .unwrap()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "rkubelet {args:?} did not exit within 30 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
 
 #[test]
