@@ -189,9 +189,17 @@ pub fn enabled(gates: &BTreeMap<String, bool>, name: &str) -> bool {
 pub const FOLLOWED: &[&str] = &[
     "CSIVolumeHealth",
     "ClusterTrustBundleProjection",
+    // Validation only, as upstream's ValidateKubeletConfiguration (the
+    // cpuCFSQuotaPeriod and imageMaximumGCAge fields are reported apart).
+    "CustomCPUCFSQuotaPeriod",
     "DynamicResourceAllocation",
+    // Validation only, as CustomCPUCFSQuotaPeriod.
+    "ImageMaximumGCAge",
     "KubeletFineGrainedAuthz",
+    "KubeletServiceAccountTokenForCredentialProviders",
     "PodCertificateRequest",
+    // Validation refuses serverTLSBootstrap without it, as upstream.
+    "RotateKubeletServerCertificate",
 ];
 
 /// The gates `gates` moves away from their defaults (directly, or through
