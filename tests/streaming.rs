@@ -678,10 +678,7 @@ fn kubectl_exec_attach_and_port_forward_over_spdy() {
     assert_eq!(*upgrades.lock(), ["SPDY/3.1"], "one exec, over SPDY");
 
     // kubectl port-forward over SPDY: bytes both ways to the pod's port.
-    let local = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let local = free_port();
     let mut pf = std::process::Command::new("kubectl")
         .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")
         .arg("--kubeconfig")
