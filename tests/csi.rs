@@ -925,6 +925,24 @@ fn a_csi_persistent_volume_is_staged_published_and_unstaged() {
     assert_eq!(n["metadata"]["labels"]["topology.fake.csi/zone"], "z1");
 }
 
+/// What the external-resizer leaves when it grows PV `pv` and claim
+/// `claim` (namespace default) to `size` and the node's part is pending:
+/// the updated claim with that status, for the caller to add to and write
+/// with `update_status`.
+fn grow_to_node_resize(api: &ApiServer, pv: &str, claim: &str, size: &str) -> Value {
+    let mut p = api.get("persistentvolumes", None, pv).unwrap();
+    p["spec"]["capacity"]["storage"] = json!(size);
+    api.update(p);
+    let mut c = api
+        .get("persistentvolumeclaims", Some("default"), claim)
+        .unwrap();
+    c["spec"]["resources"]["requests"]["storage"] = json!(size);
+    let mut c = api.update(c);
+    c["status"]["allocatedResources"] = json!({"storage": size});
+    c["status"]["allocatedResourceStatuses"] = json!({"storage": "NodeResizePending"});
+    c
+}
+
 /// A pod whose container has volume `data` (of `source`) at /data.
 fn data_pod(name: &str, node: &str, mut source: Value) -> Value {
     source["name"] = json!("data");
@@ -1551,16 +1569,7 @@ fn a_grown_volume_is_expanded_online_and_its_claim_gets_the_new_capacity() {
 
     // The test plays the external-resizer: the PV grew, the claim asks for
     // it, and the node's part is pending.
-    let mut pv = api.get("persistentvolumes", None, "ex-pv").unwrap();
-    pv["spec"]["capacity"]["storage"] = json!("2Gi");
-    api.update(pv);
-    let mut c = api
-        .get("persistentvolumeclaims", Some("default"), "claim")
-        .unwrap();
-    c["spec"]["resources"]["requests"]["storage"] = json!("2Gi");
-    let mut c = api.update(c);
-    c["status"]["allocatedResources"] = json!({"storage": "2Gi"});
-    c["status"]["allocatedResourceStatuses"] = json!({"storage": "NodeResizePending"});
+    let mut c = grow_to_node_resize(&api, "ex-pv", "claim", "2Gi");
     c["status"]["conditions"] = json!([{"type": "FileSystemResizePending", "status": "True",
         "lastTransitionTime": "2026-01-01T00:00:00Z",
         "message": "Waiting for user to (re-)start a pod to finish file system resize of volume on node."}]);
@@ -2091,17 +2100,8 @@ fn a_republishing_drivers_block_volume_is_published_again_and_its_health_reporte
     // The test plays the external-resizer: the republish finishes the
     // node's part (expandVolumeDuringMount runs at every map).
     assert!(driver.calls.lock().expanded.is_empty());
-    let mut pv = api.get("persistentvolumes", None, "csi-blk-pv").unwrap();
-    pv["spec"]["capacity"]["storage"] = json!("32Mi");
-    api.update(pv);
-    let mut c = api
-        .get("persistentvolumeclaims", Some("default"), "blk")
-        .unwrap();
-    c["spec"]["resources"]["requests"]["storage"] = json!("32Mi");
-    let mut c = api.update(c);
+    let mut c = grow_to_node_resize(&api, "csi-blk-pv", "blk", "32Mi");
     c["status"]["capacity"] = json!({"storage": "16Mi"});
-    c["status"]["allocatedResources"] = json!({"storage": "32Mi"});
-    c["status"]["allocatedResourceStatuses"] = json!({"storage": "NodeResizePending"});
     api.update_status(c);
     wait_for("NodeExpandVolume at a republish", T, || {
         (!driver.calls.lock().expanded.is_empty()).then_some(())

@@ -288,7 +288,6 @@ impl Registry {
         self.inner.node.subscribe()
     }
 
-    /// The volumes-in-use bookkeeping (see [`attach::InUse`]).
     /// Waits until no other operation runs on persistent volume `handle`
     /// of `driver` (see `volume::locks`).
     pub async fn lock_volume(
@@ -309,6 +308,7 @@ impl Registry {
             .users(&attach::unique_name(driver, handle))
     }
 
+    /// The volumes-in-use bookkeeping (see [`attach::InUse`]).
     pub fn in_use(&self) -> parking_lot::MutexGuard<'_, attach::InUse> {
         self.inner.in_use.lock()
     }

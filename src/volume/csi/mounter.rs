@@ -876,25 +876,23 @@ pub async fn tear_down_orphaned(registry: &Registry, root: &Path, uid: &str) -> 
         // Held through the unstage: a pod setting the volume up meanwhile
         // either comes first (and its vol_data.json keeps the volume
         // staged) or stages it again after.
-        let _guard = match &p.staging {
-            Some(_) => Some(registry.lock_volume(&p.driver, &p.volume_id).await),
-            None => None,
-        };
-        let still_used = match &p.staging {
-            None => true,
+        let (_guard, still_used) = match &p.staging {
+            None => (None, true),
             Some(_) => {
+                let guard = registry.lock_volume(&p.driver, &p.volume_id).await;
                 let (r, u, d, h) = (
                     root.to_path_buf(),
                     uid.to_string(),
                     p.driver.clone(),
                     p.volume_id.clone(),
                 );
-                crate::blocking::try_run(
+                let used = crate::blocking::try_run(
                     "look for other users of a CSI volume".to_string(),
                     FS_DEADLINE,
                     move || Ok::<_, String>(published_elsewhere(&r, &u, &d, &h)),
                 )
-                .await?
+                .await?;
+                (Some(guard), used)
             }
         };
         tear_down(registry, &p, still_used).await?;
