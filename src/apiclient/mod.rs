@@ -78,6 +78,7 @@ async fn build(
         .authority()
         .map(|a| a.to_string())
         .unwrap_or_default();
+    crate::metrics::transport::kubelet_client_built(&config);
     let builder =
         kube::client::ClientBuilder::try_from(config).map_err(|source| ApiClientError::Client {
             path: path.to_path_buf(),

@@ -295,6 +295,7 @@ pub async fn load_client_cert(
     let config = kube::Config::from_custom_kubeconfig(bkc.clone(), &Default::default())
         .await
         .map_err(kc_err)?;
+    crate::metrics::transport::client_built(&config);
     let client = kube::Client::try_from(config)?;
 
     tokio::fs::create_dir_all(cert_dir)

@@ -181,6 +181,45 @@ pub static CERTVOL: LazyLock<CertVolMetrics> = LazyLock::new(|| CertVolMetrics {
 const CLIENT_TTL_HELP: &str = alpha!("Gauge of the TTL (time-to-live) of the Kubelet's client certificate. The value is in seconds until certificate expiry (negative if already expired). If client certificate is invalid or unused, the value will be +INF.");
 const SERVER_TTL_HELP: &str = alpha!("Gauge of the shortest TTL (time-to-live) of the Kubelet's serving certificate. The value is in seconds until certificate expiry (negative if already expired). If serving certificate is invalid or unused, the value will be +INF.");
 const RENEW_ERRORS_HELP: &str = alpha!("Counter of certificate renewal errors.");
+const ROTATION_HELP: &str = alpha!(
+    "Histogram of the number of seconds the previous certificate lived before being rotated."
+);
+
+/// Each manager's families with the flag that registers them, for
+/// `registered_metrics_total`: the TTL gauges are `NewGaugeFunc`s upstream,
+/// counted at creation like the registered counters and histogram.
+pub(super) fn registrations() -> [(&'static AtomicBool, Vec<(&'static str, &'static str)>); 2] {
+    let c = &*CERTVOL;
+    [
+        (
+            &c.client.registered,
+            vec![
+                (
+                    "kubelet_certificate_manager_client_expiration_renew_errors",
+                    RENEW_ERRORS_HELP,
+                ),
+                (
+                    "kubelet_certificate_manager_client_ttl_seconds",
+                    CLIENT_TTL_HELP,
+                ),
+            ],
+        ),
+        (
+            &c.server.registered,
+            vec![
+                ("kubelet_server_expiration_renew_errors", RENEW_ERRORS_HELP),
+                (
+                    "kubelet_certificate_manager_server_rotation_seconds",
+                    ROTATION_HELP,
+                ),
+                (
+                    "kubelet_certificate_manager_server_ttl_seconds",
+                    SERVER_TTL_HELP,
+                ),
+            ],
+        ),
+    ]
+}
 
 fn now_secs() -> f64 {
     std::time::SystemTime::now()
@@ -235,9 +274,7 @@ impl Collector for CertCollector {
             encode_metric(
                 &mut enc,
                 "kubelet_certificate_manager_server_rotation_seconds",
-                alpha!(
-                    "Histogram of the number of seconds the previous certificate lived before being rotated."
-                ),
+                ROTATION_HELP,
                 &c.server_rotation,
             )?;
             encode_ttl(

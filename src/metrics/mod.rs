@@ -69,6 +69,8 @@ macro_rules! beta {
 mod absent;
 pub mod certvol;
 pub mod cm;
+mod meta;
+pub mod transport;
 pub mod v134;
 
 /// The Prometheus text format upstream's endpoints answer with.
@@ -836,12 +838,15 @@ static IMAGE_VOLUME_GATE: AtomicBool = AtomicBool::new(false);
 
 /// Families upstream registers only while a feature gate is on follow the
 /// configuration's gates, and `kubernetes_feature_enabled` shows them all
-/// (upstream's `AddMetrics`, called once the gates are set).
+/// (upstream's `AddMetrics`, called once the gates are set). Also takes
+/// `rotateCertificates`, which decides how the transport cache families
+/// count the kubelet's clients (`transport.rs`).
 pub fn apply_feature_gates(cfg: &crate::config::KubeletConfiguration) {
     let (dra, image_volume) = gated_families(cfg);
     DRA_GATE.store(dra, Ordering::Relaxed);
     IMAGE_VOLUME_GATE.store(image_volume, Ordering::Relaxed);
     *FEATURE_STATES.lock() = Some(feature_states(cfg));
+    transport::set_rotating(cfg.rotate_certificates);
 }
 
 /// Whether each gate of [`crate::config::features::GATES`] is on, in its
@@ -854,6 +859,9 @@ fn feature_states(cfg: &crate::config::KubeletConfiguration) -> Vec<bool> {
         .map(|g| cfg.feature_gate(g.name))
         .collect()
 }
+
+const FEATURE_HELP: &str =
+    beta!("This metric records the data about the stage and enablement of a k8s feature.");
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FeatureLabels {
@@ -877,7 +885,7 @@ impl Collector for FeatureInfo {
         };
         let mut m = enc.encode_descriptor(
             "kubernetes_feature_enabled",
-            beta!("This metric records the data about the stage and enablement of a k8s feature."),
+            FEATURE_HELP,
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
@@ -1085,8 +1093,8 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     );
     // component-base's restclient/metrics.go registers these whatever
     // the client does (its DNS resolver histogram is left unregistered
-    // there, and here); the transport cache families are not shown:
-    // rkubelet has no client-go transport cache.
+    // there, and here); its transport cache families are
+    // `transport::TransportCollector`.
     add(
         &mut v,
         "rest_client_request_duration_seconds",
@@ -1203,17 +1211,35 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     v.extend(m.absent.described());
     v.extend(m.cm.described());
     v.extend(certvol::described());
+    let dra = m.absent.gated_by_dra();
+    let image_volume = m.absent.gated_by_image_volume();
+    // What registered_metrics_total counts (meta.rs): the lists as their
+    // parts register them, the collectors upstream builds from
+    // component-base metrics, and the probes' and meta-metrics' own.
+    let mut regs = meta::registrations(&v, None);
+    regs.extend(meta::registrations(
+        &plugins,
+        Some(&CREDENTIAL_PROVIDER_METRICS),
+    ));
+    regs.extend(meta::registrations(&dra, Some(&DRA_GATE)));
+    regs.extend(meta::registrations(&image_volume, Some(&IMAGE_VOLUME_GATE)));
+    regs.extend(meta::helps(transport::FAMILIES, None));
+    regs.extend(meta::helps(
+        [("kubernetes_feature_enabled", FEATURE_HELP)],
+        None,
+    ));
+    for (gate, families) in certvol::registrations() {
+        regs.extend(meta::helps(families, Some(gate)));
+    }
+    regs.extend(meta::own());
     let mut r = Registry::default();
     r.register_collector(Box::new(Exact(v)));
     r.register_collector(Box::new(Gated(
         &CREDENTIAL_PROVIDER_METRICS,
         Exact(plugins),
     )));
-    r.register_collector(Box::new(Gated(&DRA_GATE, Exact(m.absent.gated_by_dra()))));
-    r.register_collector(Box::new(Gated(
-        &IMAGE_VOLUME_GATE,
-        Exact(m.absent.gated_by_image_volume()),
-    )));
+    r.register_collector(Box::new(Gated(&DRA_GATE, Exact(dra))));
+    r.register_collector(Box::new(Gated(&IMAGE_VOLUME_GATE, Exact(image_volume))));
     // pkg/kubelet/metrics/collectors/volume_stats.go.
     r.register_collector(Box::new(Gated(
         &VOLUME_HEALTH_SERIES,
@@ -1229,6 +1255,8 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     r.register_collector(Box::new(certvol::CertCollector));
     r.register_collector(Box::new(certvol::TotalVolumes));
     r.register_collector(Box::new(process::ProcessCollector));
+    r.register_collector(Box::new(transport::TransportCollector));
+    r.register_collector(Box::new(meta::MetaMetrics(regs)));
     r
 });
 

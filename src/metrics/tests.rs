@@ -553,6 +553,22 @@ const EXPECTED: &[(&str, &str, &[&str])] = &[
     ("process_resident_memory_bytes", "gauge", &[]),
     ("process_start_time_seconds", "gauge", &[]),
     ("process_virtual_memory_bytes", "gauge", &[]),
+    // component-base registry.go's meta-metrics.
+    (
+        "registered_metrics",
+        "counter",
+        &["deprecated_version", "stability_level"],
+    ),
+    ("disabled_metrics", "counter", &[]),
+    ("hidden_metrics", "counter", &[]),
+    (
+        "cardinality_enforcement_unexpected_categorizations",
+        "counter",
+        &[],
+    ),
+    // restclient/metrics.go's transport cache families.
+    ("rest_client_transport_cache_entries", "gauge", &[]),
+    ("rest_client_transport_create_calls", "counter", &["result"]),
 ];
 
 #[tokio::test]
@@ -568,6 +584,7 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
     rest_client_request_size("GET", "10.0.0.1:6443", 0);
     rest_client_response_size("GET", "10.0.0.1:6443", 900);
     rest_client_rate_limiter_duration("GET", "10.0.0.1:6443", Duration::ZERO);
+    transport::client_built(&kube::Config::new("http://10.0.0.1:6443".parse().unwrap()));
     // Never counted by rkubelet: series made here for their label names.
     METRICS
         .rest_client_request_retries
@@ -2027,4 +2044,265 @@ fn infinite_values_are_written_as_client_golang_does() {
     let text = to_prometheus_text(open);
     assert!(text.contains("\ng +Inf\n"), "{text}");
     assert!(text.contains("\nh -Inf\n"), "{text}");
+}
+
+/// A kubeconfig for an HTTPS server with `ca` (PEM) as its CA and the
+/// client pair at `pair`, plus `extra` cluster fields.
+fn tls_kubeconfig(ca: &str, pair: &std::path::Path, extra: &str) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n    certificate-authority-data: {ca}\n{extra}users:\n- name: u\n  user:\n    client-certificate: {p}\n    client-key: {p}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+        p = pair.display()
+    )
+}
+
+async fn kube_config(yaml: &str) -> kube::Config {
+    let kc = kube::config::Kubeconfig::from_yaml(yaml).unwrap();
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap()
+}
+
+/// A fresh self-signed certificate and its key, PEM.
+fn self_signed() -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["n1".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// client-go's tlsCache.get (transport/cache.go): one key per TLS config,
+/// a proxy makes the config uncacheable, a config without TLS misses each
+/// time and caches nothing, and with client certificate rotation the
+/// kubelet's clients never reach the cache (their config carries its own
+/// Transport, pkg/kubelet/certificate/transport.go).
+#[tokio::test]
+async fn the_transport_cache_counts_builds_as_client_go_does() {
+    use transport::{kubelet_client, lookup, Outcome, TransportCache};
+    let dir = crate::testutil::tempdir("metrics-transport-cache");
+    let (ca, _) = self_signed();
+    let (cert, key) = self_signed();
+    let pair = dir.join("pair.pem");
+    std::fs::write(&pair, format!("{cert}{key}")).unwrap();
+    let kubelet = kube_config(&tls_kubeconfig(&ca, &pair, "")).await;
+    let mut c = TransportCache::default();
+
+    // The kubelet's and heartbeat clients: one entry, a miss then a hit.
+    let l = lookup(&kubelet);
+    assert_eq!(kubelet_client(&mut c, &l, false), Some(Outcome::Miss));
+    assert_eq!(kubelet_client(&mut c, &l, false), Some(Outcome::Hit));
+    assert_eq!(c.entries(), 1);
+    // The same kubeconfig read again keys the same.
+    let again = kube_config(&tls_kubeconfig(&ca, &pair, "")).await;
+    assert_eq!(c.get(&lookup(&again)), Outcome::Hit);
+
+    // Another CA, another server name, insecure: new entries.
+    let (other_ca, _) = self_signed();
+    let other = kube_config(&tls_kubeconfig(&other_ca, &pair, "")).await;
+    assert_eq!(c.get(&lookup(&other)), Outcome::Miss);
+    let named = kube_config(&tls_kubeconfig(&ca, &pair, "    tls-server-name: api\n")).await;
+    assert_eq!(c.get(&lookup(&named)), Outcome::Miss);
+    assert_eq!(c.entries(), 3);
+
+    // A proxy: tlsConfigKey gives up; the gauge does not move.
+    let proxied = kube_config(&tls_kubeconfig(
+        &ca,
+        &pair,
+        "    proxy-url: http://10.0.0.9:3128\n",
+    ))
+    .await;
+    assert_eq!(lookup(&proxied), transport::Lookup::Uncacheable);
+    assert_eq!(c.get(&lookup(&proxied)), Outcome::Uncacheable);
+    assert_eq!(c.get(&lookup(&proxied)), Outcome::Uncacheable);
+    assert_eq!(c.entries(), 3);
+
+    // Plain HTTP without any TLS option: DefaultTransport, never cached.
+    let plain = kube::Config::new("http://10.0.0.1:8080".parse().unwrap());
+    assert_eq!(c.get(&lookup(&plain)), Outcome::Miss);
+    assert_eq!(c.get(&lookup(&plain)), Outcome::Miss);
+    assert_eq!(c.entries(), 3);
+
+    // Rotation: the kubelet's clients bypass the cache entirely.
+    let (rotated_ca, _) = self_signed();
+    let rotated = kube_config(&tls_kubeconfig(&rotated_ca, &pair, "")).await;
+    assert_eq!(kubelet_client(&mut c, &lookup(&rotated), true), None);
+    assert_eq!(c.entries(), 3);
+    assert_eq!(
+        [Outcome::Hit, Outcome::Miss, Outcome::Uncacheable].map(|o| c.calls(o)),
+        [2, 5, 2]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn sample_f64(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Building the kubelet's clients (its own and the heartbeat client) from
+/// a kubeconfig is counted on /metrics: the first a miss that adds an
+/// entry, the second a hit. Other tests build clients too, so the deltas
+/// are lower bounds.
+#[tokio::test]
+async fn building_the_api_clients_is_counted_on_metrics() {
+    let dir = crate::testutil::tempdir("metrics-transport-build");
+    let (ca, _) = self_signed();
+    let (cert, key) = self_signed();
+    let pair = dir.join("pair.pem");
+    std::fs::write(&pair, format!("{cert}{key}")).unwrap();
+    let kc = dir.join("kubeconfig");
+    std::fs::write(&kc, tls_kubeconfig(&ca, &pair, "")).unwrap();
+    let text = || {
+        let mut out = String::new();
+        encode(&mut out, &REGISTRY).unwrap();
+        to_prometheus_text(&out)
+    };
+    let calls = |t: &str, r: &str| {
+        sample_f64(
+            t,
+            &format!("rest_client_transport_create_calls_total{{result=\"{r}\"}}"),
+        )
+    };
+    let before = text();
+    crate::apiclient::ApiClient::from_kubeconfig(&kc, 50, 100)
+        .await
+        .unwrap();
+    let after = text();
+    assert!(
+        calls(&after, "miss") >= calls(&before, "miss") + 1.0,
+        "{after}"
+    );
+    assert!(
+        calls(&after, "hit") >= calls(&before, "hit") + 1.0,
+        "{after}"
+    );
+    assert!(
+        sample_f64(&after, "rest_client_transport_cache_entries")
+            >= sample_f64(&before, "rest_client_transport_cache_entries") + 1.0,
+        "{after}"
+    );
+    assert!(after.contains(
+        "# HELP rest_client_transport_create_calls_total [ALPHA] Number of calls to get a new transport, partitioned by the result of the operation hit: obtained from the cache, miss: created and added to the cache, uncacheable: created and not cached\n# TYPE rest_client_transport_create_calls_total counter\n"
+    ), "{after}");
+    assert!(after.contains(
+        "# HELP rest_client_transport_cache_entries [ALPHA] Number of transport entries in the internal cache.\n# TYPE rest_client_transport_cache_entries gauge\n"
+    ), "{after}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn stability_levels_are_read_from_the_annotated_help() {
+    use meta::Level;
+    assert_eq!(Level::of_help(alpha!("x")), Some(Level::Alpha));
+    assert_eq!(Level::of_help(beta!("x")), Some(Level::Beta));
+    assert_eq!(Level::of_help("[INTERNAL] x"), Some(Level::Internal));
+    assert_eq!(Level::of_help("[STABLE] x"), Some(Level::Stable));
+    // Raw collectors carry no level and are not counted.
+    assert_eq!(Level::of_help("Start time of the process"), None);
+    assert_eq!(Level::of_help("[OTHER] x"), None);
+}
+
+/// lazyMetric.Create counts a registration once it happens: a gated list
+/// counts while its gate is on; custom collectors never count.
+#[test]
+fn registrations_count_by_level_once_registered() {
+    static GATE: AtomicBool = AtomicBool::new(false);
+    let list: Vec<Described> = vec![
+        ("a", alpha!("a"), Box::new(Counter::<u64>::default())),
+        ("b", beta!("b"), Box::new(Counter::<u64>::default())),
+        (
+            "kubelet_volume_stats_used_bytes",
+            alpha!("custom collector upstream"),
+            Box::new(Counter::<u64>::default()),
+        ),
+    ];
+    let mut regs = meta::registrations(&list, None);
+    regs.extend(meta::registrations(&list, Some(&GATE)));
+    assert_eq!(meta::counts(&regs), [1, 1, 0, 0]);
+    GATE.store(true, Ordering::Relaxed);
+    assert_eq!(meta::counts(&regs), [2, 2, 0, 0]);
+}
+
+/// registered_metrics_total on /metrics counts each family shown there
+/// that upstream registers as a component-base metric, by the level in
+/// its help (registry.go, metric.go), plus /metrics/probes' two (BETA
+/// prober_probe_total, ALPHA prober_probe_duration_seconds); custom and
+/// raw collectors (volume stats, log sizes, total volumes, config info,
+/// DRA claims in use, process) are not counted. The other three are 0.
+#[tokio::test]
+async fn registered_metrics_total_counts_the_families_on_metrics_by_level() {
+    // Every late registration made, so the scrape shows what is counted.
+    register_credential_provider_metrics();
+    apply_feature_gates(&crate::config::KubeletConfiguration::default());
+    certvol::register_certificate_manager(certvol::Cert::Client);
+    certvol::register_certificate_manager(certvol::Cert::Server);
+    let mut out = String::new();
+    encode(&mut out, &REGISTRY).unwrap();
+    let text = to_prometheus_text(&out);
+    let custom = [
+        "kubelet_volume_stats_",
+        "kubelet_container_log_filesystem_used_bytes",
+        "volume_manager_total_volumes",
+        "kubelet_credential_provider_config_info",
+        "dra_resource_claims_in_use",
+    ];
+    let mut want: HashMap<&str, u64> = HashMap::from([("BETA", 1), ("ALPHA", 1)]);
+    for l in text.lines() {
+        let Some(rest) = l.strip_prefix("# HELP ") else {
+            continue;
+        };
+        let (name, help) = rest.split_once(' ').unwrap();
+        if custom.iter().any(|c| name.starts_with(c)) {
+            continue;
+        }
+        if let Some(level) = help
+            .strip_prefix('[')
+            .and_then(|h| h.split_once(']'))
+            .map(|(l, _)| l)
+        {
+            *want.entry(level).or_default() += 1;
+        }
+    }
+    for level in ["ALPHA", "BETA", "INTERNAL", "STABLE"] {
+        let got = sample_f64(
+            &text,
+            &format!(
+                "registered_metrics_total{{deprecated_version=\"\",stability_level=\"{level}\"}}"
+            ),
+        );
+        assert_eq!(
+            got as u64,
+            want.get(level).copied().unwrap_or(0),
+            "{level}: {text}"
+        );
+    }
+    assert!(want["ALPHA"] > 100 && want["BETA"] >= 5 && want["INTERNAL"] == 1);
+    assert!(text.contains(
+        "# HELP registered_metrics_total [BETA] The count of registered metrics broken by stability level and deprecation version.\n# TYPE registered_metrics_total counter\n"
+    ), "{text}");
+    for (name, help) in [
+        (
+            "disabled_metrics_total",
+            "[BETA] The count of disabled metrics.",
+        ),
+        (
+            "hidden_metrics_total",
+            "[BETA] The count of hidden metrics.",
+        ),
+        (
+            "cardinality_enforcement_unexpected_categorizations_total",
+            "[ALPHA] The count of unexpected categorizations during cardinality enforcement.",
+        ),
+    ] {
+        assert!(
+            text.contains(&format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} 0\n"
+            )),
+            "{name}: {text}"
+        );
+    }
 }
