@@ -177,9 +177,41 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
         "kubelet_cpu_manager_exclusive_cpu_allocation_count",
         "reconstruct_volume_operations_total",
         "force_cleaned_failed_volume_operations_total",
+        // component-base registry.go: nothing disabled, hidden or
+        // re-categorised; restclient's cache gauge from registration
+        // (standalone: no API client built).
+        "disabled_metrics_total",
+        "hidden_metrics_total",
+        "cardinality_enforcement_unexpected_categorizations_total",
+        "rest_client_transport_cache_entries",
     ] {
         assert!(value(&s, name, &[]).is_some(), "no {name}");
     }
+    for name in [
+        "disabled_metrics_total",
+        "hidden_metrics_total",
+        "cardinality_enforcement_unexpected_categorizations_total",
+        "rest_client_transport_cache_entries",
+    ] {
+        assert_eq!(value(&s, name, &[]), Some(0.0), "{name}");
+    }
+    // The kubelet's registrations by stability level (none deprecated).
+    let registered = |level: &str| {
+        value(
+            &s,
+            "registered_metrics_total",
+            &[("stability_level", level), ("deprecated_version", "")],
+        )
+    };
+    assert!(registered("ALPHA").is_some_and(|n| n > 100.0), "ALPHA");
+    assert!(registered("BETA").is_some_and(|n| n >= 5.0), "BETA");
+    assert_eq!(registered("INTERNAL"), Some(1.0));
+    assert!(
+        !s.samples
+            .iter()
+            .any(|x| x.metric == "rest_client_transport_create_calls_total"),
+        "standalone: no client built, no transport call"
+    );
 
     // No credential provider config: upstream registers the config-info
     // collector only with plugins.
@@ -252,6 +284,23 @@ fn cluster_mode_counts_api_requests() {
     assert!(sample.labels.get("code").is_some_and(|c| !c.is_empty()));
     let host = sample.labels.get("host").unwrap_or_default();
     assert!(host.contains(':'), "host:port of the API server: {host:?}");
+    // client-go's transport cache (transport/cache.go), without
+    // rotateCertificates: the kubelet's client misses and caches its
+    // kubeconfig's TLS transport, the heartbeat client hits it.
+    let calls = |r: &str| {
+        value(
+            &s,
+            "rest_client_transport_create_calls_total",
+            &[("result", r)],
+        )
+    };
+    assert_eq!(calls("miss"), Some(1.0));
+    assert_eq!(calls("hit"), Some(1.0));
+    assert_eq!(calls("uncacheable"), None);
+    assert_eq!(
+        value(&s, "rest_client_transport_cache_entries", &[]),
+        Some(1.0)
+    );
     // This kubelet created its Node: upstream's node startup tracker sets
     // the phases, the last two once the node is Ready.
     wait_for("kubelet_node_startup_duration_seconds set", T, || {
