@@ -20,7 +20,8 @@
 //! `v134.rs` holds the families new in 1.34 and the credential provider
 //! config hash; `absent.rs` those upstream registers for parts rkubelet
 //! does not have; `certvol.rs` the certificate manager's and volume
-//! manager's.
+//! manager's; `meta.rs` component-base's registry meta-metrics;
+//! `transport.rs` client-go's transport cache families.
 
 mod http;
 mod process;
