@@ -143,12 +143,28 @@ fn removed_manifest_removes_sandbox_and_containers() {
     let p = k.wait_pod("gone", "running", T, |p| running(p, "main"));
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
     assert_eq!(k.cri.count_for_uid(&uid), (1, 1));
+    // The pod's cgroup, which the runtime made as its sandbox's parent, in
+    // every hierarchy (each v1 controller and the unified one).
+    let cgroups = rkubelet::cm::podcgroups::PodCgroups::from_mountinfo(
+        &std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
+        "/",
+    );
+    let dirs = cgroups.list().remove(&uid).expect("the pod's cgroups");
+    assert!(
+        dirs.iter()
+            .any(|d| d.ends_with(format!("besteffort/pod{uid}"))),
+        "{dirs:?}"
+    );
     k.remove_manifest("gone.yaml");
     wait_for("pod gone from /pods", T, || {
         k.pod("gone").is_none().then_some(())
     });
     wait_for("sandbox and containers removed", T, || {
         (k.cri.count_for_uid(&uid) == (0, 0)).then_some(())
+    });
+    // Removed at housekeeping, as upstream's cleanupOrphanedPodCgroups does.
+    wait_for("the pod's cgroups removed", T, || {
+        dirs.iter().all(|d| !d.exists()).then_some(())
     });
 }
 
