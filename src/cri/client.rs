@@ -304,15 +304,18 @@ impl RuntimeService for RemoteRuntime {
         tx: tokio::sync::mpsc::Sender<v1::ContainerEventResponse>,
     ) -> CriResult<()> {
         let mut c = self.runtime.clone();
-        // A stream lives as long as the runtime does: no deadline here,
-        // only on opening it.
-        let mut stream = self
-            .call(
-                "GetContainerEvents",
-                self.timeout,
-                c.get_container_events(v1::GetEventsRequest {}),
-            )
-            .await?;
+        // No deadline, on the stream or on opening it: containerd sends the
+        // response headers with the first event, so on a quiet node the
+        // open waits as long as the node stays quiet (upstream's client
+        // opens it with no deadline either). With one, the open timed out
+        // and the stream was dropped for the backoff, with a warning each
+        // time.
+        let start = tokio::time::Instant::now();
+        let opened = c.get_container_events(v1::GetEventsRequest {}).await;
+        crate::metrics::runtime_operation("GetContainerEvents", start.elapsed(), opened.is_ok());
+        let mut stream = opened
+            .map_err(|status| CriError::from_status("GetContainerEvents", status))?
+            .into_inner();
         loop {
             match stream.message().await {
                 Ok(Some(ev)) => {
@@ -459,5 +462,47 @@ impl ImageService for RemoteRuntime {
             c.image_fs_info(v1::ImageFsInfoRequest {}),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A runtime that, like containerd, answers a GetContainerEvents call
+    /// with nothing (no headers either) until an event happens.
+    #[tokio::test]
+    async fn opening_the_event_stream_waits_for_a_quiet_runtime_past_the_request_deadline() {
+        let dir = std::env::temp_dir().join(format!("rk-cri-events-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("cri.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let asked = std::sync::Arc::new(tokio::sync::Notify::new());
+        let a = asked.clone();
+        tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let svc = hyper::service::service_fn(move |_req| {
+                a.notify_one();
+                std::future::pending::<
+                    Result<hyper::Response<axum::body::Body>, std::convert::Infallible>,
+                >()
+            });
+            let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(TokioIo::new(s), svc)
+                .await;
+        });
+        let rt = RemoteRuntime::connect_lazy(
+            &format!("unix://{}", sock.display()),
+            Duration::from_millis(100),
+        )
+        .unwrap();
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        let call = tokio::spawn(async move { rt.container_events(tx).await });
+        asked.notified().await;
+        // Ten times the request deadline later, still waiting for an event.
+        let r = tokio::time::timeout(Duration::from_secs(1), call).await;
+        assert!(r.is_err(), "the stream ended: {r:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
