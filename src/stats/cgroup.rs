@@ -574,8 +574,9 @@ impl FileReader {
     }
 
     /// `value` for the files every collection reads (cpu usage, memory
-    /// usage and stat, swap): kept open when the reader keeps files. Only
-    /// these, since each open seq_file holds a page of kernel memory.
+    /// usage and stat, swap) and the pressure files: kept open when the
+    /// reader keeps files. Only these, since each open seq_file holds a
+    /// page of kernel memory.
     fn hot(&mut self, dir: &Path, file: &str) -> Option<&str> {
         if self.kept.is_some() {
             return self.kept_value(dir, file);
@@ -962,11 +963,13 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
     s
 }
 
+/// Kept open as the hot files are: opening was most of their cost (a
+/// path walk in the unified tree per file, three files per cgroup).
 fn read_psi_dir(d: &Path, detail: Detail, r: &mut FileReader) -> Option<Psi> {
-    let cpu = r.value(d, "cpu.pressure").and_then(parse_psi);
-    let memory = r.value(d, "memory.pressure").and_then(parse_psi);
+    let cpu = r.hot(d, "cpu.pressure").and_then(parse_psi);
+    let memory = r.hot(d, "memory.pressure").and_then(parse_psi);
     let io = if detail >= Detail::Summary {
-        r.value(d, "io.pressure").and_then(parse_psi)
+        r.hot(d, "io.pressure").and_then(parse_psi)
     } else {
         None
     };
@@ -1350,6 +1353,25 @@ mod tests {
         assert_eq!(r.value(&root, "missing"), None);
         assert_eq!(r.whole_path(&root.join("small")), Some("42\n"));
         let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn pressure_files_are_kept_open_between_collections() {
+        let d = tempdir("psi-kept");
+        let line = "some avg10=1.00 avg60=0.00 avg300=0.00 total=5\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=2\n";
+        for f in ["cpu.pressure", "memory.pressure", "io.pressure"] {
+            write(&d, f, line);
+        }
+        let mut r = FileReader::keeping(8);
+        let first = read_psi_dir(&d, Detail::Summary, &mut r).unwrap();
+        assert_eq!((r.opened, r.held()), (3, 3));
+        r.begin();
+        write(&d, "cpu.pressure", &line.replace("total=5", "total=9"));
+        let again = read_psi_dir(&d, Detail::Summary, &mut r).unwrap();
+        assert_eq!(r.opened, 0, "read through the kept descriptors");
+        assert_ne!(first.cpu, again.cpu, "fresh figures");
+        assert_eq!(first.memory, again.memory);
+        let _ = std::fs::remove_dir_all(d);
     }
 
     #[test]
