@@ -1413,9 +1413,10 @@ async fn set_up(
     let built = super::payload::build(&inner.objects, &inner.opts, pod, v)
         .await
         .map_err(|e| e.to_string())?;
-    // Secrets and tokens never touch a disk (upstream wraps them in a
-    // memory-backed emptyDir).
-    let on_tmpfs = matches!(plugin, "secret" | "projected");
+    // Secrets, tokens and downward API files never touch a disk (upstream's
+    // secret, projected and downwardapi plugins wrap a memory-backed
+    // emptyDir; configmap's wraps one on disk).
+    let on_tmpfs = matches!(plugin, "secret" | "projected" | "downward-api");
     let dir = plugin_dir(root, uid, plugin, &v.name);
     let d = dir.clone();
     let size = inner.opts.memory_capacity;
@@ -1869,7 +1870,7 @@ async fn check_host_path(volume: &str, path: &Path, kind: &str) -> Result<(), St
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
         DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource, HostPathVolumeSource,
@@ -1897,7 +1898,7 @@ mod tests {
         )
     }
 
-    fn pod(uid: &str, volumes: Vec<Volume>) -> Pod {
+    pub(crate) fn pod(uid: &str, volumes: Vec<Volume>) -> Pod {
         let mut p = Pod {
             spec: Some(PodSpec {
                 volumes: Some(volumes),
@@ -2129,6 +2130,9 @@ mod tests {
         let got = vm.wait_for_attach_and_mount(&p).await.unwrap();
         let file = got["info"].join("labels");
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "tier=\"a\"");
+        // On tmpfs, as upstream's downwardapi plugin (a memory-backed
+        // emptyDir); the old code wrote it to disk.
+        assert!(mount_options(&got["info"]).is_some(), "a tmpfs");
         assert!(std::fs::symlink_metadata(&file).unwrap().is_symlink());
         p.metadata.labels = Some([("tier".to_string(), "b".to_string())].into());
         // A sync with the new pod asks for a rewrite; the reconciler does it.
