@@ -65,6 +65,29 @@ pub enum ConfigError {
 /// Expands `$(VAR)` references from the container's env, `$$` escaping,
 /// unknown references left as written (upstream `expansion.Expand`).
 pub fn expand(input: &str, env: &HashMap<String, String>) -> String {
+    expand_with(input, &mut |name| env.get(name).cloned())
+}
+
+/// A subPathExpr expanded as upstream ExpandContainerVolumeMounts
+/// (pkg/kubelet/container/helpers.go): a reference to a variable that is
+/// unset or empty fails with `missing value for A, B` (names sorted).
+pub fn expand_sub_path_expr(expr: &str, env: &HashMap<String, String>) -> Result<String, String> {
+    let mut missing = std::collections::BTreeSet::new();
+    let out = expand_with(expr, &mut |name| {
+        let v = env.get(name).filter(|v| !v.is_empty()).cloned();
+        if v.is_none() {
+            missing.insert(name.to_string());
+        }
+        v
+    });
+    if missing.is_empty() {
+        return Ok(out);
+    }
+    let names: Vec<String> = missing.into_iter().collect();
+    Err(format!("missing value for {}", names.join(", ")))
+}
+
+fn expand_with(input: &str, lookup: &mut dyn FnMut(&str) -> Option<String>) -> String {
     let mut out = String::with_capacity(input.len());
     let mut rest = input;
     while let Some(pos) = rest.find('$') {
@@ -77,8 +100,8 @@ pub fn expand(input: &str, env: &HashMap<String, String>) -> String {
             match tail.find(')') {
                 Some(end) => {
                     let name = &tail[..end];
-                    match env.get(name) {
-                        Some(v) => out.push_str(v),
+                    match lookup(name) {
+                        Some(v) => out.push_str(&v),
                         None => {
                             out.push_str("$(");
                             out.push_str(name);
@@ -565,10 +588,11 @@ pub fn container_config(
     let caps = sc.and_then(|s| s.capabilities.as_ref());
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let mut mounts = volume::container_mounts(
+        pod,
         c,
         ctx.volumes,
         &volume::subpaths_dir(&opts.root_dir, uid),
-        &|s| expand(s, &env_map),
+        &|s| expand_sub_path_expr(s, &env_map),
     )?;
     if let Some(m) = termination_message_mount(opts, pod, c, &mounts)? {
         mounts.push(m);
@@ -659,6 +683,24 @@ mod tests {
         assert_eq!(expand("$$(A)", &env), "$(A)");
         assert_eq!(expand("a$b", &env), "a$b");
         assert_eq!(expand("$(A", &env), "$(A");
+    }
+
+    /// Upstream ExpandContainerVolumeMounts: unset or empty variables fail
+    /// the subPathExpr, all of them named, sorted. The old code left
+    /// `$(B)` in the path and created a directory of that name.
+    #[test]
+    fn a_sub_path_expr_with_an_unset_or_empty_variable_fails_as_upstream() {
+        let env: HashMap<String, String> = [
+            ("A".to_string(), "x".to_string()),
+            ("E".to_string(), String::new()),
+        ]
+        .into();
+        assert_eq!(expand_sub_path_expr("$(A)/y", &env).as_deref(), Ok("x/y"));
+        assert_eq!(expand_sub_path_expr("$$(B)", &env).as_deref(), Ok("$(B)"));
+        assert_eq!(
+            expand_sub_path_expr("$(B)/$(E)/$(A)", &env),
+            Err("missing value for B, E".to_string())
+        );
     }
 
     #[test]

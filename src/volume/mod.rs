@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::cri::v1::{Mount, MountPropagation};
 
@@ -46,6 +46,12 @@ pub enum VolumeError {
     NoBlockVolume { container: String, volume: String },
     #[error("container {container}: volumeMount {volume:?} names no volume of the pod")]
     UnknownVolume { container: String, volume: String },
+    /// Upstream ExpandContainerVolumeMounts' message, as is.
+    #[error("{0}")]
+    SubPathExpr(String),
+    /// Upstream translateMountPropagation's message.
+    #[error("invalid MountPropagation mode: {0:?}")]
+    MountPropagation(String),
     #[error("container {container}: {source}")]
     SubPath {
         container: String,
@@ -138,15 +144,40 @@ pub fn subpaths_dir(root: &Path, uid: &str) -> PathBuf {
     pod_dir(root, uid).join("volume-subpaths")
 }
 
+/// Whether the pod's volume `name` is mounted read-only whatever its
+/// volumeMount says: upstream makeMounts ORs the mount's readOnly with the
+/// plugin's `GetAttributes().ReadOnly` (pkg/kubelet/kubelet_pods.go),
+/// always true for configMap, secret, downwardAPI and projected
+/// (pkg/volume/configmap, ...), the claim's or source's readOnly for
+/// hostPath, local and CSI (pkg/volume/hostpath, local, csi).
+fn must_mount_ro(pod: &Pod, name: &str) -> bool {
+    let Some(v) = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .find(|v| v.name == name)
+    else {
+        return false;
+    };
+    v.config_map.is_some()
+        || v.secret.is_some()
+        || v.downward_api.is_some()
+        || v.projected.is_some()
+        || v.persistent_volume_claim.as_ref().and_then(|c| c.read_only) == Some(true)
+        || v.csi.as_ref().and_then(|c| c.read_only) == Some(true)
+}
+
 /// CRI mounts for a container's volumeMounts, honouring readOnly, subPath
-/// and subPathExpr (expanded by `expand` from the container's env). A
-/// subPath is resolved inside its volume and bind-mounted under
-/// `subpaths` (see `subpath`); one that leaves the volume is an error.
+/// and subPathExpr (expanded by `expand` from the container's env; its
+/// error is upstream's message). A subPath is resolved inside its volume
+/// and bind-mounted under `subpaths` (see `subpath`); one that leaves the
+/// volume is an error.
 pub fn container_mounts(
+    pod: &Pod,
     c: &Container,
     volumes: &HashMap<String, PathBuf>,
     subpaths: &Path,
-    expand: &dyn Fn(&str) -> String,
+    expand: &dyn Fn(&str) -> Result<String, String>,
 ) -> Result<Vec<Mount>, VolumeError> {
     let mut mounts = Vec::new();
     for (i, vm) in c.volume_mounts.iter().flatten().enumerate() {
@@ -158,7 +189,7 @@ pub fn container_mounts(
             })?;
         let sub = match (vm.sub_path.as_deref(), vm.sub_path_expr.as_deref()) {
             (Some(s), _) if !s.is_empty() => Some(s.to_string()),
-            (_, Some(e)) if !e.is_empty() => Some(expand(e)),
+            (_, Some(e)) if !e.is_empty() => Some(expand(e).map_err(VolumeError::SubPathExpr)?),
             _ => None,
         };
         let host = match sub {
@@ -173,15 +204,17 @@ pub fn container_mounts(
             }
             None => base.clone(),
         };
+        // Upstream translateMountPropagation (pkg/kubelet/kubelet_pods.go).
         let propagation = match vm.mount_propagation.as_deref() {
+            None | Some("None") => MountPropagation::PropagationPrivate,
             Some("HostToContainer") => MountPropagation::PropagationHostToContainer,
             Some("Bidirectional") => MountPropagation::PropagationBidirectional,
-            _ => MountPropagation::PropagationPrivate,
+            Some(other) => return Err(VolumeError::MountPropagation(other.into())),
         };
         mounts.push(Mount {
             container_path: vm.mount_path.clone(),
             host_path: host.to_string_lossy().into_owned(),
-            readonly: vm.read_only.unwrap_or(false),
+            readonly: vm.read_only.unwrap_or(false) || must_mount_ro(pod, &vm.name),
             propagation: propagation as i32,
             ..Default::default()
         });
@@ -465,7 +498,7 @@ mod tests {
             ..Default::default()
         };
         let sp = subpaths_dir(&root, "u1");
-        let m = container_mounts(&c, &vols, &sp, &|s| s.to_string()).unwrap();
+        let m = container_mounts(&pod, &c, &vols, &sp, &|s| Ok(s.to_string())).unwrap();
         assert!(m[0].host_path.ends_with("volume-subpaths/scratch/a/0") && !m[0].readonly);
         assert!(vols["scratch"].join("x").is_dir());
         assert!(m[1].readonly);
@@ -479,7 +512,7 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            container_mounts(&bad, &vols, &sp, &|s| s.to_string()),
+            container_mounts(&pod, &bad, &vols, &sp, &|s| Ok(s.to_string())),
             Err(VolumeError::UnknownVolume { .. })
         ));
         vm.unmount_pod("u1", std::time::Duration::from_secs(5))
@@ -488,6 +521,123 @@ mod tests {
         assert!(!vols["scratch"].exists(), "the emptyDir is torn down");
         assert!(host.is_dir(), "a hostPath is the host's: left alone");
         cleanup_pod_dir(&root, "u1").unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+    /// Upstream makeMounts: API-data volumes and read-only claims are
+    /// mounted read-only whatever the volumeMount says, mountPropagation is
+    /// translated (an unknown mode is an error), and a subPathExpr is
+    /// expanded, its expander's error failing the container. The old code
+    /// took readOnly from the volumeMount alone, made an unknown mode
+    /// private and could not fail an expansion.
+    #[test]
+    fn api_data_volumes_are_read_only_propagation_is_translated_and_sub_path_expr_expanded() {
+        use k8s_openapi::api::core::v1::{
+            ConfigMapVolumeSource, PersistentVolumeClaimVolumeSource, ProjectedVolumeSource,
+            SecretVolumeSource,
+        };
+        let root = std::env::temp_dir().join(format!("rkubelet-ro-{}", std::process::id()));
+        let vol = |name: &str| Volume {
+            name: name.into(),
+            ..Default::default()
+        };
+        let claim = |name: &str, ro: Option<bool>| Volume {
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: name.into(),
+                read_only: ro,
+            }),
+            ..vol(name)
+        };
+        let pod = super::manager::tests::pod(
+            "u2",
+            vec![
+                Volume {
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..vol("scratch")
+                },
+                Volume {
+                    config_map: Some(ConfigMapVolumeSource::default()),
+                    ..vol("cfg")
+                },
+                Volume {
+                    secret: Some(SecretVolumeSource::default()),
+                    ..vol("sec")
+                },
+                Volume {
+                    projected: Some(ProjectedVolumeSource::default()),
+                    ..vol("proj")
+                },
+                claim("ro-claim", Some(true)),
+                claim("rw-claim", None),
+            ],
+        );
+        let names = ["scratch", "cfg", "sec", "proj", "ro-claim", "rw-claim"];
+        let vols: HashMap<String, PathBuf> = names
+            .iter()
+            .map(|n| (n.to_string(), root.join("vols").join(n)))
+            .collect();
+        std::fs::create_dir_all(&vols["scratch"]).unwrap();
+        let mount = |name: &str, propagation: Option<&str>| VolumeMount {
+            name: name.into(),
+            mount_path: format!("/{name}"),
+            read_only: Some(false),
+            mount_propagation: propagation.map(String::from),
+            ..Default::default()
+        };
+        let with = |mounts: Vec<VolumeMount>| Container {
+            name: "a".into(),
+            volume_mounts: Some(mounts),
+            ..Default::default()
+        };
+        let sp = subpaths_dir(&root, "u2");
+        let ok = |s: &str| Ok(s.replace("$(N)", "n1"));
+        let c = with(names.iter().map(|n| mount(n, None)).collect());
+        let m = container_mounts(&pod, &c, &vols, &sp, &ok).unwrap();
+        let ro: Vec<bool> = m.iter().map(|m| m.readonly).collect();
+        assert_eq!(ro, [false, true, true, true, true, false]);
+
+        let c = with(vec![
+            mount("scratch", Some("None")),
+            mount("scratch", Some("HostToContainer")),
+            mount("scratch", Some("Bidirectional")),
+        ]);
+        let m = container_mounts(&pod, &c, &vols, &sp, &ok).unwrap();
+        let p: Vec<i32> = m.iter().map(|m| m.propagation).collect();
+        assert_eq!(
+            p,
+            [
+                MountPropagation::PropagationPrivate as i32,
+                MountPropagation::PropagationHostToContainer as i32,
+                MountPropagation::PropagationBidirectional as i32,
+            ]
+        );
+        let e = container_mounts(
+            &pod,
+            &with(vec![mount("scratch", Some("Sideways"))]),
+            &vols,
+            &sp,
+            &ok,
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "invalid MountPropagation mode: \"Sideways\"");
+
+        let expr = |e: &str| VolumeMount {
+            sub_path_expr: Some(e.into()),
+            ..mount("scratch", None)
+        };
+        let m = container_mounts(&pod, &with(vec![expr("d-$(N)")]), &vols, &sp, &ok).unwrap();
+        assert!(
+            m[0].host_path.ends_with("volume-subpaths/scratch/a/0"),
+            "{m:?}"
+        );
+        assert!(
+            vols["scratch"].join("d-n1").is_dir(),
+            "the expanded subPath is made"
+        );
+        let failing = |_: &str| Err("missing value for N".to_string());
+        let e =
+            container_mounts(&pod, &with(vec![expr("d-$(N)")]), &vols, &sp, &failing).unwrap_err();
+        assert_eq!(e.to_string(), "missing value for N");
+        cleanup_pod_dir(&root, "u2").unwrap();
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
