@@ -608,12 +608,10 @@ impl ObjectManager {
             message: "TokenRequest answered without a status".into(),
         })?;
         let expires_at = status.expiration_timestamp.0.as_second();
-        // Refreshed at 80 % of the life the server granted (which may be
-        // shorter than asked for), or after 24 h, as upstream.
         Ok(Token {
             token: status.token,
             expires_at,
-            refresh_at: now + ((expires_at - now) * 4 / 5).min(24 * 3600),
+            refresh_at: token_refresh_at(now, expires_at),
         })
     }
 
@@ -781,6 +779,14 @@ async fn reflect<K: Watched>(
 /// Keeps `tx` equal to every Service in the cluster: list, watch, re-list
 /// on 410 Gone, retry with backoff; the last set stays while the API
 /// server is away.
+/// When a token got at `now` is asked for again: at 80 % of the life the
+/// server granted (which may be shorter than asked for), or after 24 h,
+/// whichever is first (upstream requiresRefresh, pkg/kubelet/token/
+/// token_manager.go; its 0-10 s jitter is not kept).
+fn token_refresh_at(now: i64, expires_at: i64) -> i64 {
+    now + ((expires_at - now) * 4 / 5).min(24 * 3600)
+}
+
 async fn reflect_services(api: ApiClient, tx: watch::Sender<Option<Arc<ServiceMap>>>) {
     let mut generation = api.generation();
     let key = |s: &Service| {
@@ -921,6 +927,15 @@ fn pod_refs(pod: &Pod) -> PodRefs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_are_refreshed_at_80_percent_of_their_life_or_after_24_hours() {
+        let now = 1_000_000;
+        assert_eq!(token_refresh_at(now, now + 3607), now + 2885);
+        assert_eq!(token_refresh_at(now, now + 20), now + 16);
+        // A 48 h token: after 24 h, not at 38.4 h.
+        assert_eq!(token_refresh_at(now, now + 48 * 3600), now + 24 * 3600);
+    }
 
     #[test]
     fn a_pods_references_cover_volumes_env_env_from_and_pull_secrets() {
