@@ -59,6 +59,17 @@ fn running_pod(api: &ApiServer, name: &str) -> Value {
     })
 }
 
+/// Waits for a FailedMount event of `pod` whose message `ok` accepts.
+fn failed_mount(api: &ApiServer, pod: &str, ok: impl Fn(&str) -> bool) -> Value {
+    wait_for(&format!("a FailedMount event for {pod}"), T, || {
+        api.list("events").into_iter().find(|e| {
+            e["reason"] == "FailedMount"
+                && e["involvedObject"]["name"] == pod
+                && e["message"].as_str().is_some_and(&ok)
+        })
+    })
+}
+
 #[test]
 fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
     let api = ApiServer::start(ApiServerOptions {
@@ -131,6 +142,30 @@ fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
     assert_eq!(spec["boundObjectRef"]["uid"], uid.as_str());
     assert_eq!(spec["expirationSeconds"], 3607);
 
+    // Referenced objects are watched one by one (upstream's Watch
+    // strategy: a metadata.name field selector each), never listed
+    // cluster-wide (the node authorizer would refuse it).
+    let reads = api.requests();
+    for (res, obj) in [("configmaps", "cfg"), ("secrets", "sec")] {
+        let one = format!("/namespaces/default/{res}?");
+        let sel = format!("fieldSelector=metadata.name%3D{obj}");
+        assert!(
+            reads.iter().any(|r| r.path.contains(&sel)),
+            "{res}: {obj} watched"
+        );
+        for r in reads.iter().filter(|r| r.path.contains(&one)) {
+            assert!(
+                r.path.contains("fieldSelector=metadata.name%3D"),
+                "{}",
+                r.path
+            );
+        }
+        let cluster_wide = format!("/api/v1/{res}");
+        assert!(
+            !reads.iter().any(|r| r.path.starts_with(&cluster_wide)),
+            "{res}"
+        );
+    }
     // ConfigMap as files and env; Secret files 0644 by default, defaultMode
     // honoured; the downward API.
     assert_eq!(sh(&k, &id, "cat /cfg/key /cfg/other"), "v1o");
@@ -140,6 +175,14 @@ fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
     assert_eq!(sh(&k, &id, "stat -L -c %a /sec/pw"), "644");
     assert_eq!(sh(&k, &id, "stat -L -c %a /sec2/pw"), "400");
     assert_eq!(sh(&k, &id, "cat /info/labels"), "app=\"data\"");
+    // API-data volumes are read-only in the container whatever the
+    // volumeMount says (upstream's plugins: GetAttributes().ReadOnly); an
+    // emptyDir is not.
+    for dir in ["/cfg", "/sec", "/info", sa] {
+        let w = format!("touch {dir}/x 2>/dev/null && echo rw || echo ro");
+        assert_eq!(sh(&k, &id, &w), "ro", "{dir}");
+    }
+    assert_eq!(sh(&k, &id, "touch /mem/x && echo rw"), "rw");
 
     // On the host: secrets and the Memory emptyDir on tmpfs (the latter of
     // its sizeLimit), the configMap on disk.
@@ -166,6 +209,8 @@ fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
     assert_eq!(mem.0, "tmpfs");
     assert!(mem.1.contains("size=16384k"), "{mem:?}");
     assert!(mount_at(&vols.join("kubernetes.io~configmap/cfg")).is_none());
+    let info = mount_at(&vols.join("kubernetes.io~downward-api/info"));
+    assert_eq!(info.expect("the downward API volume is a mount").0, "tmpfs");
 
     // An update reaches the file within the sync period; the subPath mount
     // keeps the content it was started with, as upstream.
@@ -297,15 +342,8 @@ fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
             }]
         }
     }));
-    wait_for("a FailedMount event for the File hostPath", T, || {
-        api.list("events").into_iter().find(|e| {
-            e["reason"] == "FailedMount"
-                && e["involvedObject"]["name"] == hp.as_str()
-                && e["message"].as_str().is_some_and(|m| {
-                    m.contains("MountVolume.SetUp failed for volume \"file\"")
-                        && m.contains("is not a file")
-                })
-        })
+    failed_mount(&api, &hp, |m| {
+        m.contains("MountVolume.SetUp failed for volume \"file\"") && m.contains("is not a file")
     });
     assert!(made.is_dir(), "DirectoryOrCreate made the directory");
     std::fs::write(host.join("nofile"), "f").unwrap();
@@ -426,11 +464,66 @@ fn missing_data_waits_with_upstreams_reasons_and_persistent_volumes_mount() {
         !metrics.contains("persistentvolumeclaim=\"claim\""),
         "no series for the hostPath PV's claim"
     );
-    for n in [&name, &hp, &pv] {
+    // A generic ephemeral volume: its claim `<pod>-<volume>` is used only
+    // once the pod owns it (upstream ephemeral.VolumeIsForPod), then it is
+    // mounted as any claim.
+    let eph = format!("eph-{node}");
+    let eph_claim = format!("{eph}-scratch");
+    let eph_dir = k.dir.join("eph-pv");
+    std::fs::create_dir_all(&eph_dir).unwrap();
+    std::fs::write(eph_dir.join("data"), "ephemeral").unwrap();
+    let owner = |name: &str, uid: &str| json!([{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": true}]);
+    let pvc3 = api.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": eph_claim, "namespace": "default",
+            "ownerReferences": owner("other", "0b8a4c1e-0000-4000-8000-000000000000")},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "pv3"}}));
+    api.create(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "pv3"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "hostPath": {"path": eph_dir.to_str().unwrap()},
+            "claimRef": {"namespace": "default", "name": eph_claim, "uid": pvc3["metadata"]["uid"]}}}));
+    let bind = |api: &ApiServer| {
+        let mut c = api
+            .get("persistentvolumeclaims", Some("default"), &eph_claim)
+            .unwrap();
+        c["status"] = json!({"phase": "Bound"});
+        api.update_status(c);
+    };
+    bind(&api);
+    let p = api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": eph, "namespace": "default"},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {
+                "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]
+            }]
+        }
+    }));
+    let not_owner =
+        format!("PVC default/{eph_claim} was not created for pod default/{eph} (pod is not owner)");
+    failed_mount(&api, &eph, |m| m.contains(&not_owner));
+    let mut c = api
+        .get("persistentvolumeclaims", Some("default"), &eph_claim)
+        .unwrap();
+    c["metadata"]["ownerReferences"] = owner(&eph, p["metadata"]["uid"].as_str().unwrap());
+    api.update(c);
+    bind(&api);
+    let p = running_pod(&api, &eph);
+    assert_eq!(
+        sh(&k, &container_id(&p, 0), "cat /scratch/data"),
+        "ephemeral"
+    );
+
+    for n in [&name, &hp, &pv, &eph] {
         api.delete("pods", Some("default"), n, Some(0));
     }
     wait_for("the pods to be gone", T, || {
-        [&name, &hp, &pv]
+        [&name, &hp, &pv, &eph]
             .iter()
             .all(|n| api.get("pods", Some("default"), n).is_none())
             .then_some(())
