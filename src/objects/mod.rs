@@ -1010,19 +1010,21 @@ mod refcount_tests {
 
     /// A tiny API server answering GETs of ConfigMap "cm" (resourceVersion
     /// = the number of GETs so far; 404 once `gone` is set): the GETs seen.
-    async fn configmap_server(
-        gone: Arc<std::sync::atomic::AtomicBool>,
+    /// A fake API server answering each request with `respond(n)` (n: the
+    /// request's number from 1); returns its URL and the request count.
+    async fn fake_api(
+        respond: impl Fn(usize) -> (&'static str, String) + Send + Sync + 'static,
     ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
         use std::sync::atomic::Ordering;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
         let gets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let g = gets.clone();
+        let (g, respond) = (gets.clone(), Arc::new(respond));
         tokio::spawn(async move {
             loop {
                 let (mut conn, _) = l.accept().await.unwrap();
-                let (g, gone) = (g.clone(), gone.clone());
+                let (g, respond) = (g.clone(), respond.clone());
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     let mut chunk = [0u8; 4096];
@@ -1035,18 +1037,18 @@ mod refcount_tests {
                         }
                         buf.extend_from_slice(&chunk[..n]);
                         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            buf.drain(..end + 4);
-                            let n = g.fetch_add(1, Ordering::SeqCst) + 1;
-                            let (code, body) = if gone.load(Ordering::SeqCst) {
-                                ("404 Not Found", r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"configmaps \"cm\" not found"}"#.to_string())
-                            } else {
-                                (
-                                    "200 OK",
-                                    format!(
-                                        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"cm","namespace":"ns","resourceVersion":"{n}"}}}}"#
-                                    ),
-                                )
-                            };
+                            // A POST's body follows its head.
+                            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                            let body_len = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            if buf.len() < end + 4 + body_len {
+                                break;
+                            }
+                            buf.drain(..end + 4 + body_len);
+                            let (code, body) = respond(g.fetch_add(1, Ordering::SeqCst) + 1);
                             let resp = format!(
                                 "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                                 body.len()
@@ -1060,6 +1062,61 @@ mod refcount_tests {
             }
         });
         (url, gets)
+    }
+
+    async fn configmap_server(
+        gone: Arc<std::sync::atomic::AtomicBool>,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        fake_api(move |n| {
+            if gone.load(std::sync::atomic::Ordering::SeqCst) {
+                ("404 Not Found", r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"configmaps \"cm\" not found"}"#.to_string())
+            } else {
+                (
+                    "200 OK",
+                    format!(
+                        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"cm","namespace":"ns","resourceVersion":"{n}"}}}}"#
+                    ),
+                )
+            }
+        })
+        .await
+    }
+
+    /// Upstream's token manager: a token is served from the cache until its
+    /// refresh time, per (account, audiences, lifetime, bound pod). Without
+    /// the cache every volume rewrite (each sync period) would ask again.
+    #[tokio::test]
+    async fn a_token_is_requested_once_and_served_from_the_cache_until_due() {
+        use std::sync::atomic::Ordering;
+        let (url, posts) = fake_api(|n| {
+            let now = k8s_openapi::jiff::Timestamp::now().as_second();
+            let exp = k8s_openapi::jiff::Timestamp::from_second(now + 3600).unwrap();
+            (
+                "201 Created",
+                format!(
+                    r#"{{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{{"audiences":[],"expirationSeconds":3600}},"status":{{"token":"t{n}","expirationTimestamp":"{exp}"}}}}"#
+                ),
+            )
+        })
+        .await;
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let slot = Arc::new(OnceLock::new());
+        let _ = slot.set(ApiClient::new(client, 50, 100));
+        let m = ObjectManager::new(slot, TaskTracker::new(), CancellationToken::new());
+        let spec = |uid: &str| TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            bound_object_ref: Some(k8s_openapi::api::authentication::v1::BoundObjectReference {
+                uid: Some(uid.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let get = |uid: &'static str| m.service_account_token("ns", "sa", spec(uid));
+        assert_eq!(get("p1").await.unwrap().token, "t1");
+        assert_eq!(get("p1").await.unwrap().token, "t1", "cached");
+        assert_eq!(posts.load(Ordering::SeqCst), 1);
+        assert_eq!(get("p2").await.unwrap().token, "t2", "another pod: its own");
+        assert_eq!(posts.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
