@@ -61,18 +61,12 @@ impl PodCgroups {
     pub fn from_mountinfo(text: &str, cgroup_root: &str) -> Self {
         let rel = cgroup_root.trim_matches('/');
         let mut tops = Vec::new();
-        for line in text.lines() {
-            // id parent maj:min root mountpoint opts [optional...] - fstype ...
-            let Some((pre, post)) = line.split_once(" - ") else {
-                continue;
-            };
-            let pre: Vec<&str> = pre.split(' ').collect();
-            let fstype = post.split(' ').next().unwrap_or_default();
+        for m in crate::stats::procfs::mount_lines(text) {
             // A bind of a sub-tree is not a hierarchy's root.
-            if pre.len() < 5 || pre[3] != "/" || !matches!(fstype, "cgroup" | "cgroup2") {
+            if m.root != "/" || !matches!(m.fs_type, "cgroup" | "cgroup2") {
                 continue;
             }
-            let mut top = PathBuf::from(pre[4]);
+            let mut top = PathBuf::from(m.mount_point);
             if !rel.is_empty() {
                 top.push(rel);
             }
@@ -208,6 +202,30 @@ impl Cleaner {
             tasks,
             token,
         }
+    }
+
+    /// The cleaner for this host's hierarchies (`/proc/self/mountinfo`);
+    /// one that does nothing with the systemd driver.
+    pub async fn for_host(
+        systemd: bool,
+        cgroup_root: &str,
+        root_dir: PathBuf,
+        tasks: TaskTracker,
+        token: CancellationToken,
+    ) -> Self {
+        let cgroups = if systemd {
+            None
+        } else {
+            let text = crate::blocking::run(
+                "read /proc/self/mountinfo".into(),
+                Duration::from_secs(5),
+                || std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+            )
+            .await
+            .unwrap_or_default();
+            Some(PodCgroups::from_mountinfo(&text, cgroup_root))
+        };
+        Self::new(cgroups, root_dir, tasks, token)
     }
 
     /// One pass, unless the last one is still running. `known` says which

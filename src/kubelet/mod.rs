@@ -279,26 +279,14 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     );
     manager.volumes.start(&cluster_tasks, token.child_token());
     // Pod cgroups the runtime leaves behind, removed at housekeeping.
-    let pod_cgroups = crate::cm::podcgroups::Cleaner::new(
-        if cfg.cgroup_driver == "systemd" {
-            None
-        } else {
-            let text = crate::blocking::run(
-                "read /proc/self/mountinfo".into(),
-                Duration::from_secs(5),
-                || std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
-            )
-            .await
-            .unwrap_or_default();
-            Some(crate::cm::podcgroups::PodCgroups::from_mountinfo(
-                &text,
-                &cfg.cgroup_root,
-            ))
-        },
+    let pod_cgroups = crate::cm::podcgroups::Cleaner::for_host(
+        cfg.cgroup_driver == "systemd",
+        &cfg.cgroup_root,
         opts.root_dir.clone(),
         cluster_tasks.clone(),
         token.child_token(),
-    );
+    )
+    .await;
     // CSI drivers register through sockets in <root-dir>/plugins_registry
     // (upstream's plugin manager).
     manager.volumes.csi_drivers().set_node_name(&opts.node_name);
@@ -547,14 +535,14 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             let (p, w) = (pods_for_gc, workers_for_gc);
             Box::new(move || {
                 gc_manager.gc_backoff();
-                let (p2, w2) = (p.clone(), w.clone());
-                gc_manager
-                    .volumes
-                    .cleanup_orphaned_pod_dirs(move |uid| p2.contains(uid) || w2.is_known(uid));
-                // Asked as each pod is looked at: a pod added since has no
-                // sandbox, hence no cgroup, before the pod manager has it.
-                let (p, w) = (p.clone(), w.clone());
-                pod_cgroups.run(move |uid| p.contains(uid) || w.is_known(uid));
+                // Asked as each pod is looked at: a pod added since is in
+                // the pod manager before it has a directory or a cgroup.
+                let known = || {
+                    let (p, w) = (p.clone(), w.clone());
+                    move |uid: &str| p.contains(uid) || w.is_known(uid)
+                };
+                gc_manager.volumes.cleanup_orphaned_pod_dirs(known());
+                pod_cgroups.run(known());
             })
         }),
         deleting,

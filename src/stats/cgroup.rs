@@ -39,21 +39,12 @@ impl Hierarchy {
     pub fn from_mountinfo(text: &str) -> Self {
         let mut roots = HashMap::new();
         let mut unified = None;
-        for line in text.lines() {
-            // Fields: id parent maj:min root mountpoint opts [optional...] - fstype source superopts
-            let Some((pre, post)) = line.split_once(" - ") else {
-                continue;
-            };
-            let pre: Vec<&str> = pre.split(' ').collect();
-            let post: Vec<&str> = post.split(' ').collect();
-            if pre.len() < 5 || post.len() < 3 {
-                continue;
-            }
-            let mount = PathBuf::from(pre[4]);
-            match post[0] {
+        for m in super::procfs::mount_lines(text) {
+            let mount = PathBuf::from(m.mount_point);
+            match m.fs_type {
                 "cgroup2" => unified = Some(mount),
                 "cgroup" => {
-                    for opt in post[2].split(',') {
+                    for opt in m.super_opts.split(',') {
                         if matches!(opt, "cpu" | "cpuacct" | "memory" | "pids" | "blkio") {
                             roots
                                 .entry(opt.to_string())

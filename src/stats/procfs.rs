@@ -143,19 +143,42 @@ pub fn statvfs(path: &Path) -> Option<FsFigures> {
     })
 }
 
+/// One line of `/proc/self/mountinfo`: `id parent maj:min root mountpoint
+/// opts [optional...] - fstype source superopts`.
+pub struct MountLine<'a> {
+    /// Where in its file system the mount starts (`/` for a whole one).
+    pub root: &'a str,
+    pub mount_point: &'a str,
+    pub fs_type: &'a str,
+    pub source: &'a str,
+    pub super_opts: &'a str,
+}
+
+/// The well-formed lines of a mountinfo text.
+pub fn mount_lines(mountinfo: &str) -> impl Iterator<Item = MountLine<'_>> {
+    mountinfo.lines().filter_map(|line| {
+        let (pre, post) = line.split_once(" - ")?;
+        let mut pre = pre.split(' ').skip(3);
+        let (root, mount_point) = (pre.next()?, pre.next()?);
+        let mut post = post.split(' ');
+        Some(MountLine {
+            root,
+            mount_point,
+            fs_type: post.next()?,
+            source: post.next()?,
+            super_opts: post.next()?,
+        })
+    })
+}
+
 /// The source device of the mount holding `path`, from
 /// `/proc/self/mountinfo` (cAdvisor's `device` label).
 pub fn device_of(mountinfo: &str, path: &Path) -> Option<String> {
     let mut best: Option<(usize, String)> = None;
-    for line in mountinfo.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        let (Some(mp), Some(src)) = (pre.split(' ').nth(4), post.split(' ').nth(1)) else {
-            continue;
-        };
+    for m in mount_lines(mountinfo) {
+        let mp = m.mount_point;
         if path.starts_with(mp) && best.as_ref().is_none_or(|(l, _)| mp.len() >= *l) {
-            best = Some((mp.len(), src.to_string()));
+            best = Some((mp.len(), m.source.to_string()));
         }
     }
     best.map(|(_, d)| d)
