@@ -273,7 +273,8 @@ impl Hierarchy {
     /// count; no other figure needs it, so `read_with` leaves it out).
     pub fn pids_with(&self, name: &str, r: &mut FileReader) -> Option<u64> {
         let d = self.dir("pids", name)?;
-        r.value_u64(&d, "pids.current")
+        // Read at every summary scrape, one per pod: kept open.
+        r.hot_u64(&d, "pids.current")
     }
 }
 
@@ -565,9 +566,9 @@ impl FileReader {
     }
 
     /// `value` for the files every collection reads (cpu usage, memory
-    /// usage and stat, swap) and the pressure files: kept open when the
-    /// reader keeps files. Only these, since each open seq_file holds a
-    /// page of kernel memory.
+    /// usage and stat, swap), the pressure files and the pods' task counts:
+    /// kept open when the reader keeps files. Only these, since each open
+    /// seq_file holds a page of kernel memory.
     fn hot(&mut self, dir: &Path, file: &str) -> Option<&str> {
         if self.kept.is_some() {
             return self.kept_value(dir, file);
