@@ -31,6 +31,10 @@ const MIN_RATE_WINDOW_NS: i64 = 1_000_000_000;
 /// Deadline for the file reads of one collection (a stuck cgroupfs read
 /// must not hang the scrape forever).
 const READ_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a collection waits for another to finish with the reader that
+/// keeps files open before reading with one of its own (a collection takes
+/// 5 to 30 ms at 110 pods; longer means something is stuck).
+const TURN_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StatsError {
@@ -268,6 +272,8 @@ struct Inner {
     paths: Mutex<PathCache>,
     /// The cgroup file reader, with the files it keeps open.
     reader: Mutex<Option<FileReader>>,
+    /// Held by the collection reading through `reader` (see `read_files`).
+    collecting: Mutex<()>,
     /// Pod volume usage, measured in the background.
     volumes: super::volumes::VolumeStatsCache,
     /// Boot time (Unix ns), from /proc/stat once.
@@ -1003,21 +1009,46 @@ fn read_files(
     image_fs: Option<v1::FilesystemUsage>,
     detail: Detail,
 ) -> Snapshot {
-    let full = is_full(detail);
-    let h = hierarchy(inner);
-    let v2 = h.is_v2();
-    // Concurrent collections are rare (scrapes share one); a second one
-    // reads with a reader of its own.
-    let cpu0 = thread_cpu_ns();
+    with_reader(inner, |r| {
+        read_files_with(inner, r, cfg, plans, image_names, image_fs, detail)
+    })
+}
+
+/// Runs `f` with the reader that keeps files open, one collection at a
+/// time. A collection that needs more than the one under way (cAdvisor's
+/// scrape arriving during metrics-server's: Prometheus and metrics-server
+/// often time them together) waits for it and reads through the same warm
+/// reader; reading every file cold instead took 60 to 190 ms at 110 pods.
+/// Only past `TURN_WAIT` does it read with a reader of its own.
+fn with_reader<T>(inner: &Inner, f: impl FnOnce(&mut FileReader) -> T) -> T {
+    let _turn = inner.collecting.try_lock_for(TURN_WAIT);
     let mut r = inner
         .reader
         .lock()
         .take()
         .unwrap_or_else(|| FileReader::keeping(kept_files_cap()));
+    let out = f(&mut r);
+    *inner.reader.lock() = Some(r);
+    out
+}
+
+fn read_files_with(
+    inner: &Inner,
+    r: &mut FileReader,
+    cfg: &StatsConfig,
+    plans: &[PodPlan],
+    image_names: &HashMap<String, String>,
+    image_fs: Option<v1::FilesystemUsage>,
+    detail: Detail,
+) -> Snapshot {
+    let full = is_full(detail);
+    let h = hierarchy(inner);
+    let v2 = h.is_v2();
+    let cpu0 = thread_cpu_ns();
     r.begin();
     let time_ns = now_ns();
     let proc_dir = Path::new("/proc");
-    let root = h.read_with("/", detail, &mut r);
+    let root = h.read_with("/", detail, r);
     // The root cgroup has cpu figures on v1 and on v2 since 5.x; /proc/stat
     // only where it has not, and once for the boot time.
     let busy_ns = if root.cpu.is_none() {
@@ -1065,7 +1096,7 @@ fn read_files(
             let mut devs = devices_of(inner, &paths).into_iter();
             node.rootfs_device = devs.next().flatten();
             node.imagefs_device = devs.next().flatten();
-            node.filesystems = global_fs_stats(inner, &mut r);
+            node.filesystems = global_fs_stats(inner, r);
         }
     }
 
@@ -1084,11 +1115,11 @@ fn read_files(
                 cpu_nano_cores: None,
             })
         };
-        if let Some(c) = by_process("self", &mut r) {
+        if let Some(c) = by_process("self", r) {
             system.push(("kubelet".to_string(), c));
         }
-        if let Some(pid) = runtime_pid(inner, &mut r) {
-            if let Some(c) = by_process(&pid.to_string(), &mut r) {
+        if let Some(pid) = runtime_pid(inner, r) {
+            if let Some(c) = by_process(&pid.to_string(), r) {
                 system.push(("runtime".to_string(), c));
             }
         }
@@ -1103,7 +1134,7 @@ fn read_files(
         if h.exists(&kp) {
             let pods = CgroupRaw {
                 name: kp.clone(),
-                sample: h.read_with(&kp, detail, &mut r),
+                sample: h.read_with(&kp, detail, r),
                 cpu_nano_cores: None,
             };
             if cadvisor {
@@ -1118,7 +1149,7 @@ fn read_files(
                         format!("{kp}/{q}")
                     };
                     if h.exists(&name) {
-                        let sample = h.read_with(&name, detail, &mut r);
+                        let sample = h.read_with(&name, detail, r);
                         hier.push(CgroupRaw {
                             name,
                             sample,
@@ -1146,7 +1177,7 @@ fn read_files(
             ..Default::default()
         };
         seen_pods.insert(plan.uid.as_str());
-        let found = read_cached(&mut paths.pods, &plan.uid, &h, detail, &mut r, || {
+        let found = read_cached(&mut paths.pods, &plan.uid, &h, detail, r, || {
             pod_cgroup_candidates(cfg, &plan.uid)
                 .into_iter()
                 .find(|c| h.exists(c))
@@ -1157,7 +1188,7 @@ fn read_files(
                 // cAdvisor's text read the same file for its thread count.
                 pod.sample.pids = match &pod.sample.procs {
                     Some(p) if detail == Detail::Full => Some(p.threads),
-                    _ => h.pids_with(&cg, &mut r),
+                    _ => h.pids_with(&cg, r),
                 };
             }
             // The sandbox's cgroup (its figures are cAdvisor's only) and
@@ -1173,11 +1204,11 @@ fn read_files(
                         &plan.sandbox_id,
                         &h,
                         detail,
-                        &mut r,
+                        r,
                         || container_cgroup(&h, &cg, &plan.sandbox_id),
                     )
                     .map(|(sc, mut s)| {
-                        add_limits(&mut s, &mut r);
+                        add_limits(&mut s, r);
                         pod.sandbox_sample = s;
                         pod.sandbox_cgroup = Some(sc.clone());
                         sc
@@ -1206,13 +1237,13 @@ fn read_files(
         for c in &plan.containers {
             seen_ctrs.insert(c.id.as_str());
             let (ccg, mut sample) = match pod.cgroup.as_deref() {
-                Some(pcg) => read_cached(&mut paths.containers, &c.id, &h, detail, &mut r, || {
+                Some(pcg) => read_cached(&mut paths.containers, &c.id, &h, detail, r, || {
                     container_cgroup(&h, pcg, &c.id)
                 })
                 .map_or((None, CgroupSample::default()), |(n, s)| (Some(n), s)),
                 None => (None, CgroupSample::default()),
             };
-            add_limits(&mut sample, &mut r);
+            add_limits(&mut sample, r);
             let logs = full
                 .then(|| {
                     procfs::dir_usage(
@@ -1266,7 +1297,6 @@ fn read_files(
     );
     r.cache_specs(false);
     r.sweep();
-    *inner.reader.lock() = Some(r);
     Snapshot {
         time_ns,
         full,
@@ -1390,6 +1420,40 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_collection_waits_for_the_one_under_way_and_reads_through_its_reader() {
+        let inner = Arc::new(Inner::default());
+        let (inside_tx, inside_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let first = {
+            let inner = inner.clone();
+            std::thread::spawn(move || {
+                with_reader(&inner, |r| {
+                    // Marks the reader, so the next collection can tell
+                    // whether it got this one.
+                    r.opened = 4242;
+                    inside_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                })
+            })
+        };
+        inside_rx.recv().unwrap();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let second = {
+            let inner = inner.clone();
+            std::thread::spawn(move || {
+                ready_tx.send(()).unwrap();
+                with_reader(&inner, |r| r.opened)
+            })
+        };
+        // The second is on its way in while the first still reads.
+        ready_rx.recv().unwrap();
+        go_tx.send(()).unwrap();
+        first.join().unwrap();
+        assert_eq!(second.join().unwrap(), 4242, "a cold reader of its own");
+        assert_eq!(inner.reader.lock().as_ref().map(|r| r.opened), Some(4242));
     }
 
     #[test]
