@@ -272,7 +272,7 @@ struct Inner {
     paths: Mutex<PathCache>,
     /// The cgroup file reader, with the files it keeps open.
     reader: Mutex<Option<FileReader>>,
-    /// Held by the collection reading through `reader` (see `read_files`).
+    /// Held by the collection reading through `reader` (see `with_reader`).
     collecting: Mutex<()>,
     /// Pod volume usage, measured in the background.
     volumes: super::volumes::VolumeStatsCache,
@@ -674,7 +674,9 @@ async fn collect(
 
     let inner2 = inner.clone();
     let mut snap = crate::blocking::run("stats/collect".into(), READ_DEADLINE, move || {
-        read_files(&inner2, &cfg, &plans, &names, image_fs, detail)
+        with_reader(&inner2, |r| {
+            read_files(&inner2, r, &cfg, &plans, &names, image_fs, detail)
+        })
     })
     .await
     .map_err(|e| StatsError::Read(e.to_string()))?;
@@ -1001,19 +1003,6 @@ fn kept_files_cap() -> usize {
     (soft / 4).min(2048)
 }
 
-fn read_files(
-    inner: &Inner,
-    cfg: &StatsConfig,
-    plans: &[PodPlan],
-    image_names: &HashMap<String, String>,
-    image_fs: Option<v1::FilesystemUsage>,
-    detail: Detail,
-) -> Snapshot {
-    with_reader(inner, |r| {
-        read_files_with(inner, r, cfg, plans, image_names, image_fs, detail)
-    })
-}
-
 /// Runs `f` with the reader that keeps files open, one collection at a
 /// time. A collection that needs more than the one under way (cAdvisor's
 /// scrape arriving during metrics-server's: Prometheus and metrics-server
@@ -1032,7 +1021,8 @@ fn with_reader<T>(inner: &Inner, f: impl FnOnce(&mut FileReader) -> T) -> T {
     out
 }
 
-fn read_files_with(
+/// One collection: the files `detail` needs, read through `r` (blocking).
+fn read_files(
     inner: &Inner,
     r: &mut FileReader,
     cfg: &StatsConfig,
