@@ -149,7 +149,10 @@ fn removed_manifest_removes_sandbox_and_containers() {
         &std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
         "/",
     );
-    let dirs = cgroups.list().remove(&uid).expect("the pod's cgroups");
+    let dirs = cgroups
+        .list(&|_| false)
+        .remove(&uid)
+        .expect("the pod's cgroups");
     assert!(
         dirs.iter()
             .any(|d| d.ends_with(format!("besteffort/pod{uid}"))),

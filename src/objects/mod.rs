@@ -776,9 +776,6 @@ async fn reflect<K: Watched>(
     }
 }
 
-/// Keeps `tx` equal to every Service in the cluster: list, watch, re-list
-/// on 410 Gone, retry with backoff; the last set stays while the API
-/// server is away.
 /// When a token got at `now` is asked for again: at 80 % of the life the
 /// server granted (which may be shorter than asked for), or after 24 h,
 /// whichever is first (upstream requiresRefresh, pkg/kubelet/token/
@@ -787,6 +784,9 @@ fn token_refresh_at(now: i64, expires_at: i64) -> i64 {
     now + ((expires_at - now) * 4 / 5).min(24 * 3600)
 }
 
+/// Keeps `tx` equal to every Service in the cluster: list, watch, re-list
+/// on 410 Gone, retry with backoff; the last set stays while the API
+/// server is away.
 async fn reflect_services(api: ApiClient, tx: watch::Sender<Option<Arc<ServiceMap>>>) {
     let mut generation = api.generation();
     let key = |s: &Service| {
@@ -1008,8 +1008,6 @@ mod refcount_tests {
         .unwrap()
     }
 
-    /// A tiny API server answering GETs of ConfigMap "cm" (resourceVersion
-    /// = the number of GETs so far; 404 once `gone` is set): the GETs seen.
     /// A fake API server answering each request with `respond(n)` (n: the
     /// request's number from 1); returns its URL and the request count.
     async fn fake_api(
@@ -1064,6 +1062,8 @@ mod refcount_tests {
         (url, gets)
     }
 
+    /// A tiny API server answering GETs of ConfigMap "cm" (resourceVersion
+    /// = the number of GETs so far; 404 once `gone` is set): the GETs seen.
     async fn configmap_server(
         gone: Arc<std::sync::atomic::AtomicBool>,
     ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {

@@ -76,22 +76,7 @@ fn push_escaped(out: &mut String, v: &str) {
 /// Appends `n` in decimal, without the formatting machinery (two numbers
 /// per sample, about 12,000 samples in cAdvisor's text at 110 pods).
 fn push_int(out: &mut String, n: i64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut u = n.unsigned_abs();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (u % 10) as u8;
-        u /= 10;
-        if u == 0 {
-            break;
-        }
-    }
-    if n < 0 {
-        out.push('-');
-    }
-    // Only ASCII digits were written.
-    out.push_str(std::str::from_utf8(&buf[i..]).unwrap_or_default());
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Integral values below this are written as integers: exactly what `{}`

@@ -270,10 +270,9 @@ struct Inner {
     disk: Mutex<DiskCache>,
     images: Mutex<Option<ImageCache>>,
     paths: Mutex<PathCache>,
-    /// The cgroup file reader, with the files it keeps open.
+    /// The cgroup file reader, with the files it keeps open; locked by the
+    /// collection reading through it (see `with_reader`).
     reader: Mutex<Option<FileReader>>,
-    /// Held by the collection reading through `reader` (see `with_reader`).
-    collecting: Mutex<()>,
     /// Pod volume usage, measured in the background.
     volumes: super::volumes::VolumeStatsCache,
     /// Boot time (Unix ns), from /proc/stat once.
@@ -1008,17 +1007,14 @@ fn kept_files_cap() -> usize {
 /// scrape arriving during metrics-server's: Prometheus and metrics-server
 /// often time them together) waits for it and reads through the same warm
 /// reader; reading every file cold instead took 60 to 190 ms at 110 pods.
-/// Only past `TURN_WAIT` does it read with a reader of its own.
+/// Only past `TURN_WAIT` does it read with a reader of its own, dropped
+/// afterwards.
 fn with_reader<T>(inner: &Inner, f: impl FnOnce(&mut FileReader) -> T) -> T {
-    let _turn = inner.collecting.try_lock_for(TURN_WAIT);
-    let mut r = inner
-        .reader
-        .lock()
-        .take()
-        .unwrap_or_else(|| FileReader::keeping(kept_files_cap()));
-    let out = f(&mut r);
-    *inner.reader.lock() = Some(r);
-    out
+    let new = || FileReader::keeping(kept_files_cap());
+    match inner.reader.try_lock_for(TURN_WAIT) {
+        Some(mut held) => f(held.get_or_insert_with(new)),
+        None => f(&mut new()),
+    }
 }
 
 /// One collection: the files `detail` needs, read through `r` (blocking).
