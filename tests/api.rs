@@ -77,9 +77,10 @@ fn kubectl_meets_upstreams_authentication_and_authorization() {
         "authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: true\n  x509:\n    clientCAFile: {}\nauthorization:\n  mode: Webhook\n",
         ca.display()
     );
-    // alice may use nodes/proxy (so /pods through the fallback), carol
-    // only nodes/healthz; bob nothing.
+    // alice may use nodes/proxy (so /pods through the fallback) and
+    // nodes/metrics, carol only nodes/healthz; bob nothing.
     api.allow("alice", "get", "nodes", "proxy");
+    api.allow("alice", "get", "nodes", "metrics");
     api.allow("carol", "get", "nodes", "healthz");
     api.add_token("carol-token", "carol", &["ops"]);
     k.spawn();
@@ -111,6 +112,13 @@ fn kubectl_meets_upstreams_authentication_and_authorization() {
     let before = sars();
     kubectl_raw(&alice, "/pods").expect("alice again");
     assert_eq!(sars(), before, "cached decisions");
+    // A metric endpoint through Go's HTTP client, which asks for gzip and
+    // decodes it (the kubelet answers gzipped, as upstream's promhttp).
+    let text = kubectl_raw(&alice, "/metrics/resource").expect("alice's resource metrics");
+    assert!(
+        text.contains("# TYPE node_cpu_usage_seconds_total counter"),
+        "{text}"
+    );
 
     // A certificate from the client CA the webhook denies: 403, naming
     // the last attribute checked, as upstream.

@@ -17,9 +17,11 @@
 //!
 //! With `--scrape 1,30`, the stats endpoints with N pods: latency, body
 //! size and the CPU rkubelet and containerd spend per `/metrics/cadvisor`,
-//! `/metrics/resource` and `/stats/summary` scrape (each past the 1 s cache),
-//! then a minute of `/metrics/resource` every 15 s (metrics-server) and one
-//! with `/metrics/cadvisor` beside it (Prometheus): CPU per minute; and the
+//! `/metrics/resource` and `/stats/summary` scrape (each past the 1 s cache;
+//! the metric endpoints plain and gzipped), then a minute of
+//! `/metrics/resource` every 15 s (metrics-server) and one with
+//! `/metrics/cadvisor` beside it (Prometheus), gzipped as those clients ask:
+//! CPU per minute; and the
 //! latency of a cAdvisor scrape made during a resource scrape's collection.
 //!
 //! With `--exec 200`, exec latency through rkubelet's :10250 beside a
@@ -139,7 +141,7 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_, _>>()?
             }
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired; then CPU per minute with\n    /metrics/resource (and /metrics/cadvisor) scraped every 15 s, and a cAdvisor scrape\n    made during a resource scrape\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired (the metric endpoints plain\n    and gzipped); then CPU per minute with /metrics/resource (and /metrics/cadvisor)\n    scraped every 15 s with gzip, and a cAdvisor scrape\n    made during a resource scrape\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -158,18 +160,32 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 fn http_get(addr: &str, path: &str) -> Option<String> {
+    http_get_as(addr, path, false).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+/// The body of a 200 answer to GET `path`, as sent: gzipped when `gzip`
+/// asks for it (as Prometheus and Go's HTTP clients, metrics-server's
+/// among them, do).
+fn http_get_as(addr: &str, path: &str, gzip: bool) -> Option<Vec<u8>> {
     let mut s = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let accept = if gzip {
+        "Accept-Encoding: gzip\r\n"
+    } else {
+        ""
+    };
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.contains(" 200 ").then(|| body.to_string())
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&buf[..end]);
+    let ok = head.contains(" 200 ")
+        && (!gzip || head.to_ascii_lowercase().contains("content-encoding: gzip"));
+    ok.then(|| buf[end + 4..].to_vec())
 }
 
 fn free_port() -> u16 {
@@ -825,10 +841,18 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
     std::thread::sleep(window);
     let idle_kubelet = proc_usage(pid).1 - c0;
     let idle_runtime = runtime_cpu() - r0;
-    for path in ["/metrics/cadvisor", "/metrics/resource", "/stats/summary"] {
+    // Prometheus and metrics-server ask for gzip; the plain text is what
+    // curl gets, and shows the collection and rendering alone.
+    for (path, gzip) in [
+        ("/metrics/cadvisor", false),
+        ("/metrics/cadvisor", true),
+        ("/metrics/resource", false),
+        ("/metrics/resource", true),
+        ("/stats/summary", false),
+    ] {
         // One scrape first: the first collection also finds the runtime's
         // pid and the cgroup mounts.
-        let _ = http_get(&k.ro, path);
+        let _ = http_get_as(&k.ro, path, gzip);
         std::thread::sleep(gap);
         let (_, c0) = proc_usage(pid);
         let r0 = runtime_cpu();
@@ -841,7 +865,7 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
                 std::thread::sleep(d);
             }
             let t = Instant::now();
-            let body = http_get(&k.ro, path).with_context(|| format!("GET {path}"))?;
+            let body = http_get_as(&k.ro, path, gzip).with_context(|| format!("GET {path}"))?;
             lat.push(t.elapsed().as_secs_f64() * 1000.0);
             bytes = body.len();
         }
@@ -850,8 +874,9 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
         }
         let cpu = proc_usage(pid).1 - c0 - idle_kubelet;
         let rcpu = runtime_cpu() - r0 - idle_runtime;
+        let name = format!("{path}{}", if gzip { " (gzip)" } else { "" });
         println!(
-            "{path:<18}: p50 {:.1} ms  p99 {:.1} ms  {:.1} KiB  CPU per scrape: rkubelet {:.1} ms, containerd {:.1} ms",
+            "{name:<25}: p50 {:.1} ms  p99 {:.1} ms  {:.1} KiB  CPU per scrape: rkubelet {:.1} ms, containerd {:.1} ms",
             pct(&mut lat, 50.0),
             pct(&mut lat, 99.0),
             bytes as f64 / 1024.0,
@@ -861,7 +886,7 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
     }
     // Steady state as a cluster scrapes: one minute with metrics-server's
     // /metrics/resource every 15 s, then one with Prometheus'
-    // /metrics/cadvisor beside it. Whole-minute CPU (background refreshes
+    // /metrics/cadvisor beside it, both gzipped as those clients ask. Whole-minute CPU (background refreshes
     // included), total and above idle.
     let idle_per_sec = (
         idle_kubelet / window.as_secs_f64(),
@@ -884,7 +909,7 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
             }
             for path in paths {
                 let t = Instant::now();
-                http_get(&k.ro, path).with_context(|| format!("GET {path}"))?;
+                http_get_as(&k.ro, path, true).with_context(|| format!("GET {path}"))?;
                 lat.push(t.elapsed().as_secs_f64() * 1000.0);
             }
         }
@@ -895,7 +920,7 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
         let cpu = proc_usage(pid).1 - c0;
         let rcpu = runtime_cpu() - r0;
         println!(
-            "{} every 15 s for {secs:.0} s: p50 {:.1} ms  p99 {:.1} ms; rkubelet CPU {:.0} ms/min = {:.2}% of a core ({:.0} ms/min above idle); containerd {:.0} ms/min ({:.0} above idle)",
+            "{} every 15 s (gzip) for {secs:.0} s: p50 {:.1} ms  p99 {:.1} ms; rkubelet CPU {:.0} ms/min = {:.2}% of a core ({:.0} ms/min above idle); containerd {:.0} ms/min ({:.0} above idle)",
             paths.join(" + "),
             pct(&mut lat, 50.0),
             pct(&mut lat, 99.0),

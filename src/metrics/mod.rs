@@ -33,7 +33,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
-use axum::http::header;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -48,7 +48,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::kuberuntime::CState;
-use crate::server::ServerState;
+use crate::server::{encoding, ServerState};
 
 pub use http::track_http;
 pub use restclient::{RestClientLayer, RestClientMetrics};
@@ -2187,12 +2187,14 @@ pub fn routes() -> Router<ServerState> {
         .route("/metrics/probes", get(metrics_probes))
 }
 
-async fn metrics(State(s): State<ServerState>) -> Response {
+async fn metrics(State(s): State<ServerState>, headers: HeaderMap) -> Response {
     // Upstream's log collector lists the pod stats at each scrape.
     let stats = crate::stats::summary_snapshot(&s).await;
+    let enc = encoding::negotiate(&headers);
     // The process collector reads /proc: off the async threads.
-    match tokio::task::spawn_blocking(move || render_with(&s, stats.as_deref())).await {
-        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+    let render = move || encoding::encode(enc, vec![render_with(&s, stats.as_deref()).into()]);
+    match tokio::task::spawn_blocking(render).await {
+        Ok(body) => encoding::text_response(enc, body),
         Err(e) => {
             tracing::error!(error = %e, "rendering /metrics failed");
             axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response()
@@ -2200,12 +2202,11 @@ async fn metrics(State(s): State<ServerState>) -> Response {
     }
 }
 
-async fn metrics_probes(State(s): State<ServerState>) -> Response {
-    (
-        [(header::CONTENT_TYPE, CONTENT_TYPE)],
-        to_prometheus_text(&s.probes.metrics_text()),
-    )
-        .into_response()
+async fn metrics_probes(State(s): State<ServerState>, headers: HeaderMap) -> Response {
+    // A few lines per probe: encoded on this thread.
+    let enc = encoding::negotiate(&headers);
+    let text = to_prometheus_text(&s.probes.metrics_text());
+    encoding::text_response(enc, encoding::encode(enc, vec![text.into()]))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::{header, Request, StatusCode};
 use tower::{Service, ServiceExt};
 
 use super::*;
@@ -2303,6 +2303,67 @@ async fn registered_metrics_total_counts_the_families_on_metrics_by_level() {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} 0\n"
             )),
             "{name}: {text}"
+        );
+    }
+}
+
+/// The four metric endpoints gzip their text when asked, as upstream's
+/// promhttp handlers do (component-base `metrics/http.go` leaves
+/// compression on), and send it plain otherwise.
+#[tokio::test]
+async fn metric_endpoints_gzip_their_text_when_asked() {
+    let rt = Arc::new(FakeRuntime::new());
+    let (state, _t) = ServerState::for_tests(rt);
+    let router = crate::server::read_only_router(state);
+    for path in [
+        "/metrics",
+        "/metrics/probes",
+        "/metrics/resource",
+        "/metrics/cadvisor",
+    ] {
+        let get = |enc: Option<&str>| {
+            let mut req = Request::get(path);
+            if let Some(e) = enc {
+                req = req.header(header::ACCEPT_ENCODING, e);
+            }
+            router.clone().oneshot(req.body(Body::empty()).unwrap())
+        };
+        let plain = get(None).await.unwrap();
+        assert_eq!(plain.status(), StatusCode::OK, "{path}");
+        assert!(
+            plain.headers().get(header::CONTENT_ENCODING).is_none(),
+            "{path}"
+        );
+        let plain = axum::body::to_bytes(plain.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let plain = String::from_utf8(plain.to_vec()).unwrap();
+
+        let gz = get(Some("gzip")).await.unwrap();
+        assert_eq!(gz.status(), StatusCode::OK, "{path}");
+        assert_eq!(gz.headers()[header::CONTENT_ENCODING], "gzip", "{path}");
+        assert!(gz.headers()[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4"));
+        let body = axum::body::to_bytes(gz.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&body[..]), &mut text)
+            .unwrap_or_else(|e| panic!("{path}: not gzip: {e}"));
+        // The same families (values move between the two scrapes).
+        assert_eq!(types(&text), types(&plain), "{path}");
+        assert!(
+            !types(&text).is_empty() || path == "/metrics/probes",
+            "{path}"
+        );
+
+        // An encoding upstream does not offer gets the plain text.
+        let other = get(Some("br, zstd")).await.unwrap();
+        assert!(
+            other.headers().get(header::CONTENT_ENCODING).is_none(),
+            "{path}"
         );
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod debug;
+pub mod encoding;
 pub mod https;
 pub mod machine;
 pub mod streaming;

@@ -220,7 +220,6 @@ impl Hierarchy {
                     .hot(&d, "memory.stat")
                     .map(|t| MemStat::parse(t, "total_"))
                     .unwrap_or_default();
-                let memsw = r.hot_u64(&d, "memory.memsw.usage_in_bytes");
                 let limit = if detail >= Detail::CpuMemory {
                     r.spec_u64(&d, "memory.limit_in_bytes")
                 } else {
@@ -228,9 +227,16 @@ impl Hierarchy {
                 };
                 // Every endpoint shows the swap limit (resource metrics
                 // and the summary's swapAvailableBytes).
+                let memsw_limit = r.spec_u64(&d, "memory.memsw.limit_in_bytes");
+                // Memory and swap together: just the memory when the node
+                // has no swap (the limit file says swap is accounted).
+                let memsw = match memsw_limit {
+                    Some(_) if r.swap_off => Some(usage),
+                    _ => r.hot_u64(&d, "memory.memsw.usage_in_bytes"),
+                };
                 // A host without swap accounting lacks the file: cAdvisor
                 // reads that as 0.
-                let swap_limit = Some(r.spec_u64(&d, "memory.memsw.limit_in_bytes").unwrap_or(0));
+                let swap_limit = Some(memsw_limit.unwrap_or(0));
                 let (max_usage, failcnt) = if full {
                     (
                         r.value_u64(&d, "memory.max_usage_in_bytes"),
@@ -330,6 +336,10 @@ pub struct FileReader {
     specs: HashMap<Box<std::ffi::OsStr>, SpecEntry>,
     /// Whether `spec` may answer from `specs` (see `cache_specs`).
     cache_specs: bool,
+    /// The node has no swap (`SwapTotal` 0 in this collection's meminfo):
+    /// no cgroup has anything swapped out, so the swap usage files, one per
+    /// cgroup at every scrape, are not read.
+    pub swap_off: bool,
 }
 
 /// A limit or weight file's trimmed text (`None`: it could not be read)
@@ -402,6 +412,7 @@ impl FileReader {
             walks: processes::WalkCache::default(),
             specs: HashMap::new(),
             cache_specs: false,
+            swap_off: false,
         }
     }
 
@@ -427,6 +438,7 @@ impl FileReader {
         self.dirs.clear();
         self.opened = 0;
         self.blkio_empty.clear();
+        self.swap_off = false;
     }
 
     /// Descriptors held open between collections.
@@ -853,22 +865,31 @@ impl MemStat {
     fn parse(text: &str, prefix: &str) -> Self {
         let v2 = prefix.is_empty();
         let mut m = MemStat::default();
-        for (k, v) in kv_lines(text) {
+        // Seven of v1's 70-odd lines (35 on v2) are wanted, read at every
+        // scrape for each cgroup: the key is matched before the value is
+        // parsed.
+        for line in text.split('\n') {
+            let Some((k, v)) = line.split_once(' ') else {
+                continue;
+            };
             let Some(k) = k.strip_prefix(prefix) else {
                 continue;
             };
-            match k {
-                "inactive_file" => m.inactive_file = v,
-                "active_file" => m.active_file = v,
-                "rss" if !v2 => m.rss = v,
-                "anon" if v2 => m.rss = v,
-                "cache" if !v2 => m.cache = v,
-                "file" if v2 => m.cache = v,
-                "mapped_file" if !v2 => m.mapped_file = v,
-                "file_mapped" if v2 => m.mapped_file = v,
-                "pgfault" => m.pgfault = v,
-                "pgmajfault" => m.pgmajfault = v,
-                _ => {}
+            let field = match k {
+                "inactive_file" => &mut m.inactive_file,
+                "active_file" => &mut m.active_file,
+                "rss" if !v2 => &mut m.rss,
+                "anon" if v2 => &mut m.rss,
+                "cache" if !v2 => &mut m.cache,
+                "file" if v2 => &mut m.cache,
+                "mapped_file" if !v2 => &mut m.mapped_file,
+                "file_mapped" if v2 => &mut m.mapped_file,
+                "pgfault" => &mut m.pgfault,
+                "pgmajfault" => &mut m.pgmajfault,
+                _ => continue,
+            };
+            if let Ok(v) = v.trim().parse() {
+                *field = v;
             }
         }
         m
@@ -914,18 +935,20 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
             .hot(d, "memory.stat")
             .map(|t| MemStat::parse(t, ""))
             .unwrap_or_default();
-        let swap = r.hot_u64(d, "memory.swap.current");
         // "max" does not parse: no limit.
         let limit = if detail >= Detail::CpuMemory {
             r.spec_u64(d, "memory.max")
         } else {
             None
         };
-        let swap_limit = Some(
-            r.spec(d, "memory.swap.max")
-                .and_then(parse_max)
-                .unwrap_or(0),
-        );
+        let swap_max = r.spec(d, "memory.swap.max").map(parse_max);
+        // None when the node has no swap: nothing is swapped out (the limit
+        // file says the swap controller is there).
+        let swap = match swap_max {
+            Some(_) if r.swap_off => Some(0),
+            _ => r.hot_u64(d, "memory.swap.current"),
+        };
+        let swap_limit = Some(swap_max.flatten().unwrap_or(0));
         let (max_usage, failcnt) = if full {
             let failcnt = r
                 .value(d, "memory.events")
@@ -1291,6 +1314,55 @@ mod tests {
             .memory
             .unwrap();
         assert_eq!(m.swap_limit, Some(1048576));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn without_swap_on_the_node_the_swap_usage_files_are_not_read() {
+        let root = tempdir("swapoff");
+        let cg = "/kubepods/podw/abc";
+        let mem = root.join("memory").join(&cg[1..]);
+        write(&mem, "memory.usage_in_bytes", "10000\n");
+        // Read a moment apart, the two counters differ a little.
+        write(&mem, "memory.memsw.usage_in_bytes", "10100\n");
+        write(&mem, "memory.memsw.limit_in_bytes", "52428800\n");
+        write(&mem, "memory.stat", "total_rss 6000\n");
+        let h = Hierarchy::V1 {
+            roots: [("memory".to_string(), root.join("memory"))]
+                .into_iter()
+                .collect(),
+            unified: None,
+        };
+        let read = |h: &Hierarchy, swap_off| {
+            let mut r = FileReader::new();
+            r.swap_off = swap_off;
+            let m = h.read_with(cg, Detail::Resource, &mut r).memory.unwrap();
+            (m.swap, m.swap_limit, r.opened)
+        };
+        let (swap, limit, opened) = read(&h, false);
+        assert_eq!((swap, limit), (Some(100), Some(52428800)));
+        assert_eq!(read(&h, true), (Some(0), limit, opened - 1));
+        // No swap accounting (no memsw files): no swap figure either way.
+        std::fs::remove_file(mem.join("memory.memsw.limit_in_bytes")).unwrap();
+        std::fs::remove_file(mem.join("memory.memsw.usage_in_bytes")).unwrap();
+        assert_eq!(read(&h, true).0, None);
+        assert_eq!(read(&h, false).0, None);
+
+        // v2: memory.swap.current, beside memory.swap.max.
+        let d = root.join("v2").join(&cg[1..]);
+        write(&d, "memory.current", "10000\n");
+        write(&d, "memory.stat", "anon 6000\n");
+        write(&d, "memory.swap.current", "4096\n");
+        write(&d, "memory.swap.max", "max\n");
+        let h2 = Hierarchy::V2 {
+            root: root.join("v2"),
+        };
+        let (swap, _, opened) = read(&h2, false);
+        assert_eq!(swap, Some(4096));
+        assert_eq!(read(&h2, true), (Some(0), Some(u64::MAX), opened - 1));
+        std::fs::remove_file(d.join("memory.swap.max")).unwrap();
+        std::fs::remove_file(d.join("memory.swap.current")).unwrap();
+        assert_eq!(read(&h2, true).0, None);
         let _ = std::fs::remove_dir_all(root);
     }
 

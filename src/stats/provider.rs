@@ -1034,6 +1034,8 @@ fn read_files(
     r.begin();
     let time_ns = now_ns();
     let proc_dir = Path::new("/proc");
+    let meminfo = procfs::parse_meminfo(r.whole(proc_dir, "meminfo").unwrap_or_default());
+    r.swap_off = meminfo.swap_total == 0;
     let root = h.read_with("/", detail, r);
     // The root cgroup has cpu figures on v1 and on v2 since 5.x; /proc/stat
     // only where it has not, and once for the boot time.
@@ -1052,7 +1054,7 @@ fn read_files(
     });
     let mut node = NodeRaw {
         root,
-        meminfo: procfs::parse_meminfo(r.whole(proc_dir, "meminfo").unwrap_or_default()),
+        meminfo,
         busy_ns,
         boot_ns,
         ..Default::default()
