@@ -106,7 +106,15 @@ fn event_for(
 
 /// Diffs two relists into events, pod by pod.
 pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<PodLifecycleEvent> {
+    changes(old, new).0
+}
+
+/// `diff`, and whether the two relists are equal (every pod, container and
+/// sandbox in the same state: a state change need not be an event, as
+/// created and unknown containers are both "unknown" to the PLEG).
+fn changes(old: &Snapshot, new: &Snapshot) -> (Vec<PodLifecycleEvent>, bool) {
     let mut events = Vec::new();
+    let mut same = old.len() == new.len();
     let empty = RelistPod::default();
     let mut uids: Vec<&String> = old.keys().chain(new.keys()).collect();
     uids.sort();
@@ -116,16 +124,14 @@ pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<PodLifecycleEvent> {
             old.get(uid).unwrap_or(&empty),
             new.get(uid).unwrap_or(&empty),
         );
+        same &= o.containers.len() == n.containers.len() && o.sandboxes.len() == n.sandboxes.len();
         let mut ids: Vec<&String> = o.containers.keys().chain(n.containers.keys()).collect();
         ids.sort();
         ids.dedup();
         for id in ids {
-            events.extend(event_for(
-                uid,
-                id,
-                o.containers.get(id).copied(),
-                n.containers.get(id).copied(),
-            ));
+            let (was, now) = (o.containers.get(id).copied(), n.containers.get(id).copied());
+            same &= was == now;
+            events.extend(event_for(uid, id, was, now));
         }
         // Sandboxes count as containers too, as upstream treats them.
         let sb = |r: Option<&bool>| {
@@ -141,15 +147,12 @@ pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<PodLifecycleEvent> {
         ids.sort();
         ids.dedup();
         for id in ids {
-            events.extend(event_for(
-                uid,
-                id,
-                sb(o.sandboxes.get(id)),
-                sb(n.sandboxes.get(id)),
-            ));
+            let (was, now) = (o.sandboxes.get(id), n.sandboxes.get(id));
+            same &= was == now;
+            events.extend(event_for(uid, id, sb(was), sb(now)));
         }
     }
-    events
+    (events, same)
 }
 
 struct Shared {
@@ -252,8 +255,14 @@ pub fn spawn(
                 Ok(snap) => {
                     failures = 0;
                     let old = shared.snapshot.read().clone();
-                    let evs = diff(&old, &snap);
-                    *shared.snapshot.write() = Arc::new(snap);
+                    let (evs, same) = changes(&old, &snap);
+                    // An unchanged relist keeps the published snapshot, so
+                    // readers that remember one (the stats lists, the heap
+                    // trim) see "no change" by pointer rather than by
+                    // comparing every pod.
+                    if !same {
+                        *shared.snapshot.write() = Arc::new(snap);
+                    }
                     *shared.last_relist.write() = Some(Instant::now());
                     for ev in evs {
                         debug!(pod_uid = %ev.uid, kind = ?ev.kind, id = %ev.id, "pleg event");
@@ -350,6 +359,67 @@ mod tests {
             kinds(&diff(&old, &new)),
             vec![("s".into(), EventType::ContainerDied)]
         );
+    }
+
+    #[test]
+    fn changes_tell_equal_relists_from_changes_that_are_no_event() {
+        let mut p = pod(&[("a", CState::Created)]);
+        p.sandboxes.insert("s".into(), true);
+        let old: Snapshot = [("u".to_string(), p.clone())].into();
+        assert_eq!(changes(&old, &old.clone()), (vec![], true));
+        // Created and unknown are both "unknown" to the PLEG: no event, but
+        // not the same relist.
+        p.containers.insert("a".into(), CState::Unknown);
+        let new: Snapshot = [("u".to_string(), p)].into();
+        assert_eq!(changes(&old, &new), (vec![], false));
+        // A pod with nothing left in it is a change too.
+        let mut more = old.clone();
+        more.insert("v".into(), RelistPod::default());
+        assert_eq!(changes(&old, &more), (vec![], false));
+        assert!(!changes(&more, &old).1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unchanged_relist_keeps_the_published_snapshot() {
+        let rt = Arc::new(crate::cri::fake::FakeRuntime::new());
+        let (tx, mut rx) = mpsc::channel(10);
+        let token = CancellationToken::new();
+        let h = spawn(rt.clone(), RELIST_PERIOD, tx, token.clone());
+        let relisted = |h: &PlegHandle| *h.shared.last_relist.read();
+        // Waits (in paused time) for the relist after `since`.
+        async fn next(h: &PlegHandle, since: Option<Instant>) {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while *h.shared.last_relist.read() == since && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_ne!(*h.shared.last_relist.read(), since, "no relist");
+        }
+        next(&h, None).await;
+        let first = h.snapshot();
+        next(&h, relisted(&h)).await;
+        assert!(Arc::ptr_eq(&first, &h.snapshot()), "same relist, same Arc");
+        // A new sandbox: a new snapshot.
+        rt.run_pod_sandbox(
+            crate::cri::v1::PodSandboxConfig {
+                metadata: Some(crate::cri::v1::PodSandboxMetadata {
+                    name: "p".into(),
+                    namespace: "ns".into(),
+                    uid: "u-new".into(),
+                    attempt: 0,
+                }),
+                labels: [(labels::POD_UID.to_string(), "u-new".to_string())].into(),
+                ..Default::default()
+            },
+            String::new(),
+        )
+        .await
+        .unwrap();
+        next(&h, relisted(&h)).await;
+        let second = h.snapshot();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(second.contains_key("u-new"), "{second:?}");
+        assert!(rx.try_recv().is_ok(), "the sandbox's event");
+        token.cancel();
     }
 
     #[tokio::test(start_paused = true)]

@@ -320,7 +320,8 @@ impl SyncLoop {
         (seen, at): (Arc<crate::pleg::Snapshot>, Instant),
     ) -> (Arc<crate::pleg::Snapshot>, Instant) {
         let now = self.pleg.snapshot();
-        // The relist replaces the snapshot even when nothing changed.
+        // The relist keeps its snapshot while nothing changes; compared in
+        // full only when it was replaced.
         let same = Arc::ptr_eq(&now, &seen) || *now == *seen;
         if !trim_due(same, at.elapsed()) {
             return (seen, at);
