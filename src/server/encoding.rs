@@ -27,8 +27,8 @@ const OFFERS: [(&str, Encoding); 2] = [("identity", Encoding::Identity), ("gzip"
 
 /// gddo `header.ParseAccept`: `(value, quality)` per entry of every
 /// `Accept-Encoding` line. A line stops at the first entry it cannot read
-/// (a parameter other than `q`, a quality that is not `0`/`1` with up to
-/// three decimals), keeping the entries before it.
+/// (a parameter other than `q`, a quality not starting `0` or `1`),
+/// keeping the entries before it.
 fn accepted(headers: &HeaderMap) -> Vec<(&str, f64)> {
     let mut specs = Vec::new();
     for line in headers.get_all(header::ACCEPT_ENCODING) {
