@@ -942,8 +942,8 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
             None
         };
         let swap_max = r.spec(d, "memory.swap.max").map(parse_max);
-        // None when the node has no swap: nothing is swapped out (the limit
-        // file says the swap controller is there).
+        // 0 when the node has no swap: nothing is swapped out (the limit
+        // file says the swap controller is there), and the file is not read.
         let swap = match swap_max {
             Some(_) if r.swap_off => Some(0),
             _ => r.hot_u64(d, "memory.swap.current"),
