@@ -114,17 +114,15 @@ pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<PodLifecycleEvent> {
 /// created and unknown containers are both "unknown" to the PLEG).
 fn changes(old: &Snapshot, new: &Snapshot) -> (Vec<PodLifecycleEvent>, bool) {
     let mut events = Vec::new();
-    let mut same = old.len() == new.len();
+    let mut same = true;
     let empty = RelistPod::default();
     let mut uids: Vec<&String> = old.keys().chain(new.keys()).collect();
     uids.sort();
     uids.dedup();
     for uid in uids {
-        let (o, n) = (
-            old.get(uid).unwrap_or(&empty),
-            new.get(uid).unwrap_or(&empty),
-        );
-        same &= o.containers.len() == n.containers.len() && o.sandboxes.len() == n.sandboxes.len();
+        let (o, n) = (old.get(uid), new.get(uid));
+        same &= o.is_some() && n.is_some();
+        let (o, n) = (o.unwrap_or(&empty), n.unwrap_or(&empty));
         let mut ids: Vec<&String> = o.containers.keys().chain(n.containers.keys()).collect();
         ids.sort();
         ids.dedup();
@@ -377,6 +375,10 @@ mod tests {
         more.insert("v".into(), RelistPod::default());
         assert_eq!(changes(&old, &more), (vec![], false));
         assert!(!changes(&more, &old).1);
+        // As is one such pod in place of another.
+        let mut other = old.clone();
+        other.insert("w".into(), RelistPod::default());
+        assert!(!changes(&more, &other).1);
     }
 
     #[tokio::test(start_paused = true)]
