@@ -104,14 +104,10 @@ fn event_for(
     }
 }
 
-/// Diffs two relists into events, pod by pod.
-pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<PodLifecycleEvent> {
-    changes(old, new).0
-}
-
-/// `diff`, and whether the two relists are equal (every pod, container and
-/// sandbox in the same state: a state change need not be an event, as
-/// created and unknown containers are both "unknown" to the PLEG).
+/// Diffs two relists into events, pod by pod, and says whether they are
+/// equal (every pod, container and sandbox in the same state: a state
+/// change need not be an event, as created and unknown containers are both
+/// "unknown" to the PLEG).
 fn changes(old: &Snapshot, new: &Snapshot) -> (Vec<PodLifecycleEvent>, bool) {
     let mut events = Vec::new();
     let mut same = true;
@@ -256,8 +252,8 @@ pub fn spawn(
                     let (evs, same) = changes(&old, &snap);
                     // An unchanged relist keeps the published snapshot, so
                     // readers that remember one (the stats lists, the heap
-                    // trim) see "no change" by pointer rather than by
-                    // comparing every pod.
+                    // trim) tell "no change" by pointer: a new Arc always
+                    // means a changed relist.
                     if !same {
                         *shared.snapshot.write() = Arc::new(snap);
                     }
@@ -321,7 +317,7 @@ mod tests {
             ]),
         )]
         .into();
-        let evs = diff(&old, &new);
+        let evs = changes(&old, &new).0;
         assert_eq!(
             kinds(&evs),
             vec![
@@ -335,7 +331,7 @@ mod tests {
     #[test]
     fn a_running_container_that_vanishes_dies_then_is_removed() {
         let old: Snapshot = [("u".to_string(), pod(&[("a", CState::Running)]))].into();
-        let evs = diff(&old, &Snapshot::new());
+        let evs = changes(&old, &Snapshot::new()).0;
         assert_eq!(
             kinds(&evs),
             vec![
@@ -350,11 +346,11 @@ mod tests {
         let mut p = pod(&[("a", CState::Running)]);
         p.sandboxes.insert("s".into(), true);
         let old: Snapshot = [("u".to_string(), p.clone())].into();
-        assert!(diff(&old, &old).is_empty());
+        assert!(changes(&old, &old).0.is_empty());
         p.sandboxes.insert("s".into(), false);
         let new: Snapshot = [("u".to_string(), p)].into();
         assert_eq!(
-            kinds(&diff(&old, &new)),
+            kinds(&changes(&old, &new).0),
             vec![("s".into(), EventType::ContainerDied)]
         );
     }

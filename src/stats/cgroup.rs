@@ -1271,15 +1271,14 @@ mod tests {
         let _ = std::fs::remove_dir_all(root);
     }
 
-    #[test]
-    fn swap_and_reservation_limits_are_read_as_cadvisor_reads_them() {
-        let root = tempdir("swaplimit");
-        let cg = "/kubepods/podz/abc";
+    /// A v1 tree with only the memory controller, cgroup `cg` in it with
+    /// usage 10000, memsw usage 10100 (swap 100) and a 50 MiB memsw limit;
+    /// returns the hierarchy and the cgroup's directory.
+    fn v1_memory_with_swap(root: &Path, cg: &str) -> (Hierarchy, PathBuf) {
         let mem = root.join("memory").join(&cg[1..]);
         write(&mem, "memory.usage_in_bytes", "10000\n");
         write(&mem, "memory.memsw.usage_in_bytes", "10100\n");
         write(&mem, "memory.memsw.limit_in_bytes", "52428800\n");
-        write(&mem, "memory.soft_limit_in_bytes", "9223372036854771712\n");
         write(&mem, "memory.stat", "total_rss 6000\n");
         let h = Hierarchy::V1 {
             roots: [("memory".to_string(), root.join("memory"))]
@@ -1287,6 +1286,15 @@ mod tests {
                 .collect(),
             unified: None,
         };
+        (h, mem)
+    }
+
+    #[test]
+    fn swap_and_reservation_limits_are_read_as_cadvisor_reads_them() {
+        let root = tempdir("swaplimit");
+        let cg = "/kubepods/podz/abc";
+        let (h, mem) = v1_memory_with_swap(&root, cg);
+        write(&mem, "memory.soft_limit_in_bytes", "9223372036854771712\n");
         let m = h
             .read_with(cg, Detail::Resource, &mut FileReader::new())
             .memory
@@ -1321,18 +1329,8 @@ mod tests {
     fn without_swap_on_the_node_the_swap_usage_files_are_not_read() {
         let root = tempdir("swapoff");
         let cg = "/kubepods/podw/abc";
-        let mem = root.join("memory").join(&cg[1..]);
-        write(&mem, "memory.usage_in_bytes", "10000\n");
-        // Read a moment apart, the two counters differ a little.
-        write(&mem, "memory.memsw.usage_in_bytes", "10100\n");
-        write(&mem, "memory.memsw.limit_in_bytes", "52428800\n");
-        write(&mem, "memory.stat", "total_rss 6000\n");
-        let h = Hierarchy::V1 {
-            roots: [("memory".to_string(), root.join("memory"))]
-                .into_iter()
-                .collect(),
-            unified: None,
-        };
+        // Read a moment apart, the two usage counters differ a little.
+        let (h, mem) = v1_memory_with_swap(&root, cg);
         let read = |h: &Hierarchy, swap_off| {
             let mut r = FileReader::new();
             r.swap_off = swap_off;

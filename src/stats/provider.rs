@@ -473,7 +473,8 @@ async fn pod_plans(inner: &Inner, src: &Sources) -> Result<Arc<Vec<PodPlan>>, St
         let same = l
             .pleg
             .as_ref()
-            .is_some_and(|was| Arc::ptr_eq(was, now) || **was == **now);
+            // The PLEG replaces its snapshot only when a relist differs.
+            .is_some_and(|was| Arc::ptr_eq(was, now));
         if same && l.at.elapsed() < LIST_MAX_AGE {
             return Ok(l.plans.clone());
         }

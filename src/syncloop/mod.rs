@@ -320,9 +320,8 @@ impl SyncLoop {
         (seen, at): (Arc<crate::pleg::Snapshot>, Instant),
     ) -> (Arc<crate::pleg::Snapshot>, Instant) {
         let now = self.pleg.snapshot();
-        // The relist keeps its snapshot while nothing changes; compared in
-        // full only when it was replaced.
-        let same = Arc::ptr_eq(&now, &seen) || *now == *seen;
+        // The relist replaces its snapshot only when something changed.
+        let same = Arc::ptr_eq(&now, &seen);
         if !trim_due(same, at.elapsed()) {
             return (seen, at);
         }
