@@ -70,11 +70,11 @@ impl Hierarchy {
     /// The directory of cgroup `name` (e.g. `/kubepods/pod<uid>`) for a
     /// controller; `None` when that controller is not mounted.
     fn dir(&self, controller: &str, name: &str) -> Option<PathBuf> {
-        let rel = name.trim_start_matches('/');
-        match self {
-            Hierarchy::V1 { roots, .. } => roots.get(controller).map(|r| r.join(rel)),
-            Hierarchy::V2 { root } => Some(root.join(rel)),
-        }
+        let root = match self {
+            Hierarchy::V1 { roots, .. } => roots.get(controller)?,
+            Hierarchy::V2 { root } => root,
+        };
+        Some(join(root, name))
     }
 
     /// Whether cgroup `name` exists (memory controller on v1).
@@ -111,17 +111,17 @@ impl Hierarchy {
     pub fn read_with(&self, name: &str, detail: Detail, r: &mut FileReader) -> CgroupSample {
         match self {
             Hierarchy::V1 { unified, .. } => {
-                let mut s = self.read_v1_with(&|_| name.to_string(), detail, r);
+                let mut s = self.read_v1_with(&|_| name, detail, r);
                 // A hybrid host mirrors the tree in its cgroup2 mount, whose
                 // pressure files are valid even without controllers there.
                 if let Some(u) = unified {
                     if detail >= Detail::CpuMemory {
-                        s.psi = read_psi_dir(&u.join(name.trim_start_matches('/')), detail, r);
+                        s.psi = read_psi_dir(&join(u, name), detail, r);
                     }
                 }
                 s
             }
-            Hierarchy::V2 { root } => read_v2(&root.join(name.trim_start_matches('/')), detail, r),
+            Hierarchy::V2 { root } => read_v2(&join(root, name), detail, r),
         }
     }
 
@@ -161,22 +161,22 @@ impl Hierarchy {
             .flatten()
             .collect();
         let s = self.read_v1_with(
-            &|c: &str| per.get(c).cloned().unwrap_or_else(|| name.clone()),
+            &|c: &str| per.get(c).map_or(name.as_str(), String::as_str),
             detail,
             r,
         );
         Some((name, s))
     }
 
-    fn read_v1_with(
+    fn read_v1_with<'a>(
         &self,
-        path_of: &dyn Fn(&str) -> String,
+        path_of: &dyn Fn(&str) -> &'a str,
         detail: Detail,
         r: &mut FileReader,
     ) -> CgroupSample {
         let full = detail == Detail::Full;
         let mut s = CgroupSample::default();
-        if let Some(d) = self.dir("cpuacct", &path_of("cpuacct")) {
+        if let Some(d) = self.dir("cpuacct", path_of("cpuacct")) {
             if let Some(total) = r.hot_u64(&d, "cpuacct.usage") {
                 let ns = 1_000_000_000 / CLOCK_TICKS_PER_SEC;
                 let (mut user, mut system) = (None, None);
@@ -200,7 +200,7 @@ impl Hierarchy {
             }
         }
         if full {
-            if let Some(d) = self.dir("cpu", &path_of("cpu")) {
+            if let Some(d) = self.dir("cpu", path_of("cpu")) {
                 s.cpu_shares = r.spec_u64(&d, "cpu.shares");
                 s.cpu_period = r.spec_u64(&d, "cpu.cfs_period_us");
                 s.cpu_quota = r.spec_i64(&d, "cpu.cfs_quota_us").filter(|q| *q > 0);
@@ -213,12 +213,12 @@ impl Hierarchy {
                 }
             }
         }
-        if let Some(d) = self.dir("memory", &path_of("memory")) {
+        if let Some(d) = self.dir("memory", path_of("memory")) {
             if let Some(usage) = r.hot_u64(&d, "memory.usage_in_bytes") {
                 // v1 hierarchical totals, as cAdvisor reads them.
                 let st = r
                     .hot(&d, "memory.stat")
-                    .map(|t| MemStat::parse(t, "total_"))
+                    .map(|t| MemStat::parse(t, false))
                     .unwrap_or_default();
                 let limit = if detail >= Detail::CpuMemory {
                     r.spec_u64(&d, "memory.limit_in_bytes")
@@ -260,15 +260,15 @@ impl Hierarchy {
         }
         if full {
             if let (Some(d), Some(root)) =
-                (self.dir("blkio", &path_of("blkio")), self.dir("blkio", "/"))
+                (self.dir("blkio", path_of("blkio")), self.dir("blkio", "/"))
             {
                 let files = *r
                     .blkio_files
                     .get_or_insert_with(|| blkio::V1Files::probe(&root));
                 s.disk = Some(blkio::read_v1(&d, files, r));
             }
-            if let Some(d) = self.dir("cpu", &path_of("cpu")) {
-                let pids = self.dir("pids", &path_of("pids"));
+            if let Some(d) = self.dir("cpu", path_of("cpu")) {
+                let pids = self.dir("pids", path_of("pids"));
                 s.procs = Some(processes::read(&d, pids.as_deref(), false, r));
             }
         }
@@ -282,6 +282,17 @@ impl Hierarchy {
         // Read at every summary scrape, one per pod: kept open.
         r.hot_u64(&d, "pids.current")
     }
+}
+
+/// Cgroup `name` (`/` or relative) under a hierarchy's root, allocated
+/// once at its final size (`Path::join` copies the root, then grows it): a
+/// few per cgroup at every scrape.
+fn join(root: &Path, name: &str) -> PathBuf {
+    let rel = name.trim_start_matches('/');
+    let mut p = PathBuf::with_capacity(root.as_os_str().len() + 1 + rel.len());
+    p.push(root);
+    p.push(rel);
+    p
 }
 
 /// How much of a cgroup one collection reads: each endpoint asks for what
@@ -332,8 +343,9 @@ pub struct FileReader {
     pub(super) blkio_empty: Vec<(PathBuf, usize)>,
     /// Process walks reused between collections.
     pub(super) walks: processes::WalkCache,
-    /// Limits and weights read lately, by `dir/file` (see `spec`).
-    specs: HashMap<Box<std::ffi::OsStr>, SpecEntry>,
+    /// Limits and weights read lately, by directory and file name (see
+    /// `spec`).
+    specs: foldhash::HashMap<std::ffi::OsString, Vec<(&'static str, SpecEntry)>>,
     /// Whether `spec` may answer from `specs` (see `cache_specs`).
     cache_specs: bool,
     /// The node has no swap (`SwapTotal` 0 in this collection's meminfo):
@@ -366,7 +378,7 @@ pub const SPEC_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60)
 struct KeptFiles {
     /// Keyed by the path's bytes: a `Path` hashes component by component,
     /// which showed in profiles at hundreds of lookups per collection.
-    dirs: HashMap<std::ffi::OsString, KeptDir>,
+    dirs: foldhash::HashMap<std::ffi::OsString, KeptDir>,
     /// Sandbox id → its pause process's `/proc/<pid>/net/dev`. The open
     /// file is bound to the network namespace, not the pid, so it keeps
     /// naming that sandbox's namespace; dropped with the sandbox (see
@@ -380,7 +392,9 @@ struct KeptFiles {
 
 struct KeptDir {
     /// File name → its descriptor, `None` for a file the cgroup lacks.
-    files: Vec<(Box<str>, Option<std::fs::File>)>,
+    /// The names are the callers' literals: compared without a pointer
+    /// chase per name.
+    files: Vec<(&'static str, Option<std::fs::File>)>,
     used: std::time::Instant,
 }
 
@@ -410,7 +424,7 @@ impl FileReader {
             blkio_files: None,
             blkio_empty: Vec::new(),
             walks: processes::WalkCache::default(),
-            specs: HashMap::new(),
+            specs: Default::default(),
             cache_specs: false,
             swap_off: false,
         }
@@ -421,7 +435,7 @@ impl FileReader {
     pub fn keeping(cap: usize) -> Self {
         FileReader {
             kept: Some(KeptFiles {
-                dirs: HashMap::new(),
+                dirs: Default::default(),
                 net_devs: HashMap::new(),
                 held: 0,
                 cap,
@@ -454,8 +468,10 @@ impl FileReader {
         self.walks.sweep();
         // Limits too old to be used again (or of cgroups gone).
         let now = std::time::Instant::now();
-        self.specs
-            .retain(|_, e| now.duration_since(e.read) < SPEC_MAX_AGE);
+        self.specs.retain(|_, files| {
+            files.retain(|(_, e)| now.duration_since(e.read) < SPEC_MAX_AGE);
+            !files.is_empty()
+        });
         let Some(k) = self.kept.as_mut() else { return };
         let now = std::time::Instant::now();
         if now.duration_since(k.swept) < KEPT_IDLE / 4 {
@@ -540,33 +556,46 @@ impl FileReader {
 
     /// A limit or weight file (`value`, trimmed), answered from what was
     /// read within `SPEC_MAX_AGE` while `cache_specs` is on.
-    fn spec(&mut self, dir: &Path, file: &str) -> Option<&str> {
+    fn spec(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
         if !self.cache_specs {
             return self.value(dir, file).map(str::trim);
         }
-        let mut key = dir.as_os_str().to_owned();
-        key.push("/");
-        key.push(file);
         let now = std::time::Instant::now();
-        let fresh = self
-            .specs
-            .get(key.as_os_str())
-            .is_some_and(|e| now.duration_since(e.read) < SPEC_MAX_AGE);
-        if !fresh {
-            let text = self.value(dir, file).map(|t| t.trim().into());
-            self.specs.insert(
-                key.clone().into_boxed_os_str(),
-                SpecEntry { text, read: now },
-            );
-        }
-        self.specs.get(key.as_os_str())?.text.as_deref()
+        let at = |files: &[(&str, SpecEntry)]| files.iter().position(|(n, _)| *n == file);
+        let fresh = self.specs.get(dir.as_os_str()).and_then(|files| {
+            let i = at(files)?;
+            (now.duration_since(files[i].1.read) < SPEC_MAX_AGE).then_some(i)
+        });
+        let i = match fresh {
+            Some(i) => i,
+            None => {
+                let text = self.value(dir, file).map(|t| t.trim().into());
+                let entry = SpecEntry { text, read: now };
+                // The directory's key is allocated once, with its first file.
+                if !self.specs.contains_key(dir.as_os_str()) {
+                    self.specs.insert(dir.as_os_str().to_owned(), Vec::new());
+                }
+                let files = self.specs.get_mut(dir.as_os_str())?;
+                match at(files) {
+                    Some(i) => {
+                        files[i].1 = entry;
+                        i
+                    }
+                    None => {
+                        files.push((file, entry));
+                        files.len() - 1
+                    }
+                }
+            }
+        };
+        self.specs.get(dir.as_os_str())?[i].1.text.as_deref()
     }
 
-    fn spec_u64(&mut self, dir: &Path, file: &str) -> Option<u64> {
+    fn spec_u64(&mut self, dir: &Path, file: &'static str) -> Option<u64> {
         self.spec(dir, file)?.parse().ok()
     }
 
-    fn spec_i64(&mut self, dir: &Path, file: &str) -> Option<i64> {
+    fn spec_i64(&mut self, dir: &Path, file: &'static str) -> Option<i64> {
         self.spec(dir, file)?.parse().ok()
     }
 
@@ -581,24 +610,24 @@ impl FileReader {
     /// usage and stat, swap), the pressure files and the pods' task counts:
     /// kept open when the reader keeps files. Only these, since each open
     /// seq_file holds a page of kernel memory.
-    fn hot(&mut self, dir: &Path, file: &str) -> Option<&str> {
+    fn hot(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
         if self.kept.is_some() {
             return self.kept_value(dir, file);
         }
         self.value(dir, file)
     }
 
-    fn hot_u64(&mut self, dir: &Path, file: &str) -> Option<u64> {
+    fn hot_u64(&mut self, dir: &Path, file: &'static str) -> Option<u64> {
         self.hot(dir, file)?.trim().parse().ok()
     }
 
-    fn kept_value(&mut self, dir: &Path, file: &str) -> Option<&str> {
+    fn kept_value(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
         let now = std::time::Instant::now();
         let k = self.kept.as_mut()?;
         let mut stale = false;
         if let Some(d) = k.dirs.get_mut(dir.as_os_str()) {
             d.used = now;
-            if let Some((_, f)) = d.files.iter().find(|(n, _)| &**n == file) {
+            if let Some((_, f)) = d.files.iter().find(|(n, _)| *n == file) {
                 let Some(f) = f else { return None };
                 match read_at_start(f, &mut self.buf) {
                     Some(len) => return std::str::from_utf8(&self.buf[..len]).ok(),
@@ -632,7 +661,7 @@ impl FileReader {
                     files: Vec::new(),
                     used: now,
                 });
-            d.files.push((file.into(), f));
+            d.files.push((file, f));
         }
         std::str::from_utf8(&self.buf[..len?]).ok()
     }
@@ -862,38 +891,64 @@ impl MemStat {
         }
     }
 
-    fn parse(text: &str, prefix: &str) -> Self {
-        let v2 = prefix.is_empty();
+    /// `memory.stat`'s wanted lines: v1's hierarchical totals
+    /// (`total_…`), v2's own. Seven of v1's 46 lines (35 on v2) are wanted,
+    /// read at every scrape for each cgroup, so lines are looked at as
+    /// bytes and most passed over on their first ones (as a `str` split
+    /// this was a quarter of a collection's user-space CPU).
+    fn parse(text: &str, v2: bool) -> Self {
         let mut m = MemStat::default();
-        // Seven of v1's 70-odd lines (35 on v2) are wanted, read at every
-        // scrape for each cgroup: the key is matched before the value is
-        // parsed.
-        for line in text.split('\n') {
-            let Some((k, v)) = line.split_once(' ') else {
+        for line in text.as_bytes().split(|b| *b == b'\n') {
+            let line = if v2 {
+                line
+            } else {
+                match line.strip_prefix(b"total_") {
+                    Some(l) => l,
+                    None => continue,
+                }
+            };
+            if !matches!(
+                line.first(),
+                Some(b'i' | b'a' | b'r' | b'c' | b'm' | b'f' | b'p')
+            ) {
+                continue;
+            }
+            let Some(sp) = line.iter().position(|b| *b == b' ') else {
                 continue;
             };
-            let Some(k) = k.strip_prefix(prefix) else {
-                continue;
-            };
-            let field = match k {
-                "inactive_file" => &mut m.inactive_file,
-                "active_file" => &mut m.active_file,
-                "rss" if !v2 => &mut m.rss,
-                "anon" if v2 => &mut m.rss,
-                "cache" if !v2 => &mut m.cache,
-                "file" if v2 => &mut m.cache,
-                "mapped_file" if !v2 => &mut m.mapped_file,
-                "file_mapped" if v2 => &mut m.mapped_file,
-                "pgfault" => &mut m.pgfault,
-                "pgmajfault" => &mut m.pgmajfault,
+            let field = match &line[..sp] {
+                b"inactive_file" => &mut m.inactive_file,
+                b"active_file" => &mut m.active_file,
+                b"rss" if !v2 => &mut m.rss,
+                b"anon" if v2 => &mut m.rss,
+                b"cache" if !v2 => &mut m.cache,
+                b"file" if v2 => &mut m.cache,
+                b"mapped_file" if !v2 => &mut m.mapped_file,
+                b"file_mapped" if v2 => &mut m.mapped_file,
+                b"pgfault" => &mut m.pgfault,
+                b"pgmajfault" => &mut m.pgmajfault,
                 _ => continue,
             };
-            if let Ok(v) = v.trim().parse() {
+            if let Some(v) = ascii_u64(&line[sp + 1..]) {
                 *field = v;
             }
         }
         m
     }
+}
+
+/// An unsigned decimal (surrounding ASCII whitespace allowed), as
+/// `str::parse::<u64>` reads one without a sign.
+fn ascii_u64(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, b| {
+        let d = b.wrapping_sub(b'0');
+        (d < 10).then_some(())?;
+        n.checked_mul(10)?.checked_add(u64::from(d))
+    })
 }
 
 fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
@@ -933,7 +988,7 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
     if let Some(usage) = r.hot_u64(d, "memory.current") {
         let st = r
             .hot(d, "memory.stat")
-            .map(|t| MemStat::parse(t, ""))
+            .map(|t| MemStat::parse(t, true))
             .unwrap_or_default();
         // "max" does not parse: no limit.
         let limit = if detail >= Detail::CpuMemory {
@@ -1079,7 +1134,7 @@ pub fn parse_psi(text: &str) -> Option<PsiPair> {
     let mut out = PsiPair::default();
     let mut any = false;
     for l in text.lines() {
-        let mut it = l.split_whitespace();
+        let mut it = l.split_ascii_whitespace();
         let which = match it.next() {
             Some("some") => &mut out.some,
             Some("full") => &mut out.full,
@@ -1091,15 +1146,36 @@ pub fn parse_psi(text: &str) -> Option<PsiPair> {
                 continue;
             };
             match k {
-                "avg10" => which.avg10 = v.parse().unwrap_or(0.0),
-                "avg60" => which.avg60 = v.parse().unwrap_or(0.0),
-                "avg300" => which.avg300 = v.parse().unwrap_or(0.0),
+                "avg10" => which.avg10 = parse_avg(v).unwrap_or(0.0),
+                "avg60" => which.avg60 = parse_avg(v).unwrap_or(0.0),
+                "avg300" => which.avg300 = parse_avg(v).unwrap_or(0.0),
                 "total" => which.total = v.parse().unwrap_or(0),
                 _ => {}
             }
         }
     }
     any.then_some(out)
+}
+
+/// A pressure average, which the kernel writes as `%lu.%02lu`: its digits
+/// as one integer divided by the power of ten of its decimals. Both that
+/// division and `str::parse` round the exact decimal value once, so the
+/// double is the same; six per file and three files per cgroup made the
+/// general float parser show in profiles. Other shapes go to it.
+fn parse_avg(v: &str) -> Option<f64> {
+    const POW10: [f64; 8] = [1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7];
+    let (int, frac) = v.split_once('.').unwrap_or((v, ""));
+    let digits = int.len() + frac.len();
+    if int.is_empty() || digits > 15 || frac.len() >= POW10.len() {
+        return v.parse().ok();
+    }
+    let n = int.bytes().chain(frac.bytes()).try_fold(0u64, |n, b| {
+        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+    });
+    match n {
+        Some(n) => Some(n as f64 / POW10[frac.len()]),
+        None => v.parse().ok(),
+    }
 }
 
 /// A process's cgroup (from `/proc/<pid>/cgroup`): on v1 the memory
@@ -1390,16 +1466,92 @@ mod tests {
         assert_eq!(r.spec_u64(&root, "memory.limit_in_bytes"), Some(3000));
         // Past SPEC_MAX_AGE the file is read again (and sweep drops it).
         r.cache_specs(true);
-        for e in r.specs.values_mut() {
+        for (_, e) in r.specs.values_mut().flatten() {
             e.read -= SPEC_MAX_AGE;
         }
         assert_eq!(r.spec_u64(&root, "memory.limit_in_bytes"), Some(3000));
-        for e in r.specs.values_mut() {
+        for (_, e) in r.specs.values_mut().flatten() {
             e.read -= SPEC_MAX_AGE;
         }
         r.sweep();
         assert!(r.specs.is_empty());
         let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn memory_stat_takes_v1_totals_and_v2_own_lines() {
+        // A v1 file as 6.1 writes it: the local figures first, then the
+        // hierarchical ones; only the latter count, and keys that share a
+        // start with a wanted one (rss_huge, mapped_file) are told apart.
+        let v1 = "cache 11\nrss 12\nrss_huge 13\nmapped_file 14\npgfault 15\n\
+                  inactive_file 16\nactive_file 17\nhierarchical_memory_limit 9223372036854771712\n\
+                  total_cache 4000\ntotal_rss 6000\ntotal_rss_huge 2097152\n\
+                  total_mapped_file 9\ntotal_pgfault 77\ntotal_pgmajfault 7\n\
+                  total_inactive_anon 86016\ntotal_inactive_file 3000\n\
+                  total_active_file 250\ntotal_unevictable 0\n";
+        let m = MemStat::parse(v1, false);
+        assert_eq!(
+            (m.cache, m.rss, m.mapped_file, m.pgfault, m.pgmajfault),
+            (4000, 6000, 9, 77, 7)
+        );
+        assert_eq!((m.inactive_file, m.active_file), (3000, 250));
+        // v2: no prefix, its own names; v1's names are not v2's.
+        let v2 = "anon 500\nfile 600\nkernel 1\nfile_mapped 70\nfile_dirty 3\n\
+                  anon_thp 0\ninactive_anon 4\nactive_anon 5\ninactive_file 80\n\
+                  active_file 90\nrss 999\ncache 999\npgfault 11\npgmajfault 2\n";
+        let m = MemStat::parse(v2, true);
+        assert_eq!(
+            (
+                m.rss,
+                m.cache,
+                m.mapped_file,
+                m.inactive_file,
+                m.active_file
+            ),
+            (500, 600, 70, 80, 90)
+        );
+        assert_eq!((m.pgfault, m.pgmajfault), (11, 2));
+        // A value that is no number is left at 0, as before; a last line
+        // without its newline still counts.
+        let m = MemStat::parse("total_rss x1\ntotal_cache 5", false);
+        assert_eq!((m.rss, m.cache), (0, 5));
+    }
+
+    #[test]
+    fn values_are_read_as_the_standard_parsers_read_them() {
+        for t in ["0", "42", " 42\n", "18446744073709551615"] {
+            assert_eq!(ascii_u64(t.as_bytes()), t.trim().parse().ok(), "{t:?}");
+        }
+        for t in ["", " ", "-1", "4x", "18446744073709551616", "1 2"] {
+            assert_eq!(ascii_u64(t.as_bytes()), None, "{t:?}");
+        }
+        // Every average the kernel can write below 1000, and some others:
+        // the same double as the general parser.
+        for i in 0..1000u32 {
+            for f in 0..100u32 {
+                let t = format!("{i}.{f:02}");
+                assert_eq!(parse_avg(&t), t.parse().ok(), "{t}");
+            }
+        }
+        for t in [
+            "100.00",
+            "7",
+            "0.5",
+            "123456.78",
+            "1e3",
+            "x",
+            ".5",
+            "1.2.3",
+            "",
+        ] {
+            assert_eq!(parse_avg(t), t.parse().ok(), "{t:?}");
+        }
+        let p = parse_psi("some avg10=12.34 avg60=0.07 avg300=100.00 total=56\n").unwrap();
+        assert_eq!(
+            (p.some.avg10, p.some.avg60, p.some.avg300),
+            (12.34, 0.07, 100.0)
+        );
+        assert_eq!(p.some.total, 56);
     }
 
     #[test]

@@ -140,6 +140,8 @@ pub struct Snapshot {
 }
 
 type CpuHistory = (Option<(i64, u64)>, (i64, u64));
+/// Each cgroup's `CpuHistory`, stamped with the last collection that saw it.
+type CpuHistories = foldhash::HashMap<String, (CpuHistory, u64)>;
 /// A path's st_dev, when its mount source was found, and the source.
 type KnownDevice = (u64, Instant, Option<String>);
 type SharedSnapshot = Shared<BoxFuture<'static, Result<Arc<Snapshot>, StatsError>>>;
@@ -254,9 +256,9 @@ struct ImageCache {
 #[derive(Default)]
 struct PathCache {
     /// Pod UID → pod cgroup.
-    pods: HashMap<String, String>,
+    pods: foldhash::HashMap<String, String>,
     /// Container or sandbox id → its cgroup.
-    containers: HashMap<String, String>,
+    containers: foldhash::HashMap<String, String>,
 }
 
 #[derive(Default)]
@@ -264,7 +266,9 @@ struct Inner {
     hierarchy: Mutex<Option<Hierarchy>>,
     /// cgroup (or container id) → the two latest kept (time ns,
     /// cumulative cpu ns) samples, at least `MIN_RATE_WINDOW_NS` apart.
-    prev_cpu: Mutex<HashMap<String, CpuHistory>>,
+    /// The number of the last collection, and each entry stamped with the
+    /// last collection that saw it.
+    prev_cpu: Mutex<(u64, CpuHistories)>,
     cache: Mutex<Option<(Instant, Detail, SharedSnapshot)>>,
     lists: Mutex<Option<Lists>>,
     disk: Mutex<DiskCache>,
@@ -883,7 +887,7 @@ fn sample_from_cri(s: &v1::ContainerStats) -> CgroupSample {
 /// A cached cgroup name, or the first of `candidates` that exists (then
 /// cached).
 fn resolve(
-    cache: &mut HashMap<String, String>,
+    cache: &mut foldhash::HashMap<String, String>,
     key: &str,
     candidates: impl FnOnce() -> Option<String>,
 ) -> Option<String> {
@@ -898,7 +902,7 @@ fn resolve(
 /// Reads a cached cgroup; when it reads nothing (gone, or moved) the entry
 /// is dropped and the cgroup looked for again.
 fn read_cached(
-    cache: &mut HashMap<String, String>,
+    cache: &mut foldhash::HashMap<String, String>,
     key: &str,
     h: &Hierarchy,
     detail: Detail,
@@ -1153,8 +1157,10 @@ fn read_files(
     // Pods' and containers' limits are the runtime's, set once.
     r.cache_specs(true);
     let mut paths = std::mem::take(&mut *inner.paths.lock());
-    let mut seen_pods = std::collections::HashSet::new();
-    let mut seen_ctrs = std::collections::HashSet::new();
+    // Looked up once per pod and container with the runtime's ids: a fast
+    // hasher (no hostile keys).
+    let mut seen_pods = foldhash::HashSet::default();
+    let mut seen_ctrs = foldhash::HashSet::default();
     let mut pods = Vec::with_capacity(plans.len());
     for plan in plans {
         let mut pod = PodRaw {
@@ -1269,7 +1275,7 @@ fn read_files(
         r.retain_net_devs(&|id| seen_ctrs.contains(id));
     } else {
         // Sandboxes were not looked at: keep theirs.
-        let sandboxes: std::collections::HashSet<&str> =
+        let sandboxes: foldhash::HashSet<&str> =
             plans.iter().map(|p| p.sandbox_id.as_str()).collect();
         paths
             .containers
@@ -1333,53 +1339,66 @@ fn add_limits(s: &mut CgroupSample, r: &mut FileReader) {
 /// keep their samples).
 fn rates(inner: &Inner, snap: &mut Snapshot, detail: Detail) {
     let t = snap.time_ns;
-    let mut prev = inner.prev_cpu.lock();
-    let mut seen: std::collections::HashSet<String> = Default::default();
-    let mut rate = |key: String, cpu: Option<CpuSample>| -> Option<u64> {
+    let mut guard = inner.prev_cpu.lock();
+    let (generation, prev) = &mut *guard;
+    // Entries this collection looks at are stamped with its number, so the
+    // ones it did not are found without a set of keys; the key is built in
+    // one buffer and allocated only for a new entry (a few hundred per
+    // scrape).
+    *generation += 1;
+    let now_gen = *generation;
+    let mut key = String::with_capacity(128);
+    let mut rate = |kind: &str, name: &str, cpu: Option<CpuSample>| -> Option<u64> {
+        key.clear();
+        key.push_str(kind);
+        key.push_str(name);
         let cur = (t, cpu?.usage_ns);
         let per_sec = |(pt, pu): (i64, u64)| {
             (t > pt && cur.1 >= pu)
                 .then(|| ((cur.1 - pu) as u128 * 1_000_000_000 / (t - pt) as u128) as u64)
         };
-        let out = match prev.get_mut(&key) {
+        match prev.get_mut(key.as_str()) {
             None => {
-                prev.insert(key.clone(), (None, cur));
+                prev.insert(key.clone(), ((None, cur), now_gen));
                 None
             }
-            Some((older, newer)) if t - newer.0 >= MIN_RATE_WINDOW_NS => {
-                let r = per_sec(*newer);
-                *older = Some(*newer);
-                *newer = cur;
-                r
+            Some(((older, newer), seen)) => {
+                *seen = now_gen;
+                if t - newer.0 >= MIN_RATE_WINDOW_NS {
+                    let r = per_sec(*newer);
+                    *older = Some(*newer);
+                    *newer = cur;
+                    r
+                } else {
+                    // Too soon after the last sample: rate over the one
+                    // before it.
+                    older.and_then(per_sec)
+                }
             }
-            // Too soon after the last sample: rate over the one before it.
-            Some((older, _)) => older.and_then(per_sec),
-        };
-        seen.insert(key);
-        out
+        }
     };
     let node_cpu = snap.node.root.cpu.or(snap.node.busy_ns.map(|u| CpuSample {
         usage_ns: u,
         ..Default::default()
     }));
-    snap.node.cpu_nano_cores = rate("node".into(), node_cpu);
+    snap.node.cpu_nano_cores = rate("node", "", node_cpu);
     for (name, c) in snap.system.iter_mut() {
-        c.cpu_nano_cores = rate(format!("sys:{name}"), c.sample.cpu);
+        c.cpu_nano_cores = rate("sys:", name, c.sample.cpu);
     }
     for c in snap.hierarchy.iter_mut() {
-        c.cpu_nano_cores = rate(format!("cg:{}", c.name), c.sample.cpu);
+        c.cpu_nano_cores = rate("cg:", &c.name, c.sample.cpu);
     }
     for p in snap.pods.iter_mut() {
-        p.cpu_nano_cores = rate(format!("pod:{}", p.uid), p.sample.cpu);
+        p.cpu_nano_cores = rate("pod:", &p.uid, p.sample.cpu);
         for c in p.containers.iter_mut() {
-            let r = rate(format!("ctr:{}", c.id), c.sample.cpu);
+            let r = rate("ctr:", &c.id, c.sample.cpu);
             if c.cpu_nano_cores.is_none() {
                 c.cpu_nano_cores = r;
             }
         }
     }
-    prev.retain(|k, _| {
-        seen.contains(k)
+    prev.retain(|k, (_, seen)| {
+        *seen == now_gen
             || (k.starts_with("sys:") && detail < Detail::CpuMemory)
             || (k.starts_with("cg:") && detail < Detail::Full)
     });
@@ -1470,6 +1489,6 @@ mod tests {
             ..Default::default()
         };
         rates(&inner, &mut empty, Detail::Full);
-        assert!(!inner.prev_cpu.lock().contains_key("ctr:c"));
+        assert!(!inner.prev_cpu.lock().1.contains_key("ctr:c"));
     }
 }
