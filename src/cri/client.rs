@@ -23,6 +23,8 @@ const PULL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 #[derive(Clone)]
 pub struct RemoteRuntime {
+    /// For calls decoded as lean messages (`relist`).
+    channel: Channel,
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
     timeout: Duration,
@@ -57,14 +59,42 @@ impl RemoteRuntime {
         let runtime = RuntimeServiceClient::new(channel.clone())
             .max_decoding_message_size(MAX_MSG_SIZE)
             .max_encoding_message_size(MAX_MSG_SIZE);
-        let images = ImageServiceClient::new(channel)
+        let images = ImageServiceClient::new(channel.clone())
             .max_decoding_message_size(MAX_MSG_SIZE)
             .max_encoding_message_size(MAX_MSG_SIZE);
         Ok(RemoteRuntime {
+            channel,
             runtime,
             images,
             timeout,
         })
+    }
+
+    /// A unary RuntimeService call, as the generated client makes it, whose
+    /// answer is decoded as `Resp`: a lean view of the generated message
+    /// (see `relist`).
+    async fn lean<Req, Resp>(
+        &self,
+        method: &'static str,
+        path: &'static str,
+        req: Req,
+    ) -> Result<tonic::Response<Resp>, tonic::Status>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MSG_SIZE)
+            .max_encoding_message_size(MAX_MSG_SIZE);
+        grpc.ready()
+            .await
+            .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+        let mut req = tonic::Request::new(req);
+        req.extensions_mut()
+            .insert(tonic::GrpcMethod::new("runtime.v1.RuntimeService", method));
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+        let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+        grpc.unary(req, path, codec).await
     }
 
     async fn call<T, F>(&self, op: &'static str, timeout: Duration, fut: F) -> CriResult<T>
@@ -266,6 +296,34 @@ impl RuntimeService for RemoteRuntime {
             .call("ListContainers", self.timeout, c.list_containers(req))
             .await?
             .containers)
+    }
+
+    async fn relist(&self) -> CriResult<(Vec<relist::RelistItem>, Vec<relist::RelistItem>)> {
+        let req = v1::ListPodSandboxRequest { filter: None };
+        let sandboxes: relist::SandboxList = self
+            .call(
+                "ListPodSandbox",
+                self.timeout,
+                self.lean(
+                    "ListPodSandbox",
+                    "/runtime.v1.RuntimeService/ListPodSandbox",
+                    req,
+                ),
+            )
+            .await?;
+        let req = v1::ListContainersRequest { filter: None };
+        let containers: relist::ContainerList = self
+            .call(
+                "ListContainers",
+                self.timeout,
+                self.lean(
+                    "ListContainers",
+                    "/runtime.v1.RuntimeService/ListContainers",
+                    req,
+                ),
+            )
+            .await?;
+        Ok((sandboxes.items, containers.items))
     }
 
     async fn container_status(&self, id: &str) -> CriResult<ContainerStatus> {

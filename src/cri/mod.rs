@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod fake;
+pub mod relist;
 
 use async_trait::async_trait;
 
@@ -104,6 +105,29 @@ pub trait RuntimeService: Send + Sync + 'static {
     async fn stop_container(&self, id: &str, timeout: i64) -> CriResult<()>;
     async fn remove_container(&self, id: &str) -> CriResult<()>;
     async fn list_containers(&self, filter: Option<ContainerFilter>) -> CriResult<Vec<Container>>;
+    /// The PLEG's relist: every sandbox and every container (no filter),
+    /// each cut to its id, state and pod UID label. The gRPC client decodes
+    /// only those (see `relist`); this default cuts the full lists.
+    async fn relist(&self) -> CriResult<(Vec<relist::RelistItem>, Vec<relist::RelistItem>)> {
+        let item = |id: String, state: i32, labels: &std::collections::HashMap<String, String>| {
+            relist::RelistItem {
+                pod_uid: labels.get(crate::kuberuntime::labels::POD_UID).cloned(),
+                id,
+                state,
+            }
+        };
+        let sandboxes = self.list_pod_sandbox(None).await?;
+        let sandboxes = sandboxes
+            .into_iter()
+            .map(|s| item(s.id, s.state, &s.labels))
+            .collect();
+        let containers = self.list_containers(None).await?;
+        let containers = containers
+            .into_iter()
+            .map(|c| item(c.id, c.state, &c.labels))
+            .collect();
+        Ok((sandboxes, containers))
+    }
     async fn container_status(&self, id: &str) -> CriResult<ContainerStatus>;
     async fn exec_sync(
         &self,
