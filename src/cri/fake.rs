@@ -31,6 +31,9 @@ struct State {
     /// Scripted ListContainerStats figures by container ID: (cpu ns,
     /// working set bytes, writable layer bytes).
     container_stats: BTreeMap<String, (u64, u64, u64)>,
+    /// ContainerStatus calls by container ID (not in `calls`, which tests
+    /// compare whole).
+    status_asks: BTreeMap<String, usize>,
 }
 
 struct FakeContainer {
@@ -87,6 +90,11 @@ impl FakeRuntime {
     /// Queues the answer of the next RuntimeConfig call.
     pub fn push_runtime_config(&self, answer: Result<Option<v1::CgroupDriver>, tonic::Code>) {
         self.state.lock().runtime_config.push_back(answer);
+    }
+
+    /// How many times ContainerStatus was asked about container `id`.
+    pub fn status_asks(&self, id: &str) -> usize {
+        self.state.lock().status_asks.get(id).copied().unwrap_or(0)
     }
 
     /// Calls made so far, as "Op id-or-name" strings.
@@ -469,7 +477,19 @@ impl RuntimeService for FakeRuntime {
     }
 
     async fn container_status(&self, id: &str) -> CriResult<ContainerStatus> {
-        let s = self.state.lock();
+        let mut s = self.state.lock();
+        *s.status_asks.entry(id.to_string()).or_default() += 1;
+        // As containerd: the sandbox's log directory joined with the
+        // container's relative log path, when both are set.
+        let log_path = s.containers.get(id).and_then(|c| {
+            let (sb, _) = s.sandboxes.get(&c.sandbox_id)?;
+            (!sb.log_directory.is_empty() && !c.config.log_path.is_empty()).then(|| {
+                std::path::Path::new(&sb.log_directory)
+                    .join(&c.config.log_path)
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        });
         let c = s.containers.get(id).ok_or(CriError::NotFound {
             op: "ContainerStatus",
             message: id.into(),
@@ -496,8 +516,15 @@ impl RuntimeService for FakeRuntime {
             },
             labels: c.config.labels.clone(),
             annotations: c.config.annotations.clone(),
+            log_path: log_path.unwrap_or_default(),
             ..Default::default()
         })
+    }
+
+    async fn reopen_container_log(&self, id: &str) -> CriResult<()> {
+        let mut s = self.state.lock();
+        self.record(&mut s, format!("ReopenContainerLog {id}"));
+        Ok(())
     }
 
     async fn exec_sync(

@@ -49,6 +49,7 @@ const SUFFIX_TMP: &str = ".tmp";
 pub async fn run(runtime: Arc<dyn RuntimeService>, policy: Policy, token: CancellationToken) {
     let mut tick = tokio::time::interval(policy.period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut paths = LogPaths::new();
     loop {
         tokio::select! {
             _ = token.cancelled() => return,
@@ -67,42 +68,95 @@ pub async fn run(runtime: Arc<dyn RuntimeService>, policy: Policy, token: Cancel
                 continue;
             }
         };
-        let rt = runtime.clone();
-        let work = futures::stream::iter(containers)
-            .map(|c| {
-                let rt = rt.clone();
-                async move { rotate_one(rt.as_ref(), &c.id, policy).await }
-            })
-            .buffer_unordered(policy.workers);
+        let ids: Vec<String> = containers.into_iter().map(|c| c.id).collect();
         tokio::select! {
             _ = token.cancelled() => return,
-            _ = work.collect::<Vec<()>>() => {}
+            _ = check(&runtime, policy, ids, &mut paths) => {}
         }
     }
 }
 
-async fn rotate_one(runtime: &dyn RuntimeService, id: &str, policy: Policy) {
-    let path = match runtime.container_status(id).await {
-        Ok(st) if !st.log_path.is_empty() => PathBuf::from(st.log_path),
-        _ => return,
-    };
-    let p = path.clone();
-    let size = crate::blocking::run(
-        format!("log size {id}"),
-        Duration::from_secs(10),
-        move || std::fs::metadata(&p).map(|m| m.len()),
-    )
-    .await;
-    match size {
-        Ok(Ok(n)) if n < policy.max_size => return,
-        Ok(Ok(_)) => {}
-        // The file is gone (a failed rotation): ask for it back, as upstream.
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-            let _ = runtime.reopen_container_log(id).await;
-            return;
+/// Log paths by container id (`None`: the container has no log). A
+/// container's log path is set when it is created and never changes, so it
+/// is asked for once rather than at every check (upstream asks
+/// ContainerStatus for each running container every 10 s).
+type LogPaths = std::collections::HashMap<String, Option<PathBuf>>;
+
+/// One check of the running containers `ids`: their log paths (asked only
+/// for containers not seen before), their sizes in one pass on the blocking
+/// pool, then the logs at or over the limit rotated and the missing ones
+/// reopened, `workers` at a time.
+async fn check(
+    runtime: &Arc<dyn RuntimeService>,
+    policy: Policy,
+    ids: Vec<String>,
+    paths: &mut LogPaths,
+) {
+    let live: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+    paths.retain(|id, _| live.contains(id.as_str()));
+    let unknown: Vec<String> = ids
+        .iter()
+        .filter(|id| !paths.contains_key(*id))
+        .cloned()
+        .collect();
+    let found: Vec<(String, Option<Option<PathBuf>>)> = futures::stream::iter(unknown)
+        .map(|id| async move {
+            // An error is not remembered: asked again at the next check.
+            let path = runtime
+                .container_status(&id)
+                .await
+                .ok()
+                .map(|st| (!st.log_path.is_empty()).then(|| PathBuf::from(st.log_path)));
+            (id, path)
+        })
+        .buffer_unordered(policy.workers)
+        .collect()
+        .await;
+    for (id, path) in found {
+        if let Some(path) = path {
+            paths.insert(id, path);
         }
-        _ => return,
     }
+    let logs: Vec<(String, PathBuf)> = ids
+        .into_iter()
+        .filter_map(|id| {
+            let path = paths.get(&id)?.clone()?;
+            Some((id, path))
+        })
+        .collect();
+    let sized = crate::blocking::run("log sizes".into(), Duration::from_secs(10), move || {
+        logs.into_iter()
+            .map(|(id, path)| {
+                let size = std::fs::metadata(&path).map(|m| m.len());
+                (id, path, size)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await;
+    let Ok(sized) = sized else {
+        debug!("log rotation: sizing the logs timed out");
+        return;
+    };
+    futures::stream::iter(sized)
+        .map(|(id, path, size)| async move {
+            match size {
+                Ok(n) if n < policy.max_size => {}
+                Ok(_) => rotate_one(runtime.as_ref(), &id, path, policy).await,
+                // The file is gone (a failed rotation): ask for it back, as
+                // upstream.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let _ = runtime.reopen_container_log(&id).await;
+                }
+                Err(_) => {}
+            }
+        })
+        .buffer_unordered(policy.workers)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// Rotates the log at `path` (at or over the size limit) of container `id`.
+async fn rotate_one(runtime: &dyn RuntimeService, id: &str, path: PathBuf, policy: Policy) {
     let p = path.clone();
     let prepared = crate::blocking::run(
         format!("log rotate {id}"),
@@ -245,6 +299,82 @@ mod tests {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz), &mut text).unwrap();
         assert_eq!(text, "day 23\n");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn log_paths_are_asked_once_and_logs_over_the_limit_rotated() {
+        use crate::cri::v1;
+        let dir = std::env::temp_dir().join(format!("rkubelet-rotcheck-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("main")).unwrap();
+        let fake = Arc::new(crate::cri::fake::FakeRuntime::new());
+        let rt: Arc<dyn RuntimeService> = fake.clone();
+        let sb_cfg = v1::PodSandboxConfig {
+            log_directory: dir.to_string_lossy().into_owned(),
+            ..Default::default()
+        };
+        let sb = rt
+            .run_pod_sandbox(sb_cfg.clone(), String::new())
+            .await
+            .unwrap();
+        let cfg = |name: &str, log: &str| v1::ContainerConfig {
+            metadata: Some(v1::ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            log_path: log.into(),
+            ..Default::default()
+        };
+        let big = rt
+            .create_container(&sb, cfg("main", "main/0.log"), sb_cfg.clone())
+            .await
+            .unwrap();
+        let small = rt
+            .create_container(&sb, cfg("side", "side.log"), sb_cfg.clone())
+            .await
+            .unwrap();
+        let quiet = rt
+            .create_container(&sb, cfg("quiet", ""), sb_cfg)
+            .await
+            .unwrap();
+        std::fs::write(dir.join("main/0.log"), "x".repeat(100)).unwrap();
+        std::fs::write(dir.join("side.log"), "x").unwrap();
+        let policy = Policy {
+            max_size: 10,
+            max_files: 5,
+            workers: 2,
+            period: Duration::from_secs(10),
+        };
+        let ids = vec![big.clone(), small.clone(), quiet.clone()];
+        let mut paths = LogPaths::new();
+        check(&rt, policy, ids.clone(), &mut paths).await;
+        // The big log was renamed and the runtime asked to reopen it; the
+        // small one was left.
+        assert!(!dir.join("main/0.log").exists());
+        let rotated: Vec<String> = names(&dir.join("main"));
+        assert_eq!(rotated.len(), 1);
+        assert!(rotated[0].starts_with("0.log."), "{rotated:?}");
+        assert!(dir.join("side.log").exists());
+        let reopened = |f: &crate::cri::fake::FakeRuntime| {
+            f.calls()
+                .iter()
+                .filter(|c| c.starts_with("ReopenContainerLog"))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(reopened(&fake), [format!("ReopenContainerLog {big}")]);
+        // Next check: no ContainerStatus again (a container without a log
+        // is remembered too); the fake does not recreate the log, so it is
+        // asked to reopen it again, as upstream asks for a missing log.
+        check(&rt, policy, ids, &mut paths).await;
+        for id in [&big, &small, &quiet] {
+            assert_eq!(fake.status_asks(id), 1, "{id}");
+        }
+        assert_eq!(reopened(&fake).len(), 2);
+        // Containers no longer running are forgotten.
+        check(&rt, policy, vec![small.clone()], &mut paths).await;
+        assert_eq!(paths.keys().collect::<Vec<_>>(), [&small]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
