@@ -133,9 +133,12 @@ async fn check(
             .collect::<Vec<_>>()
     })
     .await;
-    let Ok(sized) = sized else {
-        debug!("log rotation: sizing the logs timed out");
-        return;
+    let sized = match sized {
+        Ok(s) => s,
+        Err(e) => {
+            debug!(error = %e, "log rotation: sizing the logs");
+            return;
+        }
     };
     futures::stream::iter(sized)
         .map(|(id, path, size)| async move {
