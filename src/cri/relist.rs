@@ -48,37 +48,12 @@ struct ItemMsg<const STATE: u32, const LABELS: u32> {
 /// A `map<string, string>` entry (key 1, value 2), decoded into strings
 /// kept from entry to entry (checked as UTF-8, as the full decoder checks
 /// labels, without an allocation per label).
-#[derive(Debug, Default)]
+#[derive(Clone, PartialEq, prost::Message)]
 struct LabelEntry {
+    #[prost(string, tag = "1")]
     key: String,
+    #[prost(string, tag = "2")]
     value: String,
-}
-
-impl prost::Message for LabelEntry {
-    fn encode_raw(&self, _buf: &mut impl BufMut) {}
-
-    fn merge_field(
-        &mut self,
-        tag: u32,
-        wire_type: WireType,
-        buf: &mut impl Buf,
-        ctx: DecodeContext,
-    ) -> Result<(), DecodeError> {
-        match tag {
-            1 => encoding::string::merge(wire_type, &mut self.key, buf, ctx),
-            2 => encoding::string::merge(wire_type, &mut self.value, buf, ctx),
-            _ => encoding::skip_field(wire_type, tag, buf, ctx),
-        }
-    }
-
-    fn encoded_len(&self) -> usize {
-        0
-    }
-
-    fn clear(&mut self) {
-        self.key.clear();
-        self.value.clear();
-    }
 }
 
 impl<const STATE: u32, const LABELS: u32> prost::Message for ItemMsg<STATE, LABELS> {

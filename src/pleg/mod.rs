@@ -114,21 +114,20 @@ fn changes(old: &Snapshot, new: &Snapshot) -> (Vec<PodLifecycleEvent>, bool) {
         return (Vec::new(), true);
     }
     let mut events = Vec::new();
-    let mut same = true;
     let empty = RelistPod::default();
     let mut uids: Vec<&String> = old.keys().chain(new.keys()).collect();
     uids.sort();
     uids.dedup();
     for uid in uids {
-        let (o, n) = (old.get(uid), new.get(uid));
-        same &= o.is_some() && n.is_some();
-        let (o, n) = (o.unwrap_or(&empty), n.unwrap_or(&empty));
+        let (o, n) = (
+            old.get(uid).unwrap_or(&empty),
+            new.get(uid).unwrap_or(&empty),
+        );
         let mut ids: Vec<&String> = o.containers.keys().chain(n.containers.keys()).collect();
         ids.sort();
         ids.dedup();
         for id in ids {
             let (was, now) = (o.containers.get(id).copied(), n.containers.get(id).copied());
-            same &= was == now;
             events.extend(event_for(uid, id, was, now));
         }
         // Sandboxes count as containers too, as upstream treats them.
@@ -146,11 +145,10 @@ fn changes(old: &Snapshot, new: &Snapshot) -> (Vec<PodLifecycleEvent>, bool) {
         ids.dedup();
         for id in ids {
             let (was, now) = (o.sandboxes.get(id), n.sandboxes.get(id));
-            same &= was == now;
             events.extend(event_for(uid, id, sb(was), sb(now)));
         }
     }
-    (events, same)
+    (events, false)
 }
 
 struct Shared {

@@ -571,11 +571,9 @@ impl FileReader {
             None => {
                 let text = self.value(dir, file).map(|t| t.trim().into());
                 let entry = SpecEntry { text, read: now };
-                // The directory's key is allocated once, with its first file.
-                if !self.specs.contains_key(dir.as_os_str()) {
-                    self.specs.insert(dir.as_os_str().to_owned(), Vec::new());
-                }
-                let files = self.specs.get_mut(dir.as_os_str())?;
+                // A key is allocated only here, at most once a
+                // `SPEC_MAX_AGE` per file.
+                let files = self.specs.entry(dir.as_os_str().to_owned()).or_default();
                 match at(files) {
                     Some(i) => {
                         files[i].1 = entry;
