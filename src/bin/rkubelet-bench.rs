@@ -18,7 +18,9 @@
 //! With `--scrape 1,30`, the stats endpoints with N pods: latency, body
 //! size and the CPU rkubelet and containerd spend per `/metrics/cadvisor`,
 //! `/metrics/resource` and `/stats/summary` scrape (each past the 1 s cache;
-//! the metric endpoints plain and gzipped), then a minute of
+//! the metric endpoints plain and gzipped), the kernel's floor for those
+//! collections (the CPU of reading, once per scrape gap, the cgroup files
+//! rkubelet keeps open; see `kernel_floor`), then a minute of
 //! `/metrics/resource` every 15 s (metrics-server) and one with
 //! `/metrics/cadvisor` beside it (Prometheus), gzipped as those clients ask:
 //! CPU per minute; and the
@@ -141,7 +143,7 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_, _>>()?
             }
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired (the metric endpoints plain\n    and gzipped); then CPU per minute with /metrics/resource (and /metrics/cadvisor)\n    scraped every 15 s with gzip, and a cAdvisor scrape\n    made during a resource scrape\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired (the metric endpoints plain\n    and gzipped); the kernel's floor (CPU to read the cgroup files rkubelet holds\n    open, once per scrape gap); then CPU per minute with /metrics/resource (and /metrics/cadvisor)\n    scraped every 15 s with gzip, and a cAdvisor scrape\n    made during a resource scrape\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -884,6 +886,13 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
             1000.0 * rcpu.max(0.0) / args.scrapes as f64,
         );
     }
+    if let Some((files, ms)) = kernel_floor(pid, args.scrapes, gap) {
+        println!(
+            "kernel floor: the {files} cgroup and net/dev files rkubelet holds open, read once per {:.1} s by this bench: median {ms:.1} ms CPU per pass ({:.2} us per file)",
+            gap.as_secs_f64(),
+            1000.0 * ms / files.max(1) as f64,
+        );
+    }
     // Steady state as a cluster scrapes: one minute with metrics-server's
     // /metrics/resource every 15 s, then one with Prometheus'
     // /metrics/cadvisor beside it, both gzipped as those clients ask. Whole-minute CPU (background refreshes
@@ -965,6 +974,52 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
         pct(&mut lat, 100.0),
     );
     remove_all(&k, "p", n, cri)
+}
+
+/// The kernel's share of a collection that no reader of those files can
+/// avoid: the cgroup and `net/dev` files rkubelet keeps open (the ones its
+/// resource and summary collections read; reopened here through
+/// `/proc/<pid>/fd`, so the same files), each read once at offset 0 per
+/// `gap` as a scrape reads them, cold. The reading thread's CPU per pass,
+/// median of `passes`: a per-scrape CPU target below it cannot be met by
+/// reading those files on this host. `None` when rkubelet holds none.
+fn kernel_floor(pid: u32, passes: usize, gap: Duration) -> Option<(usize, f64)> {
+    use std::os::unix::fs::FileExt;
+    let thread_cpu = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into the struct it is given.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+    };
+    let dir = format!("/proc/{pid}/fd");
+    let files: Vec<std::fs::File> = std::fs::read_dir(&dir)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| {
+                let t = t.to_string_lossy();
+                t.starts_with("/sys/fs/cgroup/") || t.contains("/net/dev")
+            })
+        })
+        .filter_map(|e| std::fs::File::open(e.path()).ok())
+        .collect();
+    if files.is_empty() {
+        return None;
+    }
+    let mut buf = vec![0u8; 64 << 10];
+    let mut per_pass = Vec::new();
+    for _ in 0..passes.max(1) {
+        std::thread::sleep(gap);
+        let t = thread_cpu();
+        for f in &files {
+            let _ = f.read_at(&mut buf, 0);
+        }
+        per_pass.push(thread_cpu() - t);
+    }
+    Some((files.len(), pct(&mut per_pass, 50.0)))
 }
 
 /// Exec latency through rkubelet beside a direct CRI exec, with one pod.

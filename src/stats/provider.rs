@@ -970,7 +970,7 @@ fn global_fs_stats(inner: &Inner, r: &mut FileReader) -> Vec<procfs::FsStat> {
     let parts = partitions(inner);
     let disks =
         procfs::parse_diskstats(r.whole(Path::new("/proc"), "diskstats").unwrap_or_default());
-    procfs::global_fs_stats(parts, &disks, procfs::statvfs)
+    procfs::global_fs_stats(parts, &disks, procfs::statvfs_at)
 }
 
 /// CPU time of the calling thread (the collection's own cost, apart from
