@@ -1622,6 +1622,32 @@ mod tests {
     }
 
     #[test]
+    fn a_rendered_label_set_writes_what_add_writes() {
+        let bare = Base::bare("/");
+        let b = Base {
+            id: "/kubepods/podu/abc",
+            name: "a\"b\\c\nd",
+            image: "busybox",
+            pod: "p",
+            namespace: "ns",
+            container: "",
+        };
+        let mut by_pairs = Exposition::default();
+        let mut by_block = Exposition::default();
+        for (i, base) in [&bare, &b].into_iter().enumerate() {
+            by_pairs.add("m", "h", Kind::Gauge, &base.with(&[]), i as f64, Some(1));
+            by_block.add_rendered("m", "h", Kind::Gauge, &base.render(), i as f64, Some(1));
+        }
+        // And a family with no labels at all: no braces.
+        by_pairs.add("n", "h", Kind::Counter, &[], 1.5, None);
+        by_block.add_rendered("n", "h", Kind::Counter, &Rendered(String::new()), 1.5, None);
+        let text = by_block.render();
+        assert_eq!(text, by_pairs.render());
+        assert!(text.contains(r#"name="a\"b\\c\nd""#), "{text}");
+        assert!(text.contains("\nn 1.5\n"), "{text}");
+    }
+
+    #[test]
     fn a_remembered_exposition_renders_the_same_and_records_family_sizes() {
         static MEMO: std::sync::LazyLock<SizeMemo> = std::sync::LazyLock::new(Default::default);
         let fill = |e: &mut Exposition| {
