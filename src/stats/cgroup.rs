@@ -615,6 +615,17 @@ impl FileReader {
         self.value(dir, file)
     }
 
+    /// A one-number file (`None`: unreadable, `Some(None)`: not a
+    /// number), read through a descriptor kept for another collection when
+    /// there is one (a pod's `pids.current`, which the summary keeps and
+    /// cAdvisor's process figures read too), without keeping new ones.
+    pub(super) fn reuse_u64(&mut self, dir: &Path, file: &'static str) -> Option<Option<u64>> {
+        let keep = std::mem::replace(&mut self.keep_new, false);
+        let v = self.hot(dir, file).map(|t| t.trim().parse().ok());
+        self.keep_new = keep;
+        v
+    }
+
     fn hot_u64(&mut self, dir: &Path, file: &'static str) -> Option<u64> {
         self.hot(dir, file)?.trim().parse().ok()
     }
@@ -1584,6 +1595,33 @@ mod tests {
         assert_ne!(first.cpu, again.cpu, "fresh figures");
         assert_eq!(first.memory, again.memory);
         let _ = std::fs::remove_dir_all(d);
+    }
+
+    #[test]
+    fn a_reused_file_goes_through_a_kept_descriptor_and_keeps_no_new_one() {
+        let root = tempdir("reuse");
+        let (pod, ctr) = (root.join("pod"), root.join("pod/ctr"));
+        write(&pod, "pids.current", "3\n");
+        write(&ctr, "pids.current", "2\n");
+        write(&ctr, "pids.max", "max\n");
+        let mut r = FileReader::keeping(10);
+        // The summary keeps the pod's.
+        assert_eq!(r.hot_u64(&pod, "pids.current"), Some(3));
+        assert_eq!((r.opened, r.held()), (1, 1));
+        write(&pod, "pids.current", "4\n");
+        assert_eq!(r.reuse_u64(&pod, "pids.current"), Some(Some(4)));
+        assert_eq!(r.opened, 1, "read through the kept descriptor");
+        // The container's is opened per read and not kept...
+        assert_eq!(r.reuse_u64(&ctr, "pids.current"), Some(Some(2)));
+        assert_eq!(r.reuse_u64(&ctr, "pids.current"), Some(Some(2)));
+        assert_eq!((r.opened, r.held()), (3, 1));
+        // ...nor is its absence remembered; and the reader keeps new files
+        // afterwards as before.
+        assert_eq!(r.reuse_u64(&ctr, "pids.nope"), None);
+        assert_eq!(r.reuse_u64(&ctr, "pids.max"), Some(None));
+        assert_eq!(r.hot_u64(&ctr, "pids.current"), Some(2));
+        assert_eq!(r.held(), 2);
+        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub fn read(
         }
     };
     if let Some(d) = pids_dir {
-        match r.value(d, "pids.current").map(|t| t.trim().parse().ok()) {
+        match r.reuse_u64(d, "pids.current") {
             Some(current) => {
                 s.threads = current.unwrap_or(0);
                 // The limit changes only when the cgroup is updated: read
