@@ -1000,15 +1000,7 @@ fn kernel_floor(pid: u32, passes: usize, gap: Duration) -> Option<Floor> {
         "memory.memsw.usage_in_bytes",
         "memory.swap.current",
     ];
-    let thread_cpu = || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes into the struct it is given.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
-    };
+    let thread_cpu = || rkubelet::stats::provider::thread_cpu_ns() as f64 / 1e6;
     let dir = format!("/proc/{pid}/fd");
     // (is it one /metrics/resource reads, the file)
     let mut files: Vec<(bool, std::fs::File)> = std::fs::read_dir(&dir)

@@ -31,6 +31,8 @@ pub struct RelistItem {
 #[derive(Debug, Default)]
 pub struct RelistList<const STATE: u32, const LABELS: u32> {
     pub items: Vec<RelistItem>,
+    /// The label entry being decoded, its strings reused from item to item.
+    label: LabelEntry,
 }
 
 /// `runtime.v1.PodSandbox`: state is field 3, labels field 5.
@@ -38,11 +40,11 @@ pub type SandboxList = RelistList<3, 5>;
 /// `runtime.v1.Container`: state is field 6, labels field 8.
 pub type ContainerList = RelistList<6, 8>;
 
-/// One item being decoded, with a reused buffer for its label entries.
-#[derive(Debug, Default)]
-struct ItemMsg<const STATE: u32, const LABELS: u32> {
+/// One item being decoded, with the list's buffer for its label entries.
+#[derive(Debug)]
+struct ItemMsg<'a, const STATE: u32, const LABELS: u32> {
     item: RelistItem,
-    label: LabelEntry,
+    label: &'a mut LabelEntry,
 }
 
 /// A `map<string, string>` entry (key 1, value 2), decoded into strings
@@ -56,7 +58,7 @@ struct LabelEntry {
     value: String,
 }
 
-impl<const STATE: u32, const LABELS: u32> prost::Message for ItemMsg<STATE, LABELS> {
+impl<const STATE: u32, const LABELS: u32> prost::Message for ItemMsg<'_, STATE, LABELS> {
     fn encode_raw(&self, _buf: &mut impl BufMut) {}
 
     fn merge_field(
@@ -75,8 +77,8 @@ impl<const STATE: u32, const LABELS: u32> prost::Message for ItemMsg<STATE, LABE
         if tag == LABELS {
             // An entry without a key or value has it empty, as a map entry
             // decodes: the buffer is cleared for each.
-            prost::Message::clear(&mut self.label);
-            encoding::message::merge(wire_type, &mut self.label, buf, ctx)?;
+            prost::Message::clear(self.label);
+            encoding::message::merge(wire_type, self.label, buf, ctx)?;
             if self.label.key == POD_UID {
                 self.item.pod_uid = Some(self.label.value.clone());
             }
@@ -91,7 +93,7 @@ impl<const STATE: u32, const LABELS: u32> prost::Message for ItemMsg<STATE, LABE
 
     fn clear(&mut self) {
         self.item = RelistItem::default();
-        prost::Message::clear(&mut self.label);
+        prost::Message::clear(self.label);
     }
 }
 
@@ -108,7 +110,10 @@ impl<const STATE: u32, const LABELS: u32> prost::Message for RelistList<STATE, L
         if tag != 1 {
             return encoding::skip_field(wire_type, tag, buf, ctx);
         }
-        let mut msg = ItemMsg::<STATE, LABELS>::default();
+        let mut msg = ItemMsg::<STATE, LABELS> {
+            item: RelistItem::default(),
+            label: &mut self.label,
+        };
         encoding::message::merge(wire_type, &mut msg, buf, ctx)?;
         self.items.push(msg.item);
         Ok(())

@@ -112,11 +112,7 @@ async fn check(
         .buffer_unordered(policy.workers)
         .collect()
         .await;
-    for (id, path) in found {
-        if let Some(path) = path {
-            paths.insert(id, path);
-        }
-    }
+    paths.extend(found.into_iter().filter_map(|(id, path)| Some((id, path?))));
     let logs: Vec<(String, PathBuf)> = ids
         .into_iter()
         .filter_map(|id| {
