@@ -228,6 +228,46 @@ fn metrics_show_a_running_static_pod_and_its_runtime_calls() {
         probes.contains("# TYPE prober_probe_total counter"),
         "{probes}"
     );
+    // Upstream's probes registry also carries the process start time, in
+    // seconds since the epoch: this kubelet started within the test.
+    let parse = |body: &str| {
+        prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = value(&parse(&probes), "process_start_time_seconds", &[]).expect("start time");
+    assert!(
+        started <= now + 1.0 && now - started < 600.0,
+        "{started} {now}"
+    );
+
+    // /metrics/slis: each /healthz request's checks, as upstream's
+    // component-base SLIs.
+    let (code, _) = http_get(&k.read_only, "/healthz").unwrap();
+    assert_eq!(code, 200);
+    let (code, body) = http_get(&k.read_only, "/metrics/slis").unwrap();
+    assert_eq!(code, 200);
+    let slis = parse(&body);
+    for check in ["ping", "log", "syncloop"] {
+        let ok = [("name", check), ("type", "healthz")];
+        assert_eq!(
+            value(&slis, "kubernetes_healthcheck", &ok),
+            Some(1.0),
+            "{body}"
+        );
+        let total = value(
+            &slis,
+            "kubernetes_healthchecks_total",
+            &[("name", check), ("status", "success"), ("type", "healthz")],
+        );
+        assert!(total.is_some_and(|n| n >= 1.0), "{body}");
+    }
+    assert_eq!(
+        value(&slis, "process_start_time_seconds", &[]),
+        Some(started)
+    );
     k.remove_manifest("m.yaml");
 }
 

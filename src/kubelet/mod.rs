@@ -378,6 +378,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         }),
         stats: crate::stats::StatsProvider::with_oom_watcher(&opts.node_name),
         streams: server::Streams::new(token.child_token()),
+        slis: Default::default(),
     };
     // cAdvisor reads the machine's facts and lists its file systems when
     // the kubelet starts (off the async threads: /proc and /sys reads).
@@ -386,6 +387,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         if let Err(e) =
             crate::blocking::run("stats/machine".into(), Duration::from_secs(10), move || {
                 crate::stats::procfs::init_machine_facts();
+                crate::metrics::init_start_time();
                 stats.list_file_systems();
             })
             .await

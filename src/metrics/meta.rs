@@ -116,10 +116,12 @@ pub(super) fn helps<'a>(
 }
 
 /// Registrations every rkubelet makes besides its lists: the four
-/// meta-metrics and the `/metrics/probes` registry's two families
+/// meta-metrics, the `/metrics/probes` registry's three families
 /// (`prober_probe_total` BETA and `prober_probe_duration_seconds` ALPHA, as
-/// `prober/mod.rs` describes them; upstream's `/metrics/probes` also
-/// registers `process_start_time_seconds`, which rkubelet does not show).
+/// `prober/mod.rs` describes them, and `process_start_time_seconds`
+/// ALPHA) and the `/metrics/slis` registry's three (`kubernetes_healthcheck`
+/// and `kubernetes_healthchecks_total` STABLE, `process_start_time_seconds`
+/// again: `RegisterProcessStartTime` counts at each registration).
 pub(super) fn own() -> Vec<Registration> {
     let mut v = helps(
         [
@@ -133,7 +135,17 @@ pub(super) fn own() -> Vec<Registration> {
         ],
         None,
     );
-    v.extend([Level::Beta, Level::Alpha].map(|level| Registration { gate: None, level }));
+    v.extend(
+        [
+            Level::Beta,
+            Level::Alpha,
+            Level::Alpha,
+            Level::Stable,
+            Level::Stable,
+            Level::Alpha,
+        ]
+        .map(|level| Registration { gate: None, level }),
+    );
     v
 }
 

@@ -51,6 +51,7 @@ use crate::kuberuntime::CState;
 use crate::server::{encoding, ServerState};
 
 pub use http::track_http;
+pub use process::init_start_time;
 pub use restclient::{RestClientLayer, RestClientMetrics};
 
 /// component-base prefixes the help of ALPHA metrics so.
@@ -67,10 +68,18 @@ macro_rules! beta {
     };
 }
 
+/// And that of STABLE metrics so.
+macro_rules! stable {
+    ($s:literal) => {
+        concat!("[STABLE] ", $s)
+    };
+}
+
 mod absent;
 pub mod certvol;
 pub mod cm;
 mod meta;
+pub mod slis;
 pub mod transport;
 pub mod v134;
 
@@ -2180,11 +2189,12 @@ pub fn render_with(
     to_prometheus_text(&out)
 }
 
-/// `/metrics` and `/metrics/probes`.
+/// `/metrics`, `/metrics/probes` and `/metrics/slis`.
 pub fn routes() -> Router<ServerState> {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/metrics/probes", get(metrics_probes))
+        .route("/metrics/slis", get(metrics_slis).delete(reset_slis))
 }
 
 async fn metrics(State(s): State<ServerState>, headers: HeaderMap) -> Response {
@@ -2205,8 +2215,22 @@ async fn metrics(State(s): State<ServerState>, headers: HeaderMap) -> Response {
 async fn metrics_probes(State(s): State<ServerState>, headers: HeaderMap) -> Response {
     // A few lines per probe: encoded on this thread.
     let enc = encoding::negotiate(&headers);
-    let text = to_prometheus_text(&s.probes.metrics_text());
+    let mut text = to_prometheus_text(&s.probes.metrics_text());
+    // Upstream registers the start-time gauge in this registry too; its
+    // name sorts after the prober's.
+    text.push_str(&s.slis.start_time_text());
     encoding::text_response(enc, encoding::encode(enc, vec![text.into()]))
+}
+
+async fn metrics_slis(State(s): State<ServerState>, headers: HeaderMap) -> Response {
+    let enc = encoding::negotiate(&headers);
+    encoding::text_response(enc, encoding::encode(enc, vec![s.slis.text().into()]))
+}
+
+/// `DELETE /metrics/slis` (component-base `HandlerWithReset`).
+async fn reset_slis(State(s): State<ServerState>) -> Response {
+    s.slis.reset();
+    "metrics reset\n".into_response()
 }
 
 #[cfg(test)]

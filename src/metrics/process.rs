@@ -34,6 +34,18 @@ pub(super) fn parse_stat(stat: &str, ticks: f64, page: f64, btime: f64) -> Optio
     })
 }
 
+/// The process start time in Unix seconds (blocking on first use: call
+/// `init_start_time` at start so no handler pays for it).
+pub(super) fn start_time() -> Option<f64> {
+    static START: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    *START.get_or_init(|| read().map(|(s, _, _)| s.start_time))
+}
+
+/// Reads the start time now (blocking; at startup).
+pub fn init_start_time() {
+    let _ = start_time();
+}
+
 fn read() -> Option<(Stat, f64, Option<f64>)> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let btime = std::fs::read_to_string("/proc/stat")

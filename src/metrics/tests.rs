@@ -2229,8 +2229,11 @@ fn registrations_count_by_level_once_registered() {
 
 /// registered_metrics_total on /metrics counts each family shown there
 /// that upstream registers as a component-base metric, by the level in
-/// its help (registry.go, metric.go), plus /metrics/probes' two (BETA
-/// prober_probe_total, ALPHA prober_probe_duration_seconds); custom and
+/// its help (registry.go, metric.go), plus /metrics/probes' three (BETA
+/// prober_probe_total, ALPHA prober_probe_duration_seconds and
+/// process_start_time_seconds) and /metrics/slis' three (STABLE
+/// kubernetes_healthcheck and kubernetes_healthchecks_total, ALPHA
+/// process_start_time_seconds); custom and
 /// raw collectors (volume stats, log sizes, total volumes, config info,
 /// DRA claims in use, process) are not counted. The other three are 0.
 #[tokio::test]
@@ -2250,7 +2253,7 @@ async fn registered_metrics_total_counts_the_families_on_metrics_by_level() {
         "kubelet_credential_provider_config_info",
         "dra_resource_claims_in_use",
     ];
-    let mut want: HashMap<&str, u64> = HashMap::from([("BETA", 1), ("ALPHA", 1)]);
+    let mut want: HashMap<&str, u64> = HashMap::from([("BETA", 1), ("ALPHA", 3), ("STABLE", 2)]);
     for l in text.lines() {
         let Some(rest) = l.strip_prefix("# HELP ") else {
             continue;
@@ -2307,7 +2310,76 @@ async fn registered_metrics_total_counts_the_families_on_metrics_by_level() {
     }
 }
 
-/// The four metric endpoints gzip their text when asked, as upstream's
+/// `/metrics/slis` (server.go installs `slis.SLIMetricsWithReset`): each
+/// `/healthz` request records its checks there; `DELETE` answers
+/// "metrics reset" and empties the registry, the start-time gauge it shares
+/// with `/metrics/probes` included.
+#[tokio::test]
+async fn healthz_results_show_on_metrics_slis_until_a_delete_resets_them() {
+    let rt = Arc::new(FakeRuntime::new());
+    let (state, _t) = ServerState::for_tests(rt);
+    let router = crate::server::read_only_router(state);
+    let call = |method: &str, path: &str| {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        let router = router.clone();
+        async move {
+            let resp = router.oneshot(req).await.unwrap();
+            let code = resp.status();
+            let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (code, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    let start = "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds ";
+    let (code, text) = call("GET", "/metrics/slis").await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(!text.contains("kubernetes_healthcheck"), "{text}");
+    assert!(text.contains(start), "{text}");
+    assert!(call("GET", "/metrics/probes").await.1.contains(start));
+    // (The test state's PLEG has not relisted: /healthz may fail; ping
+    // and log pass.)
+    for _ in 0..2 {
+        call("GET", "/healthz").await;
+    }
+    call("GET", "/healthz?exclude=log").await;
+    let (_, text) = call("GET", "/metrics/slis").await;
+    for line in [
+        "# TYPE kubernetes_healthcheck gauge\n",
+        "kubernetes_healthcheck{name=\"ping\",type=\"healthz\"} 1\n",
+        "# TYPE kubernetes_healthchecks_total counter\n",
+        "kubernetes_healthchecks_total{name=\"ping\",status=\"success\",type=\"healthz\"} 3\n",
+        "kubernetes_healthchecks_total{name=\"log\",status=\"success\",type=\"healthz\"} 2\n",
+    ] {
+        assert!(text.contains(line), "{line}{text}");
+    }
+    assert_eq!(
+        call("DELETE", "/metrics/slis").await,
+        (StatusCode::OK, "metrics reset\n".to_string())
+    );
+    assert_eq!(
+        call("GET", "/metrics/slis").await,
+        (StatusCode::OK, String::new())
+    );
+    assert!(!call("GET", "/metrics/probes")
+        .await
+        .1
+        .contains("process_start_time_seconds"));
+    call("GET", "/healthz").await;
+    let (_, text) = call("GET", "/metrics/slis").await;
+    assert!(
+        text.contains(
+            "kubernetes_healthchecks_total{name=\"ping\",status=\"success\",type=\"healthz\"} 1\n"
+        ),
+        "{text}"
+    );
+}
+
+/// The metric endpoints gzip their text when asked, as upstream's
 /// promhttp handlers do (component-base `metrics/http.go` leaves
 /// compression on), and send it plain otherwise.
 #[tokio::test]
@@ -2318,6 +2390,7 @@ async fn metric_endpoints_gzip_their_text_when_asked() {
     for path in [
         "/metrics",
         "/metrics/probes",
+        "/metrics/slis",
         "/metrics/resource",
         "/metrics/cadvisor",
     ] {
@@ -2354,10 +2427,7 @@ async fn metric_endpoints_gzip_their_text_when_asked() {
             .unwrap_or_else(|e| panic!("{path}: not gzip: {e}"));
         // The same families (values move between the two scrapes).
         assert_eq!(types(&text), types(&plain), "{path}");
-        assert!(
-            !types(&text).is_empty() || path == "/metrics/probes",
-            "{path}"
-        );
+        assert!(!types(&text).is_empty(), "{path}");
 
         // An encoding upstream does not offer gets the plain text.
         let other = get(Some("br, zstd")).await.unwrap();

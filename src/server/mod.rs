@@ -47,6 +47,8 @@ pub struct ServerState {
     pub stats: crate::stats::StatsProvider,
     /// Spliced exec/attach/port-forward connections, ended at shutdown.
     pub streams: Streams,
+    /// `/metrics/slis`, which each `/healthz` request records into.
+    pub slis: crate::metrics::slis::Slis,
 }
 
 /// The tasks that carry upgraded streaming connections once their HTTP
@@ -118,6 +120,7 @@ impl ServerState {
             debug: None,
             stats: Default::default(),
             streams: Default::default(),
+            slis: Default::default(),
         };
         (state, token)
     }
@@ -144,10 +147,12 @@ fn health_checks(s: &ServerState) -> Vec<(&'static str, Result<(), String>)> {
 /// `ok` when every check passes; with `?verbose`, one `[+]name ok` line per
 /// check; on failure a 500 listing every check, the failing ones as
 /// `[-]name failed: reason withheld` (with `?verbose`, the reason itself).
-/// `?exclude=name` leaves a check out.
+/// `?exclude=name` leaves a check out. Each check run is recorded in
+/// `slis`, as that handler records it.
 pub fn healthz_body(
     checks: &[(&'static str, Result<(), String>)],
     query: &str,
+    slis: &crate::metrics::slis::Slis,
 ) -> (StatusCode, String) {
     let params: Vec<(&str, &str)> = query
         .split('&')
@@ -163,6 +168,7 @@ pub fn healthz_body(
             out.push_str(&format!("[+]{name} excluded: ok\n"));
             continue;
         }
+        slis.observe(name, "healthz", r.is_ok());
         match r {
             Ok(()) => out.push_str(&format!("[+]{name} ok\n")),
             Err(e) => {
@@ -190,7 +196,7 @@ pub fn healthz_body(
 async fn healthz(State(s): State<ServerState>, RawQuery(q): RawQuery) -> Response {
     let checks = health_checks(&s);
     let query = q.as_deref().unwrap_or_default();
-    let (code, mut body) = healthz_body(&checks, query);
+    let (code, mut body) = healthz_body(&checks, query, &s.slis);
     // The API server's reachability is shown, never failed on: a kubelet
     // whose API server is away keeps its pods and stays healthy.
     if let (Some(api), true) = (
@@ -430,6 +436,9 @@ mod tests {
 
     #[test]
     fn healthz_speaks_upstreams_format() {
+        let slis = crate::metrics::slis::Slis::default();
+        let healthz_body =
+            |c: &[(&'static str, Result<(), String>)], q: &str| healthz_body(c, q, &slis);
         assert_eq!(
             healthz_body(&checks(Ok(())), ""),
             (StatusCode::OK, "ok".into())
@@ -455,6 +464,20 @@ mod tests {
         );
         let (code, body) = healthz_body(&down(), "exclude=runtime");
         assert_eq!(code, StatusCode::OK, "{body}");
+        // Each check run was recorded (`exclude` leaves one out), as
+        // upstream's handler observes its SLIs.
+        let text = slis.text();
+        for (check, status, n) in [
+            ("ping", "success", 5),
+            ("runtime", "success", 2),
+            ("runtime", "error", 2),
+        ] {
+            let line = format!(
+                "kubernetes_healthchecks_total{{name=\"{check}\",status=\"{status}\",type=\"healthz\"}} {n}\n"
+            );
+            assert!(text.contains(&line), "{line}{text}");
+        }
+        assert!(text.contains("kubernetes_healthcheck{name=\"runtime\",type=\"healthz\"} 0\n"));
     }
 
     async fn get_json(router: Router, path: &str) -> (StatusCode, serde_json::Value) {
