@@ -12,6 +12,7 @@ pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
+pub mod logging;
 pub mod logs;
 pub mod memtrim;
 pub mod metrics;

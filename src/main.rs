@@ -12,41 +12,6 @@ use rkubelet::kubelet::{self, KubeletOptions, KUBERNETES_VERSION};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// klog verbosity to tracing levels: 0-1 info, 2-4 debug, 5+ trace.
-fn level(v: u8) -> tracing::Level {
-    match v {
-        0..=1 => tracing::Level::INFO,
-        2..=4 => tracing::Level::DEBUG,
-        _ => tracing::Level::TRACE,
-    }
-}
-
-/// rkubelet's own logs at the -v level; libraries (h2, hyper, tonic) only
-/// warn unless -v is 6 or more, since their debug output drowns ours.
-fn init_logging(v: u8) {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::Layer;
-    let deps = if v >= 6 {
-        tracing::Level::DEBUG
-    } else {
-        tracing::Level::WARN
-    };
-    let filter = tracing_subscriber::filter::Targets::new()
-        .with_target("rkubelet", level(v))
-        .with_default(deps);
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(ansi)
-                .with_target(false)
-                .with_filter(filter),
-        )
-        .init();
-}
-
 /// Raises the soft open-file limit to the hard one, as the Go runtime does
 /// at start for upstream's kubelet (Go 1.19 and later): the stats reader
 /// keeps cgroup files open, and a node's kubelet holds many connections.
@@ -91,7 +56,8 @@ fn main() -> ExitCode {
         }
         None => {}
     }
-    init_logging(flags.verbosity);
+    // The flag now; the config file's `logging.verbosity` once it is read.
+    rkubelet::logging::init(u32::from(flags.verbosity));
     match run(flags) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -129,6 +95,11 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
         None => KubeletConfiguration::default(),
     };
     flags.apply(&mut cfg);
+    // As upstream applies `logging` once flags and file are merged (the
+    // flag, when given, has set the field).
+    if cfg.logging.verbosity != rkubelet::logging::verbosity() {
+        rkubelet::logging::set_verbosity(cfg.logging.verbosity);
+    }
     for w in set_feature_gates(&cfg.feature_gates)? {
         warn!("{w}");
     }

@@ -305,24 +305,23 @@ fn debug_pods_explains_a_crash_looping_pod() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "404");
 }
 
-/// GET over TLS with curl (anonymous; the tests' kubelets allow it):
-/// (status, body). `max_secs` bounds a follow.
-fn curl(url: &str, max_secs: u32) -> (String, String) {
+/// A request over TLS with curl (anonymous; the tests' kubelets allow it)
+/// with `args` before the URL: (status, body).
+fn curl_with(args: &[&str], url: &str) -> (String, String) {
     let out = Command::new("curl")
-        .args([
-            "-sk",
-            "-N",
-            "--max-time",
-            &max_secs.to_string(),
-            "-w",
-            "\n%{http_code}",
-            url,
-        ])
+        .args(["-sk", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
         .output()
         .expect("curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", ""));
     (code.to_string(), body.to_string())
+}
+
+/// GET over TLS with curl: (status, body). `max_secs` bounds a follow.
+fn curl(url: &str, max_secs: u32) -> (String, String) {
+    curl_with(&["-N", "--max-time", &max_secs.to_string()], url)
 }
 
 /// The numbers of `line-N` lines, in order.
@@ -505,4 +504,91 @@ fn container_logs_are_rotated_compressed_and_pruned_as_configured() {
         assert!(n.windows(2).all(|w| w[1] == w[0] + 1), "{body}");
         std::thread::sleep(Duration::from_millis(700));
     }
+}
+
+/// PUT over TLS with curl: (status, body).
+fn curl_put(url: &str, data: &str) -> (String, String) {
+    curl_with(&["-X", "PUT", "--data-binary", data], url)
+}
+
+/// The config file's `logging.verbosity` is the log level when no `-v` is
+/// given, as upstream applies `logging` after merging flags and file
+/// (rkubelet logged at 0 whatever the file said), and `PUT /debug/flags/v`
+/// changes it while running (upstream's `logs.GlogSetter`).
+#[test]
+fn log_verbosity_comes_from_the_config_file_and_changes_over_debug_flags_v() {
+    let mut k = Kubelet::new("it-api-verbosity");
+    k.extra_config = "logging:\n  verbosity: 4\n".into();
+    k.spawn();
+    let log = k.dir.join("rkubelet.log");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    // DEBUG lines are written from -v 2 on.
+    wait_for("DEBUG lines at the file's verbosity 4", T, || {
+        read().contains(" DEBUG ").then_some(())
+    });
+    let url = format!("https://{}/debug/flags/v", k.api);
+    assert_eq!(
+        curl_put(&url, "x"),
+        (
+            "400".into(),
+            "strconv.ParseUint: parsing \"x\": invalid syntax\n".into()
+        )
+    );
+    assert_eq!(
+        curl_put(&url, "0"),
+        (
+            "200".into(),
+            "successfully set klog.logging.verbosity to 0\n".into()
+        )
+    );
+    // At 0, a pod's whole start logs no DEBUG line.
+    let from = read().len();
+    k.write_manifest("v.yaml", &simple_pod("v", "sleep 3600", "Always"));
+    k.wait_pod("v", "Running", T, |p| running(p, "main"));
+    let quiet = read()[from..].to_string();
+    assert!(!quiet.contains(" DEBUG "), "{quiet}");
+    // Back at 4, its removal does.
+    assert_eq!(curl_put(&url, "4").0, "200");
+    let from = read().len();
+    k.remove_manifest("v.yaml");
+    wait_for("DEBUG lines again at verbosity 4", T, || {
+        read()[from..].contains(" DEBUG ").then_some(())
+    });
+}
+
+/// `POST /checkpoint/{namespace}/{pod}/{container}` (upstream's handler,
+/// gate ContainerCheckpoint on by default): 404s for what the pod manager
+/// does not know, and the runtime's own answer for a running container
+/// (containerd 1.7 does not implement CheckpointContainer: a 500 naming it,
+/// as upstream answers; a runtime that does writes the file).
+#[test]
+fn checkpoint_asks_the_runtime_for_a_running_container() {
+    let k = Kubelet::start("it-api-ckpt");
+    k.write_manifest("c.yaml", &simple_pod("c", "sleep 3600", "Always"));
+    let pod = k.wait_pod("c", "Running", T, |p| running(p, "main"));
+    let name = pod["metadata"]["name"].as_str().unwrap().to_string();
+    let post = |path: &str| curl_with(&["-X", "POST"], &format!("https://{}{path}", k.api));
+    assert_eq!(
+        post("/checkpoint/default/nope/main"),
+        ("404".into(), "pod does not exist".into())
+    );
+    assert_eq!(
+        post(&format!("/checkpoint/default/{name}/nope")),
+        ("404".into(), "container nope does not exist".into())
+    );
+    let (code, body) = post(&format!("/checkpoint/default/{name}/main?timeout=20"));
+    eprintln!("the runtime's answer: {code} {body}");
+    match code.as_str() {
+        "200" => {
+            let v: serde_json::Value = serde_json::from_str(&body).expect(&body);
+            let path = v["items"][0].as_str().expect(&body);
+            assert!(std::path::Path::new(path).exists(), "{path}");
+        }
+        _ => {
+            assert_eq!(code, "500", "{body}");
+            let want = format!("checkpointing of default/{name}/main failed (rpc error: code = ");
+            assert!(body.starts_with(&want), "{body}");
+        }
+    }
+    assert!(k.dir.join("root/checkpoints").is_dir());
 }

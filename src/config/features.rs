@@ -189,6 +189,7 @@ pub fn enabled(gates: &BTreeMap<String, bool>, name: &str) -> bool {
 pub const FOLLOWED: &[&str] = &[
     "CSIVolumeHealth",
     "ClusterTrustBundleProjection",
+    "ContainerCheckpoint",
     // Validation only, as upstream's ValidateKubeletConfiguration (the
     // cpuCFSQuotaPeriod and imageMaximumGCAge fields are reported apart).
     "CustomCPUCFSQuotaPeriod",

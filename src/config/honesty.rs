@@ -66,7 +66,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "crashLoopBackOff",
     "reservedMemory",
     "enableProfilingHandler",
-    "enableDebugFlagsHandler",
     "memoryThrottlingFactor",
     "tracing",
     "localStorageCapacityIsolation",
@@ -95,8 +94,15 @@ pub fn unimplemented_settings(
     baseline: &KubeletConfiguration,
     flags: &KubeletFlags,
 ) -> Vec<String> {
-    let set = serde_json::to_value(cfg).unwrap_or_default();
-    let default = serde_json::to_value(baseline).unwrap_or_default();
+    let mut set = serde_json::to_value(cfg).unwrap_or_default();
+    let mut default = serde_json::to_value(baseline).unwrap_or_default();
+    // `logging.verbosity` is acted on (`crate::logging`); the rest of
+    // `logging` is not.
+    for v in [&mut set, &mut default] {
+        if let Some(l) = v.get_mut("logging").and_then(|l| l.as_object_mut()) {
+            l.remove("verbosity");
+        }
+    }
     let mut out: Vec<String> = UNIMPLEMENTED_FIELDS
         .iter()
         .filter(|f| set.get(**f) != default.get(**f))

@@ -450,6 +450,22 @@ impl RuntimeService for RemoteRuntime {
         .await
         .map(|_| ())
     }
+
+    async fn checkpoint_container(&self, mut req: v1::CheckpointContainerRequest) -> CriResult<()> {
+        // Upstream's remote runtime: a timeout above the CRI default is
+        // the caller's; anything less becomes the default, sent along.
+        let default = self.timeout.as_secs() as i64;
+        let timeout = if req.timeout > default {
+            Duration::from_secs(req.timeout as u64)
+        } else {
+            req.timeout = default;
+            self.timeout
+        };
+        let mut c = self.runtime.clone();
+        self.call("CheckpointContainer", timeout, c.checkpoint_container(req))
+            .await
+            .map(|_| ())
+    }
 }
 
 #[async_trait]

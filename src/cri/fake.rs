@@ -97,6 +97,58 @@ impl FakeRuntime {
         self.state.lock().status_asks.get(id).copied().unwrap_or(0)
     }
 
+    /// A ready sandbox for pod `namespace/name` (UID `uid`) with its
+    /// container `container` (image busybox) running, labelled as the
+    /// kubelet labels them: (sandbox ID, container ID).
+    pub async fn run_labelled(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        container: &str,
+    ) -> (String, String) {
+        use crate::kuberuntime::labels;
+        let pod_labels: std::collections::HashMap<String, String> = [
+            (labels::POD_NAME, name),
+            (labels::POD_NAMESPACE, namespace),
+            (labels::POD_UID, uid),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let sb_cfg = PodSandboxConfig {
+            metadata: Some(v1::PodSandboxMetadata {
+                name: name.into(),
+                namespace: namespace.into(),
+                uid: uid.into(),
+                attempt: 0,
+            }),
+            labels: pod_labels.clone(),
+            ..Default::default()
+        };
+        let sb = self
+            .run_pod_sandbox(sb_cfg.clone(), String::new())
+            .await
+            .unwrap();
+        let mut c_labels = pod_labels;
+        c_labels.insert(labels::CONTAINER_NAME.into(), container.into());
+        let cfg = ContainerConfig {
+            metadata: Some(v1::ContainerMetadata {
+                name: container.into(),
+                attempt: 0,
+            }),
+            image: Some(ImageSpec {
+                image: "busybox".into(),
+                ..Default::default()
+            }),
+            labels: c_labels,
+            ..Default::default()
+        };
+        let cid = self.create_container(&sb, cfg, sb_cfg).await.unwrap();
+        self.start_container(&cid).await.unwrap();
+        (sb, cid)
+    }
+
     /// Calls made so far, as "Op id-or-name" strings.
     pub fn calls(&self) -> Vec<String> {
         self.state.lock().calls.clone()
@@ -524,6 +576,18 @@ impl RuntimeService for FakeRuntime {
     async fn reopen_container_log(&self, id: &str) -> CriResult<()> {
         let mut s = self.state.lock();
         self.record(&mut s, format!("ReopenContainerLog {id}"));
+        Ok(())
+    }
+
+    async fn checkpoint_container(&self, req: v1::CheckpointContainerRequest) -> CriResult<()> {
+        let mut s = self.state.lock();
+        self.record(
+            &mut s,
+            format!(
+                "CheckpointContainer {} {} {}",
+                req.container_id, req.location, req.timeout
+            ),
+        );
         Ok(())
     }
 

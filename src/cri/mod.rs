@@ -168,6 +168,11 @@ pub trait RuntimeService: Send + Sync + 'static {
     async fn reopen_container_log(&self, _id: &str) -> CriResult<()> {
         Err(unimplemented("ReopenContainerLog"))
     }
+    /// Checkpoints a running container to `req.location` (the
+    /// `/checkpoint` endpoint). `req.timeout` is in seconds.
+    async fn checkpoint_container(&self, _req: v1::CheckpointContainerRequest) -> CriResult<()> {
+        Err(unimplemented("CheckpointContainer"))
+    }
 }
 
 /// The error a runtime (or the fake) gives for a call it does not serve.

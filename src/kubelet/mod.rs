@@ -203,6 +203,13 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     });
     mkdir(&opts.root_dir)?;
     mkdir(&opts.root_dir.join("pods"))?;
+    if cfg.feature_gate("ContainerCheckpoint") {
+        // Checkpoints hold container memory: owner only, as upstream.
+        let dir = opts.root_dir.join(server::checkpoint::CHECKPOINTS_DIR);
+        mkdir(&dir)?;
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+    }
     mkdir(&logs_dir)?;
 
     match remote.version().await {

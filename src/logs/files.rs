@@ -19,17 +19,22 @@ use tokio::sync::mpsc;
 /// Upstream's root for `/logs/`.
 pub const LOG_ROOT: &str = "/var/log";
 
-/// Upstream installs `/logs/` only with `enableSystemLogHandler`.
+/// Without `enableSystemLogHandler` upstream answers `/logs/` with a
+/// refusal.
+fn disabled() -> Response {
+    crate::server::go_http_error(StatusCode::METHOD_NOT_ALLOWED, "logs endpoint is disabled.")
+}
+
 pub async fn root(State(s): State<ServerState>) -> Response {
     if !s.config.enable_system_log_handler {
-        return not_found();
+        return disabled();
     }
     serve(PathBuf::from(LOG_ROOT), String::new()).await
 }
 
 pub async fn path(State(s): State<ServerState>, Path(rel): Path<String>) -> Response {
     if !s.config.enable_system_log_handler {
-        return not_found();
+        return disabled();
     }
     serve(PathBuf::from(LOG_ROOT), rel).await
 }

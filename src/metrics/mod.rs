@@ -1381,6 +1381,7 @@ pub fn operation_type(cri_method: &'static str) -> &'static str {
         "ListContainerStats" => "list_container_stats",
         "ListPodSandboxStats" => "list_podsandbox_stats",
         "ReopenContainerLog" => "reopen_container_log",
+        "CheckpointContainer" => "checkpoint_container",
         "GetContainerEvents" => "get_container_events",
         "ListImages" => "list_images",
         "ImageStatus" => "image_status",

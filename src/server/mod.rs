@@ -3,6 +3,7 @@
 //! apart from serving so tests call them directly.
 
 pub mod auth;
+pub mod checkpoint;
 pub mod debug;
 pub mod encoding;
 pub mod https;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use axum::Router;
 use tokio_util::sync::CancellationToken;
 
@@ -291,20 +292,131 @@ pub fn default_routes() -> Router<ServerState> {
         .route("/pods/", get(pods))
         .route("/spec", get(spec))
         .route("/spec/", get(spec))
+        .route(
+            "/checkpoint/{namespace}/{pod}/{container}",
+            axum::routing::post(checkpoint_if_gated),
+        )
         .merge(crate::metrics::routes())
         .merge(crate::stats::routes())
 }
 
+/// `/checkpoint/...` exists while the ContainerCheckpoint gate is on.
+async fn checkpoint_if_gated(
+    s: State<ServerState>,
+    path: Path<(String, String, String)>,
+    query: RawQuery,
+) -> Response {
+    if !s.config.feature_gate("ContainerCheckpoint") {
+        return not_found().await;
+    }
+    checkpoint::checkpoint(s, path, query).await
+}
+
 /// Upstream's debugging handlers (`enableDebuggingHandlers`), served only
-/// on the authenticated port: logs, exec/attach/port-forward, configz.
-pub fn debugging_routes() -> Router<ServerState> {
-    Router::new()
+/// on the authenticated port: logs, exec/attach/port-forward, configz, the
+/// verbosity setter, and a refusal for the profiling endpoint when
+/// `enableProfilingHandler` is off (Go's pprof itself has no equivalent).
+pub fn debugging_routes(cfg: &crate::config::KubeletConfiguration) -> Router<ServerState> {
+    let mut r = Router::new();
+    if !cfg.enable_profiling_handler {
+        r = refuse_under(r, &["/debug/pprof/"], "profiling endpoint is disabled.");
+    }
+    r.route("/debug/flags/v", any(debug_flags_v))
         .route("/configz", get(configz))
         .route("/runningpods", get(running_pods))
         .route("/runningpods/", get(running_pods))
         .route("/debug/pods/{namespace}/{name}", get(debug::pod))
         .merge(crate::logs::routes())
         .merge(streaming::routes())
+}
+
+/// What upstream's `InstallDebuggingDisabledHandlers` answers under these
+/// prefixes, on the read-only port and when `enableDebuggingHandlers` is
+/// off.
+const DEBUG_PREFIXES: [&str; 8] = [
+    "/run/",
+    "/exec/",
+    "/attach/",
+    "/portForward/",
+    "/containerLogs/",
+    "/runningpods/",
+    "/debug/pprof/",
+    "/logs/",
+];
+
+/// The debugging handlers' places, refusing (405) as upstream's do when
+/// they are not served.
+pub fn debugging_disabled_routes() -> Router<ServerState> {
+    refuse_under(
+        Router::new(),
+        &DEBUG_PREFIXES,
+        "Debug endpoints are disabled.",
+    )
+}
+
+/// `r` with every path under each of `prefixes` (a Go ServeMux pattern
+/// ending in `/`) answered as `http.Error(w, msg, 405)`.
+fn refuse_under(
+    mut r: Router<ServerState>,
+    prefixes: &[&str],
+    msg: &'static str,
+) -> Router<ServerState> {
+    for p in prefixes {
+        let refuse = any(move || async move { go_http_error(StatusCode::METHOD_NOT_ALLOWED, msg) });
+        r = r
+            .route(p, refuse.clone())
+            .route(&format!("{p}{{*rest}}"), refuse);
+    }
+    r
+}
+
+/// Go's `http.Error`: the message and a newline as UTF-8 text, not to be
+/// sniffed.
+pub fn go_http_error(code: StatusCode, msg: &str) -> Response {
+    (
+        code,
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        format!("{msg}\n"),
+    )
+        .into_response()
+}
+
+/// `/debug/flags/v` (upstream's `InstallDebugFlagsHandler`, apiserver's
+/// `StringFlagPutHandler` over `logs.GlogSetter`): `PUT` a klog verbosity
+/// to change rkubelet's log level while it runs.
+async fn debug_flags_v(
+    State(s): State<ServerState>,
+    method: axum::http::Method,
+    body: axum::body::Bytes,
+) -> Response {
+    if !s.config.enable_debug_flags_handler {
+        return go_http_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "flags endpoint is disabled.",
+        );
+    }
+    // apiserver's writePlainText.
+    let plain = |code: StatusCode, text: String| {
+        (
+            code,
+            [
+                (header::CONTENT_TYPE, "text/plain"),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            ],
+            format!("{text}\n"),
+        )
+            .into_response()
+    };
+    if method != axum::http::Method::PUT {
+        return plain(StatusCode::NOT_ACCEPTABLE, "unsupported http method".into());
+    }
+    match crate::logging::glog_setter(&String::from_utf8_lossy(&body)) {
+        Ok(m) => plain(StatusCode::OK, m),
+        Err(e) => plain(StatusCode::BAD_REQUEST, e),
+    }
 }
 
 /// `/configz`: the running configuration in upstream's envelope
@@ -380,6 +492,7 @@ async fn running_pods(State(s): State<ServerState>) -> Response {
 /// The read-only port's routes.
 pub fn read_only_router(state: ServerState) -> Router {
     default_routes()
+        .merge(debugging_disabled_routes())
         .layer(axum::middleware::from_fn(|req, next| {
             crate::metrics::track_http("readonly", req, next)
         }))
@@ -401,9 +514,11 @@ pub use https::{serve, ListenError};
 /// the authentication and authorization filter.
 pub fn api_router(state: ServerState, auth: Arc<auth::Auth>) -> Router {
     let mut r = default_routes();
-    if state.config.enable_debugging_handlers {
-        r = r.merge(debugging_routes());
-    }
+    r = if state.config.enable_debugging_handlers {
+        r.merge(debugging_routes(&state.config))
+    } else {
+        r.merge(debugging_disabled_routes())
+    };
     // The fallback is added before the filter, so unknown paths are
     // authorized too (upstream's filter runs before routing).
     r.fallback(not_found)
@@ -481,63 +596,18 @@ mod tests {
     }
 
     async fn get_json(router: Router, path: &str) -> (StatusCode, serde_json::Value) {
-        use tower::ServiceExt;
-        let req = axum::http::Request::get(path)
-            .body(axum::body::Body::empty())
-            .unwrap();
-        let resp = router.oneshot(req).await.unwrap();
-        let code = resp.status();
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        (code, serde_json::from_slice(&bytes).unwrap_or_default())
+        let (code, body) = call(router, "GET", path, "").await;
+        (code, serde_json::from_str(&body).unwrap_or_default())
     }
 
     #[tokio::test]
     async fn configz_and_runningpods_answer_as_upstream() {
-        use crate::cri::{v1, RuntimeService};
-        use crate::kuberuntime::labels;
         let fake = Arc::new(crate::cri::fake::FakeRuntime::new());
-        let pod_labels: std::collections::HashMap<String, String> = [
-            (labels::POD_NAME, "web"),
-            (labels::POD_NAMESPACE, "ns"),
-            (labels::POD_UID, "u1"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let sb_cfg = crate::cri::PodSandboxConfig {
-            metadata: Some(v1::PodSandboxMetadata {
-                name: "web".into(),
-                namespace: "ns".into(),
-                uid: "u1".into(),
-                attempt: 0,
-            }),
-            labels: pod_labels.clone(),
-            ..Default::default()
-        };
-        let sb = fake
-            .run_pod_sandbox(sb_cfg.clone(), String::new())
-            .await
-            .unwrap();
-        let mut c_labels = pod_labels;
-        c_labels.insert(labels::CONTAINER_NAME.into(), "app".into());
-        let cfg = crate::cri::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: "app".into(),
-                attempt: 0,
-            }),
-            image: Some(crate::cri::ImageSpec {
-                image: "busybox".into(),
-                ..Default::default()
-            }),
-            labels: c_labels,
-            ..Default::default()
-        };
-        let cid = fake.create_container(&sb, cfg, sb_cfg).await.unwrap();
-        fake.start_container(&cid).await.unwrap();
+        fake.run_labelled("ns", "web", "u1", "app").await;
         let (state, token) = ServerState::for_tests(fake);
-        let router = default_routes().merge(debugging_routes()).with_state(state);
+        let router = default_routes()
+            .merge(debugging_routes(&state.config))
+            .with_state(state);
 
         let (code, v) = get_json(router.clone(), "/configz").await;
         assert_eq!(code, StatusCode::OK);
@@ -556,6 +626,122 @@ mod tests {
         assert_eq!(items[0]["metadata"]["uid"], "u1");
         assert_eq!(items[0]["spec"]["containers"][0]["name"], "app");
         assert_eq!(items[0]["spec"]["containers"][0]["image"], "busybox");
+        token.cancel();
+    }
+
+    async fn call(router: Router, method: &str, path: &str, body: &str) -> (StatusCode, String) {
+        use tower::ServiceExt;
+        let req = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(axum::body::Body::from(body.to_string()))
+            .unwrap();
+        let resp = router.oneshot(req).await.unwrap();
+        let code = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (code, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Upstream's `InstallDebuggingDisabledHandlers` (the read-only port,
+    /// and :10250 without `enableDebuggingHandlers`) and the switches under
+    /// it: a 405 with Go's `http.Error` text, where rkubelet said 404.
+    #[tokio::test]
+    async fn debugging_endpoints_that_are_not_served_refuse_as_upstream() {
+        let fake = Arc::new(crate::cri::fake::FakeRuntime::new());
+        let (state, token) = ServerState::for_tests(fake);
+        let ro = read_only_router(state.clone());
+        for path in [
+            "/exec/ns/pod/c",
+            "/run/ns/pod/c",
+            "/attach/ns/pod/c",
+            "/portForward/ns/pod",
+            "/containerLogs/ns/pod/c",
+            "/runningpods/",
+            "/debug/pprof/heap",
+            "/logs/",
+            "/logs/syslog",
+        ] {
+            let (code, body) = call(ro.clone(), "POST", path, "").await;
+            assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED, "{path}");
+            assert_eq!(body, "Debug endpoints are disabled.\n", "{path}");
+        }
+        // Not among them: unknown, as upstream's mux.
+        assert_eq!(
+            call(ro.clone(), "GET", "/configz", "").await.0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            call(ro, "PUT", "/debug/flags/v", "4").await.0,
+            StatusCode::NOT_FOUND
+        );
+
+        let mut cfg = (*state.config).clone();
+        cfg.enable_system_log_handler = false;
+        cfg.enable_profiling_handler = false;
+        cfg.enable_debug_flags_handler = false;
+        let off = ServerState {
+            config: Arc::new(cfg),
+            ..state.clone()
+        };
+        let r = default_routes()
+            .merge(debugging_routes(&off.config))
+            .with_state(off);
+        for (path, msg) in [
+            ("/logs/", "logs endpoint is disabled.\n"),
+            ("/logs/syslog", "logs endpoint is disabled.\n"),
+            ("/debug/pprof/", "profiling endpoint is disabled.\n"),
+            ("/debug/flags/v", "flags endpoint is disabled.\n"),
+        ] {
+            let (code, body) = call(r.clone(), "GET", path, "").await;
+            assert_eq!(
+                (code, body.as_str()),
+                (StatusCode::METHOD_NOT_ALLOWED, msg),
+                "{path}"
+            );
+        }
+        token.cancel();
+    }
+
+    /// `PUT /debug/flags/v` changes the log verbosity as upstream's
+    /// `StringFlagPutHandler(logs.GlogSetter)` does, and answers as it does.
+    #[tokio::test]
+    // The lock serialises the tests that change the process-wide verbosity
+    // (a current-thread runtime: nothing else runs on it meanwhile).
+    #[allow(clippy::await_holding_lock)]
+    async fn debug_flags_v_sets_the_verbosity() {
+        let _g = crate::logging::TEST_LOCK.lock();
+        let fake = Arc::new(crate::cri::fake::FakeRuntime::new());
+        let (state, token) = ServerState::for_tests(fake);
+        let r = default_routes()
+            .merge(debugging_routes(&state.config))
+            .with_state(state);
+        let before = crate::logging::verbosity();
+        assert_eq!(
+            call(r.clone(), "GET", "/debug/flags/v", "").await,
+            (
+                StatusCode::NOT_ACCEPTABLE,
+                "unsupported http method\n".into()
+            )
+        );
+        assert_eq!(
+            call(r.clone(), "PUT", "/debug/flags/v", "x").await,
+            (
+                StatusCode::BAD_REQUEST,
+                "strconv.ParseUint: parsing \"x\": invalid syntax\n".into()
+            )
+        );
+        assert_eq!(crate::logging::verbosity(), before);
+        assert_eq!(
+            call(r.clone(), "PUT", "/debug/flags/v", "5").await,
+            (
+                StatusCode::OK,
+                "successfully set klog.logging.verbosity to 5\n".into()
+            )
+        );
+        assert_eq!(crate::logging::verbosity(), 5);
+        crate::logging::set_verbosity(before);
         token.cancel();
     }
 }

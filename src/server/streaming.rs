@@ -192,7 +192,7 @@ fn is_websocket_request(headers: &HeaderMap) -> bool {
 
 /// The pod by namespace and name (upstream GetPodByName over the pod
 /// manager); a UID in the path must match it.
-fn find_pod(
+pub(super) fn find_pod(
     s: &ServerState,
     namespace: &str,
     name: &str,
@@ -209,7 +209,7 @@ fn find_pod(
 
 /// The running container `container` of the pod with `uid`, newest first
 /// (upstream findContainer over the runtime's running pods).
-async fn find_container(
+pub(super) async fn find_container(
     runtime: &dyn RuntimeService,
     uid: &str,
     container: &str,

@@ -352,7 +352,7 @@ pub fn format_map(m: &BTreeMap<String, String>) -> String {
 /// Go's strconv.Quote. Printable characters are kept; Go's unicode.IsPrint
 /// is approximated by "not a control, a non-ASCII space or a common format
 /// character", which covers what annotations carry in practice.
-fn go_quote(s: &str) -> String {
+pub(crate) fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

@@ -279,7 +279,9 @@ impl Kubelet {
             .arg(self.dir.join("root"))
             .arg("--hostname-override")
             .arg(&self.node)
-            .arg("--v=2")
+            // Unless the test sets the config file's verbosity, which the
+            // flag would override.
+            .args((!self.extra_config.contains("verbosity:")).then_some("--v=2"))
             .args(&args)
             .stdout(Stdio::null())
             .stderr(log)
