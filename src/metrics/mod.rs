@@ -160,6 +160,7 @@ pub fn to_prometheus_text(open: &str) -> String {
             (_, Some(head)) => format!("{head} -Inf"),
             _ => line.to_string(),
         };
+        let line = le_last(&line).unwrap_or(line);
         match &rename {
             Some((from, to)) if line.starts_with(from.as_str()) => {
                 out.push_str(to);
@@ -170,6 +171,25 @@ pub fn to_prometheus_text(open: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// A bucket sample with its `le` moved after the series' own labels, where
+/// client_golang's text format writes it (prometheus-client writes it
+/// first); `None` for any other line.
+fn le_last(line: &str) -> Option<String> {
+    let at = line.find("_bucket{le=\"")? + "_bucket{".len();
+    // A bound is a number or +Inf: no quote or escape inside.
+    let value_end = at + 4 + line[at + 4..].find('"')?;
+    let le = &line[at..=value_end];
+    let rest = &line[value_end + 1..];
+    let others = rest.strip_prefix(',')?;
+    let close = others.rfind('}')?;
+    Some(format!(
+        "{}{},{le}{}",
+        &line[..at],
+        &others[..close],
+        &others[close..]
+    ))
 }
 
 /// client_golang's `DefBuckets`.
@@ -211,6 +231,9 @@ fn runtime_op_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.5, 14))
 }
 
+// Label sets declare their fields in name order: client_golang writes a
+// series' label pairs sorted by name, and the derive writes them in field
+// order.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationType {
     pub operation_type: &'static str,
@@ -228,8 +251,8 @@ pub struct ContainerType {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ContainerTypeCode {
-    pub container_type: &'static str,
     pub code: String,
+    pub container_type: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -244,8 +267,8 @@ pub struct StaticLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WorkingLabels {
-    pub lifecycle: &'static str,
     pub config: &'static str,
+    pub lifecycle: &'static str,
     pub r#static: &'static str,
 }
 
@@ -272,10 +295,10 @@ pub struct EvictionSignal {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
+    pub long_running: &'static str,
     pub method: &'static str,
     pub path: &'static str,
     pub server_type: &'static str,
-    pub long_running: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -466,32 +466,33 @@ impl std::fmt::Debug for Inner {
 impl Collector for ProbeCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let pods = self.0.pods.lock();
-        let mut c = enc.encode_descriptor(METRIC_NAME, METRIC_HELP, None, MetricType::Counter)?;
-        for (uid, p) in pods.iter() {
-            for ((container, t, result), n) in &p.counts {
-                // Label order as upstream declares them.
-                let l = [
-                    ("probe_type", PROBE_TYPES[*t].as_str()),
-                    ("result", result.as_str()),
-                    ("container", container.as_str()),
-                    ("pod", p.name.as_str()),
-                    ("namespace", p.namespace.as_str()),
-                    ("pod_uid", uid.as_str()),
-                ];
-                ConstCounter::new(*n).encode(c.encode_family(&l)?)?;
-            }
-        }
+        // client_golang sorts families by name: the durations first.
         let mut h =
             enc.encode_descriptor(DURATION_NAME, DURATION_HELP, None, MetricType::Histogram)?;
         for p in pods.values() {
             for ((container, t), hist) in &p.durations {
+                // client_golang writes label pairs sorted by name.
                 let l = [
-                    ("probe_type", PROBE_TYPES[*t].as_str()),
                     ("container", container.as_str()),
-                    ("pod", p.name.as_str()),
                     ("namespace", p.namespace.as_str()),
+                    ("pod", p.name.as_str()),
+                    ("probe_type", PROBE_TYPES[*t].as_str()),
                 ];
                 hist.encode(h.encode_family(&l)?)?;
+            }
+        }
+        let mut c = enc.encode_descriptor(METRIC_NAME, METRIC_HELP, None, MetricType::Counter)?;
+        for (uid, p) in pods.iter() {
+            for ((container, t, result), n) in &p.counts {
+                let l = [
+                    ("container", container.as_str()),
+                    ("namespace", p.namespace.as_str()),
+                    ("pod", p.name.as_str()),
+                    ("pod_uid", uid.as_str()),
+                    ("probe_type", PROBE_TYPES[*t].as_str()),
+                    ("result", result.as_str()),
+                ];
+                ConstCounter::new(*n).encode(c.encode_family(&l)?)?;
             }
         }
         Ok(())

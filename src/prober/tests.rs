@@ -603,7 +603,8 @@ async fn metrics_text_matches_upstream_format() {
     let text = crate::metrics::to_prometheus_text(&e.mgr.metrics_text());
     // Upstream's families: prober_probe_total{probe_type,result,container,
     // pod,namespace,pod_uid} and prober_probe_duration_seconds{probe_type,
-    // container,pod,namespace} (prober_manager.go).
+    // container,pod,namespace} (prober_manager.go), written as
+    // client_golang writes them: families and label pairs sorted by name.
     assert!(text.contains("# HELP prober_probe_total [BETA] Cumulative number of a liveness, readiness or startup probe for a container by result.\n# TYPE prober_probe_total counter\n"), "{text}");
     assert!(
         text.contains("# TYPE prober_probe_duration_seconds histogram\n"),
@@ -616,10 +617,12 @@ async fn metrics_text_matches_upstream_format() {
     assert_eq!(
         totals,
         [
-            "prober_probe_total{probe_type=\"Liveness\",result=\"successful\",container=\"app\",pod=\"web\",namespace=\"default\",pod_uid=\"u1\"} 1",
-            "prober_probe_total{probe_type=\"Readiness\",result=\"successful\",container=\"app\",pod=\"web\",namespace=\"default\",pod_uid=\"u1\"} 2",
+            "prober_probe_total{container=\"app\",namespace=\"default\",pod=\"web\",pod_uid=\"u1\",probe_type=\"Liveness\",result=\"successful\"} 1",
+            "prober_probe_total{container=\"app\",namespace=\"default\",pod=\"web\",pod_uid=\"u1\",probe_type=\"Readiness\",result=\"successful\"} 2",
         ]
     );
+    let at = |family: &str| text.find(&format!("# HELP {family} ")).unwrap();
+    assert!(at("prober_probe_duration_seconds") < at("prober_probe_total"));
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
     let hist: Vec<_> = scrape
         .samples
@@ -640,7 +643,7 @@ async fn metrics_text_matches_upstream_format() {
     e.fake.set_exec_result("c1", 3);
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert!(series(&e.mgr.metrics_text()).iter().any(|l| l.starts_with(
-        "prober_probe_total{probe_type=\"Readiness\",result=\"failed\",container=\"app\""
+        "prober_probe_total{container=\"app\",namespace=\"default\",pod=\"web\",pod_uid=\"u1\",probe_type=\"Readiness\",result=\"failed\"}"
     ) && l.ends_with("} 1")));
     e.token.cancel();
 }

@@ -1,5 +1,5 @@
 //! Compression of the metric endpoints' text, negotiated as upstream's
-//! handlers do: `/metrics`, `/metrics/probes`, `/metrics/resource` and
+//! handlers do: `/metrics`, `/metrics/probes`, `/metrics/slis`, `/metrics/resource` and
 //! `/metrics/cadvisor` are client_golang `promhttp.HandlerFor` handlers with
 //! compression left on (component-base `metrics/http.go`), which offer
 //! identity and gzip and pick between them with gddo's
