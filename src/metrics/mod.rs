@@ -78,6 +78,7 @@ macro_rules! stable {
 mod absent;
 pub mod certvol;
 pub mod cm;
+mod golang;
 mod meta;
 pub mod slis;
 pub mod transport;
@@ -170,7 +171,7 @@ pub fn to_prometheus_text(open: &str) -> String {
         }
         out.push('\n');
     }
-    out
+    golang::reorder(&out)
 }
 
 /// A bucket sample with its `le` moved after the series' own labels, where

@@ -883,8 +883,12 @@ fn bucket_bounds(text: &str, family: &str, label: &str) -> Vec<String> {
         .collect()
 }
 
+/// Bounds as the text writes them: Go's shortest `%g`.
 fn fmt(v: &[f64]) -> Vec<String> {
-    let mut out: Vec<String> = v.iter().map(|f| format!("{f:?}")).collect();
+    let mut out: Vec<String> = v
+        .iter()
+        .map(|f| golang::go_float(&format!("{f:?}")).unwrap())
+        .collect();
     out.push("+Inf".into());
     out
 }
@@ -1681,7 +1685,7 @@ async fn families_new_in_1_34_have_upstreams_buckets_and_zero_values() {
     // 750 ms falls in le=1000 and above, not in le=500.
     assert!(
         text.contains(
-            "kubelet_pod_resize_duration_milliseconds_bucket{success=\"false\",le=\"500.0\"} 0\n"
+            "kubelet_pod_resize_duration_milliseconds_bucket{success=\"false\",le=\"500\"} 0\n"
         ),
         "{text}"
     );
@@ -1847,13 +1851,13 @@ async fn certificate_ttls_come_from_not_after_and_errors_and_rotations_count() {
         .unwrap()
     };
     let text = render(&state);
-    let (h1, h4) = (bucket(&text, "3600.0"), bucket(&text, "14400.0"));
+    let (h1, h4) = (bucket(&text, "3600"), bucket(&text, "14400"));
     certvol::certificate_rotated(Server, Some(1_000_000), 1_000_000.0 + 7200.0);
     certvol::certificate_rotated(Client, Some(1_000_000), 1_000_000.0 + 7200.0);
     certvol::certificate_rotated(Server, None, 1_000_000.0);
     let text = render(&state);
-    assert_eq!(bucket(&text, "3600.0"), h1);
-    assert_eq!(bucket(&text, "14400.0"), h4 + 1);
+    assert_eq!(bucket(&text, "3600"), h1);
+    assert_eq!(bucket(&text, "14400"), h4 + 1);
     // kubelet.go's buckets, a minute to four years.
     let want = [
         60.0,
@@ -2423,8 +2427,14 @@ async fn metric_endpoints_gzip_their_text_when_asked() {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&body[..]), &mut text)
             .unwrap_or_else(|e| panic!("{path}: not gzip: {e}"));
-        // The same families (values move between the two scrapes).
-        assert_eq!(types(&text), types(&plain), "{path}");
+        // The same families (values move between the two scrapes, and
+        // tests running beside this one may register late families in the
+        // process-wide registry in between: none go).
+        let (gz_types, plain_types) = (types(&text), types(&plain));
+        assert!(
+            plain_types.iter().all(|(n, t)| gz_types.get(n) == Some(t)),
+            "{path}: {plain_types:?} {gz_types:?}"
+        );
         assert!(!types(&text).is_empty(), "{path}");
 
         // An encoding upstream does not offer gets the plain text.
@@ -2438,35 +2448,13 @@ async fn metric_endpoints_gzip_their_text_when_asked() {
 
 /// The label names of one sample line, in the order written.
 fn label_names(line: &str) -> Vec<String> {
-    let Some(open) = line.find('{') else {
-        return Vec::new();
-    };
-    let mut names = Vec::new();
-    let (mut name, mut in_value, mut escaped) = (String::new(), false, false);
-    for c in line[open + 1..].chars() {
-        if in_value {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_value = false,
-                _ => {}
-            }
-            continue;
-        }
-        match c {
-            '=' => names.push(std::mem::take(&mut name)),
-            '"' => in_value = true,
-            ',' => {}
-            '}' => break,
-            c => name.push(c),
-        }
-    }
-    names
+    golang::labels(line).into_iter().map(|(n, _)| n).collect()
 }
 
-/// Every series on /metrics and /metrics/probes writes its labels sorted
-/// by name, as client_golang does (`MakeLabelPairs`), a bucket's `le`
-/// last (its text format adds it after the series' own).
+/// /metrics and /metrics/probes list their families by name, and every
+/// series writes its labels sorted by name, as client_golang does
+/// (`Gather`, `MakeLabelPairs`), a bucket's `le` last (its text format adds
+/// it after the series' own).
 #[tokio::test]
 async fn series_write_their_labels_in_name_order() {
     let rt = Arc::new(FakeRuntime::new());
@@ -2483,10 +2471,17 @@ async fn series_write_their_labels_in_name_order() {
         let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
             .await
             .unwrap();
-        for line in String::from_utf8_lossy(&body)
+        let text = String::from_utf8_lossy(&body).into_owned();
+        // Families by name, as client_golang's Gather sorts them.
+        let families: Vec<&str> = text
             .lines()
-            .filter(|l| !l.starts_with('#'))
-        {
+            .filter_map(|l| l.strip_prefix("# HELP ")?.split(' ').next())
+            .collect();
+        let mut sorted = families.clone();
+        sorted.sort();
+        assert_eq!(families, sorted, "{path}");
+        assert!(families.len() > 1, "{path}");
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
             let mut names = label_names(line);
             if line.contains("_bucket{") {
                 assert_eq!(names.pop().as_deref(), Some("le"), "{line}");
