@@ -1,6 +1,7 @@
 //! The text as client_golang's `Gather` and expfmt lay it out, from
 //! prometheus-client's (registration order, map order, `_sum`/`_count`
-//! before buckets, Rust float text): families sorted by name; a family's
+//! before buckets, Rust float text, families without series): families
+//! without series left out and the rest sorted by name; a family's
 //! series sorted by their label values (labels in name order,
 //! `internal.MetricSorter`); a histogram series' buckets, then `_sum`, then
 //! `_count`; and `le` bounds written as Go's `strconv.FormatFloat(v, 'g',
@@ -185,7 +186,11 @@ pub(super) fn reorder(text: &str) -> String {
         .collect();
     families.sort_by(|a, b| a.0.cmp(b.0));
     let mut out = String::with_capacity(text.len());
-    for (_, block) in families {
+    // A family without series is left out (Gather prunes empty families).
+    for (_, block) in families
+        .into_iter()
+        .filter(|(_, b)| b.iter().any(|l| !l.starts_with('#')))
+    {
         family(block, &mut out);
     }
     out

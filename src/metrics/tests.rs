@@ -1418,12 +1418,6 @@ async fn families_upstream_registers_show_its_values_for_rkubelets_configuration
         "\nreconstruct_volume_operations_errors_total 0\n",
         "\nforce_cleaned_failed_volume_operations_total 0\n",
         "\nforce_cleaned_failed_volume_operation_errors_total 0\n",
-        "# TYPE kubelet_cpu_manager_allocation_per_numa gauge\n",
-        "# TYPE kubelet_container_aligned_compute_resources_count counter\n",
-        "# TYPE kubelet_container_aligned_compute_resources_failure_count counter\n",
-        "# HELP kubelet_image_garbage_collected_total [ALPHA] Total number of images garbage collected by the kubelet, whether through disk usage or image age.\n# TYPE kubelet_image_garbage_collected_total counter\n",
-        "# TYPE dra_operations_duration_seconds histogram\n",
-        "# TYPE dra_grpc_operations_duration_seconds histogram\n",
         // cm/dra/claiminfo_test.go's expectation without claims.
         "# TYPE dra_resource_claims_in_use gauge\ndra_resource_claims_in_use{driver_name=\"<any>\"} 0\n",
         "# HELP kubelet_graceful_shutdown_end_time_seconds [ALPHA] Last graceful shutdown end time since unix epoch in seconds\n",
@@ -1431,6 +1425,19 @@ async fn families_upstream_registers_show_its_values_for_rkubelets_configuration
         assert!(text.contains(line), "no {line:?} in {text}");
     }
     assert!(!text.contains("kubelet_container_aligned_compute_resources_count_total"));
+    // Labelled families nothing has filled yet have no series, and Gather
+    // prunes a family without series (NormalizeMetricFamilies): absent, as
+    // on a Go kubelet with this configuration.
+    for family in [
+        "kubelet_cpu_manager_allocation_per_numa",
+        "kubelet_container_aligned_compute_resources_count",
+        "kubelet_container_aligned_compute_resources_failure_count",
+        "kubelet_image_garbage_collected_total",
+        "dra_operations_duration_seconds",
+        "dra_grpc_operations_duration_seconds",
+    ] {
+        assert!(!text.contains(&format!("# TYPE {family} ")), "{family}");
+    }
     token.cancel();
 }
 
@@ -2256,7 +2263,9 @@ async fn registered_metrics_total_counts_the_families_on_metrics_by_level() {
         "dra_resource_claims_in_use",
     ];
     let mut want: HashMap<&str, u64> = HashMap::from([("BETA", 1), ("ALPHA", 3), ("STABLE", 2)]);
-    for l in text.lines() {
+    // Every registered family, series or not: the registry's own text
+    // (the served one leaves out families without series, as Gather does).
+    for l in out.lines() {
         let Some(rest) = l.strip_prefix("# HELP ") else {
             continue;
         };
@@ -2480,7 +2489,7 @@ async fn series_write_their_labels_in_name_order() {
         let mut sorted = families.clone();
         sorted.sort();
         assert_eq!(families, sorted, "{path}");
-        assert!(families.len() > 1, "{path}");
+        assert!(!families.is_empty(), "{path}");
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let mut names = label_names(line);
             if line.contains("_bucket{") {
