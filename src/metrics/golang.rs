@@ -103,18 +103,43 @@ fn sample<'a>(line: &'a str, family: &str) -> Sample<'a> {
     }
 }
 
-/// `line` with its `le` value written as Go writes it.
+/// A bucket line with its `le` after the series' own labels, where
+/// expfmt writes it (prometheus-client writes it first), and its value
+/// spelled as Go spells it.
 fn with_go_le(line: &str) -> String {
-    let Some(at) = line.find("le=\"") else {
+    let Some(open) = line.find('{') else {
+        return line.to_string();
+    };
+    // The pair starts the label set or follows a comma.
+    let Some(at) = ["{le=\"", ",le=\""]
+        .iter()
+        .find_map(|p| line[open..].find(p).map(|i| open + i + 1))
+    else {
         return line.to_string();
     };
     let start = at + 4;
+    // A bound is a number or +Inf: no quote or escape inside.
     let Some(len) = line[start..].find('"') else {
         return line.to_string();
     };
-    match go_float(&line[start..start + len]) {
-        Some(v) => format!("{}{v}{}", &line[..start], &line[start + len..]),
-        None => line.to_string(),
+    let raw = &line[start..start + len];
+    let le = format!(
+        "le=\"{}\"",
+        go_float(raw).unwrap_or_else(|| raw.to_string())
+    );
+    let after = &line[start + len + 1..];
+    match after.strip_prefix(',') {
+        // First of several: the others, then the bound.
+        Some(others) if line.as_bytes()[at - 1] == b'{' => {
+            let close = others.rfind('}').unwrap_or(others.len());
+            format!(
+                "{}{},{le}{}",
+                &line[..at],
+                &others[..close],
+                &others[close..]
+            )
+        }
+        _ => format!("{}{le}{after}", &line[..at]),
     }
 }
 

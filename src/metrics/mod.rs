@@ -161,7 +161,6 @@ pub fn to_prometheus_text(open: &str) -> String {
             (_, Some(head)) => format!("{head} -Inf"),
             _ => line.to_string(),
         };
-        let line = le_last(&line).unwrap_or(line);
         match &rename {
             Some((from, to)) if line.starts_with(from.as_str()) => {
                 out.push_str(to);
@@ -172,25 +171,6 @@ pub fn to_prometheus_text(open: &str) -> String {
         out.push('\n');
     }
     golang::reorder(&out)
-}
-
-/// A bucket sample with its `le` moved after the series' own labels, where
-/// client_golang's text format writes it (prometheus-client writes it
-/// first); `None` for any other line.
-fn le_last(line: &str) -> Option<String> {
-    let at = line.find("_bucket{le=\"")? + "_bucket{".len();
-    // A bound is a number or +Inf: no quote or escape inside.
-    let value_end = at + 4 + line[at + 4..].find('"')?;
-    let le = &line[at..=value_end];
-    let rest = &line[value_end + 1..];
-    let others = rest.strip_prefix(',')?;
-    let close = others.rfind('}')?;
-    Some(format!(
-        "{}{},{le}{}",
-        &line[..at],
-        &others[..close],
-        &others[close..]
-    ))
 }
 
 /// client_golang's `DefBuckets`.
