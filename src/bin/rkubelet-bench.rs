@@ -886,13 +886,16 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
             1000.0 * rcpu.max(0.0) / args.scrapes as f64,
         );
     }
-    if let Some(f) = kernel_floor(pid, args.scrapes, gap) {
+    let ids = runtime_ids(cri);
+    if let Some(f) = kernel_floor(pid, args.scrapes, gap, &ids.0, &ids.1) {
         println!(
-            "kernel floor: the {} cgroup and net/dev files rkubelet holds open (the summary's), read once per {:.1} s by this bench: median {:.1} ms CPU per pass ({:.2} us per file); the {} of them /metrics/resource reads: {:.1} ms",
+            "kernel floor: the {} cgroup and net/dev files rkubelet holds open (/metrics/cadvisor's), read once per {:.1} s by this bench: median {:.1} ms CPU per pass ({:.2} us per file); the {} of them /stats/summary reads: {:.1} ms; the {} /metrics/resource reads: {:.1} ms",
             f.files,
             gap.as_secs_f64(),
             f.ms,
             1000.0 * f.ms / f.files.max(1) as f64,
+            f.summary_files,
+            f.summary_ms,
             f.resource_files,
             f.resource_ms,
         );
@@ -982,14 +985,24 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
 
 /// The kernel's share of a collection that no reader of those files can
 /// avoid: the cgroup and `net/dev` files rkubelet keeps open (the ones its
-/// resource and summary collections read; reopened here through
-/// `/proc/<pid>/fd`, so the same files), each read once at offset 0 per
-/// `gap` as a scrape reads them, cold. The reading thread's CPU per pass,
-/// median of `passes`, for the files `/metrics/resource` reads (CPU and
-/// memory usage, `memory.stat`, swap) and for all of them (what
-/// `/stats/summary` reads): a per-scrape CPU target below it cannot be met
-/// by reading those files on this host. `None` when rkubelet holds none.
-fn kernel_floor(pid: u32, passes: usize, gap: Duration) -> Option<Floor> {
+/// collections read; reopened here through `/proc/<pid>/fd`, so the same
+/// files), each read once at offset 0 per `gap` as a scrape reads them,
+/// cold. The reading thread's CPU per pass, median of `passes`, for the
+/// files `/metrics/resource` reads (CPU and memory usage, `memory.stat`,
+/// swap), for those `/stats/summary` reads (the pods' and containers'
+/// files every endpoint reads: not the sandboxes' nor the ones only
+/// cAdvisor's text reads), and for all of them (`/metrics/cadvisor`'s, held
+/// while it is scraped): a per-scrape CPU target below it cannot be met by
+/// reading those files on this host. `sandboxes` and `containers` are the
+/// runtime's ids, to tell their cgroups apart. `None` when rkubelet holds
+/// none.
+fn kernel_floor(
+    pid: u32,
+    passes: usize,
+    gap: Duration,
+    sandboxes: &[String],
+    containers: &[String],
+) -> Option<Floor> {
     use std::os::unix::fs::FileExt;
     const RESOURCE: [&str; 7] = [
         "cpuacct.usage",
@@ -1000,30 +1013,60 @@ fn kernel_floor(pid: u32, passes: usize, gap: Duration) -> Option<Floor> {
         "memory.memsw.usage_in_bytes",
         "memory.swap.current",
     ];
+    // Read for cAdvisor's text only (`FileReader::warm`); v1's cpu.stat
+    // too (throttling), which on v2 is every endpoint's CPU usage.
+    const CADVISOR_ONLY: [&str; 6] = [
+        "cpuacct.stat",
+        "memory.max_usage_in_bytes",
+        "memory.failcnt",
+        "memory.kmem.usage_in_bytes",
+        "memory.events",
+        "memory.peak",
+    ];
     let thread_cpu = || rkubelet::stats::provider::thread_cpu_ns() as f64 / 1e6;
     let dir = format!("/proc/{pid}/fd");
-    // (is it one /metrics/resource reads, the file)
-    let mut files: Vec<(bool, std::fs::File)> = std::fs::read_dir(&dir)
+    let targets: Vec<(String, std::fs::File)> = std::fs::read_dir(&dir)
         .ok()?
         .flatten()
         .filter_map(|e| {
             let t = std::fs::read_link(e.path()).ok()?;
-            let t = t.to_string_lossy();
+            let t = t.to_string_lossy().into_owned();
             if !t.starts_with("/sys/fs/cgroup/") && !t.contains("/net/dev") {
                 return None;
             }
-            let resource = t.rsplit('/').next().is_some_and(|n| RESOURCE.contains(&n));
-            Some((resource, std::fs::File::open(e.path()).ok()?))
+            Some((t, std::fs::File::open(e.path()).ok()?))
+        })
+        .collect();
+    let v1 = targets.iter().any(|(t, _)| t.ends_with("/cpuacct.usage"));
+    // (0: /metrics/resource's, 1: the summary's too, 2: cAdvisor's only)
+    let mut files: Vec<(u8, std::fs::File)> = targets
+        .into_iter()
+        .map(|(t, f)| {
+            let (parent, name) = t.rsplit_once('/').unwrap_or(("", &t));
+            let parent = parent.rsplit('/').next().unwrap_or("");
+            let is = |ids: &[String]| ids.iter().any(|id| parent.contains(id.as_str()));
+            let cadvisor_only = is(sandboxes)
+                || CADVISOR_ONLY.contains(&name)
+                || (v1 && name == "cpu.stat")
+                || (name == "pids.current" && is(containers));
+            let class = if cadvisor_only {
+                2
+            } else if RESOURCE.contains(&name) {
+                0
+            } else {
+                1
+            };
+            (class, f)
         })
         .collect();
     if files.is_empty() {
         return None;
     }
-    // The resource files first, timed on their own.
-    files.sort_by_key(|(resource, _)| !resource);
-    let n_resource = files.iter().filter(|(r, _)| *r).count();
+    files.sort_by_key(|(class, _)| *class);
+    let count = |c: u8| files.iter().filter(|(class, _)| *class <= c).count();
+    let (n_resource, n_summary) = (count(0), count(1));
     let mut buf = vec![0u8; 64 << 10];
-    let (mut resource_ms, mut all_ms) = (Vec::new(), Vec::new());
+    let (mut resource_ms, mut summary_ms, mut all_ms) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..passes.max(1) {
         std::thread::sleep(gap);
         let t0 = thread_cpu();
@@ -1031,15 +1074,22 @@ fn kernel_floor(pid: u32, passes: usize, gap: Duration) -> Option<Floor> {
             let _ = f.read_at(&mut buf, 0);
         }
         let t1 = thread_cpu();
-        for (_, f) in &files[n_resource..] {
+        for (_, f) in &files[n_resource..n_summary] {
+            let _ = f.read_at(&mut buf, 0);
+        }
+        let t2 = thread_cpu();
+        for (_, f) in &files[n_summary..] {
             let _ = f.read_at(&mut buf, 0);
         }
         resource_ms.push(t1 - t0);
+        summary_ms.push(t2 - t0);
         all_ms.push(thread_cpu() - t0);
     }
     Some(Floor {
         resource_files: n_resource,
         resource_ms: pct(&mut resource_ms, 50.0),
+        summary_files: n_summary,
+        summary_ms: pct(&mut summary_ms, 50.0),
         files: files.len(),
         ms: pct(&mut all_ms, 50.0),
     })
@@ -1049,8 +1099,28 @@ fn kernel_floor(pid: u32, passes: usize, gap: Duration) -> Option<Floor> {
 struct Floor {
     resource_files: usize,
     resource_ms: f64,
+    summary_files: usize,
+    summary_ms: f64,
     files: usize,
     ms: f64,
+}
+
+/// The runtime's sandbox and container ids.
+fn runtime_ids(cri: &RemoteRuntime) -> (Vec<String>, Vec<String>) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return Default::default();
+    };
+    rt.block_on(async {
+        let sandboxes = cri.list_pod_sandbox(None).await.unwrap_or_default();
+        let containers = cri.list_containers(None).await.unwrap_or_default();
+        (
+            sandboxes.into_iter().map(|s| s.id).collect(),
+            containers.into_iter().map(|c| c.id).collect(),
+        )
+    })
 }
 
 /// Exec latency through rkubelet beside a direct CRI exec, with one pod.

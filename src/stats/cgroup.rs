@@ -182,7 +182,7 @@ impl Hierarchy {
                 let (mut user, mut system) = (None, None);
                 // User and system time only for cAdvisor's text.
                 if full {
-                    if let Some(t) = r.value(&d, "cpuacct.stat") {
+                    if let Some(t) = r.warm(&d, "cpuacct.stat") {
                         for (k, v) in kv_lines(t) {
                             match k {
                                 "user" => user = Some(v * ns),
@@ -207,7 +207,7 @@ impl Hierarchy {
                 // Throttling is reported only under a quota (cAdvisor's
                 // container_cpu_cfs_* families).
                 if s.cpu_quota.is_some() {
-                    if let Some(t) = r.value(&d, "cpu.stat") {
+                    if let Some(t) = r.warm(&d, "cpu.stat") {
                         s.throttling = throttling(t);
                     }
                 }
@@ -239,8 +239,8 @@ impl Hierarchy {
                 let swap_limit = Some(memsw_limit.unwrap_or(0));
                 let (max_usage, failcnt) = if full {
                     (
-                        r.value_u64(&d, "memory.max_usage_in_bytes"),
-                        r.value_u64(&d, "memory.failcnt"),
+                        r.warm_u64(&d, "memory.max_usage_in_bytes"),
+                        r.warm_u64(&d, "memory.failcnt"),
                     )
                 } else {
                     (None, None)
@@ -252,7 +252,7 @@ impl Hierarchy {
                 );
                 m.swap_limit = swap_limit;
                 if full {
-                    m.kernel = r.value_u64(&d, "memory.kmem.usage_in_bytes");
+                    m.kernel = r.warm_u64(&d, "memory.kmem.usage_in_bytes");
                     m.reservation = r.spec_u64(&d, "memory.soft_limit_in_bytes");
                 }
                 s.memory = Some(m);
@@ -336,6 +336,12 @@ pub struct FileReader {
     kept: Option<KeptFiles>,
     /// Whether files not yet kept may be added (see `keep_new`).
     keep_new: bool,
+    /// Whether this collection keeps the files only cAdvisor's text reads
+    /// (see `keep_warm`).
+    warm: bool,
+    /// Where `hot` keeps a new file: the warm tier while a cgroup only
+    /// cAdvisor's text reads is read (see `sandbox_files`).
+    hot_tier: Tier,
     /// Which v1 blkio files the host has, found at the first read.
     blkio_files: Option<blkio::V1Files>,
     /// This collection's v1 blkio directories whose recursive figures of
@@ -375,10 +381,22 @@ pub const SPEC_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60)
 /// at offset 0 starts over with fresh figures. A file whose cgroup went
 /// away fails its read and its directory is forgotten; directories unused
 /// for `KEPT_IDLE` are closed, so a removed cgroup is not pinned for long.
+///
+/// Two tiers, each with its own cap: the files every endpoint reads
+/// (`hot`), and those only cAdvisor's text reads (`warm`: user and system
+/// time, peak usage, failures, kernel memory, thread counts, and every
+/// file of the sandboxes' cgroups). A warm directory's age counts from the
+/// last cAdvisor collection only, so the warm files are closed
+/// `KEPT_IDLE` after the last `/metrics/cadvisor` scrape, while
+/// metrics-server's scrapes keep only the hot ones.
 struct KeptFiles {
     /// Keyed by the path's bytes: a `Path` hashes component by component,
     /// which showed in profiles at hundreds of lookups per collection.
     dirs: foldhash::HashMap<std::ffi::OsString, KeptDir>,
+    warm: foldhash::HashMap<std::ffi::OsString, KeptDir>,
+    /// Warm descriptors held (apart from `held`), at most `warm_cap`.
+    warm_held: usize,
+    warm_cap: usize,
     /// Sandbox id → its pause process's `/proc/<pid>/net/dev`. The open
     /// file is bound to the network namespace, not the pid, so it keeps
     /// naming that sandbox's namespace; dropped with the sandbox (see
@@ -390,12 +408,26 @@ struct KeptFiles {
     swept: std::time::Instant,
 }
 
+/// Which of `KeptFiles`' tiers a file is kept in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Hot,
+    Warm,
+}
+
 struct KeptDir {
     /// File name → its descriptor, `None` for a file the cgroup lacks.
     /// The names are the callers' literals: compared without a pointer
     /// chase per name.
     files: Vec<(&'static str, Option<std::fs::File>)>,
     used: std::time::Instant,
+}
+
+impl KeptDir {
+    /// Descriptors it holds.
+    fn open(&self) -> usize {
+        self.files.iter().filter(|(_, f)| f.is_some()).count()
+    }
 }
 
 const KEPT_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
@@ -421,6 +453,8 @@ impl FileReader {
             opened: 0,
             kept: None,
             keep_new: true,
+            warm: false,
+            hot_tier: Tier::Hot,
             blkio_files: None,
             blkio_empty: Vec::new(),
             walks: processes::WalkCache::default(),
@@ -431,11 +465,16 @@ impl FileReader {
     }
 
     /// A reader that keeps up to `cap` value files open for its next
-    /// collections (see `KeptFiles`).
+    /// collections in the hot tier, and half as many again in the warm one
+    /// (see `KeptFiles`): cAdvisor's text reads five more files of a pod's
+    /// and a container's cgroup, and eleven of a sandbox's.
     pub fn keeping(cap: usize) -> Self {
         FileReader {
             kept: Some(KeptFiles {
                 dirs: Default::default(),
+                warm: Default::default(),
+                warm_held: 0,
+                warm_cap: cap + cap / 2,
                 net_devs: HashMap::new(),
                 held: 0,
                 cap,
@@ -449,6 +488,8 @@ impl FileReader {
     /// (they may name cgroups removed since) and the open count restarts.
     pub fn begin(&mut self) {
         self.cache_specs = false;
+        self.warm = false;
+        self.hot_tier = Tier::Hot;
         self.dirs.clear();
         self.opened = 0;
         self.blkio_empty.clear();
@@ -457,7 +498,20 @@ impl FileReader {
 
     /// Descriptors held open between collections.
     pub fn held(&self) -> usize {
-        self.kept.as_ref().map_or(0, |k| k.held)
+        self.kept.as_ref().map_or(0, |k| k.held + k.warm_held)
+    }
+
+    /// Whether this collection (cAdvisor's) keeps the files only
+    /// cAdvisor's text reads, in the warm tier; off again at `begin`.
+    pub fn keep_warm(&mut self, on: bool) {
+        self.warm = on;
+    }
+
+    /// While on, the files of every endpoint (`hot`) are kept in the warm
+    /// tier: for the cgroups only cAdvisor's text reads (sandboxes), so the
+    /// hot tier's cap goes to the pods' and containers' files.
+    pub fn sandbox_files(&mut self, on: bool) {
+        self.hot_tier = if on { Tier::Warm } else { Tier::Hot };
     }
 
     /// Closes the directories no collection read for `KEPT_IDLE`; call
@@ -478,25 +532,22 @@ impl FileReader {
             return;
         }
         k.swept = now;
-        let mut held = 0;
-        k.dirs.retain(|_, d| {
-            let keep = now.duration_since(d.used) < KEPT_IDLE;
-            if keep {
-                held += d.files.iter().filter(|(_, f)| f.is_some()).count();
-            }
-            keep
-        });
+        let sweep = |dirs: &mut foldhash::HashMap<std::ffi::OsString, KeptDir>| {
+            let mut held = 0;
+            dirs.retain(|_, d| {
+                let keep = now.duration_since(d.used) < KEPT_IDLE;
+                if keep {
+                    held += d.open();
+                }
+                keep
+            });
+            held
+        };
+        let held = sweep(&mut k.dirs);
+        k.warm_held = sweep(&mut k.warm);
         k.net_devs
             .retain(|_, (_, used)| now.duration_since(*used) < KEPT_IDLE);
         k.held = held + k.net_devs.len();
-    }
-
-    /// Whether files read from now on may join the kept ones (those kept
-    /// already are read through their descriptors either way). Turned off
-    /// for the cgroups only cAdvisor's text reads (sandboxes), so the cap
-    /// goes to the pods' and containers' files every endpoint reads.
-    pub fn keep_new(&mut self, on: bool) {
-        self.keep_new = on;
     }
 
     /// Closes the kept `net/dev` files of sandboxes not in `live` (gone
@@ -610,16 +661,34 @@ impl FileReader {
     /// seq_file holds a page of kernel memory.
     fn hot(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
         if self.kept.is_some() {
-            return self.kept_value(dir, file);
+            return self.kept_value(dir, file, self.hot_tier);
         }
         self.value(dir, file)
+    }
+
+    /// `value` for a file only cAdvisor's text reads: while the collection
+    /// keeps those (`keep_warm`), read through a descriptor kept in either
+    /// tier or kept in the warm one; otherwise opened per read.
+    pub(super) fn warm(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
+        if self.kept.is_some() && self.warm {
+            return self.kept_value(dir, file, Tier::Warm);
+        }
+        self.value(dir, file)
+    }
+
+    fn warm_u64(&mut self, dir: &Path, file: &'static str) -> Option<u64> {
+        self.warm(dir, file)?.trim().parse().ok()
     }
 
     /// A one-number file (`None`: unreadable, `Some(None)`: not a
     /// number), read through a descriptor kept for another collection when
     /// there is one (a pod's `pids.current`, which the summary keeps and
-    /// cAdvisor's process figures read too), without keeping new ones.
+    /// cAdvisor's process figures read too); kept in the warm tier while
+    /// the collection keeps those, else not kept.
     pub(super) fn reuse_u64(&mut self, dir: &Path, file: &'static str) -> Option<Option<u64>> {
+        if self.warm {
+            return self.warm(dir, file).map(|t| t.trim().parse().ok());
+        }
         let keep = std::mem::replace(&mut self.keep_new, false);
         let v = self.hot(dir, file).map(|t| t.trim().parse().ok());
         self.keep_new = keep;
@@ -630,24 +699,39 @@ impl FileReader {
         self.hot(dir, file)?.trim().parse().ok()
     }
 
-    fn kept_value(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
+    /// A file read through its kept descriptor, found in either tier;
+    /// opened and, room and `keep_new` permitting, kept in `tier` when it
+    /// has none.
+    fn kept_value(&mut self, dir: &Path, file: &'static str, tier: Tier) -> Option<&str> {
         let now = std::time::Instant::now();
         let k = self.kept.as_mut()?;
         let mut stale = false;
-        if let Some(d) = k.dirs.get_mut(dir.as_os_str()) {
-            d.used = now;
+        for (map, t) in [(&mut k.dirs, Tier::Hot), (&mut k.warm, Tier::Warm)] {
+            let Some(d) = map.get_mut(dir.as_os_str()) else {
+                continue;
+            };
+            // A warm directory ages from cAdvisor's collections only.
+            if t == Tier::Hot || self.warm {
+                d.used = now;
+            }
             if let Some((_, f)) = d.files.iter().find(|(n, _)| *n == file) {
                 let Some(f) = f else { return None };
                 match read_at_start(f, &mut self.buf) {
                     Some(len) => return std::str::from_utf8(&self.buf[..len]).ok(),
                     // The cgroup went away (or was made again): start over.
-                    None => stale = true,
+                    None => {
+                        stale = true;
+                        break;
+                    }
                 }
             }
         }
         if stale {
             if let Some(d) = k.dirs.remove(dir.as_os_str()) {
-                k.held -= d.files.iter().filter(|(_, f)| f.is_some()).count();
+                k.held -= d.open();
+            }
+            if let Some(d) = k.warm.remove(dir.as_os_str()) {
+                k.warm_held -= d.open();
             }
             // The held directory descriptors may name the removed one too.
             self.dirs.clear();
@@ -658,13 +742,16 @@ impl FileReader {
             Some(f) => read_at_start(f, &mut self.buf),
             None => None,
         };
+        let (map, held, cap) = match tier {
+            Tier::Hot => (&mut k.dirs, &mut k.held, k.cap),
+            Tier::Warm => (&mut k.warm, &mut k.warm_held, k.warm_cap),
+        };
         // A file that failed to open is remembered only while its directory
         // is there: a cgroup's controller files do not come and go.
         let dir_there = f.is_some() || self.dirs.last().is_some_and(|(p, _)| p == dir);
-        if dir_there && self.keep_new && (f.is_none() || k.held < k.cap) {
-            k.held += usize::from(f.is_some());
-            let d = k
-                .dirs
+        if dir_there && self.keep_new && (f.is_none() || *held < cap) {
+            *held += usize::from(f.is_some());
+            let d = map
                 .entry(dir.as_os_str().to_owned())
                 .or_insert_with(|| KeptDir {
                     files: Vec::new(),
@@ -686,10 +773,6 @@ impl FileReader {
         self.opened += 1;
         let f = std::fs::File::open(path).ok()?;
         self.read_from(f, false)
-    }
-
-    fn value_u64(&mut self, dir: &Path, file: &str) -> Option<u64> {
-        self.value(dir, file)?.trim().parse().ok()
     }
 
     /// Opens `file` in `dir` through a held directory descriptor.
@@ -1015,9 +1098,9 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
         let swap_limit = Some(swap_max.flatten().unwrap_or(0));
         let (max_usage, failcnt) = if full {
             let failcnt = r
-                .value(d, "memory.events")
+                .warm(d, "memory.events")
                 .and_then(|t| kv_lines(t).find_map(|(k, v)| (k == "max").then_some(v)));
-            (r.value_u64(d, "memory.peak"), failcnt)
+            (r.warm_u64(d, "memory.peak"), failcnt)
         } else {
             (None, None)
         };
@@ -1694,12 +1777,68 @@ mod tests {
         assert_eq!(r.held(), 0);
         assert_eq!(r.net_dev("sb1", |_| None), None);
         // Not kept while new files are not to be kept.
-        r.keep_new(false);
+        r.keep_new = false;
         assert!(r.net_dev("sb2", |_| Some(me)).is_some());
-        let root = tempdir("keepnew");
-        write(&root, "memory.stat", "cache 1\n");
-        assert_eq!(r.hot(&root, "memory.stat"), Some("cache 1\n"));
         assert_eq!(r.held(), 0);
+    }
+
+    #[test]
+    fn files_only_cadvisor_reads_are_kept_apart_while_it_reads_them() {
+        let root = tempdir("warm");
+        let (pod, ctr, sb) = (root.join("pod"), root.join("pod/ctr"), root.join("pod/sb"));
+        for d in [&pod, &ctr, &sb] {
+            write(d, "memory.stat", "cache 1\n");
+            write(d, "memory.failcnt", "0\n");
+            write(d, "cpuacct.stat", "user 1\nsystem 2\n");
+            write(d, "pids.current", "1\n");
+        }
+        let mut r = FileReader::keeping(2);
+        // Another endpoint's collection: opened per read, nothing kept.
+        assert_eq!(r.warm_u64(&ctr, "memory.failcnt"), Some(0));
+        assert_eq!(r.reuse_u64(&ctr, "pids.current"), Some(Some(1)));
+        assert_eq!((r.opened, r.held()), (2, 0));
+        // cAdvisor's: kept in the warm tier, which has a cap of its own.
+        r.begin();
+        r.keep_warm(true);
+        assert_eq!(r.hot(&ctr, "memory.stat"), Some("cache 1\n"));
+        assert_eq!(r.warm_u64(&ctr, "memory.failcnt"), Some(0));
+        assert_eq!(r.reuse_u64(&ctr, "pids.current"), Some(Some(1)));
+        assert_eq!(r.warm(&ctr, "cpuacct.stat"), Some("user 1\nsystem 2\n"));
+        assert_eq!((r.opened, r.held()), (4, 4), "one hot, three warm");
+        // A sandbox's files, even those every endpoint reads for a
+        // container, go to the warm tier (full at half as many again as
+        // the hot one: not kept).
+        r.sandbox_files(true);
+        assert_eq!(r.hot(&sb, "memory.stat"), Some("cache 1\n"));
+        r.sandbox_files(false);
+        assert_eq!(r.hot(&pod, "memory.stat"), Some("cache 1\n"));
+        assert_eq!(r.held(), 5, "the pod's in the hot tier");
+        write(&ctr, "memory.failcnt", "7\n");
+        r.begin();
+        r.keep_warm(true);
+        assert_eq!(r.warm_u64(&ctr, "memory.failcnt"), Some(7));
+        assert_eq!(r.reuse_u64(&ctr, "pids.current"), Some(Some(1)));
+        assert_eq!(r.hot(&ctr, "memory.stat"), Some("cache 1\n"));
+        assert_eq!(r.opened, 0, "read through the kept descriptors");
+        // Outside cAdvisor's collections a kept warm file is still read
+        // through its descriptor (a pod's task count, which the summary
+        // reads too), but its age is not renewed: past KEPT_IDLE the warm
+        // tier closes while the hot one stays.
+        r.begin();
+        assert_eq!(r.reuse_u64(&ctr, "pids.current"), Some(Some(1)));
+        assert_eq!(r.opened, 0);
+        let old = std::time::Instant::now()
+            .checked_sub(KEPT_IDLE + std::time::Duration::from_secs(1))
+            .expect("uptime past KEPT_IDLE");
+        let k = r.kept.as_mut().unwrap();
+        for d in k.dirs.values_mut().chain(k.warm.values_mut()) {
+            d.used = old;
+        }
+        k.swept = old;
+        assert_eq!(r.hot(&ctr, "memory.stat"), Some("cache 1\n"));
+        assert_eq!(r.reuse_u64(&ctr, "pids.current"), Some(Some(1)));
+        r.sweep();
+        assert_eq!(r.held(), 1, "only the hot file read since");
         let _ = std::fs::remove_dir_all(root);
     }
 

@@ -34,12 +34,36 @@ pub struct ProcessSample {
 /// cAdvisor scrape's cost if done per scrape.
 pub const WALK_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a process's socket count is reused while its number of open
+/// descriptors stays the same. Reading every descriptor's link to find the
+/// sockets was most of a walk (the shims in the root cgroup hold thousands:
+/// 45 ms of a cAdvisor scrape at 110 pods, at every Prometheus scrape
+/// 15 s apart); the count itself is one `stat` of `/proc/<pid>/fd`, whose
+/// size the kernel reports as the number open (Linux 6.2 and later). A
+/// process that closes a socket and opens a file in its place shows its
+/// old socket count until its next count change or this age, when it is
+/// read again.
+pub const SOCKETS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A process's descriptors as last listed: how many were open then (the
+/// size of its fd directory) and how many were sockets.
+#[derive(Debug, Clone, Copy)]
+struct FdCount {
+    at: std::time::Instant,
+    fds: u64,
+    sockets: u64,
+}
+
 /// Process walks by `cgroup.procs` directory, with when they were made.
 #[derive(Debug, Default)]
 pub struct WalkCache {
     walks: std::collections::HashMap<std::path::PathBuf, (std::time::Instant, ProcessSample)>,
     /// Open-files limits by pid.
     limits: std::collections::HashMap<u32, (std::time::Instant, Option<i64>)>,
+    /// Socket counts by pid (see `SOCKETS_MAX_AGE`).
+    fds: std::collections::HashMap<u32, FdCount>,
+    /// Descriptor directories listed link by link (profiling and tests).
+    pub listed: u64,
 }
 
 impl WalkCache {
@@ -48,6 +72,7 @@ impl WalkCache {
     pub fn sweep(&mut self) {
         self.walks.retain(|_, (at, _)| at.elapsed() < WALK_PERIOD);
         self.limits.retain(|_, (at, _)| at.elapsed() < WALK_PERIOD);
+        self.fds.retain(|_, c| c.at.elapsed() < SOCKETS_MAX_AGE);
     }
 }
 
@@ -115,7 +140,7 @@ fn walk(procs_dir: &Path, r: &mut FileReader) -> ProcessSample {
     s.first_pid = pids.iter().copied().min();
     for pid in &pids {
         // A process may exit between the list and here.
-        if let Some((fds, sockets)) = count_fds(*pid) {
+        if let Some((fds, sockets)) = count_fds(*pid, &mut r.walks) {
             s.fds += fds;
             s.sockets += sockets;
         }
@@ -123,11 +148,46 @@ fn walk(procs_dir: &Path, r: &mut FileReader) -> ProcessSample {
     s
 }
 
-/// A process's open descriptors and how many are sockets: its fd
-/// directory listed and each link read relative to it (no path walk
-/// through /proc per descriptor).
-fn count_fds(pid: u32) -> Option<(u64, u64)> {
+/// A process's open descriptors and how many are sockets: the count from
+/// the size of its fd directory, the sockets as last listed while that
+/// count stays the same (for `SOCKETS_MAX_AGE`), else listed again.
+fn count_fds(pid: u32, cache: &mut WalkCache) -> Option<(u64, u64)> {
     let path = std::ffi::CString::new(format!("/proc/{pid}/fd")).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `path` is NUL-terminated and `st` has room for a stat.
+    if unsafe { libc::stat(path.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: stat succeeded, so it filled `st`.
+    let open = u64::try_from(unsafe { st.assume_init() }.st_size).unwrap_or(0);
+    // 0: a kernel before 6.2 (or no descriptors): listed every time.
+    if open > 0 {
+        if let Some(c) = cache.fds.get(&pid) {
+            if c.fds == open && c.at.elapsed() < SOCKETS_MAX_AGE {
+                return Some((open, c.sockets));
+            }
+        }
+    }
+    cache.listed += 1;
+    let (fds, sockets) = list_fds(&path)?;
+    if open > 0 {
+        let at = std::time::Instant::now();
+        cache.fds.insert(
+            pid,
+            FdCount {
+                at,
+                fds: open,
+                sockets,
+            },
+        );
+    }
+    Some((fds, sockets))
+}
+
+/// A process's open descriptors and how many are sockets: its fd
+/// directory (`path`) listed and each link read relative to it (no path
+/// walk through /proc per descriptor).
+fn list_fds(path: &std::ffi::CStr) -> Option<(u64, u64)> {
     // SAFETY: `path` is NUL-terminated; a descriptor returned is handed to
     // fdopendir, and closedir below closes both.
     let fd = unsafe {
@@ -259,6 +319,81 @@ mod tests {
         let s = read(&root, Some(&root), false, &mut FileReader::new());
         assert_eq!((s.processes, s.fds, s.threads_max), (0, 0, 100));
         let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn sockets_are_listed_again_only_when_the_count_changes_or_ages() {
+        // A child with a socket for stdin, waiting on it: its descriptors
+        // (and whatever it inherited that is not close-on-exec, as cargo's
+        // jobserver pipes) stay put while the test runs, unlike this
+        // process's. Its first line says it runs: spawn returns before
+        // exec has closed what it should not keep.
+        use std::io::BufRead;
+        let (mine, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "echo; read x"])
+            .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+                theirs,
+            )))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let pid = child.id();
+        let mut c = WalkCache::default();
+        let (fds, sockets) = count_fds(pid, &mut c).unwrap();
+        assert!(fds >= 3 && sockets >= 1, "{fds} {sockets}");
+        assert_eq!(c.listed, 1);
+        // The kernel gives the count as the directory's size (6.2 and
+        // later; else each count lists again, and this test says so).
+        assert_eq!(count_fds(pid, &mut c), Some((fds, sockets)));
+        assert_eq!(c.listed, 1, "same count: the sockets as listed");
+        let at = std::time::Instant::now();
+        // A recorded count that differs: listed again.
+        c.fds.insert(
+            pid,
+            FdCount {
+                at,
+                fds: fds + 1,
+                sockets: 0,
+            },
+        );
+        assert_eq!(count_fds(pid, &mut c), Some((fds, sockets)));
+        assert_eq!(c.listed, 2);
+        // Same count within the age: the recorded sockets are used (here
+        // a made-up figure, to see it is not listed)...
+        let made_up = sockets + 7;
+        c.fds.insert(
+            pid,
+            FdCount {
+                at,
+                fds,
+                sockets: made_up,
+            },
+        );
+        assert_eq!(count_fds(pid, &mut c), Some((fds, made_up)));
+        // ...and past it, listed again.
+        let old = at
+            .checked_sub(SOCKETS_MAX_AGE + std::time::Duration::from_secs(1))
+            .expect("uptime past the age");
+        c.fds.insert(
+            pid,
+            FdCount {
+                at: old,
+                fds,
+                sockets: made_up,
+            },
+        );
+        assert_eq!(count_fds(pid, &mut c), Some((fds, sockets)));
+        assert_eq!(c.listed, 3);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        drop(mine);
+        assert_eq!(count_fds(pid, &mut c), None, "gone");
     }
 
     #[test]
