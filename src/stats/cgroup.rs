@@ -334,7 +334,8 @@ pub struct FileReader {
     pub opened: u64,
     /// Value files kept open between collections, when enabled.
     kept: Option<KeptFiles>,
-    /// Whether files not yet kept may be added (see `keep_new`).
+    /// Whether files not yet kept may be added (off while `reuse_u64`
+    /// reads outside cAdvisor's collections).
     keep_new: bool,
     /// Whether this collection keeps the files only cAdvisor's text reads
     /// (see `keep_warm`).
