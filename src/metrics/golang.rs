@@ -143,19 +143,14 @@ fn with_go_le(line: &str) -> String {
     }
 }
 
-/// One family's lines (its `# HELP` and `# TYPE` first) laid out as
+/// Family `name`'s lines (its `# HELP` and `# TYPE` first) laid out as
 /// client_golang does.
-fn family(lines: &[&str], out: &mut String) {
+fn family(name: &str, lines: &[&str], out: &mut String) {
     let comments = lines.iter().take_while(|l| l.starts_with('#')).count();
     for l in &lines[..comments] {
         out.push_str(l);
         out.push('\n');
     }
-    let name = lines[..comments]
-        .iter()
-        .find_map(|l| l.strip_prefix("# TYPE "))
-        .and_then(|t| t.split(' ').next())
-        .unwrap_or("");
     // A counter's TYPE line names its `_total` samples: the base is what
     // `_sum`/`_count`/`_bucket` follow, and only histograms have those.
     let mut samples: Vec<(usize, Sample<'_>)> = lines[comments..]
@@ -212,11 +207,11 @@ pub(super) fn reorder(text: &str) -> String {
     families.sort_by(|a, b| a.0.cmp(b.0));
     let mut out = String::with_capacity(text.len());
     // A family without series is left out (Gather prunes empty families).
-    for (_, block) in families
+    for (name, block) in families
         .into_iter()
         .filter(|(_, b)| b.iter().any(|l| !l.starts_with('#')))
     {
-        family(block, &mut out);
+        family(name, block, &mut out);
     }
     out
 }

@@ -334,9 +334,6 @@ pub struct FileReader {
     pub opened: u64,
     /// Value files kept open between collections, when enabled.
     kept: Option<KeptFiles>,
-    /// Whether files not yet kept may be added (off while `reuse_u64`
-    /// reads outside cAdvisor's collections).
-    keep_new: bool,
     /// Whether this collection keeps the files only cAdvisor's text reads
     /// (see `keep_warm`).
     warm: bool,
@@ -453,7 +450,6 @@ impl FileReader {
             dirs: Vec::new(),
             opened: 0,
             kept: None,
-            keep_new: true,
             warm: false,
             hot_tier: Tier::Hot,
             blkio_files: None,
@@ -588,8 +584,7 @@ impl FileReader {
         self.opened += 1;
         let f = std::fs::File::open(format!("/proc/{pid}/net/dev")).ok()?;
         let len = read_all_at(&f, &mut self.buf)?;
-        let keep_new = self.keep_new;
-        if let Some(k) = self.kept.as_mut().filter(|_| keep_new) {
+        if let Some(k) = self.kept.as_mut() {
             if k.held < k.cap {
                 k.held += 1;
                 k.net_devs.insert(sandbox.into(), (f, now));
@@ -667,11 +662,11 @@ impl FileReader {
         self.value(dir, file)
     }
 
-    /// `value` for a file only cAdvisor's text reads: while the collection
-    /// keeps those (`keep_warm`), read through a descriptor kept in either
-    /// tier or kept in the warm one; otherwise opened per read.
+    /// `value` for a file only cAdvisor's text reads: read through a
+    /// descriptor kept in either tier, else opened and, while the
+    /// collection keeps those files (`keep_warm`), kept in the warm tier.
     pub(super) fn warm(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
-        if self.kept.is_some() && self.warm {
+        if self.kept.is_some() {
             return self.kept_value(dir, file, Tier::Warm);
         }
         self.value(dir, file)
@@ -684,16 +679,9 @@ impl FileReader {
     /// A one-number file (`None`: unreadable, `Some(None)`: not a
     /// number), read through a descriptor kept for another collection when
     /// there is one (a pod's `pids.current`, which the summary keeps and
-    /// cAdvisor's process figures read too); kept in the warm tier while
-    /// the collection keeps those, else not kept.
+    /// cAdvisor's process figures read too): `warm`, parsed.
     pub(super) fn reuse_u64(&mut self, dir: &Path, file: &'static str) -> Option<Option<u64>> {
-        if self.warm {
-            return self.warm(dir, file).map(|t| t.trim().parse().ok());
-        }
-        let keep = std::mem::replace(&mut self.keep_new, false);
-        let v = self.hot(dir, file).map(|t| t.trim().parse().ok());
-        self.keep_new = keep;
-        v
+        self.warm(dir, file).map(|t| t.trim().parse().ok())
     }
 
     fn hot_u64(&mut self, dir: &Path, file: &'static str) -> Option<u64> {
@@ -701,8 +689,8 @@ impl FileReader {
     }
 
     /// A file read through its kept descriptor, found in either tier;
-    /// opened and, room and `keep_new` permitting, kept in `tier` when it
-    /// has none.
+    /// opened when it has none and kept in `tier`, room permitting (the
+    /// warm tier only while `keep_warm` is on).
     fn kept_value(&mut self, dir: &Path, file: &'static str, tier: Tier) -> Option<&str> {
         let now = std::time::Instant::now();
         let k = self.kept.as_mut()?;
@@ -750,7 +738,8 @@ impl FileReader {
         // A file that failed to open is remembered only while its directory
         // is there: a cgroup's controller files do not come and go.
         let dir_there = f.is_some() || self.dirs.last().is_some_and(|(p, _)| p == dir);
-        if dir_there && self.keep_new && (f.is_none() || *held < cap) {
+        let keep = tier == Tier::Hot || self.warm;
+        if dir_there && keep && (f.is_none() || *held < cap) {
             *held += usize::from(f.is_some());
             let d = map
                 .entry(dir.as_os_str().to_owned())
@@ -1777,10 +1766,6 @@ mod tests {
         r.retain_net_devs(&|id| id != "sb1");
         assert_eq!(r.held(), 0);
         assert_eq!(r.net_dev("sb1", |_| None), None);
-        // Not kept while new files are not to be kept.
-        r.keep_new = false;
-        assert!(r.net_dev("sb2", |_| Some(me)).is_some());
-        assert_eq!(r.held(), 0);
     }
 
     #[test]
