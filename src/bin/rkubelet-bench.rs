@@ -1031,7 +1031,11 @@ fn kernel_floor(
         .filter_map(|e| {
             let t = std::fs::read_link(e.path()).ok()?;
             let t = t.to_string_lossy().into_owned();
-            if !t.starts_with("/sys/fs/cgroup/") && !t.contains("/net/dev") {
+            // `cgroup.procs` (warm) is read by the process walk, once per
+            // 10 s, not per scrape.
+            if (!t.starts_with("/sys/fs/cgroup/") && !t.contains("/net/dev"))
+                || t.ends_with("/cgroup.procs")
+            {
                 return None;
             }
             Some((t, std::fs::File::open(e.path()).ok()?))

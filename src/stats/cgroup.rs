@@ -347,6 +347,8 @@ pub struct FileReader {
     pub(super) blkio_empty: Vec<(PathBuf, usize)>,
     /// Process walks reused between collections.
     pub(super) walks: processes::WalkCache,
+    /// Container log directories as last listed.
+    pub(super) logs: super::procfs::LogDirs,
     /// Limits and weights read lately, by directory and file name (see
     /// `spec`).
     specs: foldhash::HashMap<std::ffi::OsString, Vec<(&'static str, SpecEntry)>>,
@@ -455,6 +457,7 @@ impl FileReader {
             blkio_files: None,
             blkio_empty: Vec::new(),
             walks: processes::WalkCache::default(),
+            logs: Default::default(),
             specs: Default::default(),
             cache_specs: false,
             swap_off: false,
@@ -517,6 +520,7 @@ impl FileReader {
         // Nor is a directory held open until the next collection.
         self.dirs.clear();
         self.walks.sweep();
+        self.logs.sweep(KEPT_IDLE);
         // Limits too old to be used again (or of cgroups gone).
         let now = std::time::Instant::now();
         self.specs.retain(|_, files| {
@@ -603,7 +607,7 @@ impl FileReader {
 
     /// A limit or weight file (`value`, trimmed), answered from what was
     /// read within `SPEC_MAX_AGE` while `cache_specs` is on.
-    fn spec(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
+    pub(super) fn spec(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
         if !self.cache_specs {
             return self.value(dir, file).map(str::trim);
         }
@@ -657,7 +661,7 @@ impl FileReader {
     /// seq_file holds a page of kernel memory.
     fn hot(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
         if self.kept.is_some() {
-            return self.kept_value(dir, file, self.hot_tier);
+            return self.kept_value(dir, file, self.hot_tier, false);
         }
         self.value(dir, file)
     }
@@ -667,9 +671,18 @@ impl FileReader {
     /// collection keeps those files (`keep_warm`), kept in the warm tier.
     pub(super) fn warm(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
         if self.kept.is_some() {
-            return self.kept_value(dir, file, Tier::Warm);
+            return self.kept_value(dir, file, Tier::Warm, false);
         }
         self.value(dir, file)
+    }
+
+    /// `warm` for a file of many records (a cgroup's `cgroup.procs`), read
+    /// to its end.
+    pub(super) fn warm_whole(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
+        if self.kept.is_some() {
+            return self.kept_value(dir, file, Tier::Warm, true);
+        }
+        self.whole(dir, file)
     }
 
     fn warm_u64(&mut self, dir: &Path, file: &'static str) -> Option<u64> {
@@ -690,8 +703,15 @@ impl FileReader {
 
     /// A file read through its kept descriptor, found in either tier;
     /// opened when it has none and kept in `tier`, room permitting (the
-    /// warm tier only while `keep_warm` is on).
-    fn kept_value(&mut self, dir: &Path, file: &'static str, tier: Tier) -> Option<&str> {
+    /// warm tier only while `keep_warm` is on). `whole`: read to the end
+    /// (see `read_from_start`).
+    fn kept_value(
+        &mut self,
+        dir: &Path,
+        file: &'static str,
+        tier: Tier,
+        whole: bool,
+    ) -> Option<&str> {
         let now = std::time::Instant::now();
         let k = self.kept.as_mut()?;
         let mut stale = false;
@@ -705,7 +725,7 @@ impl FileReader {
             }
             if let Some((_, f)) = d.files.iter().find(|(n, _)| *n == file) {
                 let Some(f) = f else { return None };
-                match read_at_start(f, &mut self.buf) {
+                match read_from_start(f, &mut self.buf, whole) {
                     Some(len) => return std::str::from_utf8(&self.buf[..len]).ok(),
                     // The cgroup went away (or was made again): start over.
                     None => {
@@ -728,7 +748,7 @@ impl FileReader {
         let f = self.open_in(dir, file);
         let k = self.kept.as_mut()?;
         let len = match &f {
-            Some(f) => read_at_start(f, &mut self.buf),
+            Some(f) => read_from_start(f, &mut self.buf, whole),
             None => None,
         };
         let (map, held, cap) = match tier {
@@ -900,10 +920,6 @@ fn read_from_start(f: &std::fs::File, buf: &mut Vec<u8>, whole: bool) -> Option<
             Err(_) => return None,
         }
     }
-}
-
-fn read_at_start(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {
-    read_from_start(f, buf, false)
 }
 
 fn read_all_at(f: &std::fs::File, buf: &mut Vec<u8>) -> Option<usize> {

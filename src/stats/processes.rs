@@ -45,6 +45,13 @@ pub const WALK_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
 /// read again.
 pub const SOCKETS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long a process's open-files limit is reused. The runtime sets a
+/// container's limits when it starts the process and nothing in the
+/// kubelet changes them; only a `prlimit` made behind its back shows up
+/// late, as the cgroups' limit files do (`SPEC_MAX_AGE`). Reading it at
+/// every walk opened a `/proc/<pid>/limits` per container each 10 s.
+pub const LIMITS_MAX_AGE: std::time::Duration = super::cgroup::SPEC_MAX_AGE;
+
 /// A process's descriptors as last listed: how many were open then (the
 /// size of its fd directory) and how many were sockets.
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +78,8 @@ impl WalkCache {
     /// forgotten.
     pub fn sweep(&mut self) {
         self.walks.retain(|_, (at, _)| at.elapsed() < WALK_PERIOD);
-        self.limits.retain(|_, (at, _)| at.elapsed() < WALK_PERIOD);
+        self.limits
+            .retain(|_, (at, _)| at.elapsed() < LIMITS_MAX_AGE);
         self.fds.retain(|_, c| c.at.elapsed() < SOCKETS_MAX_AGE);
     }
 }
@@ -115,7 +123,7 @@ pub fn read(
                 // reports as 0.
                 if cached.is_none() {
                     s.threads_max = r
-                        .value(d, "pids.max")
+                        .spec(d, "pids.max")
                         .and_then(|t| t.trim().parse().ok())
                         .unwrap_or(0);
                     if let Some(w) = r.walks.walks.get_mut(procs_dir) {
@@ -132,8 +140,12 @@ pub fn read(
 
 fn walk(procs_dir: &Path, r: &mut FileReader) -> ProcessSample {
     let mut s = ProcessSample::default();
+    // Kept open in the warm tier as cAdvisor's other files are: opening
+    // it (and the directories it sits in) was most of a walk's cost once
+    // the descriptor links were reused. A read from offset 0 lists the
+    // processes afresh (v1's cached list lasts a second after a read).
     let pids: Vec<u32> = r
-        .whole(procs_dir, "cgroup.procs")
+        .warm_whole(procs_dir, "cgroup.procs")
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default();
     s.processes = pids.len() as u64;
@@ -257,11 +269,11 @@ pub fn parse_max_open_files(text: &str) -> Option<i64> {
 /// the container's init process (the task pid the runtime reports); rkubelet
 /// does not ask the runtime at scrape time and takes the lowest pid in the
 /// cgroup, which is the init process unless pids wrapped.
-/// Reused for `WALK_PERIOD` like the walk.
+/// Reused for `LIMITS_MAX_AGE`.
 pub fn add_limits(s: &mut ProcessSample, r: &mut FileReader) {
     let Some(pid) = s.first_pid else { return };
     if let Some((at, soft)) = r.walks.limits.get(&pid) {
-        if at.elapsed() < WALK_PERIOD {
+        if at.elapsed() < LIMITS_MAX_AGE {
             s.max_open_files = *soft;
             return;
         }
@@ -394,6 +406,70 @@ mod tests {
         child.wait().unwrap();
         drop(mine);
         assert_eq!(count_fds(pid, &mut c), None, "gone");
+    }
+
+    #[test]
+    fn a_walk_reads_through_kept_files_and_reuses_limits_for_a_minute() {
+        let root = crate::testutil::tempdir("procs-kept");
+        let me = std::process::id();
+        std::fs::write(root.join("cgroup.procs"), format!("{me}\n")).unwrap();
+        std::fs::write(root.join("pids.current"), "3\n").unwrap();
+        std::fs::write(root.join("pids.max"), "50\n").unwrap();
+        let mut r = FileReader::keeping(64);
+        let collect = |r: &mut FileReader| {
+            r.begin();
+            r.keep_warm(true);
+            // A pod's or container's cgroup, as the provider reads them.
+            r.cache_specs(true);
+            let mut s = read(&root, Some(&root), false, r);
+            add_limits(&mut s, r);
+            r.sweep();
+            s
+        };
+        let s = collect(&mut r);
+        assert_eq!((s.processes, s.threads, s.threads_max), (1, 3, 50));
+        assert!(s.max_open_files.is_some());
+        let held = r.held();
+        assert!(held >= 2, "cgroup.procs and pids.current kept: {held}");
+        assert!(r.opened >= 4, "the files and the limits: {}", r.opened);
+
+        // The next walk (past WALK_PERIOD) lists the processes again
+        // through the kept descriptor, and the limits come from what was
+        // read: no file is opened.
+        // A second pid that is no process (its descriptors are not
+        // counted), above this one so the first pid stays the same.
+        std::fs::write(
+            root.join("cgroup.procs"),
+            format!("{me}\n{}\n", u32::MAX - 1),
+        )
+        .unwrap();
+        std::fs::write(root.join("pids.max"), "60\n").unwrap();
+        r.walks.walks.clear();
+        let s = collect(&mut r);
+        assert_eq!(r.opened, 0, "nothing opened");
+        assert_eq!(s.processes, 2, "read afresh");
+        assert_eq!(s.first_pid, Some(me));
+        assert_eq!(s.threads_max, 50, "the limit as read within a minute");
+
+        // An open-files limit read 30 s ago (three walk periods) is served;
+        // one older than LIMITS_MAX_AGE is read again.
+        let ago = |secs| {
+            std::time::Instant::now()
+                .checked_sub(std::time::Duration::from_secs(secs))
+                .unwrap()
+        };
+        let mut s = ProcessSample {
+            first_pid: Some(me),
+            ..Default::default()
+        };
+        r.walks.limits.insert(me, (ago(30), Some(7)));
+        add_limits(&mut s, &mut r);
+        assert_eq!(s.max_open_files, Some(7));
+        r.walks.limits.insert(me, (ago(61), Some(7)));
+        add_limits(&mut s, &mut r);
+        assert_ne!(s.max_open_files, Some(7), "read again");
+        assert!(s.max_open_files.is_some());
+        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]

@@ -215,19 +215,115 @@ pub fn parse_btime(text: &str) -> Option<i64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Bytes and inodes under a container's log directory: one readdir and a
-/// stat per file (log files sit flat in the directory; no recursive walk).
-pub fn dir_usage(dir: &Path) -> Option<(u64, u64)> {
+/// Bytes and inodes under a container's log directory (the directory
+/// counts as an inode, as upstream's `du`-like walk counts it), and the
+/// names of its files: one readdir and a stat per file (log files sit flat
+/// in the directory; no recursive walk).
+fn list_usage(dir: &Path) -> Option<(u64, u64, Vec<std::ffi::OsString>)> {
+    use std::os::unix::fs::MetadataExt;
     let rd = std::fs::read_dir(dir).ok()?;
-    let (mut bytes, mut inodes) = (0u64, 1u64);
+    let (mut bytes, mut inodes, mut names) = (0u64, 1u64, Vec::new());
     for e in rd.flatten() {
         if let Ok(md) = e.metadata() {
-            use std::os::unix::fs::MetadataExt;
             bytes += md.blocks() * 512;
             inodes += 1;
+            names.push(e.file_name());
         }
     }
-    Some((bytes, inodes))
+    Some((bytes, inodes, names))
+}
+
+/// How long after a directory's last change its listing is trusted to
+/// stay valid while the change time stays the same: a file made in the
+/// same clock tick as the listing would leave the time as it was (as
+/// git's "racily clean" index entries).
+const LISTING_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Container log directories as last listed. A log directory changes only
+/// when the runtime makes its file or the kubelet rotates one, which also
+/// changes the directory's modification time; its files grow in between.
+/// So a summary or cAdvisor scrape stats the directory and each file
+/// listed before, and lists again only when the directory changed: two
+/// system calls per container where listing took six (open, stat,
+/// readdir twice, stat, close), with the same figures.
+#[derive(Debug, Default)]
+pub struct LogDirs {
+    dirs: std::collections::HashMap<std::path::PathBuf, Listing>,
+    /// Directories listed (profiling and tests).
+    pub listed: u64,
+}
+
+#[derive(Debug)]
+struct Listing {
+    /// Inode, modification and change times of the directory when listed.
+    stamp: [i64; 5],
+    /// Listed at least `LISTING_SETTLE` after its last change.
+    settled: bool,
+    names: Vec<std::ffi::OsString>,
+    used: std::time::Instant,
+}
+
+impl LogDirs {
+    /// Bytes and inodes under `dir` (see `list_usage`), through its last
+    /// listing while that is valid.
+    pub fn usage(&mut self, dir: &Path) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(dir).ok()?;
+        let stamp = [
+            md.ino() as i64,
+            md.mtime(),
+            md.mtime_nsec(),
+            md.ctime(),
+            md.ctime_nsec(),
+        ];
+        let now = std::time::Instant::now();
+        if let Some(l) = self.dirs.get_mut(dir) {
+            if l.settled && l.stamp == stamp {
+                l.used = now;
+                let (mut bytes, mut inodes) = (0u64, 1u64);
+                let mut gone = false;
+                for name in &l.names {
+                    match std::fs::symlink_metadata(dir.join(name)) {
+                        Ok(md) => {
+                            bytes += md.blocks() * 512;
+                            inodes += 1;
+                        }
+                        // Removed without the directory's time moving (a
+                        // clock set back): list again.
+                        Err(_) => gone = true,
+                    }
+                }
+                if !gone {
+                    return Some((bytes, inodes));
+                }
+            }
+        }
+        self.listed += 1;
+        let (bytes, inodes, names) = list_usage(dir)?;
+        let changed = std::time::UNIX_EPOCH
+            + std::time::Duration::new(
+                u64::try_from(md.mtime()).unwrap_or(0),
+                u32::try_from(md.mtime_nsec()).unwrap_or(0),
+            );
+        let settled = std::time::SystemTime::now()
+            .duration_since(changed)
+            .is_ok_and(|d| d >= LISTING_SETTLE);
+        self.dirs.insert(
+            dir.to_path_buf(),
+            Listing {
+                stamp,
+                settled,
+                names,
+                used: now,
+            },
+        );
+        Some((bytes, inodes))
+    }
+
+    /// Forgets directories not asked about for `idle` (containers gone).
+    pub fn sweep(&mut self, idle: std::time::Duration) {
+        self.dirs.retain(|_, l| l.used.elapsed() < idle);
+    }
 }
 
 // ------------------------------------------------------------ machine facts
@@ -652,6 +748,65 @@ mod tests {
             Statfs::Missing
         ));
         assert!(matches!(statvfs_at(Path::new("a\0b")), Statfs::Failed));
+    }
+
+    #[test]
+    fn a_log_directory_is_listed_again_only_when_it_changes() {
+        use std::io::Write;
+        let dir = crate::testutil::tempdir("logdirs");
+        let write = |name: &str, bytes: usize| {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(name))
+                .unwrap();
+            f.write_all(&vec![b'x'; bytes]).unwrap();
+            f.sync_all().unwrap();
+        };
+        // The directory's last change put 10 s back, so a listing is
+        // settled.
+        let age = || {
+            let t = std::time::SystemTime::now() - std::time::Duration::from_secs(10);
+            std::fs::File::open(&dir).unwrap().set_modified(t).unwrap();
+        };
+        let fresh = |d: &Path| list_usage(d).map(|(b, i, _)| (b, i));
+        write("0.log", 10_000);
+        age();
+        let mut logs = LogDirs::default();
+        let first = logs.usage(&dir).unwrap();
+        assert_eq!(first, fresh(&dir).unwrap());
+        assert_eq!(first.1, 2, "the directory and its file");
+        assert_eq!(logs.listed, 1);
+        assert_eq!(logs.usage(&dir), Some(first));
+        assert_eq!(logs.listed, 1, "unchanged: not listed");
+
+        // A file that grows is stat'ed afresh.
+        write("0.log", 200_000);
+        let grown = logs.usage(&dir).unwrap();
+        assert!(grown.0 > first.0, "{grown:?} after {first:?}");
+        assert_eq!(grown, fresh(&dir).unwrap());
+        assert_eq!(logs.listed, 1);
+
+        // A new file changes the directory: listed again, and again at the
+        // next call while that change is under a second old.
+        write("0.log.20261125-080000", 4096);
+        let two = logs.usage(&dir).unwrap();
+        assert_eq!(two, fresh(&dir).unwrap());
+        assert_eq!(two.1, 3);
+        assert_eq!(logs.listed, 2);
+        logs.usage(&dir);
+        assert_eq!(logs.listed, 3, "a change under a second old");
+        age();
+        logs.usage(&dir);
+        assert_eq!(logs.listed, 4, "the times moved");
+        assert_eq!(logs.usage(&dir), Some(two));
+        assert_eq!(logs.listed, 4, "settled");
+
+        // Gone: nothing, and forgotten when unused.
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(logs.usage(&dir), None);
+        logs.sweep(std::time::Duration::ZERO);
+        assert!(logs.dirs.is_empty());
     }
 
     #[test]
