@@ -104,6 +104,94 @@ pub async fn try_run<T: Send + 'static, E: std::fmt::Display>(
     r.map_err(|e| e.to_string()).and_then(|r| r)
 }
 
+/// Runs `here` on this thread and `there` on a scoped thread at the same
+/// time (a large scrape's two halves), and answers both results and
+/// whether `there` had a thread of its own (its CPU is then not this
+/// thread's). The helper thread is kept off this thread's CPU: a thread
+/// started for a short burst is woken on its parent's CPU, and schedulers
+/// that pack work onto few CPUs leave it there, time-sliced with its
+/// parent, so the two halves would take as long as one thread doing both.
+/// When no thread starts, `there` runs here after `here`. A panic in
+/// either is passed on.
+pub fn halves<A, B>(
+    name: &'static str,
+    here: impl FnOnce() -> A,
+    there: impl FnOnce() -> B + Send,
+) -> (A, B, bool)
+where
+    B: Send,
+{
+    // Taken by the helper thread, or by this one when none starts.
+    let slot = Mutex::new(Some(there));
+    let take = || slot.lock().take();
+    let cpu = this_cpu();
+    let span = tracing::debug_span!("second_half", what = name);
+    std::thread::scope(|s| {
+        let helper = std::thread::Builder::new()
+            .name(name.into())
+            .spawn_scoped(s, || {
+                let _g = span.enter();
+                off_cpu(cpu);
+                take().map(|f| f())
+            });
+        let a = here();
+        let joined = match helper {
+            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            Err(e) => {
+                tracing::debug!(error = %e, what = name, "no thread for the second half");
+                None
+            }
+        };
+        match joined {
+            Some(b) => (a, b, true),
+            None => {
+                let f = take().expect("the second half runs once");
+                (a, f(), false)
+            }
+        }
+    })
+}
+
+/// Where to cut `items` so both parts weigh about the same: after the
+/// first item at which the running weight reaches half the total.
+pub fn half_point<T>(items: &[T], weight: impl Fn(&T) -> usize) -> usize {
+    let total: usize = items.iter().map(&weight).sum();
+    let mut acc = 0;
+    items
+        .iter()
+        .position(|i| {
+            acc += weight(i);
+            acc * 2 >= total
+        })
+        .map_or(items.len(), |i| i + 1)
+}
+
+/// The CPU the calling thread runs on (-1 when unknown).
+fn this_cpu() -> i32 {
+    // SAFETY: sched_getcpu takes no arguments.
+    unsafe { libc::sched_getcpu() }
+}
+
+/// Keeps the calling thread off CPU `cpu` (when it may run elsewhere).
+fn off_cpu(cpu: i32) {
+    let Ok(cpu) = usize::try_from(cpu) else {
+        return;
+    };
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the calls get its
+    // size and a pointer to it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        if libc::sched_getaffinity(0, size, &mut set) != 0 || !libc::CPU_ISSET(cpu, &set) {
+            return;
+        }
+        libc::CPU_CLR(cpu, &mut set);
+        if libc::CPU_COUNT(&set) > 0 {
+            libc::sched_setaffinity(0, size, &set);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

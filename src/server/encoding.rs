@@ -117,7 +117,7 @@ pub fn encode(enc: Encoding, chunks: Vec<Bytes>) -> Vec<Bytes> {
         Encoding::Gzip => {
             let total: usize = chunks.iter().map(|c| c.len()).sum();
             if total >= PARALLEL_GZIP_MIN {
-                if let Some(gz) = gzip_on_two_threads(&chunks, total) {
+                if let Some(gz) = gzip_on_two_threads(&chunks) {
                     return vec![Bytes::from(gz)];
                 }
             }
@@ -144,35 +144,18 @@ const PARALLEL_GZIP_MIN: usize = 1 << 20;
 /// The second half cannot refer back into the first, which costs a few
 /// bytes. flate2 has no parallel encoder and its `Compress` gives the sync
 /// flush, so only the 10-byte header and 8-byte trailer are written here.
-/// `None` when no second thread starts or deflate fails.
-fn gzip_on_two_threads(chunks: &[Bytes], total: usize) -> Option<Vec<u8>> {
-    let mut acc = 0;
-    let cut = chunks
-        .iter()
-        .position(|c| {
-            acc += c.len();
-            acc * 2 >= total
-        })
-        .map_or(chunks.len(), |i| i + 1);
-    let (first, second) = chunks.split_at(cut);
+/// `None` when the body is one chunk or deflate fails.
+fn gzip_on_two_threads(chunks: &[Bytes]) -> Option<Vec<u8>> {
+    let (first, second) = chunks.split_at(crate::blocking::half_point(chunks, Bytes::len));
     if first.is_empty() || second.is_empty() {
         return None;
     }
-    let here = crate::stats::this_cpu();
-    let span = tracing::debug_span!("gzip_half");
-    let (a, b) = std::thread::scope(|s| {
-        let later = std::thread::Builder::new()
-            .name("gzip".into())
-            .spawn_scoped(s, || {
-                let _g = span.enter();
-                crate::stats::off_cpu(here);
-                deflate_part(second, true)
-            })
-            .ok()?;
-        let a = deflate_part(first, false);
-        let b = later.join().ok()?;
-        Some((a?, b?))
-    })?;
+    let (a, b, _) = crate::blocking::halves(
+        "gzip",
+        || deflate_part(first, false),
+        || deflate_part(second, true),
+    );
+    let (a, b) = (a?, b?);
     let (mut out, mut crc, len_a) = a;
     let (tail, crc_b, len_b) = b;
     out.extend_from_slice(&tail);
@@ -267,7 +250,7 @@ mod tests {
             chunks.push(Bytes::from(c));
         }
         let whole: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
-        let two = gzip_on_two_threads(&chunks, total).expect("two halves");
+        let two = gzip_on_two_threads(&chunks).expect("two halves");
         let gz = encode(Encoding::Gzip, chunks.clone());
         assert_eq!(gz.len(), 1);
         for body in [&two[..], &gz[0][..]] {
@@ -278,7 +261,7 @@ mod tests {
             assert!(out == whole, "{} bytes back of {}", out.len(), whole.len());
         }
         // One chunk cannot be split: the single-thread encoder is used.
-        assert!(gzip_on_two_threads(&chunks[..1], chunks[0].len()).is_none());
+        assert!(gzip_on_two_threads(&chunks[..1]).is_none());
     }
 
     fn with(lines: &[&str]) -> HeaderMap {

@@ -1514,28 +1514,12 @@ pub fn cadvisor_chunks(snap: Option<&Snapshot>, m: &Machine) -> Vec<Bytes> {
     if later.is_empty() {
         render(&mut e, first);
     } else {
-        let span = tracing::debug_span!("cadvisor_render_half");
-        let here = super::this_cpu();
         let mut other = Exposition::default();
-        let spawned = std::thread::scope(|s| {
-            let h = std::thread::Builder::new()
-                .name("stats-render".into())
-                .spawn_scoped(s, || {
-                    let _g = span.enter();
-                    super::off_cpu(here);
-                    render(&mut other, later);
-                });
-            render(&mut e, first);
-            match h {
-                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                Err(_) => return false,
-            }
-            true
-        });
-        if !spawned {
-            // No thread to be had: this one renders both.
-            render(&mut other, later);
-        }
+        crate::blocking::halves(
+            "stats-render",
+            || render(&mut e, first),
+            || render(&mut other, later),
+        );
         e.absorb(other);
     }
     e.into_chunks()
@@ -1549,16 +1533,7 @@ const PARALLEL_MIN_ENTRIES: usize = 64;
 /// twice a pod's, a sandbox's or an intermediate cgroup's, as profiled at
 /// 110 pods; the containers sort last.
 fn half_by_weight(entries: &[CgEntry]) -> usize {
-    let weight = |c: &CgEntry| if c.base.container.is_empty() { 1 } else { 2 };
-    let total: usize = entries.iter().map(weight).sum();
-    let mut acc = 0;
-    entries
-        .iter()
-        .position(|c| {
-            acc += weight(c);
-            acc * 2 >= total
-        })
-        .map_or(entries.len(), |i| i + 1)
+    crate::blocking::half_point(entries, |c| if c.base.container.is_empty() { 1 } else { 2 })
 }
 
 #[cfg(test)]

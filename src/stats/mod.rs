@@ -25,36 +25,6 @@ pub use provider::{StatsConfig, StatsError, StatsProvider};
 
 use crate::server::{encoding, ServerState};
 
-/// The CPU the calling thread runs on (-1 when unknown), for `off_cpu`.
-pub(crate) fn this_cpu() -> i32 {
-    // SAFETY: sched_getcpu takes no arguments.
-    unsafe { libc::sched_getcpu() }
-}
-
-/// Keeps the calling thread off CPU `cpu` (when it may run elsewhere).
-/// A thread started for a short burst is woken on its parent's CPU, and
-/// schedulers that pack work onto few CPUs leave it there, time-sliced
-/// with its parent: the two halves of a collection then take as long as
-/// one thread reading both.
-pub(crate) fn off_cpu(cpu: i32) {
-    let Ok(cpu) = usize::try_from(cpu) else {
-        return;
-    };
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the calls get its
-    // size and a pointer to it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        if libc::sched_getaffinity(0, size, &mut set) != 0 || !libc::CPU_ISSET(cpu, &set) {
-            return;
-        }
-        libc::CPU_CLR(cpu, &mut set);
-        if libc::CPU_COUNT(&set) > 0 {
-            libc::sched_setaffinity(0, size, &set);
-        }
-    }
-}
-
 /// `/stats/summary`, `/metrics/resource`, `/metrics/cadvisor`.
 pub fn routes() -> Router<ServerState> {
     Router::new()

@@ -291,13 +291,20 @@ pub fn add_limits(s: &mut ProcessSample, r: &mut FileReader) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_cgroup_with_this_process_counts_its_descriptors_and_sockets() {
-        let root = crate::testutil::tempdir("procs");
+    /// A fake cgroup directory holding this test process, with the pids
+    /// controller's figures: its path and this process's pid.
+    fn cgroup_of_this_process(tag: &str, current: &str, max: &str) -> (std::path::PathBuf, u32) {
+        let root = crate::testutil::tempdir(tag);
         let me = std::process::id();
         std::fs::write(root.join("cgroup.procs"), format!("{me}\n")).unwrap();
-        std::fs::write(root.join("pids.current"), "7\n").unwrap();
-        std::fs::write(root.join("pids.max"), "max\n").unwrap();
+        std::fs::write(root.join("pids.current"), format!("{current}\n")).unwrap();
+        std::fs::write(root.join("pids.max"), format!("{max}\n")).unwrap();
+        (root, me)
+    }
+
+    #[test]
+    fn a_cgroup_with_this_process_counts_its_descriptors_and_sockets() {
+        let (root, me) = cgroup_of_this_process("procs", "7", "max");
         let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let mut r = FileReader::new();
         let mut s = read(&root, Some(&root), false, &mut r);
@@ -410,11 +417,7 @@ mod tests {
 
     #[test]
     fn a_walk_reads_through_kept_files_and_reuses_limits_for_a_minute() {
-        let root = crate::testutil::tempdir("procs-kept");
-        let me = std::process::id();
-        std::fs::write(root.join("cgroup.procs"), format!("{me}\n")).unwrap();
-        std::fs::write(root.join("pids.current"), "3\n").unwrap();
-        std::fs::write(root.join("pids.max"), "50\n").unwrap();
+        let (root, me) = cgroup_of_this_process("procs-kept", "3", "50");
         let mut r = FileReader::keeping(64);
         let collect = |r: &mut FileReader| {
             r.begin();

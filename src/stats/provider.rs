@@ -1199,29 +1199,13 @@ fn read_files(
     // others are quick enough on one (and spare the thread's start).
     let ((mut pods, _), (other, other_cpu)) =
         if detail == Detail::Full && plans.len() >= PARALLEL_MIN_PODS {
-            let span = tracing::debug_span!("stats_collect_half");
-            // Taken by the thread, or by this one when no thread starts.
-            let second_half = parking_lot::Mutex::new(Some((&mut *rb, &mut pb[0])));
-            let take = || second_half.lock().take();
-            let here = super::this_cpu();
-            std::thread::scope(|s| {
-                let second = std::thread::Builder::new()
-                    .name("stats-collect".into())
-                    .spawn_scoped(s, || {
-                        let _g = span.enter();
-                        super::off_cpu(here);
-                        take().map(|(r, p)| read(r, p, &halves[1]))
-                    });
-                let first = read(ra, &mut pa[0], &halves[0]);
-                let second = match second {
-                    Ok(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "no thread for half of the collection");
-                        take().map(|(r, p)| read(r, p, &halves[1]))
-                    }
-                };
-                (first, second.unwrap_or_default())
-            })
+            let (first, second, apart) = crate::blocking::halves(
+                "stats-collect",
+                || read(ra, &mut pa[0], &halves[0]),
+                || read(rb, &mut pb[0], &halves[1]),
+            );
+            // The second half's CPU, unless it was this thread's.
+            (first, (second.0, if apart { second.1 } else { 0 }))
         } else {
             // Both on this thread, whose CPU the log counts already.
             let first = read(ra, &mut pa[0], &halves[0]);
