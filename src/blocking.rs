@@ -155,8 +155,17 @@ where
 /// Where to cut `items` so both parts weigh about the same: after the
 /// first item at which the running weight reaches half the total.
 pub fn half_point<T>(items: &[T], weight: impl Fn(&T) -> usize) -> usize {
-    let total: usize = items.iter().map(&weight).sum();
-    let mut acc = 0;
+    half_point_after(0, items, weight)
+}
+
+/// `half_point` for a first part that carries `lead` of other work
+/// besides its items.
+pub fn half_point_after<T>(lead: usize, items: &[T], weight: impl Fn(&T) -> usize) -> usize {
+    let total: usize = lead + items.iter().map(&weight).sum::<usize>();
+    if lead > 0 && lead * 2 >= total {
+        return 0;
+    }
+    let mut acc = lead;
     items
         .iter()
         .position(|i| {

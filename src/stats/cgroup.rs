@@ -104,6 +104,20 @@ impl Hierarchy {
         s
     }
 
+    /// Reads only cgroup `name`'s v1 blkio files, so `r` learns which
+    /// recursive figures of its subtree are empty (see `blkio::read_v1`)
+    /// before the cgroups under it are read; nothing on v2.
+    pub fn learn_empty_blkio(&self, name: &str, r: &mut FileReader) {
+        if let (Hierarchy::V1 { .. }, Some(d), Some(root)) =
+            (self, self.dir("blkio", name), self.dir("blkio", "/"))
+        {
+            let files = *r
+                .blkio_files
+                .get_or_insert_with(|| blkio::V1Files::probe(&root));
+            blkio::read_v1(&d, files, r);
+        }
+    }
+
     /// Reads the files `detail` needs for one cgroup (blocking), through
     /// the caller's buffer. Missing files leave their figures `None`: a
     /// cgroup may vanish between listing and reading, and v1 hosts may lack

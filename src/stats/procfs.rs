@@ -131,6 +131,7 @@ pub fn statvfs(path: &Path) -> Option<FsFigures> {
 }
 
 /// What statfs said of a mount point.
+#[derive(Clone)]
 pub enum Statfs {
     Figures(FsFigures),
     /// It is not there (ENOENT, ENOTDIR).
@@ -678,7 +679,7 @@ pub struct FsStat {
 pub fn global_fs_stats(
     partitions: &[Partition],
     diskstats: &std::collections::HashMap<String, DiskStats>,
-    statfs: impl Fn(&Path) -> Statfs,
+    mut statfs: impl FnMut(&Path) -> Statfs,
 ) -> Vec<FsStat> {
     let mut by_devno: std::collections::HashMap<(u64, u64), FsStat> =
         std::collections::HashMap::new();

@@ -279,7 +279,7 @@ struct Inner {
     /// Each reader's resolved cgroups.
     paths: Mutex<[PathCache; 2]>,
     /// The cgroup file readers, with the files they keep open, each for
-    /// half of the pods (see `half_of`); locked by the collection reading
+    /// half of the pods (see `assign_halves`); locked by the collection reading
     /// through them (see `with_readers`).
     reader: Mutex<Option<[FileReader; 2]>>,
     /// Pod volume usage, measured in the background.
@@ -300,6 +300,39 @@ struct Inner {
     /// The file systems of the root container's figures, from mountinfo
     /// once: cAdvisor's fsInfo lists its partitions once, at start.
     partitions: std::sync::OnceLock<Vec<procfs::Partition>>,
+    /// statfs of those partitions (see `GLOBAL_FS_MAX_AGE`).
+    statfs: Mutex<StatfsCache>,
+}
+
+/// statfs answers by mount point, dropped together once `GLOBAL_FS_MAX_AGE`
+/// old.
+#[derive(Default)]
+struct StatfsCache {
+    at: Option<Instant>,
+    figures: HashMap<PathBuf, procfs::Statfs>,
+}
+
+impl StatfsCache {
+    /// `path`'s answer: the cached one while the cache is younger than
+    /// `GLOBAL_FS_MAX_AGE` at `now`, else `statfs`'s.
+    fn get(
+        &mut self,
+        now: Instant,
+        path: &Path,
+        statfs: impl FnOnce(&Path) -> procfs::Statfs,
+    ) -> procfs::Statfs {
+        if self
+            .at
+            .is_none_or(|at| now.duration_since(at) >= GLOBAL_FS_MAX_AGE)
+        {
+            self.figures.clear();
+            self.at = Some(now);
+        }
+        self.figures
+            .entry(path.to_path_buf())
+            .or_insert_with(|| statfs(path))
+            .clone()
+    }
 }
 
 /// Cheap to clone; one per kubelet.
@@ -439,6 +472,18 @@ fn pod_cgroup_candidates(cfg: &StatsConfig, uid: &str) -> Vec<String> {
             format!("{k}/besteffort/pod{uid}"),
         ]
     }
+}
+
+/// The burstable and besteffort QoS cgroups.
+fn qos_cgroups(cfg: &StatsConfig) -> [String; 2] {
+    let kp = kubepods(cfg);
+    ["burstable", "besteffort"].map(|q| {
+        if cfg.systemd {
+            format!("{kp}/kubepods-{q}.slice")
+        } else {
+            format!("{kp}/{q}")
+        }
+    })
 }
 
 fn kubepods(cfg: &StatsConfig) -> String {
@@ -929,6 +974,13 @@ fn read_cached(
 /// How long a path's mount source is trusted while its st_dev is unchanged.
 const DEVICE_MAX_AGE: Duration = Duration::from_secs(60);
 
+/// How long the root container's statfs figures are reused. With 110 pods
+/// there are over 300 partitions (each sandbox's shm among them), 1.7 ms
+/// of path walks per cAdvisor scrape here; upstream's cAdvisor takes them
+/// at each housekeeping, every 10 s as the kubelet sets it
+/// (`defaultHousekeepingInterval`), so they are never fresher there.
+const GLOBAL_FS_MAX_AGE: Duration = Duration::from_secs(10);
+
 /// The mount source of each path (cAdvisor's `device` label). The kernel
 /// formats all of /proc/self/mountinfo per read, and with 110 pods' mounts
 /// (rootfs, shm, volumes) that was an eighth of a scrape's CPU: it is read
@@ -969,13 +1021,15 @@ fn partitions(inner: &Inner) -> &[procfs::Partition] {
 }
 
 /// The root container's file systems (cAdvisor's GetGlobalFsInfo): the
-/// partitions listed once, one statfs each, and one read of
-/// /proc/diskstats.
+/// partitions listed once, one statfs each (reused for
+/// `GLOBAL_FS_MAX_AGE`), and one read of /proc/diskstats.
 fn global_fs_stats(inner: &Inner, r: &mut FileReader) -> Vec<procfs::FsStat> {
     let parts = partitions(inner);
     let disks =
         procfs::parse_diskstats(r.whole(Path::new("/proc"), "diskstats").unwrap_or_default());
-    procfs::global_fs_stats(parts, &disks, procfs::statvfs_at)
+    let mut cache = inner.statfs.lock();
+    let now = Instant::now();
+    procfs::global_fs_stats(parts, &disks, |p| cache.get(now, p, procfs::statvfs_at))
 }
 
 /// CPU time of the calling thread (the collection's own cost, apart from
@@ -1051,10 +1105,135 @@ fn read_files(
     let v2 = h.is_v2();
     let cpu0 = thread_cpu_ns();
     let wall0 = std::time::Instant::now();
-    // The node's, system and QoS cgroups through the first reader.
-    let r = &mut rs[0];
-    r.begin();
-    r.keep_warm(detail == Detail::Full);
+    let (ra, rb) = rs.split_at_mut(1);
+    let (ra, rb) = (&mut ra[0], &mut rb[0]);
+    let mut paths = std::mem::take(&mut *inner.paths.lock());
+    let halves = assign_halves(plans, &paths);
+    let (pa, pb) = paths.split_at_mut(1);
+    let (pa, pb) = (&mut pa[0], &mut pb[0]);
+    let read = |r: &mut FileReader, paths: &mut PathCache, which: &[usize]| {
+        let cpu0 = thread_cpu_ns();
+        // Pods' and containers' limits are the runtime's, set once.
+        r.cache_specs(true);
+        let pods = read_pods(&h, cfg, plans, which, image_names, detail, r, paths);
+        (pods, thread_cpu_ns().saturating_sub(cpu0))
+    };
+    let start = |r: &mut FileReader| {
+        r.begin();
+        r.keep_warm(detail == Detail::Full);
+    };
+    // cAdvisor's collection reads twice the files of the others: the
+    // second reader's half of the pods on a second thread from the start,
+    // beside the node's files and the first half, so its scrape takes
+    // about half as long. The others are quick enough on one thread (and
+    // spare the thread's start).
+    let (node_part, mut pods, (other, other_cpu)) =
+        if detail == Detail::Full && plans.len() >= PARALLEL_MIN_PODS {
+            let ((node_part, first), second, apart) = crate::blocking::halves(
+                "stats-collect",
+                || {
+                    start(ra);
+                    let node_part = read_node(inner, &h, cfg, image_fs, detail, ra);
+                    (node_part, read(ra, pa, &halves[0]).0)
+                },
+                || {
+                    start(rb);
+                    // Its own look at swap and at the pods' parents' I/O
+                    // (what lets it skip the pods' blkio files on a node
+                    // without disk I/O): the node's files are being read
+                    // meanwhile.
+                    rb.swap_off = swap_total(rb) == 0;
+                    for cg in std::iter::once(kubepods(cfg)).chain(qos_cgroups(cfg)) {
+                        h.learn_empty_blkio(&cg, rb);
+                    }
+                    read(rb, pb, &halves[1])
+                },
+            );
+            // The second half's CPU, unless it was this thread's.
+            (
+                node_part,
+                first,
+                (second.0, if apart { second.1 } else { 0 }),
+            )
+        } else {
+            // Both on this thread, whose CPU the log counts already; the
+            // second reader starts with what the first learnt of the node.
+            start(ra);
+            let node_part = read_node(inner, &h, cfg, image_fs, detail, ra);
+            let (first, _) = read(ra, pa, &halves[0]);
+            start(rb);
+            rb.swap_off = ra.swap_off;
+            rb.blkio_empty.clone_from(&ra.blkio_empty);
+            let (second, _) = read(rb, pb, &halves[1]);
+            (node_part, first, (second, 0))
+        };
+    *inner.paths.lock() = paths;
+    let NodePart {
+        time_ns,
+        node,
+        system,
+        hierarchy: hier,
+    } = node_part;
+    pods.extend(other);
+    pods.sort_unstable_by_key(|(i, _)| *i);
+    let pods: Vec<PodRaw> = pods.into_iter().map(|(_, p)| p).collect();
+    tracing::debug!(
+        files = ra.opened + rb.opened,
+        held = ra.held() + rb.held(),
+        cpu_us = (thread_cpu_ns().saturating_sub(cpu0) + other_cpu) / 1000,
+        wall_us = wall0.elapsed().as_micros(),
+        ?detail,
+        pods = pods.len(),
+        "stats files read"
+    );
+    for r in [ra, rb] {
+        r.cache_specs(false);
+        r.sweep();
+    }
+    Snapshot {
+        time_ns,
+        full,
+        detail,
+        v2,
+        node,
+        system,
+        hierarchy: hier,
+        pods,
+        sandbox_image: String::new(),
+        oom: None,
+        disk_names: if detail == Detail::Full {
+            disk_names(inner)
+        } else {
+            Arc::default()
+        },
+    }
+}
+
+/// `SwapTotal` of this moment's /proc/meminfo, read through `r`.
+fn swap_total(r: &mut FileReader) -> u64 {
+    procfs::parse_meminfo(r.whole(Path::new("/proc"), "meminfo").unwrap_or_default()).swap_total
+}
+
+/// What a collection reads apart from the pods.
+struct NodePart {
+    time_ns: i64,
+    node: NodeRaw,
+    /// The summary's system containers.
+    system: Vec<(String, CgroupRaw)>,
+    /// cAdvisor's intermediate cgroups.
+    hierarchy: Vec<CgroupRaw>,
+}
+
+/// The node's figures, its system and QoS cgroups, read through `r`.
+fn read_node(
+    inner: &Inner,
+    h: &Hierarchy,
+    cfg: &StatsConfig,
+    image_fs: Option<v1::FilesystemUsage>,
+    detail: Detail,
+    r: &mut FileReader,
+) -> NodePart {
+    let full = is_full(detail);
     let time_ns = now_ns();
     let proc_dir = Path::new("/proc");
     let meminfo = procfs::parse_meminfo(r.whole(proc_dir, "meminfo").unwrap_or_default());
@@ -1153,12 +1332,7 @@ fn read_files(
             }
             system.push(("pods".to_string(), pods));
             if cadvisor {
-                for q in ["burstable", "besteffort"] {
-                    let name = if cfg.systemd {
-                        format!("{kp}/kubepods-{q}.slice")
-                    } else {
-                        format!("{kp}/{q}")
-                    };
+                for name in qos_cgroups(cfg) {
                     if h.exists(&name) {
                         let sample = h.read_with(&name, detail, r);
                         hier.push(CgroupRaw {
@@ -1172,86 +1346,53 @@ fn read_files(
         }
     }
 
-    // Pods' and containers' limits are the runtime's, set once. Each half
-    // of the pods is read through its own reader (see `half_of`), which
-    // starts this collection as the first did.
-    r.cache_specs(true);
-    let (ra, rb) = rs.split_at_mut(1);
-    let (ra, rb) = (&mut ra[0], &mut rb[0]);
-    rb.begin();
-    rb.keep_warm(detail == Detail::Full);
-    rb.swap_off = ra.swap_off;
-    rb.blkio_empty.clone_from(&ra.blkio_empty);
-    rb.cache_specs(true);
-    let mut halves: [Vec<usize>; 2] = Default::default();
-    for (i, plan) in plans.iter().enumerate() {
-        halves[half_of(&plan.uid)].push(i);
-    }
-    let mut paths = std::mem::take(&mut *inner.paths.lock());
-    let (pa, pb) = paths.split_at_mut(1);
-    let read = |r: &mut FileReader, paths: &mut PathCache, which: &[usize]| {
-        let cpu0 = thread_cpu_ns();
-        let pods = read_pods(&h, cfg, plans, which, image_names, detail, r, paths);
-        (pods, thread_cpu_ns().saturating_sub(cpu0))
-    };
-    // cAdvisor's collection reads twice the files of the others: its two
-    // halves on two threads, so its scrape takes about half as long. The
-    // others are quick enough on one (and spare the thread's start).
-    let ((mut pods, _), (other, other_cpu)) =
-        if detail == Detail::Full && plans.len() >= PARALLEL_MIN_PODS {
-            let (first, second, apart) = crate::blocking::halves(
-                "stats-collect",
-                || read(ra, &mut pa[0], &halves[0]),
-                || read(rb, &mut pb[0], &halves[1]),
-            );
-            // The second half's CPU, unless it was this thread's.
-            (first, (second.0, if apart { second.1 } else { 0 }))
-        } else {
-            // Both on this thread, whose CPU the log counts already.
-            let first = read(ra, &mut pa[0], &halves[0]);
-            let (second, _) = read(rb, &mut pb[0], &halves[1]);
-            (first, (second, 0))
-        };
-    *inner.paths.lock() = paths;
-    pods.extend(other);
-    pods.sort_unstable_by_key(|(i, _)| *i);
-    let pods: Vec<PodRaw> = pods.into_iter().map(|(_, p)| p).collect();
-    tracing::debug!(
-        files = ra.opened + rb.opened,
-        held = ra.held() + rb.held(),
-        cpu_us = (thread_cpu_ns().saturating_sub(cpu0) + other_cpu) / 1000,
-        wall_us = wall0.elapsed().as_micros(),
-        ?detail,
-        pods = pods.len(),
-        "stats files read"
-    );
-    for r in [ra, rb] {
-        r.cache_specs(false);
-        r.sweep();
-    }
-    Snapshot {
+    NodePart {
         time_ns,
-        full,
-        detail,
-        v2,
         node,
         system,
         hierarchy: hier,
-        pods,
-        sandbox_image: String::new(),
-        oom: None,
-        disk_names: if detail == Detail::Full {
-            disk_names(inner)
-        } else {
-            Arc::default()
-        },
     }
 }
 
-/// Which of the two readers reads a pod's cgroups: fixed by its UID, so
-/// each file is kept open by one reader from one collection to the next.
-fn half_of(uid: &str) -> usize {
-    uid.bytes().fold(0u32, |a, b| a.wrapping_add(u32::from(b))) as usize & 1
+/// Which reader reads each pod (indexes into `plans`): the one whose cache
+/// resolved its cgroup before, which keeps its files open; a new pod goes
+/// to the reader with less to read. Pods move from the heavier side only
+/// while that evens the load (pods gone from one side), so the two threads
+/// of cAdvisor's collection finish together.
+fn assign_halves(plans: &[PodPlan], paths: &[PathCache; 2]) -> [Vec<usize>; 2] {
+    // A pod's cgroup and sandbox, and each container's.
+    let weight = |i: usize| 2 + plans[i].containers.len();
+    let mut halves: [Vec<usize>; 2] = Default::default();
+    let mut load = [0usize; 2];
+    let mut new = Vec::new();
+    for (i, p) in plans.iter().enumerate() {
+        match paths.iter().position(|c| c.pods.contains_key(&p.uid)) {
+            Some(k) => {
+                halves[k].push(i);
+                load[k] += weight(i);
+            }
+            None => new.push(i),
+        }
+    }
+    loop {
+        let heavy = usize::from(load[1] > load[0]);
+        let gap = load[heavy] - load[1 - heavy];
+        match halves[heavy].last() {
+            Some(&i) if 2 * weight(i) <= gap => {
+                halves[heavy].pop();
+                halves[1 - heavy].push(i);
+                load[heavy] -= weight(i);
+                load[1 - heavy] += weight(i);
+            }
+            _ => break,
+        }
+    }
+    for i in new {
+        let k = usize::from(load[1] < load[0]);
+        halves[k].push(i);
+        load[k] += weight(i);
+    }
+    halves
 }
 
 /// The pods `which` (indexes into `plans`) read through `r`, with their
@@ -1554,6 +1695,99 @@ mod tests {
             inner.reader.lock().as_ref().map(|rs| rs[0].opened),
             Some(4242)
         );
+    }
+
+    fn plans_with(containers: &[usize]) -> Vec<PodPlan> {
+        containers
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| PodPlan {
+                uid: format!("uid-{i}"),
+                containers: (0..n)
+                    .map(|c| ContainerPlan {
+                        id: format!("c-{i}-{c}"),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// The pods each reader's cache knows after reading `halves`.
+    fn cache_of(plans: &[PodPlan], halves: &[Vec<usize>; 2]) -> [PathCache; 2] {
+        let mut paths: [PathCache; 2] = Default::default();
+        for (k, half) in halves.iter().enumerate() {
+            for &i in half {
+                paths[k].pods.insert(plans[i].uid.clone(), "/cg".into());
+            }
+        }
+        paths
+    }
+
+    fn load(plans: &[PodPlan], half: &[usize]) -> usize {
+        half.iter().map(|&i| 2 + plans[i].containers.len()).sum()
+    }
+
+    #[test]
+    fn pods_stay_with_their_reader_and_the_halves_stay_even() {
+        // New pods of uneven sizes: split about evenly, every pod once.
+        let sizes: Vec<usize> = (0..40).map(|i| 1 + i % 3).collect();
+        let plans = plans_with(&sizes);
+        let halves = assign_halves(&plans, &Default::default());
+        let mut all: Vec<usize> = halves.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..40).collect::<Vec<_>>());
+        let (a, b) = (load(&plans, &halves[0]), load(&plans, &halves[1]));
+        assert!(a.abs_diff(b) <= 4, "{a} against {b}");
+
+        // Read again: each pod with the reader that keeps its files.
+        let paths = cache_of(&plans, &halves);
+        assert_eq!(assign_halves(&plans, &paths), halves);
+
+        // Most of the first reader's pods go: the second reader's last
+        // pods move over until the load is about even again, and no
+        // more than that.
+        let gone: std::collections::HashSet<usize> = halves[0].iter().copied().take(15).collect();
+        let left: Vec<PodPlan> = plans
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !gone.contains(i))
+            .map(|(_, p)| p.clone())
+            .collect();
+        let again = assign_halves(&left, &paths);
+        let (a, b) = (load(&left, &again[0]), load(&left, &again[1]));
+        assert!(a.abs_diff(b) <= 4, "{a} against {b}");
+        let moved = again[0]
+            .iter()
+            .filter(|&&i| paths[1].pods.contains_key(&left[i].uid))
+            .count();
+        let kept_first = again[0].len() - moved;
+        assert_eq!(kept_first, halves[0].len() - 15, "the first's own stay");
+        assert!(moved > 0 && moved < 15, "{moved} moved");
+    }
+
+    #[test]
+    fn statfs_answers_are_reused_until_they_are_ten_seconds_old() {
+        let calls = std::cell::Cell::new(0);
+        let statfs = |_: &Path| {
+            calls.set(calls.get() + 1);
+            procfs::Statfs::Missing
+        };
+        let mut cache = StatfsCache::default();
+        let t0 = Instant::now();
+        let (a, b) = (Path::new("/a"), Path::new("/b"));
+        cache.get(t0, a, statfs);
+        cache.get(t0, b, statfs);
+        assert_eq!(calls.get(), 2);
+        let later = t0 + GLOBAL_FS_MAX_AGE - Duration::from_millis(1);
+        cache.get(later, a, statfs);
+        cache.get(later, b, statfs);
+        assert_eq!(calls.get(), 2, "younger than the max age: reused");
+        let stale = t0 + GLOBAL_FS_MAX_AGE;
+        cache.get(stale, a, statfs);
+        cache.get(stale, b, statfs);
+        assert_eq!(calls.get(), 4, "both asked again");
     }
 
     #[test]
