@@ -108,14 +108,18 @@ impl Hierarchy {
     /// recursive figures of its subtree are empty (see `blkio::read_v1`)
     /// before the cgroups under it are read; nothing on v2.
     pub fn learn_empty_blkio(&self, name: &str, r: &mut FileReader) {
-        if let (Hierarchy::V1 { .. }, Some(d), Some(root)) =
-            (self, self.dir("blkio", name), self.dir("blkio", "/"))
-        {
-            let files = *r
-                .blkio_files
-                .get_or_insert_with(|| blkio::V1Files::probe(&root));
-            blkio::read_v1(&d, files, r);
+        if let Hierarchy::V1 { .. } = self {
+            self.blkio_v1(name, r);
         }
+    }
+
+    /// A v1 cgroup's block I/O (`None`: no blkio controller).
+    fn blkio_v1(&self, name: &str, r: &mut FileReader) -> Option<blkio::DiskIo> {
+        let (d, root) = (self.dir("blkio", name)?, self.dir("blkio", "/")?);
+        let files = *r
+            .blkio_files
+            .get_or_insert_with(|| blkio::V1Files::probe(&root));
+        Some(blkio::read_v1(&d, files, r))
     }
 
     /// Reads the files `detail` needs for one cgroup (blocking), through
@@ -273,13 +277,8 @@ impl Hierarchy {
             }
         }
         if full {
-            if let (Some(d), Some(root)) =
-                (self.dir("blkio", path_of("blkio")), self.dir("blkio", "/"))
-            {
-                let files = *r
-                    .blkio_files
-                    .get_or_insert_with(|| blkio::V1Files::probe(&root));
-                s.disk = Some(blkio::read_v1(&d, files, r));
+            if let Some(io) = self.blkio_v1(path_of("blkio"), r) {
+                s.disk = Some(io);
             }
             if let Some(d) = self.dir("cpu", path_of("cpu")) {
                 let pids = self.dir("pids", path_of("pids"));

@@ -328,10 +328,12 @@ impl StatfsCache {
             self.figures.clear();
             self.at = Some(now);
         }
-        self.figures
-            .entry(path.to_path_buf())
-            .or_insert_with(|| statfs(path))
-            .clone()
+        if let Some(known) = self.figures.get(path) {
+            return known.clone();
+        }
+        let fresh = statfs(path);
+        self.figures.insert(path.to_path_buf(), fresh.clone());
+        fresh
     }
 }
 
@@ -1157,13 +1159,14 @@ fn read_files(
             )
         } else {
             // Both on this thread, whose CPU the log counts already; the
-            // second reader starts with what the first learnt of the node.
+            // second reader starts with what the first learnt of the node
+            // (before the first's pods add to its list of empty blkio).
             start(ra);
             let node_part = read_node(inner, &h, cfg, image_fs, detail, ra);
-            let (first, _) = read(ra, pa, &halves[0]);
             start(rb);
             rb.swap_off = ra.swap_off;
             rb.blkio_empty.clone_from(&ra.blkio_empty);
+            let (first, _) = read(ra, pa, &halves[0]);
             let (second, _) = read(rb, pb, &halves[1]);
             (node_part, first, (second, 0))
         };
