@@ -197,6 +197,7 @@ pub const FOLLOWED: &[&str] = &[
     // Validation only, as CustomCPUCFSQuotaPeriod.
     "ImageMaximumGCAge",
     "KubeletFineGrainedAuthz",
+    "KubeletPSI",
     "KubeletServiceAccountTokenForCredentialProviders",
     "PodCertificateRequest",
     // Validation refuses serverTLSBootstrap without it, as upstream.

@@ -371,6 +371,9 @@ pub struct FileReader {
     /// no cgroup has anything swapped out, so the swap usage files, one per
     /// cgroup at every scrape, are not read.
     pub swap_off: bool,
+    /// Whether pressure files are read (the KubeletPSI gate; on unless the
+    /// collection says otherwise).
+    pub psi: bool,
 }
 
 /// A limit or weight file's trimmed text (`None`: it could not be read)
@@ -474,6 +477,7 @@ impl FileReader {
             specs: Default::default(),
             cache_specs: false,
             swap_off: false,
+            psi: true,
         }
     }
 
@@ -1147,6 +1151,9 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
 /// Kept open as the hot files are: opening was most of their cost (a
 /// path walk in the unified tree per file, three files per cgroup).
 fn read_psi_dir(d: &Path, detail: Detail, r: &mut FileReader) -> Option<Psi> {
+    if !r.psi {
+        return None;
+    }
     let cpu = r.hot(d, "cpu.pressure").and_then(parse_psi);
     let memory = r.hot(d, "memory.pressure").and_then(parse_psi);
     let io = if detail >= Detail::Summary {
@@ -1697,6 +1704,40 @@ mod tests {
         assert_ne!(first.cpu, again.cpu, "fresh figures");
         assert_eq!(first.memory, again.memory);
         let _ = std::fs::remove_dir_all(d);
+    }
+
+    /// With the KubeletPSI gate off no pressure file is opened, on a
+    /// hybrid host's unified mount as on v2.
+    #[test]
+    fn without_the_psi_gate_no_pressure_file_is_read() {
+        let root = tempdir("psi-gate");
+        let line = "some avg10=1.00 avg60=0.00 avg300=0.00 total=5\n";
+        let cg = "kubepods/podu";
+        write(&root.join("cpuacct").join(cg), "cpuacct.usage", "7\n");
+        for dir in [root.join("unified").join(cg), root.join("v2").join(cg)] {
+            for f in ["cpu.pressure", "memory.pressure", "io.pressure"] {
+                write(&dir, f, line);
+            }
+        }
+        let v1 = Hierarchy::V1 {
+            roots: [("cpuacct".to_string(), root.join("cpuacct"))].into(),
+            unified: Some(root.join("unified")),
+        };
+        let v2 = Hierarchy::V2 {
+            root: root.join("v2"),
+        };
+        for h in [&v1, &v2] {
+            let mut r = FileReader::new();
+            let on = h.read_with(cg, Detail::Summary, &mut r);
+            assert_eq!(on.psi.and_then(|p| p.io).map(|p| p.some.total), Some(5));
+            let opened = r.opened;
+            r.begin();
+            r.psi = false;
+            let off = h.read_with(cg, Detail::Summary, &mut r);
+            assert_eq!(off.psi, None);
+            assert_eq!(r.opened, opened - 3, "the three pressure files fewer");
+        }
+        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]

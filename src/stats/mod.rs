@@ -39,6 +39,7 @@ fn stats_config(s: &ServerState) -> StatsConfig {
         systemd: s.config.cgroup_driver == "systemd",
         root_dir: s.root_dir.clone(),
         pod_logs_dir: s.pod_logs_dir.clone(),
+        psi: s.config.feature_gate("KubeletPSI"),
     }
 }
 
@@ -748,6 +749,58 @@ mod tests {
             f.pods[0].containers[0].image,
             "docker.io/library/busybox:1.36"
         );
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// The KubeletPSI gate (on by default, as upstream's beta) decides
+    /// whether the summary has PSI and cAdvisor's text its
+    /// `container_pressure_*` families (upstream's summary provider and
+    /// cAdvisor collector both check it).
+    #[tokio::test]
+    async fn the_psi_gate_decides_whether_pressure_is_shown() {
+        let rt = Arc::new(FakeRuntime::new());
+        let (sb, c) = fake_pod(&rt).await;
+        let root = tempdir();
+        fake_tree(&root, &sb, &c);
+        let line = "some avg10=0.00 avg60=0.00 avg300=0.00 total=3000000\n\
+                    full avg10=0.00 avg60=0.00 avg300=0.00 total=1000000\n";
+        let ctr = format!("kubepods/besteffort/podu-1/{c}");
+        for f in ["cpu.pressure", "memory.pressure", "io.pressure"] {
+            write(&root.join("unified").join(&ctr), f, line);
+        }
+        let h = cgroup::Hierarchy::V1 {
+            roots: ["cpu", "cpuacct", "memory"]
+                .iter()
+                .map(|n| (n.to_string(), root.join(n)))
+                .collect(),
+            unified: Some(root.join("unified")),
+        };
+        let (mut state, _t) = ServerState::for_tests(rt.clone());
+        for gate in [None, Some(false)] {
+            let mut cfg = crate::config::KubeletConfiguration::default();
+            if let Some(on) = gate {
+                cfg.feature_gates.insert("KubeletPSI".into(), on);
+            }
+            state.config = Arc::new(cfg);
+            state.stats = StatsProvider::with_hierarchy(h.clone());
+            let shown = gate.is_none();
+            let (_, body) = get(&state, "/stats/summary").await;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let cpu = &v["pods"][0]["containers"][0]["cpu"];
+            assert_eq!(cpu["usageCoreNanoSeconds"], 2_000_000_000u64, "{cpu}");
+            let total = &cpu["psi"]["full"]["total"];
+            assert_eq!(total.as_u64(), shown.then_some(1_000_000), "{cpu}");
+            let (_, text) = get(&state, "/metrics/cadvisor").await;
+            let stalled = sample(
+                &parse(&text),
+                "container_pressure_cpu_stalled_seconds_total",
+                &[("container", "app")],
+            )
+            .map(value);
+            assert_eq!(stalled, shown.then_some(1.0), "gate {gate:?}");
+            assert_eq!(text.contains("container_pressure_"), shown);
+            assert!(text.contains("container_cpu_usage_seconds_total{container=\"app\""));
+        }
         let _ = std::fs::remove_dir_all(root);
     }
 

@@ -48,12 +48,29 @@ pub enum StatsError {
 }
 
 /// What the provider needs from the kubelet's configuration.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct StatsConfig {
     pub cgroup_root: String,
     pub systemd: bool,
     pub root_dir: PathBuf,
     pub pod_logs_dir: PathBuf,
+    /// The KubeletPSI feature gate: pressure figures are read (and
+    /// reported) only with it on, as upstream gates them in the summary
+    /// and cAdvisor's text; off, no pressure file is opened.
+    pub psi: bool,
+}
+
+impl Default for StatsConfig {
+    /// Upstream's defaults: the KubeletPSI gate is on (beta since v1.34).
+    fn default() -> Self {
+        StatsConfig {
+            cgroup_root: String::new(),
+            systemd: false,
+            root_dir: PathBuf::new(),
+            pod_logs_dir: PathBuf::new(),
+            psi: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -1123,6 +1140,7 @@ fn read_files(
     let start = |r: &mut FileReader| {
         r.begin();
         r.keep_warm(detail == Detail::Full);
+        r.psi = cfg.psi;
     };
     // cAdvisor's collection reads twice the files of the others: the
     // second reader's half of the pods on a second thread from the start,
