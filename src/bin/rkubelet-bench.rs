@@ -26,6 +26,12 @@
 //! CPU per minute; and the
 //! latency of a cAdvisor scrape made during a resource scrape's collection.
 //!
+//! With `--render 110` (and nothing else: no containerd needed), the CPU
+//! and wall time of rendering `/metrics/cadvisor`'s text from a synthetic
+//! snapshot of N one-container pods shaped like the lab's (and 334 root
+//! file systems, as a kubelet started beside running pods lists): the
+//! renderer's own cost, without the kernel's reads or the network.
+//!
 //! With `--exec 200`, exec latency through rkubelet's :10250 beside a
 //! direct CRI exec (crictl's path): a whole exec of `true`, and an echo
 //! round trip in an open session (see `bench/exec.rs`).
@@ -69,6 +75,7 @@ struct Args {
     scrapes: usize,
     volumes: Vec<usize>,
     exec: u32,
+    render: usize,
 }
 
 fn parse_args() -> Result<Args> {
@@ -87,6 +94,7 @@ fn parse_args() -> Result<Args> {
         scrapes: 10,
         volumes: Vec::new(),
         exec: 0,
+        render: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -134,6 +142,7 @@ fn parse_args() -> Result<Args> {
             }
             "--scrapes" => a.scrapes = val()?.parse()?,
             "--exec" => a.exec = val()?.parse()?,
+            "--render" => a.render = val()?.parse()?,
             "--volumes" => {
                 a.volumes = val()?
                     .split(',')
@@ -143,7 +152,7 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_, _>>()?
             }
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired (the metric endpoints plain\n    and gzipped); the kernel's floor (CPU to read the cgroup files rkubelet holds\n    open, once per scrape gap); then CPU per minute with /metrics/resource (and /metrics/cadvisor)\n    scraped every 15 s with gzip, and a cAdvisor scrape\n    made during a resource scrape\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired (the metric endpoints plain\n    and gzipped); the kernel's floor (CPU to read the cgroup files rkubelet holds\n    open, once per scrape gap); then CPU per minute with /metrics/resource (and /metrics/cadvisor)\n    scraped every 15 s with gzip, and a cAdvisor scrape\n    made during a resource scrape\n  --render 110: alone, the CPU and wall time of rendering /metrics/cadvisor from a synthetic\n    N-pod snapshot (no containerd)\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -569,6 +578,10 @@ fn remove_all(k: &Kubelet, prefix: &str, n: usize, cri: &RemoteRuntime) -> Resul
 
 fn main() -> Result<()> {
     let args = parse_args()?;
+    if args.render > 0 {
+        render_bench(args.render);
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1465,4 +1478,192 @@ fn volumes_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     wait_runtime_clean(cri)?;
     Ok(())
+}
+
+/// A cgroup sample with every figure cAdvisor's text shows, as a lab pod's
+/// (one idle process, no disk I/O, PSI present).
+fn render_sample(i: u64) -> rkubelet::stats::cgroup::CgroupSample {
+    use rkubelet::stats::cgroup::*;
+    use rkubelet::stats::processes::ProcessSample;
+    let line = |total| PsiLine {
+        total,
+        ..Default::default()
+    };
+    let pair = PsiPair {
+        some: line(123_456 + i),
+        full: line(6_543 + i),
+    };
+    CgroupSample {
+        cpu: Some(CpuSample {
+            usage_ns: 123_456_789 * i + 7,
+            user_ns: Some(50_000_000 * i),
+            system_ns: Some(40_000_000 * i),
+        }),
+        memory: Some(MemorySample {
+            usage: 1_234_567 + i,
+            working_set: 1_034_567 + i,
+            rss: 300_000 + i,
+            cache: 700_000 + i,
+            mapped_file: 4096,
+            pgfault: 12_345 + i,
+            pgmajfault: 3,
+            max_usage: Some(2_345_678),
+            failcnt: Some(0),
+            swap: Some(0),
+            kernel: Some(12_345),
+            swap_limit: Some(0),
+            reservation: Some(0),
+            ..Default::default()
+        }),
+        pids: Some(1),
+        cpu_shares: Some(2),
+        cpu_period: Some(100_000),
+        cpu_quota: Some(-1),
+        throttling: None,
+        psi: Some(Psi {
+            cpu: Some(pair),
+            memory: Some(pair),
+            io: Some(pair),
+        }),
+        disk: Some(Default::default()),
+        procs: Some(ProcessSample {
+            processes: 1,
+            fds: 3,
+            threads: 1,
+            first_pid: Some(100),
+            max_open_files: Some(1_048_576),
+            ..Default::default()
+        }),
+    }
+}
+
+/// `--render N`: cAdvisor's text rendered 200 times from one synthetic
+/// snapshot; wall time per rendering, and the process's CPU and minor page
+/// faults per rendering (nothing else runs in this process meanwhile).
+fn render_bench(n: usize) {
+    use rkubelet::stats::expo::{cadvisor_chunks, Machine};
+    use rkubelet::stats::procfs::{FsFigures, FsStat, Interface};
+    use rkubelet::stats::provider::{CgroupRaw, ContainerRaw, PodRaw, Snapshot};
+    let id = |i: u64, salt: u64| format!("{:032x}{:032x}", i * 7919 + salt, (i + 1) * salt);
+    let iface = |name: &str| Interface {
+        name: name.into(),
+        rx_bytes: 123_456,
+        rx_packets: 1234,
+        tx_bytes: 65_432,
+        tx_packets: 543,
+        ..Default::default()
+    };
+    let born = 1_700_000_000_000_000_000;
+    let pods = (0..n as u64)
+        .map(|i| {
+            let uid = format!("{i:08x}-aaaa-bbbb-cccc-{:012x}", i * 17);
+            let cg = format!("/kubepods/besteffort/pod{uid}");
+            let (sb, c) = (id(i, 1), id(i, 2));
+            PodRaw {
+                name: format!("busybox-{i}-node"),
+                namespace: "default".into(),
+                uid,
+                created_ns: born,
+                sample: render_sample(i),
+                sandbox_cgroup: Some(format!("{cg}/{sb}")),
+                sandbox_sample: render_sample(i + 1),
+                interfaces: vec![iface("eth0")],
+                containers: vec![ContainerRaw {
+                    cgroup: Some(format!("{cg}/{c}")),
+                    id: c,
+                    name: "main".into(),
+                    image: "docker.io/library/busybox:latest".into(),
+                    created_ns: born,
+                    sample: render_sample(i + 2),
+                    rootfs: Some((Some(4096), Some(3))),
+                    ..Default::default()
+                }],
+                sandbox_id: sb,
+                cgroup: Some(cg),
+                ..Default::default()
+            }
+        })
+        .collect();
+    let mut snap = Snapshot {
+        time_ns: 1_800_000_000_000_000_000,
+        pods,
+        sandbox_image: "registry.k8s.io/pause:3.10".into(),
+        oom: Some(Default::default()),
+        ..Default::default()
+    };
+    snap.node.filesystems = (0..334)
+        .map(|i| FsStat {
+            device: format!(
+                "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/{}/shm",
+                id(i, 5)
+            ),
+            capacity: 64 << 20,
+            free: 64 << 20,
+            inodes: Some((1000, 999)),
+            disk: Default::default(),
+        })
+        .collect();
+    snap.node.interfaces = vec![iface("eth0"), iface("cni0")];
+    let fs = FsFigures {
+        capacity: 1 << 40,
+        inodes: 1 << 20,
+        inodes_free: 1 << 19,
+        ..Default::default()
+    };
+    snap.node.imagefs = Some((fs, Some(1), Some(1)));
+    snap.node.imagefs_device = Some("/dev/sda1".into());
+    for name in [
+        "/",
+        "/kubepods",
+        "/kubepods/besteffort",
+        "/kubepods/burstable",
+    ] {
+        snap.hierarchy.push(CgroupRaw {
+            name: name.into(),
+            sample: render_sample(3),
+            cpu_nano_cores: None,
+        });
+    }
+    let facts = Default::default();
+    let m = Machine {
+        machine_id: "m",
+        system_uuid: "s",
+        boot_id: "b",
+        cores: 2,
+        memory: 16 << 30,
+        facts: &facts,
+    };
+    // This process's CPU (ms) and minor faults so far.
+    let usage = || {
+        let mut ru = std::mem::MaybeUninit::<libc::rusage>::uninit();
+        // SAFETY: getrusage fills the struct it is given.
+        let ru = unsafe {
+            libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
+            ru.assume_init()
+        };
+        let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+        (ms(ru.ru_utime) + ms(ru.ru_stime), ru.ru_minflt)
+    };
+    // Warm up: the family sizes remembered, the buffers kept.
+    for _ in 0..20 {
+        drop(cadvisor_chunks(Some(&snap), &m));
+    }
+    const ROUNDS: usize = 200;
+    let (cpu0, faults0) = usage();
+    let mut walls = Vec::with_capacity(ROUNDS);
+    let mut bytes = 0;
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        let chunks = cadvisor_chunks(Some(&snap), &m);
+        walls.push(t.elapsed().as_secs_f64() * 1e3);
+        bytes = chunks.iter().map(|c| c.len()).sum::<usize>();
+    }
+    let (cpu1, faults1) = usage();
+    println!(
+        "render /metrics/cadvisor, {n} pods ({bytes} bytes): wall p50 {:.2} ms, p90 {:.2} ms; CPU {:.2} ms and {} minor faults per rendering",
+        pct(&mut walls, 50.0),
+        pct(&mut walls, 90.0),
+        (cpu1 - cpu0) / ROUNDS as f64,
+        (faults1 - faults0) / ROUNDS as i64,
+    );
 }

@@ -18,6 +18,7 @@ use axum::body::Bytes;
 use super::cgroup::CgroupSample;
 use super::provider::{CgroupRaw, Snapshot};
 use super::summary;
+use super::textpool::Text;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -27,8 +28,8 @@ pub enum Kind {
 
 struct Family {
     /// The family's `# HELP`/`# TYPE` header, then its sample lines as they
-    /// were added, back to back.
-    text: String,
+    /// were added, back to back (from the buffer pool in cAdvisor's text).
+    text: Text,
     /// Per sample: where its line starts in `text`, and where its rendered
     /// label set starts and ends (what samples are sorted by).
     lines: Vec<(usize, usize, usize)>,
@@ -162,6 +163,24 @@ impl Exposition {
         });
     }
 
+    /// `add` with a cgroup's base labels rendered already and `extra`
+    /// (sorted by name) spliced in (see `BaseRendered`).
+    #[allow(clippy::too_many_arguments)]
+    fn add_spliced(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: Kind,
+        base: &BaseRendered,
+        extra: &[(&str, &str)],
+        value: f64,
+        ts_ns: Option<i64>,
+    ) {
+        self.push(name, help, kind, value, ts_ns, |out| {
+            base.splice_into(out, extra)
+        });
+    }
+
     /// Appends one sample line to family `name`, its labels written by
     /// `labels` (nothing: no braces).
     fn push(
@@ -182,12 +201,29 @@ impl Exposition {
                     Kind::Counter => "counter",
                     Kind::Gauge => "gauge",
                 };
-                let mut text = format!("# HELP {name} {help}\n# TYPE {name} {kind_name}\n");
+                let head = 2 * name.len() + help.len() + kind_name.len() + 16;
                 let mut lines = Vec::new();
+                let mut cap = head;
                 if let Some((len, n)) = self.sizes.as_ref().and_then(|(_, m)| m.get(name)) {
                     // A little room for a pod or two more than last time.
-                    text.reserve((len + len / 8).saturating_sub(text.len()));
+                    cap = cap.max(len + len / 8);
                     lines.reserve(n + n / 8);
+                }
+                // A remembering exposition is cAdvisor's, whose buffers are
+                // large: kept between scrapes.
+                let mut text = Text::with_capacity(cap, self.sizes.is_some());
+                for part in [
+                    "# HELP ",
+                    name,
+                    " ",
+                    help,
+                    "\n# TYPE ",
+                    name,
+                    " ",
+                    kind_name,
+                    "\n",
+                ] {
+                    text.push_str(part);
                 }
                 self.families.entry(name.to_string()).or_insert(Family {
                     head: text.len(),
@@ -220,31 +256,41 @@ impl Exposition {
         f.lines.push((start, ls, le));
     }
 
-    /// Appends `later`'s samples to this exposition's, as if they had been
-    /// added here after this one's own (the family buffers are copied once;
-    /// `into_chunks` then puts the lines in label order, as ever).
-    pub fn absorb(&mut self, later: Exposition) {
-        for (name, f) in later.families {
-            match self.families.get_mut(&name) {
-                Some(mine) => {
-                    let shift = mine.text.len() - f.head;
-                    mine.text.push_str(&f.text[f.head..]);
-                    mine.lines.extend(
-                        f.lines
-                            .iter()
-                            .map(|&(a, b, c)| (a + shift, b + shift, c + shift)),
-                    );
-                }
-                None => {
-                    self.families.insert(name, f);
-                }
+    /// The text of this exposition's samples and then `later`'s, as if
+    /// `later`'s had been added here after this one's own (see
+    /// `Family::join`): one or two buffers per family.
+    pub fn join_chunks(mut self, later: Exposition) -> Vec<Bytes> {
+        self.record_sizes();
+        later.record_sizes();
+        let mine = std::mem::take(&mut self.families);
+        let mut out = Vec::with_capacity(mine.len() + later.families.len());
+        let mut rest = later.families.into_iter().peekable();
+        for (name, f) in mine {
+            // The later part's families named before this one.
+            while let Some((_, g)) = rest.next_if(|(n, _)| *n < name) {
+                out.push(g.into_sorted());
+            }
+            match rest.next_if(|(n, _)| *n == name) {
+                Some((_, g)) => f.join(g, &mut out),
+                None => out.push(f.into_sorted()),
             }
         }
+        out.extend(rest.map(|(_, g)| g.into_sorted()));
+        out
     }
 
     /// The text, one buffer per family (what the HTTP body is written from,
     /// without joining them).
     pub fn into_chunks(self) -> Vec<Bytes> {
+        self.record_sizes();
+        self.families
+            .into_values()
+            .map(Family::into_sorted)
+            .collect()
+    }
+
+    /// Records the families' sizes in the memo, when remembering.
+    fn record_sizes(&self) {
         if let Some((memo, _)) = self.sizes {
             *memo.lock() = self
                 .families
@@ -252,10 +298,6 @@ impl Exposition {
                 .map(|(k, f)| (k.clone(), (f.text.len(), f.lines.len())))
                 .collect();
         }
-        self.families
-            .into_values()
-            .map(Family::into_sorted)
-            .collect()
     }
 
     pub fn render(self) -> String {
@@ -268,35 +310,76 @@ impl Exposition {
 }
 
 impl Family {
+    /// The label set of one of its lines.
+    fn labels(&self, &(_, ls, le): &(usize, usize, usize)) -> &str {
+        &self.text[ls..le]
+    }
+
+    /// Whether its lines come in label order, strictly increasing (so no
+    /// duplicate label sets to drop either).
+    fn in_order(&self) -> bool {
+        (self.lines.windows(2)).all(|w| self.labels(&w[0]) < self.labels(&w[1]))
+    }
+
+    /// Line `i`, newline included.
+    fn line(&self, i: usize) -> &str {
+        let end = self.lines.get(i + 1).map_or(self.text.len(), |l| l.0);
+        &self.text[self.lines[i].0..end]
+    }
+
+    /// This family's lines and then `later`'s (the same family, from a part
+    /// rendered apart) into `out`, as one family added to in that order. In
+    /// cAdvisor's text the two parts usually come each in label order, the
+    /// first ending before the second begins: then both buffers are sent
+    /// as they are, the second without its header. Otherwise their lines
+    /// are ordered into one buffer (see `merge_sorted`).
+    fn join(self, later: Family, out: &mut Vec<Bytes>) {
+        let in_turn = match (self.lines.last(), later.lines.first()) {
+            (Some(a), Some(b)) => self.labels(a) < later.labels(b),
+            _ => true,
+        };
+        if in_turn && self.in_order() && later.in_order() {
+            let head = later.head;
+            out.push(Bytes::from_owner(self.text));
+            out.push(Bytes::from_owner(later.text).slice(head..));
+        } else {
+            out.push(merge_sorted(&[&self, &later]));
+        }
+    }
+
     /// Header and lines in label order. Samples added in that order (the
     /// common case: cAdvisor's cgroups are added sorted) need no copy.
     fn into_sorted(self) -> Bytes {
-        let text = self.text.as_str();
-        let labels = |&(_, ls, le): &(usize, usize, usize)| &text[ls..le];
-        // Strictly increasing: no duplicate label sets to drop either.
-        if self.lines.windows(2).all(|w| labels(&w[0]) < labels(&w[1])) {
-            return Bytes::from(self.text);
+        if self.in_order() {
+            Bytes::from_owner(self.text)
+        } else {
+            merge_sorted(&[&self])
         }
-        // Where each line ends: the next one's start.
-        let end = |i: usize| self.lines.get(i + 1).map_or(text.len(), |l| l.0);
-        let mut order: Vec<usize> = (0..self.lines.len()).collect();
-        // Stable: of samples with the same labels, the last added is the
-        // one shown (a later add replaces an earlier one).
-        order.sort_by(|a, b| labels(&self.lines[*a]).cmp(labels(&self.lines[*b])));
-        let mut out = String::with_capacity(text.len());
-        out.push_str(&text[..self.head]);
-        for (j, &i) in order.iter().enumerate() {
-            let l = labels(&self.lines[i]);
-            if order
-                .get(j + 1)
-                .is_some_and(|n| labels(&self.lines[*n]) == l)
-            {
-                continue;
-            }
-            out.push_str(&text[self.lines[i].0..end(i)]);
-        }
-        Bytes::from(out)
     }
+}
+
+/// The header of the first of `parts` (one family's lines, in the order
+/// they were added) and all their lines in label order, into one buffer;
+/// of lines with the same label set, the last added (a later add replaces
+/// an earlier one).
+fn merge_sorted(parts: &[&Family]) -> Bytes {
+    let mut order: Vec<(usize, usize)> = (parts.iter().enumerate())
+        .flat_map(|(p, f)| (0..f.lines.len()).map(move |i| (p, i)))
+        .collect();
+    let labels = |&(p, i): &(usize, usize)| parts[p].labels(&parts[p].lines[i]);
+    // Stable, so the last added of equal label sets stays last.
+    order.sort_by(|a, b| labels(a).cmp(labels(b)));
+    let first = parts[0];
+    let len = parts.iter().map(|f| f.text.len()).sum();
+    let mut out = Text::with_capacity(len, first.text.pooled());
+    out.push_str(&first.text[..first.head]);
+    for (j, k) in order.iter().enumerate() {
+        if order.get(j + 1).is_some_and(|n| labels(n) == labels(k)) {
+            continue;
+        }
+        out.push_str(parts[k.0].line(k.1));
+    }
+    Bytes::from_owner(out)
 }
 
 /// A response body written from several buffers, with its length known
@@ -580,14 +663,93 @@ impl<'a> Base<'a> {
 /// A label set rendered as `Exposition::add_rendered` takes it.
 pub struct Rendered(String);
 
+/// The base labels' names, in the order `Base::with` lays them out.
+const BASE_KEYS: [&str; 6] = ["container", "id", "image", "name", "namespace", "pod"];
+
+/// A cgroup's six base labels rendered once, with where each starts, so
+/// the samples with more labels (a fifth of cAdvisor's text: task states,
+/// memory failures, per-interface and per-device figures) splice theirs
+/// in rather than sort and escape the whole set again per sample.
+struct BaseRendered {
+    labels: Rendered,
+    /// Where each label of `BASE_KEYS` starts in `labels`.
+    starts: [usize; 6],
+}
+
+impl std::ops::Deref for BaseRendered {
+    type Target = Rendered;
+    fn deref(&self) -> &Rendered {
+        &self.labels
+    }
+}
+
+impl BaseRendered {
+    /// Writes the base labels with `extra` merged in by name: what
+    /// `push_labels` writes for `Base::with(extra)`. `extra` is sorted by
+    /// name and names no base label.
+    fn splice_into(&self, out: &mut String, extra: &[(&str, &str)]) {
+        debug_assert!(extra.windows(2).all(|w| w[0].0 < w[1].0), "{extra:?}");
+        debug_assert!(!extra.iter().any(|(k, _)| BASE_KEYS.contains(k)));
+        let text = &self.labels.0;
+        // The first base label not written yet; whether a comma is due.
+        let (mut next, mut comma) = (0, false);
+        for &(k, v) in extra {
+            let upto = next + BASE_KEYS[next..].iter().take_while(|b| **b < k).count();
+            if upto > next {
+                if comma {
+                    out.push(',');
+                }
+                // Up to the comma before label `upto`, or the end.
+                let end = self.starts.get(upto).map_or(text.len(), |s| s - 1);
+                out.push_str(&text[self.starts[next]..end]);
+                (next, comma) = (upto, true);
+            }
+            if comma {
+                out.push(',');
+            }
+            out.push_str(k);
+            out.push_str("=\"");
+            push_escaped(out, v);
+            out.push('"');
+            comma = true;
+        }
+        if next < BASE_KEYS.len() {
+            if comma {
+                out.push(',');
+            }
+            out.push_str(&text[self.starts[next]..]);
+        }
+    }
+
+    /// The labels with `extra` spliced in, for a set several families
+    /// share (an interface's, a file system's).
+    fn with(&self, extra: &[(&str, &str)]) -> Rendered {
+        let more: usize = extra.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+        let mut out = String::with_capacity(self.labels.0.len() + more);
+        self.splice_into(&mut out, extra);
+        Rendered(out)
+    }
+}
+
 impl Base<'_> {
     /// The six base labels rendered once, in name order (what `with(&[])`
     /// gives `add`).
-    fn render(&self) -> Rendered {
+    fn render(&self) -> BaseRendered {
         let l = self.with(&[]);
+        debug_assert!(l.iter().map(|(k, _)| *k).eq(BASE_KEYS));
         let mut out = String::with_capacity(l.iter().map(|(k, v)| k.len() + v.len() + 4).sum());
-        push_labels(&mut out, &l);
-        Rendered(out)
+        let mut starts = [0; 6];
+        for (i, kv) in l.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            starts[i] = out.len();
+            push_labels(&mut out, std::slice::from_ref(kv));
+        }
+        BaseRendered {
+            labels: Rendered(out),
+            starts,
+        }
     }
 }
 
@@ -663,11 +825,12 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
         );
     }
     if let Some(cpu) = s.cpu {
-        e.add(
+        e.add_spliced(
             "container_cpu_usage_seconds_total",
             "Cumulative cpu time consumed in seconds.",
             Counter,
-            &b.with(&[("cpu", "total")]),
+            &block,
+            &[("cpu", "total")],
             cpu.usage_ns as f64 / NS,
             ts,
         );
@@ -715,11 +878,12 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             "stopped",
             "uninterruptible",
         ] {
-            e.add(
+            e.add_spliced(
                 "container_tasks_state",
                 "Number of tasks in given state",
                 Gauge,
-                &b.with(&[("state", state)]),
+                &block,
+                &[("state", state)],
                 0.0,
                 ts,
             );
@@ -804,25 +968,27 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             m.failcnt.unwrap_or(0) as f64,
             ts,
         );
-        e.add(
+        e.add_spliced(
             "container_memory_failures_total",
             "Cumulative count of memory allocation failures.",
             Counter,
-            &b.with(&[("failure_type", "pgfault"), ("scope", "hierarchy")]),
+            &block,
+            &[("failure_type", "pgfault"), ("scope", "hierarchy")],
             m.pgfault as f64,
             ts,
         );
-        e.add(
+        e.add_spliced(
             "container_memory_failures_total",
             "Cumulative count of memory allocation failures.",
             Counter,
-            &b.with(&[("failure_type", "pgmajfault"), ("scope", "hierarchy")]),
+            &block,
+            &[("failure_type", "pgmajfault"), ("scope", "hierarchy")],
             m.pgmajfault as f64,
             ts,
         );
     }
     for i in c.interfaces {
-        let l = b.with(&[("interface", i.name.as_str())]);
+        let l = block.with(&[("interface", i.name.as_str())]);
         let counters: [(&str, &str, u64); 8] = [
             (
                 "container_network_receive_bytes_total",
@@ -866,12 +1032,12 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             ),
         ];
         for (name, help, v) in counters {
-            e.add(name, help, Counter, &l, v as f64, ts);
+            e.add_rendered(name, help, Counter, &l, v as f64, ts);
         }
     }
     if let Some((dev, usage, limit, inodes, free)) = &c.fs {
-        let l = b.with(&[("device", dev.as_str())]);
-        e.add(
+        let l = block.with(&[("device", dev.as_str())]);
+        e.add_rendered(
             "container_fs_inodes_free",
             "Number of available Inodes",
             Gauge,
@@ -879,7 +1045,7 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             *free,
             ts,
         );
-        e.add(
+        e.add_rendered(
             "container_fs_inodes_total",
             "Number of Inodes",
             Gauge,
@@ -887,7 +1053,7 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             *inodes,
             ts,
         );
-        e.add(
+        e.add_rendered(
             "container_fs_limit_bytes",
             "Number of bytes that can be consumed by the container on this filesystem.",
             Gauge,
@@ -895,7 +1061,7 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             *limit,
             ts,
         );
-        e.add(
+        e.add_rendered(
             "container_fs_usage_bytes",
             "Number of bytes that are consumed by the container on this filesystem.",
             Gauge,
@@ -905,7 +1071,7 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
         );
     }
     if let Some(io) = &s.disk {
-        disk_families(e, c, io, ts);
+        disk_families(e, c, &block, io, ts);
     }
     if let Some(p) = &s.procs {
         let gauges = [
@@ -939,11 +1105,12 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
             e.add_rendered(name, help, Gauge, &block, v as f64, ts);
         }
         if let Some(soft) = p.max_open_files {
-            e.add(
+            e.add_spliced(
                 "container_ulimits_soft",
                 "Soft ulimit values for the container root process. Unlimited if -1, except priority and nice",
                 Gauge,
-                &b.with(&[("ulimit", "max_open_files")]),
+                &block,
+                &[("ulimit", "max_open_files")],
                 soft as f64,
                 ts,
             );
@@ -974,10 +1141,15 @@ fn cadvisor_entry(e: &mut Exposition, c: &CgEntry, t: i64) {
 /// in the family's table, the operation's value (0 when the device has
 /// none: v1's sector counts carry no operation, so their read and write
 /// figures are 0 there too, as in cAdvisor).
-fn disk_families(e: &mut Exposition, c: &CgEntry, io: &super::blkio::DiskIo, ts: Option<i64>) {
+fn disk_families(
+    e: &mut Exposition,
+    c: &CgEntry,
+    block: &BaseRendered,
+    io: &super::blkio::DiskIo,
+    ts: Option<i64>,
+) {
     use super::blkio::{per_device, Op};
     use Kind::*;
-    let b = &c.base;
     let name = |k: (u32, u32)| c.disks.get(&k).map_or("", String::as_str);
     type Family<'t> = (
         &'t str,
@@ -1089,11 +1261,12 @@ fn disk_families(e: &mut Exposition, c: &CgEntry, io: &super::blkio::DiskIo, ts:
     for (family, help, kind, table, op, scale) in families {
         for (dev, ops) in per_device(table) {
             let v = ops.iter().find(|(o, _)| *o == op).map_or(0, |(_, v)| *v);
-            e.add(
+            e.add_spliced(
                 family,
                 help,
                 kind,
-                &b.with(&[("device", name(dev))]),
+                block,
+                &[("device", name(dev))],
                 v as f64 * scale,
                 ts,
             );
@@ -1102,16 +1275,17 @@ fn disk_families(e: &mut Exposition, c: &CgEntry, io: &super::blkio::DiskIo, ts:
     for ((major, minor), ops) in per_device(&io.service_bytes) {
         let (ma, mi) = (major.to_string(), minor.to_string());
         for (op, v) in ops {
-            e.add(
+            e.add_spliced(
                 "container_blkio_device_usage_total",
                 "Blkio Device bytes usage",
                 Counter,
-                &b.with(&[
+                block,
+                &[
                     ("device", name((major, minor))),
                     ("major", &ma),
                     ("minor", &mi),
                     ("operation", op.as_str()),
-                ]),
+                ],
                 v as f64,
                 ts,
             );
@@ -1264,8 +1438,9 @@ fn machine_families(e: &mut Exposition, m: &Machine) {
 fn root_fs_families(e: &mut Exposition, b: &Base, fss: &[super::procfs::FsStat], ts: Option<i64>) {
     use Kind::*;
     const SECOND_NS: f64 = 1e9;
+    let block = b.render();
     for f in fss {
-        let l = b.with(&[("device", f.device.as_str())]);
+        let l = block.with(&[("device", f.device.as_str())]);
         let (inodes, inodes_free) = f.inodes.unwrap_or((0, 0));
         let d = &f.disk.fields;
         let rows: [(&str, &str, Kind, f64); 15] = [
@@ -1361,7 +1536,7 @@ fn root_fs_families(e: &mut Exposition, b: &Base, fss: &[super::procfs::FsStat],
             ),
         ];
         for (name, help, kind, v) in rows {
-            e.add(name, help, kind, &l, v, ts);
+            e.add_rendered(name, help, kind, &l, v, ts);
         }
     }
 }
@@ -1381,6 +1556,9 @@ pub fn cadvisor(snap: Option<&Snapshot>, m: &Machine) -> String {
 pub fn cadvisor_chunks(snap: Option<&Snapshot>, m: &Machine) -> Vec<Bytes> {
     use Kind::*;
     static SIZES: std::sync::LazyLock<SizeMemo> = std::sync::LazyLock::new(Default::default);
+    // The second thread's part, sized from its own last time (it was
+    // grown from empty, a copy at each doubling, before).
+    static LATER_SIZES: std::sync::LazyLock<SizeMemo> = std::sync::LazyLock::new(Default::default);
     let mut e = Exposition::remembering(&SIZES);
     e.add(
         "container_scrape_error",
@@ -1498,9 +1676,9 @@ pub fn cadvisor_chunks(snap: Option<&Snapshot>, m: &Machine) -> Vec<Bytes> {
     // In the order of their label sets (`container`, then `id`), so most
     // families come out sorted and are sent without being reordered.
     entries.sort_by(|a, b| (a.base.container, a.base.id).cmp(&(b.base.container, b.base.id)));
-    // At 110 pods about 12,000 samples: the later half rendered on a
-    // second thread into an exposition of its own, appended after this
-    // one's (so the lines keep the order one thread would give them).
+    // At 110 pods about 20,000 samples: the later half rendered on a
+    // second thread into an exposition of its own, sent after this one's
+    // (so the lines keep the order one thread would give them).
     let (first, later) = entries.split_at(if entries.len() >= PARALLEL_MIN_ENTRIES {
         half_by_weight(&entries, snap.node.filesystems.len())
     } else {
@@ -1513,16 +1691,15 @@ pub fn cadvisor_chunks(snap: Option<&Snapshot>, m: &Machine) -> Vec<Bytes> {
     };
     if later.is_empty() {
         render(&mut e, first);
-    } else {
-        let mut other = Exposition::default();
-        crate::blocking::halves(
-            "stats-render",
-            || render(&mut e, first),
-            || render(&mut other, later),
-        );
-        e.absorb(other);
+        return e.into_chunks();
     }
-    e.into_chunks()
+    let mut other = Exposition::remembering(&LATER_SIZES);
+    crate::blocking::halves(
+        "stats-render",
+        || render(&mut e, first),
+        || render(&mut other, later),
+    );
+    e.join_chunks(other)
 }
 
 /// From this many cgroups cAdvisor's text is rendered on two threads.
@@ -1550,13 +1727,12 @@ fn half_by_weight(entries: &[CgEntry], filesystems: usize) -> usize {
 mod tests {
     use super::*;
 
-    /// Samples added to two expositions, the second absorbed into the
+    /// Samples added to two expositions, the second joined after the
     /// first, render as if all had been added to one in that order: lines
     /// in label order (across the two parts too), a repeated label set
-    /// shown once with its later value, families only the second part has
-    /// kept.
+    /// shown once with its later value, families only one part has kept.
     #[test]
-    fn an_absorbed_exposition_renders_as_one_added_to_in_order() {
+    fn joined_expositions_render_as_one_added_to_in_order() {
         let adds: Vec<(&str, &str, f64)> = vec![
             ("a_total", "m", 1.0),
             ("a_total", "c", 2.0),
@@ -1582,11 +1758,28 @@ mod tests {
             for a in &adds[cut..] {
                 add(&mut later, *a);
             }
-            first.absorb(later);
-            assert_eq!(first.render(), want, "cut at {cut}");
+            let chunks = first.join_chunks(later);
+            let text: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+            assert_eq!(String::from_utf8(text).unwrap(), want, "cut at {cut}");
         }
         assert!(want.contains("a_total{l=\"m\"} 6 1\n"), "{want}");
         assert!(!want.contains("} 1 1\n"), "{want}");
+        // Parts each in order: two buffers when the first ends before the
+        // second begins, one (merged) when they interleave.
+        for (first, later, buffers) in [(["a", "b"], ["c", "d"], 2), (["a", "c"], ["b", "d"], 1)] {
+            let (mut e1, mut e2) = (Exposition::default(), Exposition::default());
+            for (e, ls) in [(&mut e1, first), (&mut e2, later)] {
+                for l in ls {
+                    add(e, ("x", l, 1.0));
+                }
+            }
+            let chunks = e1.join_chunks(e2);
+            assert_eq!(chunks.len(), buffers, "{first:?} {later:?}");
+            let text: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+            let text = String::from_utf8(text).unwrap();
+            let labels: Vec<_> = text.lines().skip(2).map(|l| &l[5..6]).collect();
+            assert_eq!(labels, ["a", "b", "c", "d"], "{text}");
+        }
     }
 
     #[test]
@@ -1784,6 +1977,66 @@ mod tests {
         assert!(text.contains("\nn 1.5\n"), "{text}");
     }
 
+    /// Extra labels spliced into a rendered base (one sample, or a set
+    /// several families share) write what sorting and rendering the whole
+    /// set writes: before, between and after the base labels, escaped.
+    #[test]
+    fn a_spliced_label_set_writes_what_add_writes() {
+        let bases = [
+            Base::bare("/"),
+            Base {
+                id: "/kubepods/podu/abc",
+                name: "a\"b\\c\nd",
+                image: "busybox",
+                pod: "p",
+                namespace: "ns",
+                container: "",
+            },
+            Base {
+                id: "/kubepods/podu/def",
+                name: "def",
+                image: "img",
+                pod: "p",
+                namespace: "ns",
+                container: "app",
+            },
+        ];
+        let extras: [&[(&str, &str)]; 9] = [
+            &[],
+            &[("a", "1")],
+            &[("cpu", "total")],
+            &[("failure_type", "pgfault"), ("scope", "hierarchy")],
+            &[("interface", "eth\"0")],
+            &[
+                ("device", "/dev/sda"),
+                ("major", "8"),
+                ("minor", "0"),
+                ("operation", "Read"),
+            ],
+            &[("state", "running")],
+            &[("ulimit", "max_open_files")],
+            &[("a", ""), ("zone", "z\n")],
+        ];
+        let mut by_pairs = Exposition::default();
+        let mut spliced = Exposition::default();
+        let mut shared = Exposition::default();
+        for (i, b) in bases.iter().enumerate() {
+            let block = b.render();
+            for (j, extra) in extras.iter().enumerate() {
+                let name = format!("m{j}");
+                let v = i as f64;
+                by_pairs.add(&name, "h", Kind::Gauge, &b.with(extra), v, None);
+                spliced.add_spliced(&name, "h", Kind::Gauge, &block, extra, v, None);
+                shared.add_rendered(&name, "h", Kind::Gauge, &block.with(extra), v, None);
+            }
+        }
+        let want = by_pairs.render();
+        assert!(want.contains(r#"m4{container="",id="/kubepods/podu/abc",image="busybox",interface="eth\"0",name="a\"b\\c\nd",namespace="ns",pod="p"} 1"#), "{want}");
+        assert!(want.contains(r#"m8{a="",container="app",id="/kubepods/podu/def",image="img",name="def",namespace="ns",pod="p",zone="z\n"} 2"#), "{want}");
+        assert_eq!(spliced.render(), want);
+        assert_eq!(shared.render(), want);
+    }
+
     #[test]
     fn a_remembered_exposition_renders_the_same_and_records_family_sizes() {
         static MEMO: std::sync::LazyLock<SizeMemo> = std::sync::LazyLock::new(Default::default);
@@ -1808,6 +2061,25 @@ mod tests {
         let mut second = Exposition::remembering(&MEMO);
         fill(&mut second);
         assert_eq!(second.render(), want);
+        // A part joined after another records its own sizes when it is.
+        static LATER: std::sync::LazyLock<SizeMemo> = std::sync::LazyLock::new(Default::default);
+        let mut later = Exposition::remembering(&LATER);
+        later.add("m_y", "h", Kind::Counter, &[("i", "9")], 2.0, None);
+        let mut whole = Exposition::default();
+        fill(&mut whole);
+        let chunks = whole.join_chunks(later);
+        let later_sizes = LATER.lock().clone();
+        assert_eq!(later_sizes.len(), 1);
+        assert_eq!(later_sizes["m_y"].1, 1);
+        // Both parts in order: sent from their own buffers, the second
+        // without its header.
+        assert_eq!(
+            &chunks[chunks.len() - 2..],
+            [
+                "# HELP m_y h\n# TYPE m_y counter\nm_y 1.5 2\n",
+                "m_y{i=\"9\"} 2\n"
+            ]
+        );
     }
 
     #[test]

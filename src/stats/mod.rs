@@ -12,6 +12,7 @@ pub mod processes;
 pub mod procfs;
 pub mod provider;
 pub mod summary;
+pub mod textpool;
 pub mod types;
 pub mod volumes;
 

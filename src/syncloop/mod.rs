@@ -325,6 +325,8 @@ impl SyncLoop {
         if !trim_due(same, at.elapsed()) {
             return (seen, at);
         }
+        // cAdvisor's text buffers, when no scrape has used them lately.
+        crate::stats::textpool::release_idle();
         // A bounded walk of the allocator's free lists: no I/O, well under
         // a millisecond at this heap's size.
         crate::memtrim::trim();
