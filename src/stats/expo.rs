@@ -201,9 +201,9 @@ impl Exposition {
                     Kind::Counter => "counter",
                     Kind::Gauge => "gauge",
                 };
-                let head = 2 * name.len() + help.len() + kind_name.len() + 16;
+                // The header's length, then the last scrape's size.
+                let mut cap = 2 * name.len() + help.len() + kind_name.len() + 18;
                 let mut lines = Vec::new();
-                let mut cap = head;
                 if let Some((len, n)) = self.sizes.as_ref().and_then(|(_, m)| m.get(name)) {
                     // A little room for a pod or two more than last time.
                     cap = cap.max(len + len / 8);
@@ -259,10 +259,10 @@ impl Exposition {
     /// The text of this exposition's samples and then `later`'s, as if
     /// `later`'s had been added here after this one's own (see
     /// `Family::join`): one or two buffers per family.
-    pub fn join_chunks(mut self, later: Exposition) -> Vec<Bytes> {
+    pub fn join_chunks(self, later: Exposition) -> Vec<Bytes> {
         self.record_sizes();
         later.record_sizes();
-        let mine = std::mem::take(&mut self.families);
+        let mine = self.families;
         let mut out = Vec::with_capacity(mine.len() + later.families.len());
         let mut rest = later.families.into_iter().peekable();
         for (name, f) in mine {
