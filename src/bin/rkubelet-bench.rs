@@ -18,7 +18,9 @@
 //! With `--scrape 1,30`, the stats endpoints with N pods: latency, body
 //! size and the CPU rkubelet and containerd spend per `/metrics/cadvisor`,
 //! `/metrics/resource` and `/stats/summary` scrape (each past the 1 s cache;
-//! the metric endpoints plain and gzipped), the kernel's floor for those
+//! the metric endpoints plain and gzipped; steady scrapes, which rkubelet
+//! collects for ahead, and the latency at irregular gaps, which it
+//! collects for when asked), the kernel's floor for those
 //! collections (the CPU of reading, once per scrape gap, the cgroup files
 //! rkubelet keeps open; see `kernel_floor`), then a minute of
 //! `/metrics/resource` every 15 s (metrics-server) and one with
@@ -152,7 +154,7 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_, _>>()?
             }
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired (the metric endpoints plain\n    and gzipped); the kernel's floor (CPU to read the cgroup files rkubelet holds\n    open, once per scrape gap); then CPU per minute with /metrics/resource (and /metrics/cadvisor)\n    scraped every 15 s with gzip, and a cAdvisor scrape\n    made during a resource scrape\n  --render 110: alone, the CPU and wall time of rendering /metrics/cadvisor from a synthetic\n    N-pod snapshot (no containerd)\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired (the metric endpoints plain\n    and gzipped; steady scrapes, collected for ahead from the fifth, then irregular ones,\n    collected for when asked); the kernel's floor (CPU to read the cgroup files rkubelet holds\n    open, once per scrape gap); then CPU per minute with /metrics/resource (and /metrics/cadvisor)\n    scraped every 15 s with gzip, and a cAdvisor scrape\n    made during a resource scrape\n  --render 110: alone, the CPU and wall time of rendering /metrics/cadvisor from a synthetic\n    N-pod snapshot (no containerd)\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -889,14 +891,26 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
         }
         let cpu = proc_usage(pid).1 - c0 - idle_kubelet;
         let rcpu = runtime_cpu() - r0 - idle_runtime;
+        // The same endpoint at gaps that show no period (1.1 s and 1.7 s in
+        // turn): collected when asked, as an irregular client's scrapes
+        // are, where the steady ones above are collected ahead from the
+        // fifth on (stats/cadence.rs).
+        let mut cold = Vec::new();
+        for i in 0..args.scrapes.min(12) {
+            std::thread::sleep(if i % 2 == 0 { gap } else { gap + gap / 2 });
+            let t = Instant::now();
+            http_get_as(&k.ro, path, gzip).with_context(|| format!("GET {path}"))?;
+            cold.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
         let name = format!("{path}{}", if gzip { " (gzip)" } else { "" });
         println!(
-            "{name:<25}: p50 {:.1} ms  p99 {:.1} ms  {:.1} KiB  CPU per scrape: rkubelet {:.1} ms, containerd {:.1} ms",
+            "{name:<25}: p50 {:.1} ms  p99 {:.1} ms  {:.1} KiB  CPU per scrape: rkubelet {:.1} ms, containerd {:.1} ms; irregular gaps (collected when asked): p50 {:.1} ms",
             pct(&mut lat, 50.0),
             pct(&mut lat, 99.0),
             bytes as f64 / 1024.0,
             1000.0 * cpu.max(0.0) / args.scrapes as f64,
             1000.0 * rcpu.max(0.0) / args.scrapes as f64,
+            pct(&mut cold, 50.0),
         );
     }
     let ids = runtime_ids(cri);

@@ -403,6 +403,12 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         }
     }
     let streams = state.streams.clone();
+    // Snapshots for steady scrapers (Prometheus, metrics-server) collected
+    // just before their scrapes are due.
+    cluster_tasks.spawn(tracing::Instrument::instrument(
+        crate::stats::collect_ahead(state.clone(), token.child_token()),
+        tracing::info_span!("stats-ahead"),
+    ));
     {
         // Pod volume usage every volumeStatsAggPeriod (upstream's
         // fsResourceAnalyzer), for /stats/summary and /metrics.

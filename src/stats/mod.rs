@@ -5,6 +5,7 @@
 //! demand off the async threads, and from the CRI; see `provider`.
 
 pub mod blkio;
+pub mod cadence;
 pub mod cgroup;
 pub mod expo;
 pub mod oom;
@@ -23,6 +24,10 @@ use axum::routing::get;
 use axum::Router;
 
 pub use provider::{StatsConfig, StatsError, StatsProvider};
+
+use std::sync::{Arc, Weak};
+
+use axum::body::Bytes;
 
 use crate::server::{encoding, ServerState};
 
@@ -44,7 +49,17 @@ fn stats_config(s: &ServerState) -> StatsConfig {
     }
 }
 
+/// The snapshot for a scrape of `e`, whose arrival is timed (see
+/// `cadence`).
 async fn snapshot(
+    s: &ServerState,
+    e: cadence::Endpoint,
+) -> Result<std::sync::Arc<provider::Snapshot>, StatsError> {
+    s.stats.scraped(e);
+    collection(s, e.detail()).await
+}
+
+async fn collection(
     s: &ServerState,
     detail: cgroup::Detail,
 ) -> Result<std::sync::Arc<provider::Snapshot>, StatsError> {
@@ -61,7 +76,7 @@ async fn snapshot(
 pub(crate) async fn summary_snapshot(
     s: &ServerState,
 ) -> Option<std::sync::Arc<provider::Snapshot>> {
-    match snapshot(s, cgroup::Detail::Summary).await {
+    match snapshot(s, cadence::Endpoint::Metrics).await {
         Ok(snap) => Some(snap),
         Err(e) => {
             tracing::warn!(error = %e, "pod stats for the container log sizes failed");
@@ -82,12 +97,12 @@ fn only_cpu_and_memory(q: Option<&str>) -> bool {
 
 async fn stats_summary(State(s): State<ServerState>, RawQuery(q): RawQuery) -> Response {
     let only = only_cpu_and_memory(q.as_deref());
-    let detail = if only {
-        cgroup::Detail::CpuMemory
+    let endpoint = if only {
+        cadence::Endpoint::SummaryCpuMemory
     } else {
-        cgroup::Detail::Summary
+        cadence::Endpoint::Summary
     };
-    match snapshot(&s, detail).await {
+    match snapshot(&s, endpoint).await {
         Ok(snap) => {
             let mut sum = summary::build(&snap, &s.node_name, only);
             // Volumes are the full summary's (upstream's CPU-and-memory
@@ -128,7 +143,7 @@ async fn stats_summary(State(s): State<ServerState>, RawQuery(q): RawQuery) -> R
 }
 
 async fn metrics_resource(State(s): State<ServerState>, headers: HeaderMap) -> Response {
-    let snap = snapshot(&s, cgroup::Detail::Resource).await;
+    let snap = snapshot(&s, cadence::Endpoint::Resource).await;
     if let Err(e) = &snap {
         tracing::warn!(error = %e, "resource metrics collection failed");
     }
@@ -141,18 +156,48 @@ async fn metrics_resource(State(s): State<ServerState>, headers: HeaderMap) -> R
 
 async fn metrics_cadvisor(State(s): State<ServerState>, headers: HeaderMap) -> Response {
     let t0 = std::time::Instant::now();
-    let snap = snapshot(&s, cgroup::Detail::Full).await;
+    let enc = encoding::negotiate(&headers);
+    s.stats.ahead_text().lock().last_enc = Some(enc);
+    let snap = snapshot(&s, cadence::Endpoint::Cadvisor).await;
     let collected_us = t0.elapsed().as_micros();
     if let Err(e) = &snap {
         tracing::warn!(error = %e, "cadvisor metrics collection failed");
     }
-    let m = s.machine.clone();
     let snap = snap.ok();
-    let enc = encoding::negotiate(&headers);
+    let text = match snap.as_ref().and_then(|sn| text_ahead(&s, sn, enc)) {
+        // Made ahead for this snapshot: sent, or waited for while it is
+        // being made (or made here if that failed).
+        Some(cell) => cell
+            .get_or_try_init(|| cadvisor_text(&s, snap.clone(), enc, collected_us))
+            .await
+            .cloned(),
+        None => cadvisor_text(&s, snap, enc, collected_us).await,
+    };
+    match text {
+        Ok(chunks) => encoding::text_response(enc, chunks),
+        Err(e) => {
+            tracing::warn!(error = %e, "cadvisor metrics rendering failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal Error: rendering cadvisor metrics failed",
+            )
+                .into_response()
+        }
+    }
+}
+
+/// cAdvisor's text for `snap`, encoded as `enc`.
+async fn cadvisor_text(
+    s: &ServerState,
+    snap: Option<Arc<provider::Snapshot>>,
+    enc: encoding::Encoding,
+    collected_us: u128,
+) -> Result<Vec<Bytes>, tokio::task::JoinError> {
+    let m = s.machine.clone();
     // About 12,000 samples at 110 pods, several milliseconds of rendering
     // (and as many again of gzip): off the async thread, which probes and
     // the relist share.
-    let chunks = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let machine = expo::Machine {
             machine_id: &m.machine_id,
             system_uuid: &m.system_uuid,
@@ -173,18 +218,83 @@ async fn metrics_cadvisor(State(s): State<ServerState>, headers: HeaderMap) -> R
         );
         chunks
     })
-    .await;
-    match chunks {
-        Ok(chunks) => encoding::text_response(enc, chunks),
-        Err(e) => {
-            tracing::warn!(error = %e, "cadvisor metrics rendering failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "Internal Error: rendering cadvisor metrics failed",
-            )
-                .into_response()
+    .await
+}
+
+/// cAdvisor's text as it is made once for both the collection ahead of a
+/// steady scrape and the scrape: whichever comes first renders, the other
+/// waits for it.
+type TextCell = Arc<tokio::sync::OnceCell<Vec<Bytes>>>;
+
+/// cAdvisor's text made ahead of a steady scrape (see `cadence`): the
+/// snapshot collected for it is rendered then too, in the encoding the
+/// last scrape asked for, so the scrape only sends it. Rendering and
+/// gzip are two thirds of a scrape's time at 110 pods once the collection
+/// is made ahead. Let go `CACHE_TTL` after it is made (the snapshot's own
+/// life), and replaced by the next.
+#[derive(Default)]
+pub(crate) struct AheadText {
+    /// What the last cAdvisor scrape negotiated.
+    last_enc: Option<encoding::Encoding>,
+    /// The text, with the snapshot it shows and its encoding.
+    ready: Option<(Weak<provider::Snapshot>, encoding::Encoding, TextCell)>,
+}
+
+/// The text made (or being made) ahead, when it shows `snap` in `enc`;
+/// shared by every scrape of that snapshot (the chunks are
+/// reference-counted).
+fn text_ahead(
+    s: &ServerState,
+    snap: &Arc<provider::Snapshot>,
+    enc: encoding::Encoding,
+) -> Option<TextCell> {
+    let g = s.stats.ahead_text().lock();
+    let (of, e, cell) = g.ready.as_ref()?;
+    (*e == enc && std::ptr::eq(of.as_ptr(), Arc::as_ptr(snap))).then(|| cell.clone())
+}
+
+/// Collections ahead of the scrapes that come at a steady period (see
+/// `cadence`), with cAdvisor's text made ahead too, until `token` is
+/// cancelled.
+pub async fn collect_ahead(s: ServerState, token: tokio_util::sync::CancellationToken) {
+    let collect = |e: cadence::Endpoint| {
+        let s = s.clone();
+        async move {
+            let snap = match collection(&s, e.detail()).await {
+                Ok(snap) => snap,
+                Err(err) => {
+                    tracing::debug!(error = %err, "collection ahead of a scrape failed");
+                    return;
+                }
+            };
+            let enc = s.stats.ahead_text().lock().last_enc;
+            if let (cadence::Endpoint::Cadvisor, Some(enc)) = (e, enc) {
+                // Published before it is made, so a scrape arriving
+                // meanwhile waits for it instead of rendering it again.
+                let cell = TextCell::default();
+                let of = Arc::downgrade(&snap);
+                let was = s
+                    .stats
+                    .ahead_text()
+                    .lock()
+                    .ready
+                    .replace((of, enc, cell.clone()));
+                // Its buffers go back to the text pool outside the lock.
+                drop(was);
+                let made = cell
+                    .get_or_try_init(|| cadvisor_text(&s, Some(snap), enc, 0))
+                    .await;
+                if let Err(err) = made {
+                    tracing::debug!(error = %err, "cAdvisor text made ahead failed");
+                }
+            }
         }
-    }
+    };
+    let expire = || {
+        let was = s.stats.ahead_text().lock().ready.take();
+        drop(was);
+    };
+    s.stats.collect_ahead(collect, expire, token).await
 }
 
 #[cfg(test)]
@@ -330,6 +440,64 @@ mod tests {
         assert!(ctr["rootfs"].is_null() && ctr["logs"].is_null());
         assert_eq!(ctr["memory"]["workingSetBytes"], 2);
         assert!(v["pods"][0]["ephemeral-storage"].is_null());
+    }
+
+    /// Paused time: cAdvisor scrapes every 2 s. From the fifth, the
+    /// collection and the text are made ahead; the scrape sends that text
+    /// (a marker put in its place shows it), in its own encoding only and
+    /// for that snapshot only, and the text is let go a cache life later.
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_cadvisor_scrape_is_sent_the_text_made_ahead_for_it() {
+        let rt = Arc::new(FakeRuntime::new());
+        let (_, c) = fake_pod(&rt).await;
+        rt.set_container_stats(&c, 1, 2, 3);
+        let (state, token) = ServerState::for_tests(rt.clone());
+        let task = tokio::spawn(collect_ahead(state.clone(), token.child_token()));
+        let t0 = tokio::time::Instant::now();
+        let at = |s: u64| tokio::time::sleep_until(t0 + std::time::Duration::from_secs(s));
+        let ready = || state.stats.ahead_text().lock().ready.is_some();
+        for s in [0, 2, 4, 6] {
+            at(s).await;
+            let (code, body) = get(&state, "/metrics/cadvisor").await;
+            assert_eq!(code, StatusCode::OK);
+            assert!(body.contains("container_cpu_usage_seconds_total"));
+            assert!(!ready(), "nothing is made ahead before a period shows");
+        }
+        // Just before the fifth scrape: made ahead, in the last encoding.
+        tokio::time::sleep_until(t0 + std::time::Duration::from_millis(7_990)).await;
+        let marker = Bytes::from_static(b"# made ahead\n");
+        {
+            let mut g = state.stats.ahead_text().lock();
+            let (_, enc, cell) = g.ready.as_mut().expect("text made ahead");
+            assert_eq!(*enc, encoding::Encoding::Identity);
+            let made = cell.get().expect("made before the scrape is due");
+            assert!(made.iter().map(|c| c.len()).sum::<usize>() > 1000);
+            *cell = Arc::new(tokio::sync::OnceCell::new_with(Some(vec![marker.clone()])));
+        }
+        at(8).await;
+        let (_, body) = get(&state, "/metrics/cadvisor").await;
+        assert_eq!(body, "# made ahead\n");
+        // Another encoding is rendered for itself.
+        let resp = routes()
+            .with_state(state.clone())
+            .oneshot(
+                Request::get("/metrics/cadvisor")
+                    .header("accept-encoding", "gzip")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.headers()["content-encoding"], "gzip");
+        // Another snapshot too.
+        state.stats.expire();
+        let (_, body) = get(&state, "/metrics/cadvisor").await;
+        assert!(body.contains("container_cpu_usage_seconds_total"));
+        // The text is let go a cache life after it was made.
+        tokio::time::sleep(provider::CACHE_TTL).await;
+        assert!(!ready());
+        token.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test]

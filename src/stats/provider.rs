@@ -319,6 +319,11 @@ struct Inner {
     partitions: std::sync::OnceLock<Vec<procfs::Partition>>,
     /// statfs of those partitions (see `GLOBAL_FS_MAX_AGE`).
     statfs: Mutex<StatfsCache>,
+    /// When each endpoint's scrapes came, for collections made ahead of
+    /// steady ones (see `cadence`), and its wake-up when one comes.
+    cadences: Mutex<super::cadence::Cadences>,
+    scraped: tokio::sync::Notify,
+    ahead_text: Mutex<super::AheadText>,
 }
 
 /// statfs answers by mount point, dropped together once `GLOBAL_FS_MAX_AGE`
@@ -447,6 +452,32 @@ impl StatsProvider {
     #[cfg(test)]
     pub(crate) fn refreshing(&self) -> bool {
         self.inner.disk.lock().refreshing
+    }
+
+    /// A scrape of `e` arrived: its time goes into `e`'s cadence.
+    pub fn scraped(&self, e: super::cadence::Endpoint) {
+        self.inner.cadences.lock().arrived(e, Instant::now());
+        self.inner.scraped.notify_one();
+    }
+
+    /// Collects (through `collect`) ahead of each scrape that comes at a
+    /// steady period, until `token` is cancelled (see `cadence::run`).
+    pub async fn collect_ahead<F, Fut>(
+        &self,
+        collect: F,
+        expire: impl Fn(),
+        token: tokio_util::sync::CancellationToken,
+    ) where
+        F: Fn(super::cadence::Endpoint) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let i = &self.inner;
+        super::cadence::run(&i.cadences, &i.scraped, collect, expire, token).await
+    }
+
+    /// cAdvisor's text made ahead of a steady scrape (see `AheadText`).
+    pub(crate) fn ahead_text(&self) -> &Mutex<super::AheadText> {
+        &self.inner.ahead_text
     }
 
     /// A snapshot no older than `CACHE_TTL` with at least `detail`, shared
@@ -702,6 +733,7 @@ async fn collect(
     cfg: StatsConfig,
     detail: Detail,
 ) -> Result<Arc<Snapshot>, StatsError> {
+    let started = Instant::now();
     let full = is_full(detail);
     let plans = pod_plans(&inner, &src).await?;
     // The runtime lists a container's image as the ID the kubelet created
@@ -780,6 +812,7 @@ async fn collect(
         }
     }
     rates(&inner, &mut snap, detail);
+    inner.cadences.lock().collected(detail, started.elapsed());
     Ok(Arc::new(snap))
 }
 
