@@ -109,10 +109,13 @@ impl Arrivals {
         if self.at.len() < ARRIVALS {
             return None;
         }
-        let gaps: Vec<Duration> = self.at.windows(2).map(|w| w[1] - w[0]).collect();
-        let last = *gaps.last()?;
+        let gap = |w: &[Instant]| w[1] - w[0];
+        let last = gap(&self.at[ARRIVALS - 2..]);
         let tolerance = (last / TOLERANCE_PART).clamp(TOLERANCE_MIN, TOLERANCE_MAX);
-        let steady = gaps.iter().all(|g| g.abs_diff(last) <= tolerance);
+        let steady = self
+            .at
+            .windows(2)
+            .all(|w| gap(w).abs_diff(last) <= tolerance);
         // Shorter periods already share one collection through the cache.
         (steady && last > CACHE_TTL && last <= PERIOD_MAX).then_some(last)
     }

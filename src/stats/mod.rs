@@ -17,6 +17,9 @@ pub mod textpool;
 pub mod types;
 pub mod volumes;
 
+use std::sync::{Arc, Weak};
+
+use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -24,10 +27,6 @@ use axum::routing::get;
 use axum::Router;
 
 pub use provider::{StatsConfig, StatsError, StatsProvider};
-
-use std::sync::{Arc, Weak};
-
-use axum::body::Bytes;
 
 use crate::server::{encoding, ServerState};
 
@@ -54,7 +53,7 @@ fn stats_config(s: &ServerState) -> StatsConfig {
 async fn snapshot(
     s: &ServerState,
     e: cadence::Endpoint,
-) -> Result<std::sync::Arc<provider::Snapshot>, StatsError> {
+) -> Result<Arc<provider::Snapshot>, StatsError> {
     s.stats.scraped(e);
     collection(s, e.detail()).await
 }
@@ -62,7 +61,7 @@ async fn snapshot(
 async fn collection(
     s: &ServerState,
     detail: cgroup::Detail,
-) -> Result<std::sync::Arc<provider::Snapshot>, StatsError> {
+) -> Result<Arc<provider::Snapshot>, StatsError> {
     let src = provider::Sources {
         runtime: s.runtime.clone(),
         images: s.images.clone(),
@@ -73,9 +72,7 @@ async fn collection(
 
 /// The pod stats of `/stats/summary` (shared with a concurrent summary
 /// scrape), for `/metrics`' container log sizes; None when they failed.
-pub(crate) async fn summary_snapshot(
-    s: &ServerState,
-) -> Option<std::sync::Arc<provider::Snapshot>> {
+pub(crate) async fn summary_snapshot(s: &ServerState) -> Option<Arc<provider::Snapshot>> {
     match snapshot(s, cadence::Endpoint::Metrics).await {
         Ok(snap) => Some(snap),
         Err(e) => {
@@ -267,26 +264,22 @@ pub async fn collect_ahead(s: ServerState, token: tokio_util::sync::Cancellation
                     return;
                 }
             };
-            let enc = s.stats.ahead_text().lock().last_enc;
-            if let (cadence::Endpoint::Cadvisor, Some(enc)) = (e, enc) {
-                // Published before it is made, so a scrape arriving
-                // meanwhile waits for it instead of rendering it again.
-                let cell = TextCell::default();
-                let of = Arc::downgrade(&snap);
-                let was = s
-                    .stats
-                    .ahead_text()
-                    .lock()
-                    .ready
-                    .replace((of, enc, cell.clone()));
-                // Its buffers go back to the text pool outside the lock.
-                drop(was);
-                let made = cell
-                    .get_or_try_init(|| cadvisor_text(&s, Some(snap), enc, 0))
-                    .await;
-                if let Err(err) = made {
-                    tracing::debug!(error = %err, "cAdvisor text made ahead failed");
-                }
+            let enc = match (e, s.stats.ahead_text().lock().last_enc) {
+                (cadence::Endpoint::Cadvisor, Some(enc)) => enc,
+                _ => return,
+            };
+            // Published before it is made, so a scrape arriving meanwhile
+            // waits for it instead of rendering it again.
+            let cell = TextCell::default();
+            let ready = (Arc::downgrade(&snap), enc, cell.clone());
+            let was = s.stats.ahead_text().lock().ready.replace(ready);
+            // Its buffers go back to the text pool outside the lock.
+            drop(was);
+            let made = cell
+                .get_or_try_init(|| cadvisor_text(&s, Some(snap), enc, 0))
+                .await;
+            if let Err(err) = made {
+                tracing::debug!(error = %err, "cAdvisor text made ahead failed");
             }
         }
     };
