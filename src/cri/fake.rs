@@ -12,6 +12,8 @@ use super::*;
 
 #[derive(Default)]
 struct State {
+    /// Where the streaming calls' URLs point (`None`: a closed port).
+    stream_base: Option<String>,
     /// Scripted RuntimeConfig answers, first first: a driver (`None`: no
     /// Linux config) or an error code. Unscripted: Unimplemented.
     runtime_config: std::collections::VecDeque<Result<Option<v1::CgroupDriver>, tonic::Code>>,
@@ -57,6 +59,15 @@ pub struct FakeRuntime {
 impl FakeRuntime {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Points the streaming calls' URLs at `base` (`http://host:port`).
+    pub fn set_stream_base(&self, base: &str) {
+        self.state.lock().stream_base = Some(base.to_string());
+    }
+
+    fn stream_base(s: &State) -> &str {
+        s.stream_base.as_deref().unwrap_or("http://127.0.0.1:9")
     }
 
     pub fn add_image(&self, name: &str) {
@@ -609,21 +620,29 @@ impl RuntimeService for FakeRuntime {
         }
     }
 
-    /// Streaming calls answer a URL on a closed port: handler tests check
-    /// the call and the proxy's error, no stream is served.
+    /// Streaming calls answer a URL on a closed port unless a base is set:
+    /// handler tests check the call and what the proxy sends or answers.
     async fn exec(&self, req: v1::ExecRequest) -> CriResult<String> {
         let mut s = self.state.lock();
         self.record(
             &mut s,
             format!("Exec {} {}", req.container_id, req.cmd.join(" ")),
         );
-        Ok(format!("http://127.0.0.1:9/exec/{}", req.container_id))
+        Ok(format!(
+            "{}/exec/{}",
+            Self::stream_base(&s),
+            req.container_id
+        ))
     }
 
     async fn attach(&self, req: v1::AttachRequest) -> CriResult<String> {
         let mut s = self.state.lock();
         self.record(&mut s, format!("Attach {}", req.container_id));
-        Ok(format!("http://127.0.0.1:9/attach/{}", req.container_id))
+        Ok(format!(
+            "{}/attach/{}",
+            Self::stream_base(&s),
+            req.container_id
+        ))
     }
 
     async fn port_forward(&self, req: v1::PortForwardRequest) -> CriResult<String> {
@@ -633,7 +652,8 @@ impl RuntimeService for FakeRuntime {
             format!("PortForward {} {:?}", req.pod_sandbox_id, req.port),
         );
         Ok(format!(
-            "http://127.0.0.1:9/portforward/{}",
+            "{}/portforward/{}",
+            Self::stream_base(&s),
             req.pod_sandbox_id
         ))
     }

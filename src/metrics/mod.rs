@@ -2202,9 +2202,13 @@ pub fn routes() -> Router<ServerState> {
         .route("/metrics/slis", get(metrics_slis).delete(reset_slis))
 }
 
-async fn metrics(State(s): State<ServerState>, headers: HeaderMap) -> Response {
+async fn metrics(
+    State(s): State<ServerState>,
+    crate::stats::Scraper(client): crate::stats::Scraper,
+    headers: HeaderMap,
+) -> Response {
     // Upstream's log collector lists the pod stats at each scrape.
-    let stats = crate::stats::summary_snapshot(&s).await;
+    let stats = crate::stats::summary_snapshot(&s, client).await;
     let enc = encoding::negotiate(&headers);
     // The process collector reads /proc: off the async threads.
     let render = move || encoding::encode(enc, vec![render_with(&s, stats.as_deref()).into()]);

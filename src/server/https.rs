@@ -540,7 +540,7 @@ async fn accept_loop(
         let (router, tls, token) = (router.clone(), tls.clone(), token.clone());
         conns.spawn(async move {
             match tls {
-                None => connection(stream, router, PeerCerts::default(), token).await,
+                None => connection(stream, peer, router, PeerCerts::default(), token).await,
                 Some(src) => {
                     let handshake = async {
                         let start = tokio_rustls::LazyConfigAcceptor::new(
@@ -567,7 +567,7 @@ async fn accept_loop(
                         .peer_certificates()
                         .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
                         .unwrap_or_default();
-                    connection(tls, router, PeerCerts(Arc::new(certs)), token).await
+                    connection(tls, peer, router, PeerCerts(Arc::new(certs)), token).await
                 }
             }
         });
@@ -656,8 +656,13 @@ impl Drop for InFlight {
     }
 }
 
-async fn connection<S>(io: S, router: Router, certs: PeerCerts, token: CancellationToken)
-where
+async fn connection<S>(
+    io: S,
+    peer: SocketAddr,
+    router: Router,
+    certs: PeerCerts,
+    token: CancellationToken,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let act = Arc::new(Activity::default());
@@ -670,6 +675,10 @@ where
     let a = act.clone();
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(certs.clone());
+        // The client's address: the streaming proxy's X-Forwarded-For, and
+        // the scrape cadences (one per client) read it.
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
         a.in_flight.fetch_add(1, Ordering::Relaxed);
         let guard = InFlight(a.clone());
         let router = router.clone();
@@ -769,5 +778,36 @@ mod tests {
         assert!(versions("VersionTLS13").unwrap().len() == 1);
         assert!(versions("VersionTLS10").is_ok());
         assert!(versions("TLS9").is_err());
+    }
+
+    /// Handlers see the client's address (what the streaming proxy's
+    /// X-Forwarded-For and the per-client scrape cadences read); it was
+    /// never put in the request before.
+    #[tokio::test]
+    async fn requests_carry_the_clients_address() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let router = Router::new().route(
+            "/peer",
+            axum::routing::get(
+                |axum::extract::ConnectInfo(p): axum::extract::ConnectInfo<SocketAddr>| async move {
+                    p.to_string()
+                },
+            ),
+        );
+        let token = CancellationToken::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(accept_loop(listener, router, None, token.clone()));
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let me = c.local_addr().unwrap();
+        c.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        assert!(out.ends_with(&me.to_string()), "{out} from {me}");
+        token.cancel();
+        server.await.unwrap();
     }
 }

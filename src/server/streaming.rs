@@ -492,23 +492,31 @@ async fn proxy_stream(
     let mut fwd = axum::http::Request::builder()
         .method(req.method().clone())
         .uri(path.as_str());
+    let xff = header::HeaderName::from_static("x-forwarded-for");
     for (k, v) in req.headers() {
         // The upgrade request carries no body; its framing headers go.
-        if k != header::HOST && k != header::CONTENT_LENGTH && k != header::TRANSFER_ENCODING {
+        // X-Forwarded-For is set anew below when the client is known.
+        if k != header::HOST
+            && k != header::CONTENT_LENGTH
+            && k != header::TRANSFER_ENCODING
+            && !(k == xff && peer.is_some())
+        {
             fwd = fwd.header(k, v);
         }
     }
     fwd = fwd.header(header::HOST, hostport.as_str());
     if let Some(ip) = peer {
-        // AppendForwardedForHeader: the client's address after any prior hops.
-        let prior = req
+        // AppendForwardedForHeader: one header, the prior hops (every
+        // value given, joined) and then the client's address.
+        let mut hops: Vec<&str> = req
             .headers()
-            .get("x-forwarded-for")
-            .and_then(|v| v.to_str().ok())
-            .map(|p| format!("{p}, {ip}"))
-            .unwrap_or(ip);
-        if let Ok(v) = HeaderValue::from_str(&prior) {
-            fwd = fwd.header("x-forwarded-for", v);
+            .get_all(&xff)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        hops.push(&ip);
+        if let Ok(v) = HeaderValue::from_str(&hops.join(", ")) {
+            fwd = fwd.header(xff, v);
         }
     }
     let fwd = match fwd.body(Body::empty()) {
@@ -790,6 +798,66 @@ mod tests {
             .await
             .unwrap();
         (code, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// The upgrade request reaches the runtime with the client's address
+    /// appended to X-Forwarded-For (apimachinery's AppendForwardedForHeader,
+    /// called by UpgradeAwareHandler), and a refused upgrade is relayed.
+    #[tokio::test]
+    async fn the_runtime_is_told_who_the_client_is() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (s, rt, _t) = state().await;
+        let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        rt.set_stream_base(&format!("http://{}", backend.local_addr().unwrap()));
+        let heads = tokio::spawn(async move {
+            let mut heads = Vec::new();
+            for _ in 0..2 {
+                let (mut c, _) = backend.accept().await.unwrap();
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.ends_with(b"\r\n\r\n") {
+                    let n = c.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the request head ended early");
+                    head.extend_from_slice(&buf[..n]);
+                }
+                c.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\n\r\nno")
+                    .await
+                    .unwrap();
+                heads.push(String::from_utf8(head).unwrap().to_ascii_lowercase());
+            }
+            heads
+        });
+        let client: std::net::SocketAddr = "192.0.2.7:40000".parse().unwrap();
+        for prior in [None, Some("10.0.0.1")] {
+            let mut b = axum::http::Request::get("/exec/default/web/app?output=1&command=ls")
+                .header("connection", "Upgrade")
+                .header("upgrade", "websocket");
+            if let Some(p) = prior {
+                b = b.header("x-forwarded-for", p);
+            }
+            let mut req = b.body(Body::empty()).unwrap();
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(client));
+            let resp = routes().with_state(s.clone()).oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        }
+        let heads = heads.await.unwrap();
+        assert!(
+            heads[0].contains("\r\nx-forwarded-for: 192.0.2.7\r\n"),
+            "{}",
+            heads[0]
+        );
+        assert!(
+            heads[1].contains("\r\nx-forwarded-for: 10.0.0.1, 192.0.2.7\r\n"),
+            "{}",
+            heads[1]
+        );
+        assert_eq!(
+            heads[1].matches("x-forwarded-for").count(),
+            1,
+            "{}",
+            heads[1]
+        );
     }
 
     #[tokio::test]

@@ -12,12 +12,15 @@
 //! collections, made earlier, and the figures are at most `CACHE_TTL` old,
 //! as for two scrapes sharing one collection.
 //!
-//! Scrapes whose period wanders, and two clients interleaved on one
-//! endpoint, show no single period. Those scrapes collect on demand, as
-//! before. After a client stops, at most one collection is made for a
-//! scrape that does not come.
+//! Each client (by address) is timed apart, so two Prometheus servers of
+//! an HA pair scraping one endpoint at offsets each keep their period.
+//! Scrapes whose period wanders, and clients interleaved from one address
+//! (behind one proxy, or the API server's), show no single period. Those
+//! scrapes collect on demand, as before. After a client stops, at most one
+//! collection is made for a scrape that does not come.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -51,6 +54,22 @@ const PERIOD_MAX: Duration = Duration::from_secs(600);
 const LEAD_MIN: Duration = Duration::from_millis(30);
 const LEAD_MAX: Duration = Duration::from_millis(300);
 const LEAD_MARGIN: Duration = Duration::from_millis(20);
+/// Clients timed per endpoint; a new one takes the place of the one heard
+/// from least recently (a Prometheus HA pair, metrics-server, and a few
+/// more fit).
+pub const CLIENTS_MAX: usize = 8;
+
+/// Who scraped: the client's address, when the server knows it.
+pub type Client = Option<IpAddr>;
+
+/// A collection to make ahead of a scrape: when to start it, for which
+/// endpoint, and for which client's scrape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Due {
+    pub at: Instant,
+    pub endpoint: Endpoint,
+    pub client: Client,
+}
 
 /// The endpoints whose scrapes are timed, each with the detail it
 /// collects. `/metrics` reads the summary's pod figures for its log sizes.
@@ -86,9 +105,10 @@ impl Endpoint {
     }
 }
 
-/// One endpoint's recent scrapes.
+/// One client's recent scrapes of one endpoint.
 #[derive(Debug, Default, Clone)]
 struct Arrivals {
+    client: Client,
     /// Oldest first, at most `ARRIVALS`.
     at: Vec<Instant>,
     /// The arrival after which a collection was last made ahead: one per
@@ -121,10 +141,12 @@ impl Arrivals {
     }
 }
 
-/// Every endpoint's scrapes, and each detail's last collection time.
+/// Every endpoint's scrapes by client, and each detail's last collection
+/// time.
 #[derive(Debug, Default)]
 pub struct Cadences {
-    endpoints: [Arrivals; 5],
+    /// Per endpoint, at most `CLIENTS_MAX` clients.
+    endpoints: [Vec<Arrivals>; 5],
     /// Each detail's last collection.
     took: [Duration; 4],
     /// Each endpoint's last work made ahead.
@@ -132,9 +154,25 @@ pub struct Cadences {
 }
 
 impl Cadences {
-    /// A scrape of `e` arrived at `now`.
-    pub fn arrived(&mut self, e: Endpoint, now: Instant) {
-        self.endpoints[e.index()].push(now);
+    /// A scrape of `e` by `client` arrived at `now`.
+    pub fn arrived(&mut self, e: Endpoint, client: Client, now: Instant) {
+        let clients = &mut self.endpoints[e.index()];
+        let i = match clients.iter().position(|a| a.client == client) {
+            Some(i) => i,
+            None => {
+                if clients.len() == CLIENTS_MAX {
+                    // The one heard from least recently goes.
+                    let oldest = (0..clients.len()).min_by_key(|&i| clients[i].at.last().copied());
+                    clients.swap_remove(oldest.unwrap_or(0));
+                }
+                clients.push(Arrivals {
+                    client,
+                    ..Default::default()
+                });
+                clients.len() - 1
+            }
+        };
+        clients[i].push(now);
     }
 
     /// A collection of `d` took `took`, from the start of its CRI lists to
@@ -148,13 +186,13 @@ impl Cadences {
         self.ahead_took[e.index()] = took;
     }
 
-    /// The next collection to make ahead of a scrape: when to start it, and
-    /// for which endpoint. The earliest, when several are due.
-    pub fn due(&self) -> Option<(Instant, Endpoint)> {
+    /// The next collection to make ahead of a scrape. The earliest, when
+    /// several are due.
+    pub fn due(&self) -> Option<Due> {
         Endpoint::ALL
             .iter()
-            .filter_map(|&e| {
-                let a = &self.endpoints[e.index()];
+            .flat_map(|&e| self.endpoints[e.index()].iter().map(move |a| (e, a)))
+            .filter_map(|(e, a)| {
                 let last = *a.at.last()?;
                 if a.fired_after == Some(last) {
                     return None;
@@ -162,15 +200,21 @@ impl Cadences {
                 let period = a.period()?;
                 let took = self.took[e.detail() as usize].max(self.ahead_took[e.index()]);
                 let lead = (took * 2 + LEAD_MARGIN).clamp(LEAD_MIN, LEAD_MAX);
-                Some((last + period - lead, e))
+                Some(Due {
+                    at: last + period - lead,
+                    endpoint: e,
+                    client: a.client,
+                })
             })
-            .min_by_key(|(at, _)| *at)
+            .min_by_key(|d| d.at)
     }
 
-    /// The collection ahead of `e`'s next scrape is being made.
-    pub fn fired(&mut self, e: Endpoint) {
-        let a = &mut self.endpoints[e.index()];
-        a.fired_after = a.at.last().copied();
+    /// The collection ahead of `client`'s next scrape of `e` is being made.
+    pub fn fired(&mut self, e: Endpoint, client: Client) {
+        let clients = &mut self.endpoints[e.index()];
+        if let Some(a) = clients.iter_mut().find(|a| a.client == client) {
+            a.fired_after = a.at.last().copied();
+        }
     }
 }
 
@@ -185,7 +229,7 @@ pub async fn run<F, Fut>(
     expire: impl Fn(),
     token: CancellationToken,
 ) where
-    F: Fn(Endpoint) -> Fut,
+    F: Fn(Endpoint, Client) -> Fut,
     Fut: Future<Output = ()>,
 {
     async fn until(t: Option<Instant>) {
@@ -206,17 +250,24 @@ pub async fn run<F, Fut>(
                 expire();
                 continue;
             }
-            _ = until(due.map(|(at, _)| at)) => {}
+            _ = until(due.map(|d| d.at)) => {}
         }
-        let Some((_, e)) = due else { continue };
-        cadences.lock().fired(e);
-        tracing::trace!(endpoint = ?e, "collecting ahead of a steady scrape");
+        let Some(Due {
+            endpoint: e,
+            client,
+            ..
+        }) = due
+        else {
+            continue;
+        };
+        cadences.lock().fired(e, client);
+        tracing::trace!(endpoint = ?e, ?client, "collecting ahead of a steady scrape");
         // Cancelled mid-collection: the collection's own reads have their
         // deadline; shutdown does not wait on a scrape that will not come.
         let started = Instant::now();
         tokio::select! {
             _ = token.cancelled() => return,
-            _ = collect(e) => {}
+            _ = collect(e, client) => {}
         }
         cadences.lock().made_ahead(e, started.elapsed());
         expire_at = Some(Instant::now() + CACHE_TTL);
@@ -231,8 +282,12 @@ mod tests {
 
     fn at(c: &mut Cadences, e: Endpoint, t0: Instant, ms: &[u64]) {
         for m in ms {
-            c.arrived(e, t0 + Duration::from_millis(*m));
+            c.arrived(e, None, t0 + Duration::from_millis(*m));
         }
+    }
+
+    fn due(c: &Cadences) -> Option<(Instant, Endpoint)> {
+        c.due().map(|d| (d.at, d.endpoint))
     }
 
     #[test]
@@ -241,63 +296,63 @@ mod tests {
         let mut c = Cadences::default();
         // Three scrapes are two intervals: not yet a period.
         at(&mut c, Endpoint::Cadvisor, t0, &[0, 15_000, 30_010]);
-        assert_eq!(c.due(), None);
+        assert_eq!(due(&c), None);
         at(&mut c, Endpoint::Cadvisor, t0, &[44_990]);
         // The lead is the floor while no collection was timed.
         let want = t0 + Duration::from_millis(44_990 + 14_980) - LEAD_MIN;
-        assert_eq!(c.due(), Some((want, Endpoint::Cadvisor)));
-        c.fired(Endpoint::Cadvisor);
-        assert_eq!(c.due(), None, "one collection per scrape");
+        assert_eq!(due(&c), Some((want, Endpoint::Cadvisor)));
+        c.fired(Endpoint::Cadvisor, None);
+        assert_eq!(due(&c), None, "one collection per scrape");
         // The next scrape makes the next prediction; the lead follows the
         // collection's time.
         at(&mut c, Endpoint::Cadvisor, t0, &[59_980]);
         c.collected(Detail::Full, Duration::from_millis(40));
         let want = t0 + Duration::from_millis(59_980 + 14_990) - Duration::from_millis(100);
-        assert_eq!(c.due(), Some((want, Endpoint::Cadvisor)));
+        assert_eq!(due(&c), Some((want, Endpoint::Cadvisor)));
         // Work made ahead that took longer (the text rendered too) sets it.
         c.made_ahead(Endpoint::Cadvisor, Duration::from_millis(60));
         let want = t0 + Duration::from_millis(59_980 + 14_990) - Duration::from_millis(140);
-        assert_eq!(c.due(), Some((want, Endpoint::Cadvisor)));
+        assert_eq!(due(&c), Some((want, Endpoint::Cadvisor)));
         // A slow collection's lead is bounded.
         c.collected(Detail::Full, Duration::from_secs(2));
         let want = t0 + Duration::from_millis(59_980 + 14_990) - LEAD_MAX;
-        assert_eq!(c.due(), Some((want, Endpoint::Cadvisor)));
+        assert_eq!(due(&c), Some((want, Endpoint::Cadvisor)));
     }
 
     #[test]
     fn no_period_no_collection_ahead() {
         let t0 = Instant::now();
-        // Two Prometheus servers on one endpoint, 3 s apart: 3 s and 12 s
-        // intervals in turn.
+        // Two Prometheus servers behind one address, 3 s apart: 3 s and
+        // 12 s intervals in turn.
         let mut c = Cadences::default();
         at(&mut c, Endpoint::Cadvisor, t0, &[0, 3_000, 15_000, 18_000]);
-        assert_eq!(c.due(), None);
+        assert_eq!(due(&c), None);
         // A period that wanders by more than the tolerance.
         let mut c = Cadences::default();
         at(&mut c, Endpoint::Resource, t0, &[0, 15_000, 30_000, 45_500]);
-        assert_eq!(c.due(), None);
+        assert_eq!(due(&c), None);
         at(&mut c, Endpoint::Resource, t0, &[61_000]);
         assert_eq!(
-            c.due(),
+            due(&c),
             None,
             "a 15 s interval is still among the last three"
         );
         // Three intervals of 15.5 s: a period again.
         at(&mut c, Endpoint::Resource, t0, &[76_500]);
-        assert!(c.due().is_some());
+        assert!(due(&c).is_some());
         // Within the tolerance (2 % of the last interval).
         let mut c = Cadences::default();
         at(&mut c, Endpoint::Resource, t0, &[0, 15_000, 30_100, 45_000]);
-        assert!(c.due().is_some());
+        assert!(due(&c).is_some());
         // A client that waits 1.1 s after each answer, answered in 5 to
         // 45 ms: a period.
         let mut c = Cadences::default();
         at(&mut c, Endpoint::Resource, t0, &[0, 1_145, 2_250, 3_395]);
-        assert!(c.due().is_some());
+        assert!(due(&c).is_some());
         // Scrapes closer than the cache's life share its snapshot.
         let mut c = Cadences::default();
         at(&mut c, Endpoint::Summary, t0, &[0, 900, 1_800, 2_700]);
-        assert_eq!(c.due(), None);
+        assert_eq!(due(&c), None);
         // Periods past `PERIOD_MAX`.
         let mut c = Cadences::default();
         at(
@@ -306,7 +361,64 @@ mod tests {
             t0,
             &[0, 700_000, 1_400_000, 2_100_000],
         );
-        assert_eq!(c.due(), None);
+        assert_eq!(due(&c), None);
+    }
+
+    #[test]
+    fn clients_are_timed_apart() {
+        let t0 = Instant::now();
+        let ip = |n: u8| Some(IpAddr::from([10, 0, 0, n]));
+        let mut c = Cadences::default();
+        // An HA pair of Prometheus servers, 3 s apart on a 15 s period:
+        // each keeps its own.
+        for k in 0..4u64 {
+            let m = |ms: u64| t0 + Duration::from_millis(15_000 * k + ms);
+            c.arrived(Endpoint::Cadvisor, ip(1), m(0));
+            c.arrived(Endpoint::Cadvisor, ip(2), m(3_000));
+        }
+        let first = c.due().unwrap();
+        let at = |ms: u64| t0 + Duration::from_millis(ms) - LEAD_MIN;
+        assert_eq!(
+            (first.at, first.endpoint, first.client),
+            (at(60_000), Endpoint::Cadvisor, ip(1))
+        );
+        c.fired(Endpoint::Cadvisor, ip(1));
+        let second = c.due().unwrap();
+        assert_eq!((second.at, second.client), (at(63_000), ip(2)));
+        c.fired(Endpoint::Cadvisor, ip(2));
+        assert_eq!(c.due(), None, "one collection per client's scrape");
+        // A client's scrape makes its next prediction only.
+        c.arrived(
+            Endpoint::Cadvisor,
+            ip(1),
+            t0 + Duration::from_millis(60_000),
+        );
+        assert_eq!(c.due().unwrap().client, ip(1));
+        assert_eq!(c.due().unwrap().at, at(75_000));
+
+        // A ninth client takes the place of the one heard from least
+        // recently, which starts again from nothing.
+        let mut c = Cadences::default();
+        for n in 1..=8 {
+            at_by(&mut c, ip(n), t0, &[n as u64 * 10, 2_000 + n as u64 * 10]);
+        }
+        at_by(&mut c, ip(9), t0, &[5_000]);
+        assert_eq!(c.endpoints[Endpoint::Resource.index()].len(), CLIENTS_MAX);
+        assert!(c.endpoints[Endpoint::Resource.index()]
+            .iter()
+            .all(|a| a.client != ip(1)));
+        at_by(&mut c, ip(1), t0, &[6_000]);
+        let one = c.endpoints[Endpoint::Resource.index()]
+            .iter()
+            .find(|a| a.client == ip(1))
+            .unwrap();
+        assert_eq!(one.at.len(), 1);
+    }
+
+    fn at_by(c: &mut Cadences, client: Client, t0: Instant, ms: &[u64]) {
+        for m in ms {
+            c.arrived(Endpoint::Resource, client, t0 + Duration::from_millis(*m));
+        }
     }
 
     #[test]
@@ -324,10 +436,10 @@ mod tests {
         );
         c.collected(Detail::Resource, Duration::from_millis(10));
         let resource = t0 + Duration::from_millis(60_000 - 40);
-        assert_eq!(c.due(), Some((resource, Endpoint::Resource)));
-        c.fired(Endpoint::Resource);
+        assert_eq!(due(&c), Some((resource, Endpoint::Resource)));
+        c.fired(Endpoint::Resource, None);
         let cadvisor = t0 + Duration::from_millis(125_000) - LEAD_MIN;
-        assert_eq!(c.due(), Some((cadvisor, Endpoint::Cadvisor)));
+        assert_eq!(due(&c), Some((cadvisor, Endpoint::Cadvisor)));
         assert_eq!(Endpoint::Metrics.detail(), Detail::Summary);
         assert_eq!(Endpoint::SummaryCpuMemory.detail(), Detail::CpuMemory);
     }
@@ -353,7 +465,7 @@ mod tests {
         let task = {
             let (s, token) = (s.clone(), token.clone());
             tokio::spawn(async move {
-                let collect = |e| {
+                let collect = |e, _| {
                     s.calls.lock().push((Instant::now(), e));
                     async {}
                 };
@@ -368,7 +480,7 @@ mod tests {
                 tokio::time::sleep_until(t0 + Duration::from_millis(ms)).await;
                 s.cadences
                     .lock()
-                    .arrived(Endpoint::Resource, Instant::now());
+                    .arrived(Endpoint::Resource, None, Instant::now());
                 s.changed.notify_one();
             }
         };

@@ -48,13 +48,32 @@ fn stats_config(s: &ServerState) -> StatsConfig {
     }
 }
 
-/// The snapshot for a scrape of `e`, whose arrival is timed (see
+/// Who is scraping: the client's address, which the server puts in each
+/// request (none in handler tests).
+pub(crate) struct Scraper(pub cadence::Client);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Scraper {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let peer = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
+        Ok(Scraper(peer.map(|c| c.0.ip())))
+    }
+}
+
+/// The snapshot for `client`'s scrape of `e`, whose arrival is timed (see
 /// `cadence`).
 async fn snapshot(
     s: &ServerState,
     e: cadence::Endpoint,
+    client: cadence::Client,
 ) -> Result<Arc<provider::Snapshot>, StatsError> {
-    s.stats.scraped(e);
+    s.stats.scraped(e, client);
     collection(s, e.detail()).await
 }
 
@@ -72,8 +91,11 @@ async fn collection(
 
 /// The pod stats of `/stats/summary` (shared with a concurrent summary
 /// scrape), for `/metrics`' container log sizes; None when they failed.
-pub(crate) async fn summary_snapshot(s: &ServerState) -> Option<Arc<provider::Snapshot>> {
-    match snapshot(s, cadence::Endpoint::Metrics).await {
+pub(crate) async fn summary_snapshot(
+    s: &ServerState,
+    client: cadence::Client,
+) -> Option<Arc<provider::Snapshot>> {
+    match snapshot(s, cadence::Endpoint::Metrics, client).await {
         Ok(snap) => Some(snap),
         Err(e) => {
             tracing::warn!(error = %e, "pod stats for the container log sizes failed");
@@ -92,14 +114,18 @@ fn only_cpu_and_memory(q: Option<&str>) -> bool {
         })
 }
 
-async fn stats_summary(State(s): State<ServerState>, RawQuery(q): RawQuery) -> Response {
+async fn stats_summary(
+    State(s): State<ServerState>,
+    Scraper(client): Scraper,
+    RawQuery(q): RawQuery,
+) -> Response {
     let only = only_cpu_and_memory(q.as_deref());
     let endpoint = if only {
         cadence::Endpoint::SummaryCpuMemory
     } else {
         cadence::Endpoint::Summary
     };
-    match snapshot(&s, endpoint).await {
+    match snapshot(&s, endpoint, client).await {
         Ok(snap) => {
             let mut sum = summary::build(&snap, &s.node_name, only);
             // Volumes are the full summary's (upstream's CPU-and-memory
@@ -139,8 +165,12 @@ async fn stats_summary(State(s): State<ServerState>, RawQuery(q): RawQuery) -> R
     }
 }
 
-async fn metrics_resource(State(s): State<ServerState>, headers: HeaderMap) -> Response {
-    let snap = snapshot(&s, cadence::Endpoint::Resource).await;
+async fn metrics_resource(
+    State(s): State<ServerState>,
+    Scraper(client): Scraper,
+    headers: HeaderMap,
+) -> Response {
+    let snap = snapshot(&s, cadence::Endpoint::Resource, client).await;
     if let Err(e) = &snap {
         tracing::warn!(error = %e, "resource metrics collection failed");
     }
@@ -151,11 +181,15 @@ async fn metrics_resource(State(s): State<ServerState>, headers: HeaderMap) -> R
     encoding::text_response(enc, encoding::encode(enc, vec![body.into()]))
 }
 
-async fn metrics_cadvisor(State(s): State<ServerState>, headers: HeaderMap) -> Response {
+async fn metrics_cadvisor(
+    State(s): State<ServerState>,
+    Scraper(client): Scraper,
+    headers: HeaderMap,
+) -> Response {
     let t0 = std::time::Instant::now();
     let enc = encoding::negotiate(&headers);
-    s.stats.ahead_text().lock().last_enc = Some(enc);
-    let snap = snapshot(&s, cadence::Endpoint::Cadvisor).await;
+    s.stats.ahead_text().lock().asked(client, enc);
+    let snap = snapshot(&s, cadence::Endpoint::Cadvisor, client).await;
     let collected_us = t0.elapsed().as_micros();
     if let Err(e) = &snap {
         tracing::warn!(error = %e, "cadvisor metrics collection failed");
@@ -224,17 +258,35 @@ async fn cadvisor_text(
 type TextCell = Arc<tokio::sync::OnceCell<Vec<Bytes>>>;
 
 /// cAdvisor's text made ahead of a steady scrape (see `cadence`): the
-/// snapshot collected for it is rendered then too, in the encoding the
-/// last scrape asked for, so the scrape only sends it. Rendering and
+/// snapshot collected for it is rendered then too, in the encoding that
+/// client's last scrape asked for, so the scrape only sends it. Rendering and
 /// gzip are two thirds of a scrape's time at 110 pods once the collection
 /// is made ahead. Let go `CACHE_TTL` after it is made (the snapshot's own
 /// life), and replaced by the next.
 #[derive(Default)]
 pub(crate) struct AheadText {
-    /// What the last cAdvisor scrape negotiated.
-    last_enc: Option<encoding::Encoding>,
+    /// What each client's last cAdvisor scrape negotiated, the latest
+    /// last; at most `cadence::CLIENTS_MAX`.
+    encs: Vec<(cadence::Client, encoding::Encoding)>,
     /// The text, with the snapshot it shows and its encoding.
     ready: Option<(Weak<provider::Snapshot>, encoding::Encoding, TextCell)>,
+}
+
+impl AheadText {
+    /// `client`'s cAdvisor scrape negotiated `enc`.
+    fn asked(&mut self, client: cadence::Client, enc: encoding::Encoding) {
+        self.encs.retain(|(c, _)| *c != client);
+        if self.encs.len() == cadence::CLIENTS_MAX {
+            self.encs.remove(0);
+        }
+        self.encs.push((client, enc));
+    }
+
+    /// What `client`'s last cAdvisor scrape negotiated.
+    fn encoding(&self, client: cadence::Client) -> Option<encoding::Encoding> {
+        let found = self.encs.iter().find(|(c, _)| *c == client);
+        found.map(|(_, e)| *e)
+    }
 }
 
 /// The text made (or being made) ahead, when it shows `snap` in `enc`;
@@ -254,7 +306,7 @@ fn text_ahead(
 /// `cadence`), with cAdvisor's text made ahead too, until `token` is
 /// cancelled.
 pub async fn collect_ahead(s: ServerState, token: tokio_util::sync::CancellationToken) {
-    let collect = |e: cadence::Endpoint| {
+    let collect = |e: cadence::Endpoint, client: cadence::Client| {
         let s = s.clone();
         async move {
             let snap = match collection(&s, e.detail()).await {
@@ -264,7 +316,7 @@ pub async fn collect_ahead(s: ServerState, token: tokio_util::sync::Cancellation
                     return;
                 }
             };
-            let enc = match (e, s.stats.ahead_text().lock().last_enc) {
+            let enc = match (e, s.stats.ahead_text().lock().encoding(client)) {
                 (cadence::Endpoint::Cadvisor, Some(enc)) => enc,
                 _ => return,
             };
@@ -435,17 +487,28 @@ mod tests {
         assert!(v["pods"][0]["ephemeral-storage"].is_null());
     }
 
+    /// A state with one pod and its container's stats, and the task that
+    /// collects ahead of steady scrapes running on it.
+    async fn collecting_ahead() -> (
+        ServerState,
+        tokio_util::sync::CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let rt = Arc::new(FakeRuntime::new());
+        let (_, c) = fake_pod(&rt).await;
+        rt.set_container_stats(&c, 1, 2, 3);
+        let (state, token) = ServerState::for_tests(rt.clone());
+        let task = tokio::spawn(collect_ahead(state.clone(), token.child_token()));
+        (state, token, task)
+    }
+
     /// Paused time: cAdvisor scrapes every 2 s. From the fifth, the
     /// collection and the text are made ahead; the scrape sends that text
     /// (a marker put in its place shows it), in its own encoding only and
     /// for that snapshot only, and the text is let go a cache life later.
     #[tokio::test(start_paused = true)]
     async fn a_steady_cadvisor_scrape_is_sent_the_text_made_ahead_for_it() {
-        let rt = Arc::new(FakeRuntime::new());
-        let (_, c) = fake_pod(&rt).await;
-        rt.set_container_stats(&c, 1, 2, 3);
-        let (state, token) = ServerState::for_tests(rt.clone());
-        let task = tokio::spawn(collect_ahead(state.clone(), token.child_token()));
+        let (state, token, task) = collecting_ahead().await;
         let t0 = tokio::time::Instant::now();
         let at = |s: u64| tokio::time::sleep_until(t0 + std::time::Duration::from_secs(s));
         let ready = || state.stats.ahead_text().lock().ready.is_some();
@@ -489,6 +552,65 @@ mod tests {
         // The text is let go a cache life after it was made.
         tokio::time::sleep(provider::CACHE_TTL).await;
         assert!(!ready());
+        token.cancel();
+        task.await.unwrap();
+    }
+
+    /// Two Prometheus servers of an HA pair, 3 s apart on a 15 s period,
+    /// one asking for gzip: each client's scrapes are timed apart, and each
+    /// is sent the text made ahead for it in its own encoding. Before
+    /// scrapes were told apart by client, the pair's 3 s and 12 s intervals
+    /// showed no period and every scrape was collected and rendered when it
+    /// came.
+    #[tokio::test(start_paused = true)]
+    async fn each_client_of_an_ha_pair_is_collected_for_ahead() {
+        let (state, token, task) = collecting_ahead().await;
+        let t0 = tokio::time::Instant::now();
+        let at = |ms: u64| tokio::time::sleep_until(t0 + std::time::Duration::from_millis(ms));
+        let scrape = |ip: u8, gzip: bool| {
+            let mut req = Request::get("/metrics/cadvisor");
+            if gzip {
+                req = req.header("accept-encoding", "gzip");
+            }
+            let mut req = req.body(Body::empty()).unwrap();
+            let peer = std::net::SocketAddr::from(([10, 0, 0, ip], 40_000));
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            let state = state.clone();
+            async move {
+                let resp = routes().with_state(state).oneshot(req).await.unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                axum::body::to_bytes(resp.into_body(), 64 << 20)
+                    .await
+                    .unwrap()
+            }
+        };
+        for k in 0..4 {
+            at(15_000 * k).await;
+            scrape(1, false).await;
+            at(15_000 * k + 3_000).await;
+            scrape(2, true).await;
+        }
+        // Just before each one's fifth scrape, its text is made in its
+        // encoding; a marker in its place is what it receives.
+        for (ms, ip, gzip) in [(60_000, 1, false), (63_000, 2, true)] {
+            at(ms - 10).await;
+            let marker = Bytes::from(format!("# made ahead for {ip}\n"));
+            {
+                let mut g = state.stats.ahead_text().lock();
+                let (_, enc, cell) = g.ready.as_mut().expect("text made ahead");
+                let want = if gzip {
+                    encoding::Encoding::Gzip
+                } else {
+                    encoding::Encoding::Identity
+                };
+                assert_eq!(*enc, want, "client {ip}");
+                assert!(cell.get().is_some(), "made before the scrape is due");
+                *cell = Arc::new(tokio::sync::OnceCell::new_with(Some(vec![marker.clone()])));
+            }
+            at(ms).await;
+            assert_eq!(scrape(ip, gzip).await, marker);
+        }
         token.cancel();
         task.await.unwrap();
     }

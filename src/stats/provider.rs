@@ -454,9 +454,13 @@ impl StatsProvider {
         self.inner.disk.lock().refreshing
     }
 
-    /// A scrape of `e` arrived: its time goes into `e`'s cadence.
-    pub fn scraped(&self, e: super::cadence::Endpoint) {
-        self.inner.cadences.lock().arrived(e, Instant::now());
+    /// `client`'s scrape of `e` arrived: its time goes into that client's
+    /// cadence.
+    pub fn scraped(&self, e: super::cadence::Endpoint, client: super::cadence::Client) {
+        self.inner
+            .cadences
+            .lock()
+            .arrived(e, client, Instant::now());
         self.inner.scraped.notify_one();
     }
 
@@ -468,7 +472,7 @@ impl StatsProvider {
         expire: impl Fn(),
         token: tokio_util::sync::CancellationToken,
     ) where
-        F: Fn(super::cadence::Endpoint) -> Fut,
+        F: Fn(super::cadence::Endpoint, super::cadence::Client) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
         let i = &self.inner;
