@@ -121,15 +121,15 @@ fn kubectl_meets_upstreams_authentication_and_authorization() {
     );
 
     // A certificate from the client CA the webhook denies: 403, naming
-    // the last attribute checked, as upstream.
+    // every subresource checked, as upstream.
     let bob = kubectl_config(&dir, "bob", &k.api, &cert_user(&api, &dir, "bob"));
     let e = kubectl_raw(&bob, "/pods").expect_err("bob is forbidden");
     assert!(
-        e.contains("Forbidden (user=bob, verb=get, resource=nodes, subresource=proxy)"),
+        e.contains("Forbidden (user=bob, verb=get, resource=nodes, subresource(s)=[pods proxy])"),
         "{e}"
     );
     let e = kubectl_raw(&bob, "/stats/summary").expect_err("bob is forbidden");
-    assert!(e.contains("subresource=stats)"), "{e}");
+    assert!(e.contains("subresource(s)=[stats])"), "{e}");
 
     // A certificate from another CA: 401.
     let other = rcgen::generate_simple_self_signed(vec!["mallory".into()]).unwrap();

@@ -20,7 +20,8 @@
 //! `/metrics/resource` and `/stats/summary` scrape (each past the 1 s cache;
 //! the metric endpoints plain and gzipped; steady scrapes, which rkubelet
 //! collects for ahead, and the latency at irregular gaps, which it
-//! collects for when asked), the kernel's floor for those
+//! collects for when asked), the latency of an HA pair's scrapes (two
+//! client addresses, each on its own clock), the kernel's floor for those
 //! collections (the CPU of reading, once per scrape gap, the cgroup files
 //! rkubelet keeps open; see `kernel_floor`), then a minute of
 //! `/metrics/resource` every 15 s (metrics-server) and one with
@@ -154,7 +155,7 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_, _>>()?
             }
             "-h" | "--help" => {
-                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired (the metric endpoints plain\n    and gzipped; steady scrapes, collected for ahead from the fifth, then irregular ones,\n    collected for when asked); the kernel's floor (CPU to read the cgroup files rkubelet holds\n    open, once per scrape gap); then CPU per minute with /metrics/resource (and /metrics/cadvisor)\n    scraped every 15 s with gzip, and a cAdvisor scrape\n    made during a resource scrape\n  --render 110: alone, the CPU and wall time of rendering /metrics/cadvisor from a synthetic\n    N-pod snapshot (no containerd)\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
+                println!("usage: rkubelet-bench [--pods 1,30,110] [--idle-secs 60] [--kills 20] [--rkubelet PATH]\n  --kills N: kill the main container of N distinct pods and time its death on /pods\n  --probe-pods N [--flips F]: N httpd pods with readiness (httpGet) and liveness (tcpSocket)\n    probes every second: rkubelet CPU/RSS, containerd's CPU apart, and the delay from a\n    readiness change to the pod's Ready condition on /pods over F flips\n  --storm N [--settle-secs 60]: a canary pod, then N malformed manifests written and removed:\n    rkubelet's idle, peak and settled RSS\n  --cluster 1,30,110: cluster mode against the API server double: bound pod to Running\n    through a watch vs bare CRI, API requests/min at steady state, RSS and CPU\n  --scrape 1,30 [--scrapes 10]: with N pods, the latency, body size and CPU (rkubelet's\n    and containerd's) of one /metrics/cadvisor, /metrics/resource and /stats/summary\n    scrape, each taken after the 1 s stats cache has expired (the metric endpoints plain\n    and gzipped; steady scrapes, collected for ahead from the fifth, then irregular ones,\n    collected for when asked); an HA pair of clients (127.0.0.1 and .2) on cAdvisor and resource;\n    the kernel's floor (CPU to read the cgroup files rkubelet holds\n    open, once per scrape gap); then CPU per minute with /metrics/resource (and /metrics/cadvisor)\n    scraped every 15 s with gzip, and a cAdvisor scrape\n    made during a resource scrape\n  --render 110: alone, the CPU and wall time of rendering /metrics/cadvisor from a synthetic\n    N-pod snapshot (no containerd)\n  --volumes 110: bound-to-Running with 10 configMap/secret volumes vs none, then N pods with a\n    projected token and a shared configMap: RSS, object watches and TokenRequests");
                 std::process::exit(0);
             }
             other => bail!("unknown flag: {other}"),
@@ -180,7 +181,31 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
 /// asks for it (as Prometheus and Go's HTTP clients, metrics-server's
 /// among them, do).
 fn http_get_as(addr: &str, path: &str, gzip: bool) -> Option<Vec<u8>> {
-    let mut s = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
+    let s = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
+    http_request(s, addr, path, gzip)
+}
+
+/// `http_get_as` from source address `from`: two clients on one host, as
+/// the two Prometheus servers of an HA pair are to the kubelet (std's
+/// TcpStream cannot bind before it connects; tokio's socket can).
+fn http_get_from(from: std::net::IpAddr, addr: &str, path: &str, gzip: bool) -> Option<Vec<u8>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    let to: std::net::SocketAddr = addr.parse().ok()?;
+    let s = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4().ok()?;
+        sock.bind((from, 0).into()).ok()?;
+        let c = tokio::time::timeout(Duration::from_secs(2), sock.connect(to));
+        c.await.ok()?.ok()
+    })?;
+    let s = s.into_std().ok()?;
+    s.set_nonblocking(false).ok()?;
+    http_request(s, addr, path, gzip)
+}
+
+fn http_request(mut s: TcpStream, addr: &str, path: &str, gzip: bool) -> Option<Vec<u8>> {
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     let accept = if gzip {
         "Accept-Encoding: gzip\r\n"
@@ -911,6 +936,44 @@ fn scrape_bench(args: &Args, cri: &RemoteRuntime, n: usize) -> Result<()> {
             1000.0 * cpu.max(0.0) / args.scrapes as f64,
             1000.0 * rcpu.max(0.0) / args.scrapes as f64,
             pct(&mut cold, 50.0),
+        );
+    }
+    // An HA pair of Prometheus servers (127.0.0.1 and 127.0.0.2), each on
+    // a 4 s clock, 1.5 s apart: 1.5 s and 2.5 s intervals in turn on the
+    // endpoint, but a period per client, whose scrapes are timed apart.
+    for (path, gzip) in [("/metrics/cadvisor", true), ("/metrics/resource", true)] {
+        let rounds = args.scrapes.clamp(6, 12);
+        let start = Instant::now() + gap;
+        let client = |ip: [u8; 4], offset: Duration| {
+            let mut lat = Vec::new();
+            for i in 0..rounds {
+                let next = start + offset + Duration::from_secs(4) * i as u32;
+                if let Some(d) = next.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(d);
+                }
+                let t = Instant::now();
+                let got = http_get_from(ip.into(), &k.ro, path, gzip);
+                lat.push(got.map(|_| t.elapsed().as_secs_f64() * 1000.0));
+            }
+            lat.into_iter().collect::<Option<Vec<f64>>>()
+        };
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| client([127, 0, 0, 1], Duration::ZERO));
+            let b = s.spawn(|| client([127, 0, 0, 2], Duration::from_millis(1500)));
+            (a.join().ok().flatten(), b.join().ok().flatten())
+        });
+        let (Some(mut a), Some(mut b)) = (a, b) else {
+            println!("HA pair on {path}: a scrape failed");
+            continue;
+        };
+        let (mut a5, mut b5) = (a.split_off(4), b.split_off(4));
+        println!(
+            "HA pair on {path}{} (127.0.0.1 and .2, 4 s apart each, 1.5 s between): p50 from the fifth scrape {:.1} / {:.1} ms; the first four {:.1} / {:.1} ms",
+            if gzip { " (gzip)" } else { "" },
+            pct(&mut a5, 50.0),
+            pct(&mut b5, 50.0),
+            pct(&mut a, 50.0),
+            pct(&mut b, 50.0),
         );
     }
     let ids = runtime_ids(cri);

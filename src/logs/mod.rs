@@ -20,7 +20,6 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::mpsc;
 
-use crate::kuberuntime::labels;
 use crate::server::ServerState;
 use cri_format::LogLine;
 
@@ -157,8 +156,19 @@ async fn container_logs(
         )
             .into_response();
     }
+    // The status the status manager holds, else the pod's own (a kubelet
+    // just restarted), as upstream's GetKubeletContainerLogs reads it.
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let instance = match find_instance(&s, &uid, &pod_name, &container, opts.previous).await {
+    let status = match s.status.get(&uid) {
+        Some(st) => (*st).clone(),
+        None => pod.status.clone().unwrap_or_default(),
+    };
+    let picked = log_container_id(&pod_name, &status, &container, opts.previous);
+    let instance = match picked {
+        Ok(id) => find_instance(&s, id, &pod_name, &container).await,
+        Err(e) => Err(e),
+    };
+    let instance = match instance {
         Ok(i) => i,
         Err(e) => return bad(e),
     };
@@ -176,36 +186,83 @@ async fn container_logs(
     ([(header::CONTENT_TYPE, "text/plain")], body).into_response()
 }
 
-/// The newest instance of the container, or with `previous` the one
-/// before it, as upstream's validateContainerLogStatus picks them.
-async fn find_instance(
-    s: &ServerState,
-    uid: &str,
+/// The runtime ID of the instance whose log is read, picked from the
+/// pod's status as upstream's validateContainerLogStatus does: with
+/// `previous` the last terminated one; otherwise the running one, else the
+/// terminated one, else the last terminated one. A waiting container has
+/// no log yet, and the message says why.
+fn log_container_id(
     pod_name: &str,
+    status: &k8s_openapi::api::core::v1::PodStatus,
     container: &str,
     previous: bool,
-) -> Result<Instance, String> {
-    let filter = crate::cri::ContainerFilter {
-        label_selector: labels::container_selector(uid, container),
-        ..Default::default()
-    };
-    let mut list = s
-        .runtime
-        .list_containers(Some(filter))
-        .await
-        .map_err(|e| e.to_string())?;
-    list.sort_by_key(|c| std::cmp::Reverse(c.created_at));
-    let pick = if previous { list.get(1) } else { list.first() };
-    let Some(c) = pick else {
-        return Err(if previous {
+) -> Result<String, String> {
+    let cs = [
+        &status.container_statuses,
+        &status.init_container_statuses,
+        &status.ephemeral_container_statuses,
+    ]
+    .into_iter()
+    .flat_map(|l| l.iter().flatten())
+    .find(|c| c.name == container)
+    .ok_or_else(|| format!("container {container:?} in pod {pod_name:?} is not available"))?;
+    let state = cs.state.clone().unwrap_or_default();
+    let last = cs
+        .last_state
+        .as_ref()
+        .and_then(|l| l.terminated.as_ref())
+        .and_then(|t| t.container_id.clone())
+        .filter(|id| !id.is_empty());
+    let terminated = || format!("container {container:?} in pod {pod_name:?} is terminated");
+    let id = if previous {
+        last.ok_or_else(|| {
             format!("previous terminated container {container:?} in pod {pod_name:?} not found")
-        } else {
-            format!("container {container:?} in pod {pod_name:?} is waiting to start: ContainerCreating")
-        });
+        })?
+    } else if state.running.is_some() {
+        cs.container_id.clone().unwrap_or_default()
+    } else if let Some(t) = &state.terminated {
+        // The next instance did not start: the last one's log.
+        match t.container_id.clone().filter(|id| !id.is_empty()) {
+            Some(id) => id,
+            None => last.ok_or_else(terminated)?,
+        }
+    } else if cs
+        .last_state
+        .as_ref()
+        .is_some_and(|l| l.terminated.is_some())
+    {
+        last.ok_or_else(terminated)?
+    } else if let Some(w) = &state.waiting {
+        let why = match w.reason.as_deref().unwrap_or_default() {
+            "ErrImagePull" => "image can't be pulled".to_string(),
+            "ImagePullBackOff" => "trying and failing to pull image".to_string(),
+            other => other.to_string(),
+        };
+        return Err(format!(
+            "container {container:?} in pod {pod_name:?} is waiting to start: {why}"
+        ));
+    } else {
+        return Err(format!(
+            "container {container:?} in pod {pod_name:?} is waiting to start - no logs yet"
+        ));
     };
+    // "containerd://<id>": the runtime's own ID.
+    Ok(id
+        .split_once("://")
+        .map_or(id.as_str(), |(_, id)| id)
+        .to_string())
+}
+
+/// The log file of instance `id`, from the runtime.
+async fn find_instance(
+    s: &ServerState,
+    id: String,
+    pod_name: &str,
+    container: &str,
+) -> Result<Instance, String> {
     let st = s
         .runtime
-        .container_status(&c.id)
+        .container_status(&id)
         .await
         .map_err(|e| e.to_string())?;
     if st.log_path.is_empty() {
@@ -214,7 +271,7 @@ async fn find_instance(
         ));
     }
     Ok(Instance {
-        id: c.id.clone(),
+        id,
         log_path: PathBuf::from(st.log_path),
     })
 }
@@ -255,7 +312,10 @@ async fn stream_log(
         return;
     };
     let mut partial: Vec<u8> = Vec::new();
-    let mut last_check = tokio::time::Instant::now();
+    // None: the first end of the file asks at once (upstream's waitLogs
+    // checks at its first EOF), so following a stopped container ends
+    // without waiting out a check period.
+    let mut last_check: Option<tokio::time::Instant> = None;
     // Without follow, the log as it was when the request came: lines
     // appended meanwhile are not part of the answer (tailLines is exact).
     let mut left: Option<u64> = (!opts.follow).then_some(to_end);
@@ -316,8 +376,8 @@ async fn stream_log(
                 continue;
             }
         }
-        if last_check.elapsed() >= RUNNING_CHECK {
-            last_check = tokio::time::Instant::now();
+        if last_check.is_none_or(|t| t.elapsed() >= RUNNING_CHECK) {
+            last_check = Some(tokio::time::Instant::now());
             let running = runtime
                 .container_status(&inst.id)
                 .await
@@ -407,11 +467,9 @@ impl Emitter<'_> {
             }
         }
         let mut out = Vec::with_capacity(line.content.len() + 40);
-        if self.opts.timestamps && !self.in_line {
-            if let Some(ts) = line.timestamp {
-                out.extend_from_slice(ts.to_string().as_bytes());
-                out.push(b' ');
-            }
+        if self.opts.timestamps && !self.in_line && line.timestamp.is_some() {
+            out.extend_from_slice(line.fixed_time().as_bytes());
+            out.push(b' ');
         }
         out.extend_from_slice(line.content);
         if !line.partial {
@@ -461,6 +519,75 @@ mod tests {
         }
     }
 
+    /// The instance read is the one the pod's status names, as upstream's
+    /// validateContainerLogStatus picks it. Before, `previous` took the
+    /// second-newest runtime container: during a crash loop, the crash
+    /// before the last one (or none after the first crash).
+    #[test]
+    fn the_instance_read_is_the_one_the_status_names() {
+        let status = |cs: serde_json::Value| -> k8s_openapi::api::core::v1::PodStatus {
+            serde_json::from_value(serde_json::json!({ "containerStatuses": [cs] })).unwrap()
+        };
+        let pick = |st: &k8s_openapi::api::core::v1::PodStatus, previous| {
+            log_container_id("web", st, "app", previous)
+        };
+        // A crash loop: waiting to restart, the last crash's log.
+        let looping = status(serde_json::json!({
+            "name": "app", "image": "i", "imageID": "", "ready": false, "restartCount": 3,
+            "containerID": "containerd://c3",
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 1, "containerID": "containerd://c3"}},
+        }));
+        assert_eq!(pick(&looping, false).unwrap(), "c3");
+        assert_eq!(pick(&looping, true).unwrap(), "c3");
+        // Running after one crash: now and the one before.
+        let running = status(serde_json::json!({
+            "name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 1,
+            "containerID": "containerd://c2",
+            "state": {"running": {}},
+            "lastState": {"terminated": {"exitCode": 1, "containerID": "containerd://c1"}},
+        }));
+        assert_eq!(pick(&running, false).unwrap(), "c2");
+        assert_eq!(pick(&running, true).unwrap(), "c1");
+        // Never terminated: no previous.
+        let fresh = status(serde_json::json!({
+            "name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+            "containerID": "containerd://c1", "state": {"running": {}},
+        }));
+        let e = pick(&fresh, true).unwrap_err();
+        assert_eq!(
+            e,
+            r#"previous terminated container "app" in pod "web" not found"#
+        );
+        // Waiting: why, in upstream's words.
+        let pulling = status(serde_json::json!({
+            "name": "app", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff"}},
+        }));
+        assert_eq!(
+            pick(&pulling, false).unwrap_err(),
+            r#"container "app" in pod "web" is waiting to start: trying and failing to pull image"#
+        );
+        let creating = status(serde_json::json!({
+            "name": "app", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ContainerCreating"}},
+        }));
+        assert!(pick(&creating, false)
+            .unwrap_err()
+            .ends_with("is waiting to start: ContainerCreating"));
+        // Terminated for good (restartPolicy Never): its own log.
+        let done = status(serde_json::json!({
+            "name": "app", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "containerID": "containerd://c9"}},
+        }));
+        assert_eq!(pick(&done, false).unwrap(), "c9");
+        // No status for it yet.
+        assert_eq!(
+            log_container_id("web", &Default::default(), "app", false).unwrap_err(),
+            r#"container "app" in pod "web" is not available"#
+        );
+    }
+
     fn log_file(lines: &[&str]) -> (tempfile_path::TempPath, PathBuf) {
         let dir = tempfile_path::TempPath::new();
         let p = dir.0.join("0.log");
@@ -493,6 +620,24 @@ mod tests {
                 let _ = std::fs::remove_dir_all(&self.0);
             }
         }
+    }
+
+    /// Following a container that is not running ends at the first end of
+    /// its file; it waited out a 1 s check period before.
+    #[tokio::test(start_paused = true)]
+    async fn following_a_stopped_container_ends_at_once() {
+        let (_d, p) = log_file(&["2026-11-23T09:00:00.000000001Z stdout F one"]);
+        let t0 = tokio::time::Instant::now();
+        let all = collect(
+            p,
+            LogOptions {
+                follow: true,
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_eq!(all, "one\n");
+        assert!(t0.elapsed() < FOLLOW_POLL, "{:?}", t0.elapsed());
     }
 
     async fn collect(path: PathBuf, opts: LogOptions) -> String {
@@ -552,7 +697,8 @@ mod tests {
             },
         )
         .await;
-        assert_eq!(ts, "2026-11-23T09:00:02Z three\n");
+        // RFC3339NanoFixed: nine fraction digits, zeros kept.
+        assert_eq!(ts, "2026-11-23T09:00:02.000000000Z three\n");
         let limited = collect(
             p,
             LogOptions {

@@ -65,8 +65,8 @@ pub struct Attributes {
 }
 
 /// Maps a request to the checks upstream makes, in order: a request is
-/// allowed when any of them is. `/stats`, `/metrics` and `/logs` get their
-/// own subresource; with `KubeletFineGrainedAuthz` (default on since
+/// allowed when any of them is. `/stats`, `/metrics`, `/logs` and
+/// `/checkpoint` get their own subresource; with `KubeletFineGrainedAuthz` (default on since
 /// v1.33), `/pods` and `/runningpods` try `pods`, `/healthz` `healthz` and
 /// `/configz` `configz` before `proxy`; everything else is `proxy`.
 pub fn request_attributes(method: &Method, path: &str, fine_grained: bool) -> Vec<Attributes> {
@@ -96,6 +96,9 @@ pub fn request_attributes(method: &Method, path: &str, fine_grained: bool) -> Ve
     }
     if is_sub("/logs") {
         return vec![sub("log")];
+    }
+    if is_sub("/checkpoint") {
+        return vec![sub("checkpoint")];
     }
     if fine_grained {
         let first = if is_sub("/pods") || is_sub("/runningpods") {
@@ -296,19 +299,18 @@ impl Auth {
         &self,
         user: &UserInfo,
         checks: &[Attributes],
-    ) -> Result<Option<Attributes>, Attributes> {
+    ) -> Result<bool, Attributes> {
         if !self.cfg.webhook_authz {
-            return Ok(None);
+            return Ok(true);
         }
-        let mut last = None;
         for a in checks {
             match self.review_access(user, a).await {
-                Some(true) => return Ok(None),
-                Some(false) => last = Some(a.clone()),
+                Some(true) => return Ok(true),
+                Some(false) => {}
                 None => return Err(a.clone()),
             }
         }
-        Ok(last)
+        Ok(false)
     }
 
     async fn review_access(&self, user: &UserInfo, a: &Attributes) -> Option<bool> {
@@ -343,7 +345,10 @@ impl Auth {
                 return None;
             }
         };
-        let allowed = answer.status.is_some_and(|s| s.allowed);
+        let Some(allowed) = decision(answer.status.as_ref()) else {
+            warn!("SubjectAccessReview returned both allow and deny");
+            return None;
+        };
         let ttl = if allowed {
             self.cfg.authorized_ttl
         } else {
@@ -351,6 +356,18 @@ impl Auth {
         };
         self.decisions.lock().put(key, allowed, ttl);
         Some(allowed)
+    }
+}
+
+/// A review's answer: allowed or not; `None` when it says both, which
+/// upstream's webhook authorizer takes for an error (a 500, not cached).
+fn decision(
+    status: Option<&k8s_openapi::api::authorization::v1::SubjectAccessReviewStatus>,
+) -> Option<bool> {
+    match status {
+        Some(s) if s.allowed && s.denied == Some(true) => None,
+        Some(s) => Some(s.allowed),
+        None => Some(false),
     }
 }
 
@@ -396,7 +413,8 @@ fn plain(code: StatusCode, msg: String) -> Response {
 
 /// The filter in front of every :10250 handler (upstream's
 /// InstallAuthFilter): 401 `Unauthorized`, 403 `Forbidden (user=…, verb=…,
-/// resource=nodes, subresource=…)`, 500 on an authorization error.
+/// resource=nodes, subresource(s)=[…])` naming every subresource tried,
+/// 500 on an authorization error.
 pub async fn filter(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
     let bearer = req
         .headers()
@@ -414,22 +432,27 @@ pub async fn filter(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> 
         return plain(StatusCode::UNAUTHORIZED, "Unauthorized".into());
     };
     let checks = request_attributes(req.method(), req.uri().path(), auth.cfg.fine_grained);
-    let describe = |a: &Attributes| {
-        format!(
-            "(user={}, verb={}, resource=nodes, subresource={})",
-            user.name, a.verb, a.subresource
-        )
-    };
     match auth.authorize(&user, &checks).await {
-        Ok(None) => next.run(req).await,
-        Ok(Some(denied)) => {
-            let msg = format!("Forbidden {}", describe(&denied));
-            info!(path = %req.uri().path(), "{msg}");
+        Ok(true) => next.run(req).await,
+        Ok(false) => {
+            // Every subresource tried, as Go prints a []string, and a
+            // newline: upstream's message since fine-grained checks came.
+            let subs: Vec<&str> = checks.iter().map(|a| a.subresource).collect();
+            let verb = checks.first().map_or("", |a| a.verb.as_str());
+            let msg = format!(
+                "Forbidden (user={}, verb={verb}, resource=nodes, subresource(s)=[{}])\n",
+                user.name,
+                subs.join(" ")
+            );
+            info!(path = %req.uri().path(), "{}", msg.trim_end());
             plain(StatusCode::FORBIDDEN, msg)
         }
         Err(a) => plain(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("Authorization error {}", describe(&a)),
+            format!(
+                "Authorization error (user={}, verb={}, resource=nodes, subresource={})",
+                user.name, a.verb, a.subresource
+            ),
         ),
     }
 }
@@ -445,6 +468,23 @@ mod tests {
             .collect()
     }
 
+    /// An answer both allowed and denied is an error, as upstream's webhook
+    /// authorizer returns it; it was taken for allowed before.
+    #[test]
+    fn a_review_both_allowed_and_denied_is_an_error() {
+        use k8s_openapi::api::authorization::v1::SubjectAccessReviewStatus as St;
+        let st = |allowed, denied| St {
+            allowed,
+            denied,
+            ..Default::default()
+        };
+        assert_eq!(decision(Some(&st(true, Some(true)))), None);
+        assert_eq!(decision(Some(&st(true, None))), Some(true));
+        assert_eq!(decision(Some(&st(true, Some(false)))), Some(true));
+        assert_eq!(decision(Some(&st(false, Some(true)))), Some(false));
+        assert_eq!(decision(None), Some(false));
+    }
+
     #[test]
     fn paths_map_to_node_subresources_as_upstream() {
         assert_eq!(subs(Method::GET, "/stats/summary", true), ["stats"]);
@@ -453,6 +493,15 @@ mod tests {
         assert_eq!(subs(Method::GET, "/statsx", true), ["proxy"]);
         assert_eq!(subs(Method::GET, "/metrics/cadvisor", true), ["metrics"]);
         assert_eq!(subs(Method::GET, "/logs/syslog", true), ["log"]);
+        // Its own subresource, not proxy (upstream's GetRequestAttributes).
+        assert_eq!(
+            subs(Method::POST, "/checkpoint/ns/p/c", true),
+            ["checkpoint"]
+        );
+        assert_eq!(
+            subs(Method::POST, "/checkpoint/ns/p/c", false),
+            ["checkpoint"]
+        );
         assert_eq!(subs(Method::GET, "/pods", true), ["pods", "proxy"]);
         assert_eq!(subs(Method::GET, "/runningpods/", true), ["pods", "proxy"]);
         assert_eq!(subs(Method::GET, "/healthz", true), ["healthz", "proxy"]);

@@ -147,9 +147,10 @@ fn health_checks(s: &ServerState) -> Vec<(&'static str, Result<(), String>)> {
 /// Upstream's healthz handler (`k8s.io/apiserver/pkg/server/healthz`):
 /// `ok` when every check passes; with `?verbose`, one `[+]name ok` line per
 /// check; on failure a 500 listing every check, the failing ones as
-/// `[-]name failed: reason withheld` (with `?verbose`, the reason itself).
-/// `?exclude=name` leaves a check out. Each check run is recorded in
-/// `slis`, as that handler records it.
+/// `[-]name failed: reason withheld`, verbose or not (the endpoint is
+/// public: the reason goes to the log only). `?exclude=name` leaves a check
+/// out; a name that matches none is warned of. Each check run is recorded
+/// in `slis`, as that handler records it.
 pub fn healthz_body(
     checks: &[(&'static str, Result<(), String>)],
     query: &str,
@@ -161,7 +162,12 @@ pub fn healthz_body(
         .map(|p| p.split_once('=').unwrap_or((p, "")))
         .collect();
     let verbose = params.iter().any(|(k, _)| *k == "verbose");
-    let excluded = |name: &str| params.iter().any(|(k, v)| *k == "exclude" && *v == name);
+    let excludes: std::collections::BTreeSet<&str> = params
+        .iter()
+        .filter(|(k, _)| *k == "exclude")
+        .map(|(_, v)| *v)
+        .collect();
+    let excluded = |name: &str| excludes.contains(name);
     let mut out = String::new();
     let mut failed = false;
     for (name, r) in checks {
@@ -174,14 +180,21 @@ pub fn healthz_body(
             Ok(()) => out.push_str(&format!("[+]{name} ok\n")),
             Err(e) => {
                 failed = true;
-                let why = if verbose {
-                    e.as_str()
-                } else {
-                    "reason withheld"
-                };
-                out.push_str(&format!("[-]{name} failed: {why}\n"));
+                tracing::debug!(check = name, reason = %e, "health check failed");
+                out.push_str(&format!("[-]{name} failed: reason withheld\n"));
             }
         }
+    }
+    let unmatched: Vec<String> = excludes
+        .iter()
+        .filter(|x| !checks.iter().any(|(n, _)| n == *x))
+        .map(|x| format!("{x:?}"))
+        .collect();
+    if !unmatched.is_empty() {
+        out.push_str(&format!(
+            "warn: some health checks cannot be excluded: no matches for {}\n",
+            unmatched.join(", ")
+        ));
     }
     if failed {
         out.push_str("healthz check failed\n");
@@ -572,11 +585,14 @@ mod tests {
             "{body}"
         );
         assert!(body.ends_with("healthz check failed\n"));
+        // Verbose too: the reason is withheld (upstream's handleRootHealth
+        // writes it to the log only; the endpoint is public).
         let (_, body) = healthz_body(&down(), "verbose");
         assert!(
-            body.contains("[-]runtime failed: container runtime is down\n"),
+            body.contains("[-]runtime failed: reason withheld\n"),
             "{body}"
         );
+        assert!(!body.contains("is down"), "{body}");
         let (code, body) = healthz_body(&down(), "exclude=runtime");
         assert_eq!(code, StatusCode::OK, "{body}");
         // Each check run was recorded (`exclude` leaves one out), as
@@ -593,6 +609,13 @@ mod tests {
             assert!(text.contains(&line), "{line}{text}");
         }
         assert!(text.contains("kubernetes_healthcheck{name=\"runtime\",type=\"healthz\"} 0\n"));
+        // An exclude that matches no check is warned of.
+        let (code, body) = healthz_body(&checks(Ok(())), "verbose&exclude=nope&exclude=log");
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(
+            body,
+            "[+]ping ok\n[+]log excluded: ok\n[+]syncloop ok\n[+]pleg ok\n[+]runtime ok\nwarn: some health checks cannot be excluded: no matches for \"nope\"\nhealthz check passed\n"
+        );
     }
 
     async fn get_json(router: Router, path: &str) -> (StatusCode, serde_json::Value) {

@@ -332,13 +332,25 @@ async fn attach(
         let (pod, uid) = t.resolve(&s)?;
         let id = find_container(&*s.runtime, &uid, &t.container).await?;
         // As upstream: attach's TTY is the container's own (it cannot change
-        // after the process started), not the request's.
-        let spec = pod
+        // after the process started), not the request's; init and
+        // ephemeral containers are searched too (GetContainerSpec).
+        let named = |n: &String| *n == t.container;
+        let tty = pod
             .spec
             .as_ref()
-            .and_then(|sp| sp.containers.iter().find(|c| c.name == t.container))
-            .ok_or_else(|| StreamError::ContainerNotFound(t.container.clone()))?;
-        let tty = spec.tty.unwrap_or(false);
+            .and_then(|sp| {
+                let regular = sp
+                    .containers
+                    .iter()
+                    .chain(sp.init_containers.iter().flatten());
+                let found = regular.clone().find(|c| named(&c.name)).map(|c| c.tty);
+                found.or_else(|| {
+                    let mut eph = sp.ephemeral_containers.iter().flatten();
+                    eph.find(|c| named(&c.name)).map(|c| c.tty)
+                })
+            })
+            .ok_or_else(|| StreamError::ContainerNotFound(t.container.clone()))?
+            .unwrap_or(false);
         let url = s
             .runtime
             .attach(v1::AttachRequest {
@@ -682,6 +694,7 @@ pub fn routes() -> Router<ServerState> {
 mod tests {
     use super::*;
     use crate::cri::fake::FakeRuntime;
+    use k8s_openapi::api::core::v1::{Container, Pod};
     use std::sync::Arc;
     use tower::ServiceExt;
 
@@ -760,25 +773,32 @@ mod tests {
         pod.metadata.name = Some("web".into());
         pod.metadata.namespace = Some("default".into());
         pod.metadata.uid = Some("u1".into());
+        let c = pod.spec.as_ref().unwrap().containers[0].clone();
+        run_in(&rt, &pod, &c).await;
+        s.pods.upsert(pod);
+        rt.clear_calls();
+        (s, rt, token)
+    }
+
+    /// Runs container `c` of `pod` in a sandbox of its own on the fake;
+    /// its runtime ID.
+    async fn run_in(rt: &FakeRuntime, pod: &Pod, c: &Container) -> String {
         let sb = v1::PodSandboxConfig {
-            labels: labels::sandbox_labels(&pod),
+            labels: labels::sandbox_labels(pod),
             ..Default::default()
         };
         let sb_id = rt.run_pod_sandbox(sb.clone(), String::new()).await.unwrap();
-        let c = &pod.spec.as_ref().unwrap().containers[0];
         let cfg = v1::ContainerConfig {
             metadata: Some(v1::ContainerMetadata {
-                name: "app".into(),
+                name: c.name.clone(),
                 attempt: 0,
             }),
-            labels: labels::container_labels(&pod, c, false),
+            labels: labels::container_labels(pod, c, false),
             ..Default::default()
         };
         let id = rt.create_container(&sb_id, cfg, sb).await.unwrap();
         rt.start_container(&id).await.unwrap();
-        s.pods.upsert(pod);
-        rt.clear_calls();
-        (s, rt, token)
+        id
     }
 
     async fn call(s: &ServerState, method: &str, uri: &str, upgrade: bool) -> (StatusCode, String) {
@@ -857,6 +877,32 @@ mod tests {
             1,
             "{}",
             heads[1]
+        );
+    }
+
+    /// Attach finds an init container's spec too (upstream's
+    /// GetContainerSpec searches init and ephemeral containers); before,
+    /// only the regular ones were searched and an init container was
+    /// "not found" although it ran.
+    #[tokio::test]
+    async fn attach_reaches_an_init_container() {
+        let (s, rt, _t) = state().await;
+        let mut pod = crate::testutil::pod("Always", &["setup"], &["app"]);
+        pod.metadata.name = Some("init".into());
+        pod.metadata.namespace = Some("default".into());
+        pod.metadata.uid = Some("u9".into());
+        let c = pod.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0].clone();
+        let id = run_in(&rt, &pod, &c).await;
+        s.pods.upsert(pod);
+        rt.clear_calls();
+        let (c, b) = call(&s, "GET", "/attach/default/init/setup?output=1", true).await;
+        // The fake's streaming URL is a closed port: the runtime was asked.
+        assert_eq!(c, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(b.contains("error dialing backend"), "{b}");
+        assert!(
+            rt.calls().contains(&format!("Attach {id}")),
+            "{:?}",
+            rt.calls()
         );
     }
 
