@@ -207,10 +207,8 @@ fn log_container_id(
     .find(|c| c.name == container)
     .ok_or_else(|| format!("container {container:?} in pod {pod_name:?} is not available"))?;
     let state = cs.state.clone().unwrap_or_default();
-    let last = cs
-        .last_state
-        .as_ref()
-        .and_then(|l| l.terminated.as_ref())
+    let last_terminated = cs.last_state.as_ref().and_then(|l| l.terminated.as_ref());
+    let last = last_terminated
         .and_then(|t| t.container_id.clone())
         .filter(|id| !id.is_empty());
     let terminated = || format!("container {container:?} in pod {pod_name:?} is terminated");
@@ -226,11 +224,7 @@ fn log_container_id(
             Some(id) => id,
             None => last.ok_or_else(terminated)?,
         }
-    } else if cs
-        .last_state
-        .as_ref()
-        .is_some_and(|l| l.terminated.is_some())
-    {
+    } else if last_terminated.is_some() {
         last.ok_or_else(terminated)?
     } else if let Some(w) = &state.waiting {
         let why = match w.reason.as_deref().unwrap_or_default() {

@@ -334,22 +334,20 @@ async fn attach(
         // As upstream: attach's TTY is the container's own (it cannot change
         // after the process started), not the request's; init and
         // ephemeral containers are searched too (GetContainerSpec).
-        let named = |n: &String| *n == t.container;
-        let tty = pod
-            .spec
-            .as_ref()
-            .and_then(|sp| {
-                let regular = sp
-                    .containers
-                    .iter()
-                    .chain(sp.init_containers.iter().flatten());
-                let found = regular.clone().find(|c| named(&c.name)).map(|c| c.tty);
-                found.or_else(|| {
-                    let mut eph = sp.ephemeral_containers.iter().flatten();
-                    eph.find(|c| named(&c.name)).map(|c| c.tty)
-                })
-            })
+        let sp = pod.spec.as_ref();
+        let regular = sp.into_iter().flat_map(|sp| {
+            let inits = sp.init_containers.iter().flatten();
+            sp.containers.iter().chain(inits).map(|c| (&c.name, c.tty))
+        });
+        let ephemeral = sp
+            .into_iter()
+            .flat_map(|sp| sp.ephemeral_containers.iter().flatten())
+            .map(|c| (&c.name, c.tty));
+        let tty = regular
+            .chain(ephemeral)
+            .find(|(n, _)| **n == t.container)
             .ok_or_else(|| StreamError::ContainerNotFound(t.container.clone()))?
+            .1
             .unwrap_or(false);
         let url = s
             .runtime
