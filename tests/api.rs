@@ -347,20 +347,23 @@ fn container_logs_tail_follow_across_a_rotation_and_previous() {
         (code == "200" && numbers(&body).len() >= 5).then_some(())
     });
 
-    // tailLines: exactly the last lines; bad values: 400 as upstream.
-    let (code, body) = curl(&format!("{base}/main?tailLines=2"), 10);
-    assert_eq!(code, "200");
-    let n = numbers(&body);
-    assert_eq!(n.len(), 2, "{body}");
-    assert_eq!(n[1], n[0] + 1);
-    for bad in [
-        "tailLines=-1",
-        "limitBytes=0",
-        "sinceSeconds=0",
-        "follow=maybe",
+    // tailLines: exactly the last lines (the legacy `tail` too); bad
+    // values as upstream: 422 for invalid ones, 400 for undecodable ones.
+    for q in ["tailLines=2", "tail=2"] {
+        let (code, body) = curl(&format!("{base}/main?{q}"), 10);
+        assert_eq!(code, "200");
+        let n = numbers(&body);
+        assert_eq!(n.len(), 2, "{body}");
+        assert_eq!(n[1], n[0] + 1);
+    }
+    for (bad, want) in [
+        ("tailLines=-1", "422"),
+        ("limitBytes=0", "422"),
+        ("sinceSeconds=0", "422"),
+        ("tailLines=two", "400"),
     ] {
         let (code, body) = curl(&format!("{base}/main?{bad}"), 10);
-        assert_eq!(code, "400", "{bad}: {body}");
+        assert_eq!(code, want, "{bad}: {body}");
     }
     let (code, _) = curl(&format!("{base}/nope"), 10);
     assert_eq!(code, "404");

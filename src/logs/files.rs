@@ -90,7 +90,8 @@ fn open_beneath(root: &FsPath, rel: &str) -> Option<Found> {
     }
 }
 
-fn html_escape(s: &str) -> String {
+/// Go's html.EscapeString.
+pub(crate) fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

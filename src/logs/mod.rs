@@ -21,7 +21,6 @@ use axum::Router;
 use tokio::sync::mpsc;
 
 use crate::server::ServerState;
-use cri_format::LogLine;
 
 /// `/containerLogs/{ns}/{pod}/{container}` and `/logs/`.
 pub fn routes() -> Router<ServerState> {
@@ -45,62 +44,125 @@ pub struct LogOptions {
     pub limit_bytes: Option<i64>,
     /// Only lines at or after this time (from sinceSeconds or sinceTime).
     pub since: Option<k8s_openapi::jiff::Timestamp>,
+    /// `stream`: one of the two streams only (None: both).
+    pub stream: Option<cri_format::Stream>,
 }
 
-fn bad(msg: impl Into<String>) -> Response {
-    (StatusCode::BAD_REQUEST, msg.into()).into_response()
+/// Why a query was refused, as upstream's getContainerLogs tells them
+/// apart.
+#[derive(Debug, PartialEq)]
+pub enum OptionsError {
+    /// Not decodable into `v1.PodLogOptions`: 400.
+    Decode(String),
+    /// Refused by ValidatePodLogOptions: 422.
+    Invalid(String),
+    /// A single stream asked for with `PodLogsQuerySplitStreams` off: 400.
+    StreamsNotSplit(String),
 }
 
-fn parse_bool(k: &str, v: &str) -> Result<bool, String> {
-    match v {
-        "" | "true" | "True" | "TRUE" | "1" | "t" | "T" => Ok(true),
-        "false" | "False" | "FALSE" | "0" | "f" | "F" => Ok(false),
-        _ => Err(format!("{k}: invalid boolean {v:?}")),
+impl OptionsError {
+    fn response(&self) -> Response {
+        tracing::debug!(reason = ?self, "container logs query refused");
+        // Upstream's bodies; the JSON-looking ones are written as text.
+        let (code, body) = match self {
+            OptionsError::Decode(_) => (
+                StatusCode::BAD_REQUEST,
+                r#"{"message": "Unable to decode query."}"#.to_string(),
+            ),
+            OptionsError::Invalid(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                r#"{"message": "Invalid request."}"#.to_string(),
+            ),
+            OptionsError::StreamsNotSplit(s) => (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "unable to return the given log stream: {s:?}. Please enable PodLogsQuerySplitStreams feature gate in kubelet"
+                ),
+            ),
+        };
+        text(code, body)
     }
 }
 
-/// The query as upstream decodes and validates it
-/// (`ValidatePodLogOptions`): negative tailLines, limitBytes or
-/// sinceSeconds below 1, both since forms, unparsable values are 400s.
-pub fn parse_options(query: &str, now: k8s_openapi::jiff::Timestamp) -> Result<LogOptions, String> {
-    let mut o = LogOptions::default();
-    let (mut since_seconds, mut since_time) = (None, None);
+/// An error as go-restful writes it: the text, its type sniffed.
+fn text(code: StatusCode, body: String) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+/// apimachinery's Convert_Slice_string_To_bool: only `0` and `false` (in
+/// any case) are false; anything else, the empty string too, is true.
+fn go_bool(v: &str) -> bool {
+    !(v == "0" || v.eq_ignore_ascii_case("false"))
+}
+
+/// The query as upstream decodes and validates it: the first value of a
+/// repeated key counts; the legacy `tail` (a count, or `all`) overrides
+/// `tailLines`; unparsable numbers and times are decode errors; negative
+/// tailLines, limitBytes or sinceSeconds below 1, both since forms, an
+/// unknown stream, or a single stream with tailLines are invalid.
+/// `split_streams` is the `PodLogsQuerySplitStreams` gate.
+pub fn parse_options(
+    query: &str,
+    now: k8s_openapi::jiff::Timestamp,
+    split_streams: bool,
+) -> Result<LogOptions, OptionsError> {
+    let mut first: std::collections::HashMap<String, String> = Default::default();
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
-        let k = k.as_ref();
-        let int = |v: &str| {
-            v.parse::<i64>()
-                .map_err(|_| format!("{k}: invalid integer {v:?}"))
-        };
-        match k {
-            "follow" => o.follow = parse_bool(k, &v)?,
-            "previous" => o.previous = parse_bool(k, &v)?,
-            "timestamps" => o.timestamps = parse_bool(k, &v)?,
-            "tailLines" => o.tail_lines = Some(int(&v)?),
-            "limitBytes" => o.limit_bytes = Some(int(&v)?),
-            "sinceSeconds" => since_seconds = Some(int(&v)?),
-            "sinceTime" => {
-                since_time = Some(
-                    v.parse::<k8s_openapi::jiff::Timestamp>()
-                        .map_err(|e| format!("sinceTime: invalid RFC3339 time {v:?}: {e}"))?,
-                )
-            }
-            // Other options (container, insecureSkipTLSVerifyBackend,
-            // stream) are not the kubelet's to check.
-            _ => {}
+        first
+            .entry(k.into_owned())
+            .or_insert_with(|| v.into_owned());
+    }
+    if let Some(tail) = first.get("tail").filter(|t| !t.is_empty()).cloned() {
+        if tail == "all" {
+            first.remove("tailLines");
+        } else {
+            first.insert("tailLines".into(), tail);
         }
     }
+    let get = |k: &str| first.get(k).map(String::as_str);
+    let int = |k: &str| -> Result<Option<i64>, OptionsError> {
+        get(k)
+            .map(|v| {
+                v.parse::<i64>()
+                    .map_err(|_| OptionsError::Decode(format!("{k}: invalid integer {v:?}")))
+            })
+            .transpose()
+    };
+    let mut o = LogOptions {
+        follow: get("follow").is_some_and(go_bool),
+        previous: get("previous").is_some_and(go_bool),
+        timestamps: get("timestamps").is_some_and(go_bool),
+        tail_lines: int("tailLines")?,
+        limit_bytes: int("limitBytes")?,
+        ..Default::default()
+    };
+    let since_seconds = int("sinceSeconds")?;
+    // metav1.Time's query form: empty or `null` is the zero time, and set.
+    let since_time = match get("sinceTime") {
+        None => None,
+        Some("" | "null") => Some(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        Some(v) => Some(v.parse::<k8s_openapi::jiff::Timestamp>().map_err(|e| {
+            OptionsError::Decode(format!("sinceTime: invalid RFC3339 time {v:?}: {e}"))
+        })?),
+    };
+    let invalid = |m: &str| Err(OptionsError::Invalid(m.into()));
     if o.tail_lines.is_some_and(|n| n < 0) {
-        return Err("tailLines: Invalid value: must be greater than or equal to 0".into());
+        return invalid("tailLines: Invalid value: must be greater than or equal to 0");
     }
     if o.limit_bytes.is_some_and(|n| n < 1) {
-        return Err("limitBytes: Invalid value: must be greater than 0".into());
+        return invalid("limitBytes: Invalid value: must be greater than 0");
     }
     if since_seconds.is_some() && since_time.is_some() {
-        return Err("at most one of `sinceTime` or `sinceSeconds` may be specified".into());
+        return invalid("at most one of `sinceTime` or `sinceSeconds` may be specified");
     }
     if let Some(s) = since_seconds {
         if s < 1 {
-            return Err("sinceSeconds: Invalid value: must be greater than 0".into());
+            return invalid("sinceSeconds: Invalid value: must be greater than 0");
         }
         o.since = now
             .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
@@ -108,6 +170,23 @@ pub fn parse_options(query: &str, now: k8s_openapi::jiff::Timestamp) -> Result<L
     }
     if since_time.is_some() {
         o.since = since_time;
+    }
+    // The gate defaults `stream` to All; without it, only a given one is
+    // checked (upstream decodes without defaults when the gate is off).
+    let stream = get("stream").or(split_streams.then_some("All"));
+    if let Some(stream) = stream {
+        o.stream = match stream {
+            "All" => None,
+            "Stdout" => Some(cri_format::Stream::Stdout),
+            "Stderr" => Some(cri_format::Stream::Stderr),
+            other => return invalid(&format!("stream: Unsupported value: {other:?}")),
+        };
+        if o.stream.is_some() && o.tail_lines.is_some() {
+            return invalid("`tailLines` and specific `stream` are mutually exclusive for now");
+        }
+        if o.stream.is_some() && !split_streams {
+            return Err(OptionsError::StreamsNotSplit(stream.into()));
+        }
     }
     Ok(o)
 }
@@ -127,19 +206,19 @@ async fn container_logs(
     let opts = match parse_options(
         q.as_deref().unwrap_or_default(),
         k8s_openapi::jiff::Timestamp::now(),
+        s.config.feature_gate("PodLogsQuerySplitStreams"),
     ) {
         Ok(o) => o,
-        Err(e) => return bad(e),
+        Err(e) => return e.response(),
     };
     let Some(pod) = s.pods.pods().into_iter().find(|p| {
         p.metadata.namespace.as_deref() == Some(namespace.as_str())
             && p.metadata.name.as_deref() == Some(pod_name.as_str())
     }) else {
-        return (
+        return text(
             StatusCode::NOT_FOUND,
-            format!("pod {namespace:?}/{pod_name:?} does not exist\n"),
-        )
-            .into_response();
+            format!("pod {pod_name:?} does not exist"),
+        );
     };
     let spec = pod.spec.clone().unwrap_or_default();
     let known = spec
@@ -150,11 +229,10 @@ async fn container_logs(
         .chain(spec.ephemeral_containers.iter().flatten().map(|c| &c.name))
         .any(|n| *n == container);
     if !known {
-        return (
+        return text(
             StatusCode::NOT_FOUND,
-            format!("container {container:?} in pod {pod_name:?} is not available\n"),
-        )
-            .into_response();
+            format!("container {container:?} not found in pod {pod_name:?}"),
+        );
     }
     // The status the status manager holds, else the pod's own (a kubelet
     // just restarted), as upstream's GetKubeletContainerLogs reads it.
@@ -170,7 +248,7 @@ async fn container_logs(
     };
     let instance = match instance {
         Ok(i) => i,
-        Err(e) => return bad(e),
+        Err(e) => return text(StatusCode::BAD_REQUEST, e),
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let runtime = s.runtime.clone();
@@ -183,7 +261,9 @@ async fn container_logs(
             .await
             .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
     }));
-    ([(header::CONTENT_TYPE, "text/plain")], body).into_response()
+    // No Content-Type: upstream sets none and Go does not sniff a
+    // chunked answer.
+    body.into_response()
 }
 
 /// The runtime ID of the instance whose log is read, picked from the
@@ -290,6 +370,7 @@ async fn stream_log(
         opts: &opts,
         budget: opts.limit_bytes.map(|n| n as u64),
         in_line: false,
+        format: None,
         tx: &tx,
     };
     // Tail first: the last N lines, read from the end.
@@ -338,19 +419,25 @@ async fn stream_log(
             partial.extend_from_slice(&chunk);
             while let Some(nl) = partial.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = partial.drain(..=nl).collect();
-                if !out.emit(&line[..line.len() - 1]).await {
+                if !out.emit(&line[..line.len() - 1], true).await {
                     return;
                 }
             }
             if partial.len() > MAX_LINE {
                 let line = std::mem::take(&mut partial);
-                if !out.emit(&line).await {
+                if !out.emit(&line, true).await {
                     return;
                 }
             }
             continue;
         }
         if !opts.follow {
+            // A last line the runtime has not ended is passed on as it
+            // is, as upstream's ReadLogs does; with tailLines it is not
+            // one of the lines counted, so it is left out.
+            if !partial.is_empty() && opts.tail_lines.is_none() {
+                out.emit(&partial, false).await;
+            }
             return;
         }
         // At the end: a rotated file means reopening the path; a stopped
@@ -387,8 +474,17 @@ async fn stream_log(
                 .await
                 .unwrap_or_default();
                 partial.extend_from_slice(&r);
-                for line in partial.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                    if !out.emit(line).await {
+                // Whole lines only: upstream's follow ends at the last
+                // newline once the container has stopped.
+                let ended = partial
+                    .iter()
+                    .rposition(|b| *b == b'\n')
+                    .map_or(0, |i| i + 1);
+                for line in partial[..ended]
+                    .split(|b| *b == b'\n')
+                    .filter(|l| !l.is_empty())
+                {
+                    if !out.emit(line, true).await {
                         return;
                     }
                 }
@@ -439,22 +535,48 @@ fn start_offset(
     Ok((f, ino, len - start))
 }
 
-/// Formats CRI log lines as upstream's log writer does and sends them:
-/// the timestamp prefix (RFC3339Nano, trailing zeros trimmed) only at the
-/// start of a line, fragments joined, `limitBytes` cut exactly.
+/// Formats log lines as upstream's log writer does and sends them: the
+/// timestamp prefix (RFC3339NanoFixed) only at the start of a line,
+/// fragments joined, `limitBytes` cut exactly (the prefix counts), lines
+/// of the other stream neither sent nor counted.
 struct Emitter<'a> {
     opts: &'a LogOptions,
     budget: Option<u64>,
     in_line: bool,
+    /// The file's format, told by its first line.
+    format: Option<cri_format::Format>,
     tx: &'a mpsc::Sender<Bytes>,
 }
 
 impl Emitter<'_> {
-    /// False when the client left or the byte limit was reached.
-    async fn emit(&mut self, raw: &[u8]) -> bool {
-        let Some(line) = LogLine::parse(raw) else {
+    /// Sends one line read from the file (without its newline);
+    /// `terminated` is false for a last line the runtime has not ended
+    /// yet, which upstream passes on without a newline. False when the
+    /// client left, the byte limit was reached, or the file is in no
+    /// format upstream reads.
+    async fn emit(&mut self, raw: &[u8], terminated: bool) -> bool {
+        let format = match self.format {
+            Some(f) => f,
+            None => match cri_format::Format::detect(raw) {
+                Some(f) => *self.format.insert(f),
+                None => {
+                    // Upstream's ReadLogs fails here, after the 200: its
+                    // error ends the body.
+                    let msg = format!(
+                        "failed to get parse function: unsupported log format: {:?}",
+                        String::from_utf8_lossy(raw)
+                    );
+                    let _ = self.tx.send(Bytes::from(msg)).await;
+                    return false;
+                }
+            },
+        };
+        let Some(line) = format.parse(raw) else {
             return true;
         };
+        if self.opts.stream.is_some_and(|s| s != line.stream) {
+            return true;
+        }
         if let (Some(since), Some(ts)) = (self.opts.since, line.timestamp) {
             if ts < since {
                 return true;
@@ -465,11 +587,12 @@ impl Emitter<'_> {
             out.extend_from_slice(line.fixed_time().as_bytes());
             out.push(b' ');
         }
-        out.extend_from_slice(line.content);
-        if !line.partial {
+        out.extend_from_slice(&line.content);
+        let ended = terminated && !line.partial;
+        if ended {
             out.push(b'\n');
         }
-        self.in_line = line.partial;
+        self.in_line = !ended;
         if let Some(left) = &mut self.budget {
             if *left == 0 {
                 return false;
@@ -493,24 +616,78 @@ mod tests {
 
     #[test]
     fn options_are_validated_as_upstream() {
-        let o = parse_options("follow=true&tailLines=5&timestamps=1&limitBytes=10", now()).unwrap();
-        assert!(o.follow && o.timestamps);
+        let parse = |q: &str| parse_options(q, now(), false);
+        let o = parse("follow=true&tailLines=5&timestamps=1&limitBytes=10").unwrap();
+        assert!(o.follow && o.timestamps && !o.previous);
         assert_eq!((o.tail_lines, o.limit_bytes), (Some(5), Some(10)));
-        let o = parse_options("sinceSeconds=60", now()).unwrap();
+        let o = parse("sinceSeconds=60").unwrap();
         assert_eq!(o.since, Some("2026-11-23T09:59:00Z".parse().unwrap()));
-        let o = parse_options("sinceTime=2026-11-23T09%3A00%3A00Z", now()).unwrap();
+        let o = parse("sinceTime=2026-11-23T09%3A00%3A00Z").unwrap();
         assert_eq!(o.since, Some("2026-11-23T09:00:00Z".parse().unwrap()));
-        for bad in [
-            "tailLines=-1",
-            "limitBytes=0",
-            "sinceSeconds=0",
-            "sinceSeconds=5&sinceTime=2026-11-23T09:00:00Z",
-            "tailLines=x",
-            "follow=maybe",
-            "sinceTime=yesterday",
+        // Go's query booleans: only 0 and false (any case) are false.
+        let o = parse("follow=maybe&previous=&timestamps=FALSE").unwrap();
+        assert!(o.follow && o.previous && !o.timestamps);
+        assert!(!parse("follow=0").unwrap().follow);
+        // The first of a repeated key counts.
+        assert_eq!(
+            parse("tailLines=1&tailLines=2").unwrap().tail_lines,
+            Some(1)
+        );
+        assert!(parse("follow=false&follow=true")
+            .map(|o| !o.follow)
+            .unwrap());
+        // The legacy tail overrides tailLines; `all` removes it.
+        assert_eq!(parse("tailLines=1&tail=7").unwrap().tail_lines, Some(7));
+        assert_eq!(parse("tailLines=1&tail=all").unwrap().tail_lines, None);
+        for (bad, why) in [
+            ("tailLines=x", "decode"),
+            ("tailLines=", "decode"),
+            ("sinceTime=yesterday", "decode"),
+            ("tailLines=-1", "invalid"),
+            ("limitBytes=0", "invalid"),
+            ("sinceSeconds=0", "invalid"),
+            ("sinceSeconds=5&sinceTime=2026-11-23T09:00:00Z", "invalid"),
+            ("sinceSeconds=5&sinceTime=", "invalid"),
+            ("stream=Both", "invalid"),
+            ("stream=Stdout&tailLines=1", "invalid"),
         ] {
-            assert!(parse_options(bad, now()).is_err(), "{bad}");
+            let got = match parse(bad) {
+                Err(OptionsError::Decode(_)) => "decode",
+                Err(OptionsError::Invalid(_)) => "invalid",
+                other => panic!("{bad}: {other:?}"),
+            };
+            assert_eq!(got, why, "{bad}");
         }
+        // A single stream needs PodLogsQuerySplitStreams.
+        assert_eq!(
+            parse("stream=Stderr"),
+            Err(OptionsError::StreamsNotSplit("Stderr".into()))
+        );
+        assert_eq!(parse("stream=All").unwrap().stream, None);
+        let split = parse_options("stream=Stderr", now(), true).unwrap();
+        assert_eq!(split.stream, Some(cri_format::Stream::Stderr));
+        assert_eq!(
+            parse_options("tailLines=2", now(), true).unwrap().stream,
+            None
+        );
+    }
+
+    /// Upstream's statuses and bodies: 400 for what does not decode, 422
+    /// for what does not validate (they were all 400s, with the reason).
+    #[test]
+    fn refused_queries_answer_as_upstream() {
+        let r = parse_options("tailLines=x", now(), false)
+            .unwrap_err()
+            .response();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let r = parse_options("tailLines=-1", now(), false)
+            .unwrap_err()
+            .response();
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let r = parse_options("stream=Stdout", now(), false)
+            .unwrap_err()
+            .response();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     }
 
     /// The instance read is the one the pod's status names, as upstream's
@@ -702,5 +879,69 @@ mod tests {
         )
         .await;
         assert_eq!(limited, "one\ntw");
+    }
+
+    /// A last line the runtime has not ended is passed on without a
+    /// newline, unless tailLines counts lines or the container stopped
+    /// while followed (upstream's ReadLogs); it was dropped before.
+    #[tokio::test]
+    async fn an_unended_last_line_is_passed_on_as_upstream() {
+        let (_d, p) = log_file(&["2026-11-23T09:00:00.000000001Z stdout F one"]);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+        std::io::Write::write_all(&mut f, b"2026-11-23T09:00:01Z stdout F tw").unwrap();
+        assert_eq!(collect(p.clone(), LogOptions::default()).await, "one\ntw");
+        let tail = LogOptions {
+            tail_lines: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(collect(p.clone(), tail).await, "one\n");
+        let follow = LogOptions {
+            follow: true,
+            ..Default::default()
+        };
+        assert_eq!(collect(p, follow).await, "one\n");
+    }
+
+    /// `stream` keeps one stream's lines (the gate on).
+    #[tokio::test]
+    async fn one_stream_only() {
+        let (_d, p) = log_file(&[
+            "2026-11-23T09:00:00Z stdout F out",
+            "2026-11-23T09:00:01Z stderr F err",
+        ]);
+        let only = |stream| LogOptions {
+            stream: Some(stream),
+            limit_bytes: Some(100),
+            ..Default::default()
+        };
+        assert_eq!(
+            collect(p.clone(), only(cri_format::Stream::Stderr)).await,
+            "err\n"
+        );
+        assert_eq!(collect(p, only(cri_format::Stream::Stdout)).await, "out\n");
+    }
+
+    /// Docker json-file logs are read too; a file in neither format ends
+    /// the answer with upstream's error.
+    #[tokio::test]
+    async fn docker_json_logs_and_unknown_formats() {
+        let (_d, p) = log_file(&[
+            r#"{"log":"a","stream":"stdout","time":"2026-11-23T09:00:00Z"}"#,
+            r#"{"log":"b\n","stream":"stdout","time":"2026-11-23T09:00:00.5Z"}"#,
+            r#"{"log":"c\n","stream":"stderr","time":"2026-11-23T09:00:01Z"}"#,
+        ]);
+        let ts = LogOptions {
+            timestamps: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            collect(p, ts).await,
+            "2026-11-23T09:00:00.000000000Z ab\n2026-11-23T09:00:01.000000000Z c\n"
+        );
+        let (_d, p) = log_file(&["not a log line", "2026-11-23T09:00:00Z stdout F x"]);
+        assert_eq!(
+            collect(p, LogOptions::default()).await,
+            r#"failed to get parse function: unsupported log format: "not a log line""#
+        );
     }
 }

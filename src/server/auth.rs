@@ -5,12 +5,12 @@
 //! TokenReview, anonymous requests only when enabled; `AlwaysAllow` or a
 //! SubjectAccessReview per request for `nodes/<subresource>`, cached.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -36,24 +36,39 @@ pub enum AuthError {
     UnknownMode(String),
     #[error("no authorization mode specified")]
     NoMode,
+    #[error("no authentication method configured")]
+    NoMethod,
 }
 
-/// Who made a request.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Who made a request (upstream's `user.Info`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct UserInfo {
     pub name: String,
     pub uid: String,
     pub groups: Vec<String>,
+    /// Extra attributes (a token's from its TokenReview; an x509 user's
+    /// credential ID), passed on to the SubjectAccessReview.
+    pub extra: BTreeMap<String, Vec<String>>,
 }
 
 impl UserInfo {
     fn anonymous() -> Self {
         UserInfo {
             name: "system:anonymous".into(),
-            uid: String::new(),
             groups: vec!["system:unauthenticated".into()],
+            ..Default::default()
         }
     }
+}
+
+/// One authenticator's answer, as upstream's `(user, ok, err)`: a user, no
+/// opinion (the next one is asked), or a failure (the next one is still
+/// asked, but no anonymous fallback follows).
+#[derive(Debug, PartialEq)]
+enum Answer {
+    User(UserInfo),
+    NoOpinion,
+    Failed(String),
 }
 
 /// The authorizer attributes of one check (`authorizer.AttributesRecord`
@@ -169,6 +184,9 @@ pub struct AuthConfig {
     pub webhook_authn: bool,
     pub authn_cache_ttl: Duration,
     pub client_ca: Option<Arc<super::https::ClientCa>>,
+    /// `AllowParsingUserUIDFromCertAuth`: a certificate's subject
+    /// attribute 1.3.6.1.4.1.57683.2 is the user's UID.
+    pub uid_from_cert: bool,
     pub webhook_authz: bool,
     pub authorized_ttl: Duration,
     pub unauthorized_ttl: Duration,
@@ -176,19 +194,163 @@ pub struct AuthConfig {
     pub node_name: String,
 }
 
+/// Why a review could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// Cluster mode has not built its client yet (before TLS bootstrap):
+    /// webhook checks fail closed.
+    #[error("no API client yet")]
+    NoClient,
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// Where TokenReviews and SubjectAccessReviews go: the API server, or a
+/// fake in unit tests.
+#[async_trait::async_trait]
+pub trait Reviewer: Send + Sync {
+    async fn token_review(&self, review: TokenReview) -> Result<TokenReview, ReviewError>;
+    async fn access_review(
+        &self,
+        review: SubjectAccessReview,
+    ) -> Result<SubjectAccessReview, ReviewError>;
+}
+
+/// The API server behind cluster mode's client, once it is built.
+struct ApiReviewer(Arc<OnceLock<ApiClient>>);
+
+#[async_trait::async_trait]
+impl Reviewer for ApiReviewer {
+    async fn token_review(&self, review: TokenReview) -> Result<TokenReview, ReviewError> {
+        let api = self.0.get().ok_or(ReviewError::NoClient)?;
+        let reviews: kube::Api<TokenReview> = kube::Api::all(api.client().await);
+        Ok(reviews.create(&Default::default(), &review).await?)
+    }
+
+    async fn access_review(
+        &self,
+        review: SubjectAccessReview,
+    ) -> Result<SubjectAccessReview, ReviewError> {
+        let api = self.0.get().ok_or(ReviewError::NoClient)?;
+        let reviews: kube::Api<SubjectAccessReview> = kube::Api::all(api.client().await);
+        Ok(reviews.create(&Default::default(), &review).await?)
+    }
+}
+
+/// Upstream's DefaultAuthWebhookRetryBackoff: 500 ms, ×1.5 per step, up
+/// to 20 % jitter, five attempts in all.
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_FACTOR: f64 = 1.5;
+const RETRY_JITTER: f64 = 0.2;
+const RETRY_ATTEMPTS: u32 = 5;
+/// The token cache's bound on one lookup (upstream's sharedLookupTimeout).
+const TOKEN_LOOKUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The Status reasons apimachinery knows; a 500 or 504 with any other
+/// reason counts as an internal error or a timeout.
+const KNOWN_REASONS: [&str; 19] = [
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "AlreadyExists",
+    "Conflict",
+    "Gone",
+    "Invalid",
+    "ServerTimeout",
+    "StoreReadError",
+    "Timeout",
+    "TooManyRequests",
+    "BadRequest",
+    "MethodNotAllowed",
+    "NotAcceptable",
+    "RequestEntityTooLarge",
+    "UnsupportedMediaType",
+    "InternalError",
+    "Expired",
+    "ServiceUnavailable",
+];
+
+/// Upstream's webhook DefaultShouldRetry: a reset connection, an internal
+/// error, a timeout, 429, or a server asking to be retried later. A
+/// refused connection or any other status is final.
+fn should_retry(e: &ReviewError) -> bool {
+    let ReviewError::Api(e) = e else {
+        return false;
+    };
+    if let kube::Error::Api(s) = e {
+        let unknown = !KNOWN_REASONS.contains(&s.reason.as_str());
+        let delay = s
+            .details
+            .as_ref()
+            .is_some_and(|d| s.reason == "ServerTimeout" || d.retry_after_seconds > 0);
+        return s.reason == "InternalError"
+            || (s.code == 500 && unknown)
+            || s.reason == "Timeout"
+            || (s.code == 504 && unknown)
+            || s.reason == "TooManyRequests"
+            || s.code == 429
+            || delay;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionReset {
+                return true;
+            }
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// A uniform draw in [0, 1) from the process's random hasher keys.
+fn unit_random() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let h = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Calls `call` until it succeeds, fails for good, or has been tried
+/// `RETRY_ATTEMPTS` times (upstream's WithExponentialBackoff), so a blip
+/// of the API server does not turn into 401s and 500s.
+async fn with_retries<T, F, Fut>(what: &str, mut call: F) -> Result<T, ReviewError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ReviewError>>,
+{
+    let mut delay = RETRY_FIRST;
+    let mut attempt = 1;
+    loop {
+        match call().await {
+            Err(e) if attempt < RETRY_ATTEMPTS && should_retry(&e) => {
+                let wait = delay.mul_f64(1.0 + RETRY_JITTER * unit_random());
+                debug!(error = %e, attempt, ?wait, "{what} failed; retrying");
+                tokio::time::sleep(wait).await;
+                delay = delay.mul_f64(RETRY_FACTOR);
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// The authenticator and authorizer of :10250.
 pub struct Auth {
     cfg: AuthConfig,
-    /// Set once cluster mode has built its API client (after TLS
-    /// bootstrap); until then webhook checks fail closed.
-    api: Arc<OnceLock<ApiClient>>,
+    reviewer: Arc<dyn Reviewer>,
     tokens: Mutex<TtlCache<String, Option<UserInfo>>>,
     decisions: Mutex<TtlCache<(UserInfo, Attributes), bool>>,
 }
 
 impl Auth {
     /// Checks the configuration as upstream's BuildAuth does: webhook
-    /// authentication or authorization need an API client (`--kubeconfig`).
+    /// authentication or authorization need an API client (`--kubeconfig`),
+    /// and some way to authenticate must be on. Webhook reviews go to
+    /// cluster mode's client, set once built (after TLS bootstrap).
     pub fn new(
         cfg: &crate::config::KubeletConfiguration,
         node_name: &str,
@@ -196,9 +358,31 @@ impl Auth {
         has_api: bool,
         api: Arc<OnceLock<ApiClient>>,
     ) -> Result<Arc<Self>, AuthError> {
+        Self::with_reviewer(
+            cfg,
+            node_name,
+            client_ca,
+            has_api,
+            Arc::new(ApiReviewer(api)),
+        )
+    }
+
+    pub fn with_reviewer(
+        cfg: &crate::config::KubeletConfiguration,
+        node_name: &str,
+        client_ca: Option<Arc<super::https::ClientCa>>,
+        has_api: bool,
+        reviewer: Arc<dyn Reviewer>,
+    ) -> Result<Arc<Self>, AuthError> {
         let webhook_authn = cfg.authentication.webhook.enabled;
         if webhook_authn && !has_api {
             return Err(AuthError::NoClientForAuthn);
+        }
+        let anonymous = cfg.authentication.anonymous.enabled;
+        // DelegatingAuthenticatorConfig.New: neither a client CA nor a
+        // token webhook, and anonymous off, would refuse every request.
+        if client_ca.is_none() && !webhook_authn && !anonymous {
+            return Err(AuthError::NoMethod);
         }
         let webhook_authz = match cfg.authorization.mode.as_str() {
             "AlwaysAllow" => false,
@@ -207,59 +391,113 @@ impl Auth {
             "" => return Err(AuthError::NoMode),
             other => return Err(AuthError::UnknownMode(other.into())),
         };
-        let fine_grained = cfg.feature_gate("KubeletFineGrainedAuthz");
         Ok(Arc::new(Auth {
             cfg: AuthConfig {
-                anonymous: cfg.authentication.anonymous.enabled,
+                anonymous,
                 webhook_authn,
                 authn_cache_ttl: cfg.authentication.webhook.cache_ttl.0,
                 client_ca,
+                uid_from_cert: cfg.feature_gate("AllowParsingUserUIDFromCertAuth"),
                 webhook_authz,
                 authorized_ttl: cfg.authorization.webhook.cache_authorized_ttl.0,
                 unauthorized_ttl: cfg.authorization.webhook.cache_unauthorized_ttl.0,
-                fine_grained,
+                fine_grained: cfg.feature_gate("KubeletFineGrainedAuthz"),
                 node_name: node_name.into(),
             },
-            api,
+            reviewer,
             tokens: Mutex::new(TtlCache::new()),
             decisions: Mutex::new(TtlCache::new()),
         }))
     }
 
-    /// Who sent the request; `None` means 401.
+    /// Who sent the request, as upstream's delegating authenticator: the
+    /// client certificate, then the bearer token, then a token in the
+    /// WebSocket subprotocol; the first that names a user wins. If none
+    /// does and none failed, the request is anonymous when that is on.
+    /// `Err` (why, for the log) means 401. A token that authenticated is
+    /// taken out of the headers, so it is not passed on to the runtime.
     pub async fn authenticate(
         &self,
         certs: Option<&PeerCerts>,
-        bearer: Option<&str>,
-    ) -> Option<UserInfo> {
-        if let (Some(ca), Some(PeerCerts(chain))) = (&self.cfg.client_ca, certs) {
-            if let Some((end, rest)) = chain.split_first() {
-                let verifier = ca.verifier();
-                match verifier.verify_client_cert(end, rest, rustls::pki_types::UnixTime::now()) {
-                    Ok(_) => return Some(with_authenticated(cert_user(end.as_ref())?)),
-                    Err(e) => {
-                        // As the x509 authenticator: an unverifiable
-                        // certificate fails the request unless a token
-                        // authenticates it.
-                        debug!(error = %e, "client certificate not verified");
-                        if bearer.is_none() || !self.cfg.webhook_authn {
-                            return None;
-                        }
+        headers: &mut HeaderMap,
+    ) -> Result<UserInfo, String> {
+        let mut failures = Vec::new();
+        match self.x509(certs) {
+            Answer::User(u) => return Ok(with_authenticated(u)),
+            Answer::Failed(e) => failures.push(e),
+            Answer::NoOpinion => {}
+        }
+        if self.cfg.webhook_authn {
+            if let Some(token) = bearer_token(headers) {
+                match self.token_user(&token).await {
+                    Answer::User(u) => {
+                        headers.remove(header::AUTHORIZATION);
+                        return Ok(with_authenticated(u));
                     }
+                    Answer::Failed(e) => failures.push(e),
+                    Answer::NoOpinion => {}
                 }
             }
+            match protocol_token(headers) {
+                Ok(None) => {}
+                Err(e) => failures.push(e),
+                Ok(Some((token, others))) => match self.token_user(&token).await {
+                    Answer::User(u) => {
+                        match HeaderValue::from_str(&others) {
+                            Ok(v) => headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v),
+                            Err(_) => headers.remove(header::SEC_WEBSOCKET_PROTOCOL),
+                        };
+                        return Ok(with_authenticated(u));
+                    }
+                    Answer::Failed(e) => failures.push(e),
+                    Answer::NoOpinion => {}
+                },
+            }
         }
-        if let (Some(token), true) = (bearer, self.cfg.webhook_authn) {
-            return self.review_token(token).await.map(with_authenticated);
+        if !failures.is_empty() {
+            return Err(failures.join(", "));
         }
-        self.cfg.anonymous.then(UserInfo::anonymous)
+        if self.cfg.anonymous {
+            Ok(UserInfo::anonymous())
+        } else {
+            Err("no credentials".into())
+        }
     }
 
-    async fn review_token(&self, token: &str) -> Option<UserInfo> {
-        if let Some(hit) = self.tokens.lock().get(&token.to_string()) {
-            return hit;
+    /// upstream's x509 authenticator with CommonNameUserConversion.
+    fn x509(&self, certs: Option<&PeerCerts>) -> Answer {
+        let (Some(ca), Some(PeerCerts(chain))) = (&self.cfg.client_ca, certs) else {
+            return Answer::NoOpinion;
+        };
+        let Some((end, rest)) = chain.split_first() else {
+            return Answer::NoOpinion;
+        };
+        let verifier = ca.verifier();
+        match verifier.verify_client_cert(end, rest, rustls::pki_types::UnixTime::now()) {
+            Ok(_) => cert_user(end.as_ref(), self.cfg.uid_from_cert),
+            Err(e) => Answer::Failed(format!("verifying certificate failed: {e}")),
         }
-        let api = self.api.get()?;
+    }
+
+    /// A bearer token's user through the (cached) token review; a token
+    /// the review does not authenticate is upstream's "invalid bearer
+    /// token".
+    async fn token_user(&self, token: &str) -> Answer {
+        match self.review_token(token).await {
+            Ok(Some(u)) => Answer::User(u),
+            Ok(None) => Answer::Failed("invalid bearer token".into()),
+            Err(e) => Answer::Failed(e),
+        }
+    }
+
+    /// The token webhook behind upstream's cache: an answer (authenticated
+    /// or not) is cached for `cacheTTL`; an error, or a review that says
+    /// why it failed (`status.error`), is not.
+    async fn review_token(&self, token: &str) -> Result<Option<UserInfo>, String> {
+        if let Some(hit) = self.tokens.lock().get(&token.to_string()) {
+            return Ok(hit);
+        }
+        // No audiences: the kubelet's filter sets none on the request.
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.into()),
@@ -267,30 +505,33 @@ impl Auth {
             },
             ..Default::default()
         };
-        let client = api.client().await;
-        let reviews: kube::Api<TokenReview> = kube::Api::all(client);
-        let answer = match reviews.create(&Default::default(), &review).await {
-            Ok(r) => r,
-            Err(e) => {
-                // Errors are not cached: the next request asks again.
-                warn!(error = %e, "TokenReview failed");
-                return None;
+        let asked = with_retries("TokenReview", || self.reviewer.token_review(review.clone()));
+        let answer = match tokio::time::timeout(TOKEN_LOOKUP_TIMEOUT, asked).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                warn!(error = %e, "Failed to make webhook authenticator request");
+                return Err(e.to_string());
             }
+            Err(_) => return Err(ReviewError::Timeout(TOKEN_LOOKUP_TIMEOUT).to_string()),
         };
         let status = answer.status.unwrap_or_default();
         let user = if status.authenticated == Some(true) {
-            status.user.map(|u| UserInfo {
+            let u = status.user.unwrap_or_default();
+            Some(UserInfo {
                 name: u.username.unwrap_or_default(),
                 uid: u.uid.unwrap_or_default(),
                 groups: u.groups.unwrap_or_default(),
+                extra: u.extra.unwrap_or_default(),
             })
+        } else if let Some(e) = status.error.filter(|e| !e.is_empty()) {
+            return Err(e);
         } else {
             None
         };
         self.tokens
             .lock()
             .put(token.to_string(), user.clone(), self.cfg.authn_cache_ttl);
-        user
+        Ok(user)
     }
 
     /// Whether `user` may make a request with these checks; `Err` is an
@@ -318,12 +559,12 @@ impl Auth {
         if let Some(hit) = self.decisions.lock().get(&key) {
             return Some(hit);
         }
-        let api = self.api.get()?;
         let sar = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.name.clone()),
                 uid: (!user.uid.is_empty()).then(|| user.uid.clone()),
                 groups: Some(user.groups.clone()),
+                extra: (!user.extra.is_empty()).then(|| user.extra.clone()),
                 resource_attributes: Some(ResourceAttributes {
                     verb: Some(a.verb.clone()),
                     version: Some("v1".into()),
@@ -336,12 +577,13 @@ impl Auth {
             },
             ..Default::default()
         };
-        let client = api.client().await;
-        let reviews: kube::Api<SubjectAccessReview> = kube::Api::all(client);
-        let answer = match reviews.create(&Default::default(), &sar).await {
+        let asked = with_retries("SubjectAccessReview", || {
+            self.reviewer.access_review(sar.clone())
+        });
+        let answer = match asked.await {
             Ok(r) => r,
             Err(e) => {
-                warn!(error = %e, "SubjectAccessReview failed");
+                warn!(error = %e, "Failed to make webhook authorizer request");
                 return None;
             }
         };
@@ -371,33 +613,155 @@ fn decision(
     }
 }
 
-/// Upstream's authenticator adds `system:authenticated` to every user it
-/// authenticated (not to anonymous).
+/// Upstream's AuthenticatedGroupAdder: `system:authenticated` for every
+/// user an authenticator named, unless already grouped either way.
 fn with_authenticated(mut u: UserInfo) -> UserInfo {
-    if !u.groups.iter().any(|g| g == "system:authenticated") {
+    let grouped = u
+        .groups
+        .iter()
+        .any(|g| g == "system:authenticated" || g == "system:unauthenticated");
+    if u.name != "system:anonymous" && !grouped {
         u.groups.push("system:authenticated".into());
     }
     u
 }
 
-/// The x509 authenticator's user: CN is the name, each O a group.
-fn cert_user(der: &[u8]) -> Option<UserInfo> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+/// The subject attribute upstream reads a certificate user's UID from.
+const UID_OID: &str = "1.3.6.1.4.1.57683.2";
+/// The Extra key of the credential a user authenticated with.
+const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
+
+/// The x509 authenticator's user (upstream's CommonNameUserConversion):
+/// the subject's CN is the name (the last CN, as Go's pkix.Name keeps it),
+/// each O a group, the credential ID the SHA-256 of the certificate; no CN
+/// is no opinion. With `uid_from_cert`, the UID attribute is the UID (at
+/// most one, and not empty).
+fn cert_user(der: &[u8], uid_from_cert: bool) -> Answer {
+    let cert = match x509_parser::parse_x509_certificate(der) {
+        Ok((_, c)) => c,
+        Err(e) => return Answer::Failed(format!("parsing certificate: {e}")),
+    };
     let subject = cert.subject();
     let name = subject
         .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())?
+        .filter_map(|cn| cn.as_str().ok())
+        .last()
+        .unwrap_or_default()
         .to_string();
+    if name.is_empty() {
+        return Answer::NoOpinion;
+    }
     let groups = subject
         .iter_organization()
         .filter_map(|o| o.as_str().ok().map(str::to_string))
         .collect();
-    Some(UserInfo {
+    let mut uid = String::new();
+    if uid_from_cert {
+        let mut uids = Vec::new();
+        for attr in subject
+            .iter_attributes()
+            .filter(|a| a.attr_type().to_id_string() == UID_OID)
+        {
+            match attr.as_str() {
+                Ok(v) => uids.push(v.to_string()),
+                Err(_) => return Answer::Failed("unable to parse UID into a string".into()),
+            }
+        }
+        if uids.len() > 1 {
+            return Answer::Failed(format!(
+                "expected 1 UID, but found multiple: [{}]",
+                uids.join(" ")
+            ));
+        }
+        if let Some(u) = uids.pop() {
+            if u.is_empty() {
+                return Answer::Failed("UID cannot be an empty string".into());
+            }
+            uid = u;
+        }
+    }
+    use sha2::Digest;
+    let fingerprint: String = sha2::Sha256::digest(der)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Answer::User(UserInfo {
         name,
-        uid: String::new(),
+        uid,
         groups,
+        extra: BTreeMap::from([(
+            CREDENTIAL_ID.to_string(),
+            vec![format!("X509SHA256={fingerprint}")],
+        )]),
     })
+}
+
+/// The token of `Authorization: Bearer <token>` as upstream's bearertoken
+/// authenticator reads it: the first header, trimmed, split at single
+/// spaces; the scheme in any case; an empty token is no token.
+fn bearer_token(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    let mut parts = v.splitn(3, ' ');
+    let scheme = parts.next()?;
+    let token = parts.next()?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| token.to_string())
+}
+
+/// The prefix of a WebSocket subprotocol that carries a bearer token
+/// (browsers cannot set an Authorization header on a WebSocket).
+const BEARER_PROTOCOL: &str = "base64url.bearer.authorization.k8s.io.";
+
+/// A token sent as a WebSocket subprotocol (upstream's websocket protocol
+/// authenticator): only on a WebSocket upgrade; the token base64url
+/// without padding; exactly one such protocol, beside at least one real
+/// one. Returns the token and the header's other protocols.
+fn protocol_token(headers: &HeaderMap) -> Result<Option<(String, String)>, String> {
+    let has = |name: header::HeaderName, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|t| t.trim().to_ascii_lowercase().contains(token))
+            })
+        })
+    };
+    let upgrade_is_ws = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !upgrade_is_ws || !has(header::CONNECTION, "upgrade") {
+        return Ok(None);
+    }
+    let mut token = None;
+    let mut others = Vec::new();
+    for v in headers.get_all(header::SEC_WEBSOCKET_PROTOCOL) {
+        let Ok(v) = v.to_str() else { continue };
+        for p in v.split(',').map(str::trim) {
+            let Some(encoded) = p.strip_prefix(BEARER_PROTOCOL) else {
+                others.push(p);
+                continue;
+            };
+            if token.is_some() {
+                return Err("multiple base64.bearer.authorization tokens specified".into());
+            }
+            use base64::Engine;
+            let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(encoded)
+                .map_err(|_| "invalid base64.bearer.authorization token encoding".to_string())?;
+            let t = String::from_utf8(raw)
+                .map_err(|_| "invalid base64.bearer.authorization token".to_string())?;
+            token = Some(t);
+        }
+    }
+    let Some(token) = token else {
+        return Ok(None);
+    };
+    if others.is_empty() {
+        return Err("missing additional subprotocol".into());
+    }
+    if token.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some((token, others.join(","))))
 }
 
 fn plain(code: StatusCode, msg: String) -> Response {
@@ -415,21 +779,14 @@ fn plain(code: StatusCode, msg: String) -> Response {
 /// InstallAuthFilter): 401 `Unauthorized`, 403 `Forbidden (user=…, verb=…,
 /// resource=nodes, subresource(s)=[…])` naming every subresource tried,
 /// 500 on an authorization error.
-pub async fn filter(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
-    let bearer = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, token) = v.trim().split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then(|| token.trim().to_string())
-        })
-        .filter(|t| !t.is_empty());
+pub async fn filter(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> Response {
     let certs = req.extensions().get::<PeerCerts>().cloned();
-    let Some(user) = auth.authenticate(certs.as_ref(), bearer.as_deref()).await else {
-        return plain(StatusCode::UNAUTHORIZED, "Unauthorized".into());
+    let user = match auth.authenticate(certs.as_ref(), req.headers_mut()).await {
+        Ok(u) => u,
+        Err(e) => {
+            debug!(path = %req.uri().path(), reason = %e, "Unable to authenticate the request");
+            return plain(StatusCode::UNAUTHORIZED, "Unauthorized".into());
+        }
     };
     let checks = request_attributes(req.method(), req.uri().path(), auth.cfg.fine_grained);
     match auth.authorize(&user, &checks).await {
@@ -553,16 +910,132 @@ mod tests {
             Err(AuthError::NoClientForAuthn)
         ));
         let cfg = config(
-            "authentication:\n  webhook:\n    enabled: false\nauthorization:\n  mode: Webhook\n",
+            "authentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: false\nauthorization:\n  mode: Webhook\n",
         );
         assert!(matches!(
             Auth::new(&cfg, "n", None, false, api.clone()),
             Err(AuthError::NoClientForAuthz)
         ));
+        // DelegatingAuthenticatorConfig.New: no client CA, no webhook and
+        // anonymous off leave no way in, which is refused at startup.
         let cfg = config(
             "authentication:\n  webhook:\n    enabled: false\nauthorization:\n  mode: AlwaysAllow\n",
         );
+        assert!(matches!(
+            Auth::new(&cfg, "n", None, false, api.clone()),
+            Err(AuthError::NoMethod)
+        ));
+        let cfg = config(
+            "authentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: false\nauthorization:\n  mode: AlwaysAllow\n",
+        );
         assert!(Auth::new(&cfg, "n", None, false, api).is_ok());
+    }
+
+    /// Answers reviews from a script (the last answer repeats) and keeps
+    /// what it was asked.
+    #[derive(Default)]
+    struct Script {
+        tokens: Mutex<Vec<Result<TokenReview, ReviewError>>>,
+        access: Mutex<Vec<Result<SubjectAccessReview, ReviewError>>>,
+        asked_tokens: Mutex<Vec<TokenReview>>,
+        asked_access: Mutex<Vec<SubjectAccessReview>>,
+    }
+
+    fn next<T: Clone>(script: &Mutex<Vec<Result<T, ReviewError>>>) -> Result<T, ReviewError> {
+        let mut s = script.lock();
+        let r = s.remove(0);
+        let again = match &r {
+            Ok(v) => Ok(v.clone()),
+            Err(ReviewError::Api(kube::Error::Api(st))) => {
+                Err(ReviewError::Api(kube::Error::Api(st.clone())))
+            }
+            Err(_) => Err(ReviewError::NoClient),
+        };
+        if s.is_empty() {
+            s.push(again);
+        }
+        r
+    }
+
+    #[async_trait::async_trait]
+    impl Reviewer for Script {
+        async fn token_review(&self, review: TokenReview) -> Result<TokenReview, ReviewError> {
+            self.asked_tokens.lock().push(review);
+            next(&self.tokens)
+        }
+        async fn access_review(
+            &self,
+            review: SubjectAccessReview,
+        ) -> Result<SubjectAccessReview, ReviewError> {
+            self.asked_access.lock().push(review);
+            next(&self.access)
+        }
+    }
+
+    fn status(code: u16, reason: &str) -> ReviewError {
+        ReviewError::Api(kube::Error::Api(Box::new(
+            kube::core::Status::failure("failed", reason).with_code(code),
+        )))
+    }
+
+    fn authenticated(name: &str, extra: &[(&str, &str)]) -> TokenReview {
+        use k8s_openapi::api::authentication::v1::{TokenReviewStatus, UserInfo as Ui};
+        TokenReview {
+            status: Some(TokenReviewStatus {
+                authenticated: Some(true),
+                user: Some(Ui {
+                    username: Some(name.into()),
+                    uid: Some(format!("{name}-uid")),
+                    groups: Some(vec!["ops".into()]),
+                    extra: Some(
+                        extra
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), vec![v.to_string()]))
+                            .collect(),
+                    ),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn refused(error: Option<&str>) -> TokenReview {
+        TokenReview {
+            status: Some(k8s_openapi::api::authentication::v1::TokenReviewStatus {
+                authenticated: Some(false),
+                error: error.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn access(allowed: bool) -> SubjectAccessReview {
+        SubjectAccessReview {
+            status: Some(
+                k8s_openapi::api::authorization::v1::SubjectAccessReviewStatus {
+                    allowed,
+                    ..Default::default()
+                },
+            ),
+            ..Default::default()
+        }
+    }
+
+    const WEBHOOKS: &str = "authentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: true\n    cacheTTL: 2m\nauthorization:\n  mode: Webhook\n";
+
+    fn scripted(script: Arc<Script>) -> Arc<Auth> {
+        Auth::with_reviewer(&config(WEBHOOKS), "node-a", None, true, script).unwrap()
+    }
+
+    fn bearer(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        h
     }
 
     #[tokio::test]
@@ -570,16 +1043,360 @@ mod tests {
         let api = Arc::new(OnceLock::new());
         let on = config("authentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: false\nauthorization:\n  mode: AlwaysAllow\n");
         let a = Auth::new(&on, "n", None, false, api.clone()).unwrap();
+        let mut none = HeaderMap::new();
         assert_eq!(
-            a.authenticate(None, None).await,
-            Some(UserInfo::anonymous())
+            a.authenticate(None, &mut none).await,
+            Ok(UserInfo::anonymous())
         );
-        let off = config("authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: false\nauthorization:\n  mode: AlwaysAllow\n");
-        let a = Auth::new(&off, "n", None, false, api.clone()).unwrap();
-        assert_eq!(a.authenticate(None, None).await, None);
-        // Webhook authentication whose client is not built yet fails closed.
-        let hook = config("authentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: true\nauthorization:\n  mode: AlwaysAllow\n");
-        let a = Auth::new(&hook, "n", None, true, api).unwrap();
-        assert_eq!(a.authenticate(None, Some("tok")).await, None);
+        // A bearer token with token webhooks off is not looked at.
+        assert_eq!(
+            a.authenticate(None, &mut bearer("tok")).await,
+            Ok(UserInfo::anonymous())
+        );
+        // Webhook authentication whose client is not built yet fails
+        // closed, without falling back to anonymous.
+        let a = Auth::new(&config(WEBHOOKS), "n", None, true, api).unwrap();
+        assert!(a.authenticate(None, &mut bearer("tok")).await.is_err());
+        assert_eq!(
+            a.authenticate(None, &mut none).await,
+            Ok(UserInfo::anonymous())
+        );
+    }
+
+    /// Upstream's bearertoken authenticator: scheme in any case, the token
+    /// between the first and a second single space, empty is no token.
+    #[test]
+    fn bearer_tokens_are_read_as_upstream() {
+        let read = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            bearer_token(&h)
+        };
+        assert_eq!(read("Bearer abc").as_deref(), Some("abc"));
+        assert_eq!(read("bEaReR abc").as_deref(), Some("abc"));
+        assert_eq!(read("  Bearer abc  ").as_deref(), Some("abc"));
+        assert_eq!(read("Bearer abc def").as_deref(), Some("abc"));
+        assert_eq!(read("Bearer  abc"), None);
+        assert_eq!(read("Bearer"), None);
+        assert_eq!(read("Basic abc"), None);
+    }
+
+    /// Upstream's websocket protocol authenticator.
+    #[test]
+    fn websocket_subprotocol_tokens_as_upstream() {
+        use base64::Engine;
+        let enc = |t: &str| {
+            format!(
+                "{BEARER_PROTOCOL}{}",
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(t)
+            )
+        };
+        let ws = |protocols: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::UPGRADE, "WebSocket".parse().unwrap());
+            h.insert(header::CONNECTION, "keep-alive, Upgrade".parse().unwrap());
+            h.insert(header::SEC_WEBSOCKET_PROTOCOL, protocols.parse().unwrap());
+            h
+        };
+        let p = format!("{}, v5.channel.k8s.io, v4.channel.k8s.io", enc("tok?>"));
+        assert_eq!(
+            protocol_token(&ws(&p)),
+            Ok(Some((
+                "tok?>".into(),
+                "v5.channel.k8s.io,v4.channel.k8s.io".into()
+            )))
+        );
+        // Only on a WebSocket upgrade.
+        let mut plain = ws(&p);
+        plain.remove(header::UPGRADE);
+        assert_eq!(protocol_token(&plain), Ok(None));
+        assert_eq!(protocol_token(&ws("v5.channel.k8s.io")), Ok(None));
+        let two = format!("{}, {}, v5.channel.k8s.io", enc("a"), enc("b"));
+        assert_eq!(
+            protocol_token(&ws(&two)),
+            Err("multiple base64.bearer.authorization tokens specified".into())
+        );
+        assert_eq!(
+            protocol_token(&ws(&enc("a"))),
+            Err("missing additional subprotocol".into())
+        );
+        let padded = format!("{BEARER_PROTOCOL}YQ==, v5.channel.k8s.io");
+        assert_eq!(
+            protocol_token(&ws(&padded)),
+            Err("invalid base64.bearer.authorization token encoding".into())
+        );
+        assert_eq!(
+            protocol_token(&ws(&format!("{}, v5.channel.k8s.io", enc("")))),
+            Ok(None)
+        );
+    }
+
+    /// The token is reviewed (retried through a 500 and a 429, as
+    /// upstream's webhook backoff), its Extra kept and sent on in the
+    /// SubjectAccessReview; the answer is cached; the Authorization header
+    /// is not passed on.
+    #[tokio::test(start_paused = true)]
+    async fn tokens_are_reviewed_with_retries_and_their_extra_authorized() {
+        let script = Arc::new(Script::default());
+        *script.tokens.lock() = vec![
+            Err(status(500, "InternalError")),
+            Err(status(429, "TooManyRequests")),
+            Ok(authenticated(
+                "carol",
+                &[("authentication.kubernetes.io/pod-name", "p")],
+            )),
+        ];
+        *script.access.lock() = vec![Err(status(504, "")), Ok(access(true))];
+        let a = scripted(script.clone());
+        let start = tokio::time::Instant::now();
+        let mut h = bearer("carol-token");
+        let user = a.authenticate(None, &mut h).await.expect("authenticated");
+        assert_eq!(script.asked_tokens.lock().len(), 3);
+        let waited = start.elapsed();
+        // 0.5 s and 0.75 s, each up to 20 % more.
+        assert!(
+            waited >= Duration::from_millis(1250) && waited <= Duration::from_millis(1500),
+            "{waited:?}"
+        );
+        assert!(h.get(header::AUTHORIZATION).is_none());
+        assert_eq!(user.name, "carol");
+        assert_eq!(user.uid, "carol-uid");
+        assert_eq!(user.groups, ["ops", "system:authenticated"]);
+        assert_eq!(
+            user.extra.get("authentication.kubernetes.io/pod-name"),
+            Some(&vec!["p".to_string()])
+        );
+        assert_eq!(
+            script.asked_tokens.lock()[0].spec.token.as_deref(),
+            Some("carol-token")
+        );
+        // Cached: no fourth review.
+        a.authenticate(None, &mut bearer("carol-token"))
+            .await
+            .unwrap();
+        assert_eq!(script.asked_tokens.lock().len(), 3);
+        let checks = request_attributes(&Method::GET, "/pods", true);
+        assert_eq!(a.authorize(&user, &checks).await, Ok(true));
+        let asked = script.asked_access.lock();
+        assert_eq!(asked.len(), 2, "a 504 is retried");
+        let spec = &asked[1].spec;
+        assert_eq!(spec.user.as_deref(), Some("carol"));
+        assert_eq!(spec.uid.as_deref(), Some("carol-uid"));
+        assert_eq!(spec.extra.as_ref(), Some(&user.extra));
+        let ra = spec.resource_attributes.as_ref().unwrap();
+        assert_eq!(ra.subresource.as_deref(), Some("pods"));
+        assert_eq!(ra.name.as_deref(), Some("node-a"));
+    }
+
+    /// A final error (403, a refused connection) is not retried nor
+    /// cached; after five attempts a retried error is final too; a review
+    /// naming an error is not cached; a plain "not authenticated" is. None
+    /// falls back to anonymous, though it is enabled.
+    #[tokio::test(start_paused = true)]
+    async fn failed_reviews_are_retried_only_when_upstream_retries() {
+        let script = Arc::new(Script::default());
+        *script.tokens.lock() = vec![Err(status(403, "Forbidden"))];
+        let a = scripted(script.clone());
+        assert!(a.authenticate(None, &mut bearer("t")).await.is_err());
+        assert_eq!(script.asked_tokens.lock().len(), 1);
+        assert!(a.authenticate(None, &mut bearer("t")).await.is_err());
+        assert_eq!(script.asked_tokens.lock().len(), 2, "errors are not cached");
+
+        let script = Arc::new(Script::default());
+        *script.tokens.lock() = vec![Err(status(500, ""))];
+        let a = scripted(script.clone());
+        assert!(a.authenticate(None, &mut bearer("t")).await.is_err());
+        assert_eq!(script.asked_tokens.lock().len(), RETRY_ATTEMPTS as usize);
+
+        let script = Arc::new(Script::default());
+        *script.tokens.lock() = vec![Ok(refused(Some("token expired")))];
+        let a = scripted(script.clone());
+        assert_eq!(
+            a.authenticate(None, &mut bearer("t")).await,
+            Err("token expired".into())
+        );
+        a.authenticate(None, &mut bearer("t")).await.unwrap_err();
+        assert_eq!(script.asked_tokens.lock().len(), 2);
+
+        let script = Arc::new(Script::default());
+        *script.tokens.lock() = vec![Ok(refused(None))];
+        let a = scripted(script.clone());
+        assert_eq!(
+            a.authenticate(None, &mut bearer("t")).await,
+            Err("invalid bearer token".into())
+        );
+        a.authenticate(None, &mut bearer("t")).await.unwrap_err();
+        assert_eq!(script.asked_tokens.lock().len(), 1, "cached for cacheTTL");
+
+        // An authorizer that keeps failing: five attempts, then a 500.
+        *script.access.lock() = vec![Err(status(429, "TooManyRequests"))];
+        let checks = request_attributes(&Method::GET, "/stats/summary", true);
+        let user = UserInfo::anonymous();
+        assert!(a.authorize(&user, &checks).await.is_err());
+        assert_eq!(script.asked_access.lock().len(), RETRY_ATTEMPTS as usize);
+    }
+
+    /// The token a WebSocket client sends as a subprotocol authenticates
+    /// it, and leaves the header with only the real protocols.
+    #[tokio::test]
+    async fn a_websocket_subprotocol_token_authenticates() {
+        use base64::Engine;
+        let script = Arc::new(Script::default());
+        *script.tokens.lock() = vec![Ok(authenticated("dave", &[]))];
+        let a = scripted(script.clone());
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, "websocket".parse().unwrap());
+        h.insert(header::CONNECTION, "Upgrade".parse().unwrap());
+        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("dave-token");
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            format!("v5.channel.k8s.io,{BEARER_PROTOCOL}{token}")
+                .parse()
+                .unwrap(),
+        );
+        let user = a.authenticate(None, &mut h).await.unwrap();
+        assert_eq!(user.name, "dave");
+        assert_eq!(h[header::SEC_WEBSOCKET_PROTOCOL], "v5.channel.k8s.io");
+        assert_eq!(
+            script.asked_tokens.lock()[0].spec.token.as_deref(),
+            Some("dave-token")
+        );
+    }
+
+    /// A CA and a client certificate signed by it with `dn`'s subject.
+    fn client_cert(
+        dn: &[(rcgen::DnType, &str)],
+    ) -> (Vec<u8>, rustls::pki_types::CertificateDer<'static>) {
+        use rcgen::{CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(rcgen::DnType::CommonName, "ca");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        for (t, v) in dn {
+            p.distinguished_name.push(t.clone(), *v);
+        }
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = p
+            .signed_by(&key, &Issuer::from_params(&ca, &ca_key))
+            .unwrap();
+        (ca_cert.pem().into_bytes(), cert.der().clone())
+    }
+
+    fn user_of(a: Answer) -> UserInfo {
+        match a {
+            Answer::User(u) => u,
+            other => panic!("not a user: {other:?}"),
+        }
+    }
+
+    /// CommonNameUserConversion: the last CN, each O a group, the UID
+    /// attribute, the credential ID; no CN is no opinion.
+    #[test]
+    fn certificate_users_as_upstream() {
+        use rcgen::DnType;
+        let uid = DnType::CustomDnType(vec![1, 3, 6, 1, 4, 1, 57683, 2]);
+        let (_, der) = client_cert(&[
+            (DnType::CommonName, "first"),
+            // The same OID again (rcgen keys its entries by type).
+            (DnType::CustomDnType(vec![2, 5, 4, 3]), "alice"),
+            (DnType::OrganizationName, "ops"),
+            (uid.clone(), "alice-uid"),
+        ]);
+        let u = user_of(cert_user(der.as_ref(), true));
+        assert_eq!(u.name, "alice");
+        assert_eq!(u.groups, ["ops"]);
+        assert_eq!(u.uid, "alice-uid");
+        use sha2::Digest;
+        let want: String = sha2::Sha256::digest(der.as_ref())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            u.extra[CREDENTIAL_ID],
+            [format!("X509SHA256={want}")],
+            "the credential ID"
+        );
+        assert_eq!(user_of(cert_user(der.as_ref(), false)).uid, "");
+        let (_, der) = client_cert(&[(DnType::CommonName, "bob"), (uid, "")]);
+        assert_eq!(
+            cert_user(der.as_ref(), true),
+            Answer::Failed("UID cannot be an empty string".into())
+        );
+        let (_, der) = client_cert(&[(DnType::OrganizationName, "ops")]);
+        assert_eq!(cert_user(der.as_ref(), true), Answer::NoOpinion);
+    }
+
+    /// A certificate without a CN falls through to the token and to
+    /// anonymous; one the CA does not verify fails, unless a token
+    /// authenticates the request.
+    #[tokio::test]
+    async fn certificates_fall_through_as_upstream() {
+        use rcgen::DnType;
+        let (ca_pem, no_cn) = client_cert(&[(DnType::OrganizationName, "ops")]);
+        let dir = std::env::temp_dir().join(format!("rkubelet-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca_file = dir.join("ca.crt");
+        std::fs::write(&ca_file, ca_pem).unwrap();
+        let provider = Arc::new(super::super::https::provider(&[], &[]).unwrap());
+        let ca = super::super::https::ClientCa::load(ca_file, provider).unwrap();
+        let script = Arc::new(Script::default());
+        *script.tokens.lock() = vec![Ok(authenticated("carol", &[]))];
+        let a =
+            Auth::with_reviewer(&config(WEBHOOKS), "n", Some(ca), true, script.clone()).unwrap();
+        let certs =
+            |der: rustls::pki_types::CertificateDer<'static>| PeerCerts(Arc::new(vec![der]));
+        let no_cn = certs(no_cn);
+        assert_eq!(
+            a.authenticate(Some(&no_cn), &mut HeaderMap::new()).await,
+            Ok(UserInfo::anonymous())
+        );
+        assert_eq!(
+            a.authenticate(Some(&no_cn), &mut bearer("t"))
+                .await
+                .unwrap()
+                .name,
+            "carol"
+        );
+        // Signed by another CA.
+        let (_, stranger) = client_cert(&[(DnType::CommonName, "mallory")]);
+        let stranger = certs(stranger);
+        let e = a
+            .authenticate(Some(&stranger), &mut HeaderMap::new())
+            .await
+            .unwrap_err();
+        assert!(e.starts_with("verifying certificate failed"), "{e}");
+        assert_eq!(
+            a.authenticate(Some(&stranger), &mut bearer("t"))
+                .await
+                .unwrap()
+                .name,
+            "carol"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Upstream's group adder leaves users already grouped either way.
+    #[test]
+    fn the_authenticated_group_is_added_as_upstream() {
+        let u = |name: &str, groups: &[&str]| UserInfo {
+            name: name.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            ..Default::default()
+        };
+        assert_eq!(
+            with_authenticated(u("a", &["x"])).groups,
+            ["x", "system:authenticated"]
+        );
+        assert_eq!(
+            with_authenticated(u("a", &["system:unauthenticated"])).groups,
+            ["system:unauthenticated"]
+        );
+        assert!(with_authenticated(u("system:anonymous", &[]))
+            .groups
+            .is_empty());
     }
 }

@@ -1,10 +1,8 @@
-//! Machine info for `/spec/`, read once from /proc and /sys, in the shape of
-//! cAdvisor's MachineInfo that older tools read (upstream removed the
-//! endpoint; rkubelet keeps it because it costs nothing).
+//! Machine info for the Node's capacity and system info and cAdvisor's
+//! `machine_*` families, read once from /proc and /sys, in the shape of
+//! cAdvisor's MachineInfo.
 
-use serde::Serialize;
-
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct MachineInfo {
     pub num_cores: usize,
     pub cpu_frequency_khz: u64,

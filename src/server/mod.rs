@@ -1,5 +1,5 @@
-//! HTTP servers: the read-only port (`/pods`, `/healthz`, `/spec/`) and the
-//! healthz port (upstream `pkg/kubelet/server/server.go`). Routers are built
+//! HTTP servers: the authenticated port, the read-only port (`/pods`,
+//! `/healthz`, stats and metrics) and the healthz port (upstream `pkg/kubelet/server/server.go`). Routers are built
 //! apart from serving so tests call them directly.
 
 pub mod auth;
@@ -8,6 +8,7 @@ pub mod debug;
 pub mod encoding;
 pub mod https;
 pub mod machine;
+pub mod mux;
 pub mod streaming;
 
 use std::sync::Arc;
@@ -30,6 +31,7 @@ pub struct ServerState {
     pub status: StatusManager,
     pub pleg: PlegHandle,
     pub syncloop: SyncLoopHealth,
+    /// The machine's facts, for cAdvisor's `machine_*` families.
     pub machine: Arc<machine::MachineInfo>,
     pub probes: crate::prober::ProbeManager,
     pub runtime_state: crate::runtimestate::RuntimeState,
@@ -291,10 +293,6 @@ async fn pods(State(s): State<ServerState>) -> Response {
     json(&pod_list(&s.pods, &s.status))
 }
 
-async fn spec(State(s): State<ServerState>) -> Response {
-    json(&*s.machine)
-}
-
 /// Upstream's default handlers, served on both :10250 and the read-only
 /// port: healthz, pods, stats and the metric endpoints.
 pub fn default_routes() -> Router<ServerState> {
@@ -303,8 +301,6 @@ pub fn default_routes() -> Router<ServerState> {
         .route("/healthz/{name}", get(healthz_one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
-        .route("/spec", get(spec))
-        .route("/spec/", get(spec))
         .route(
             "/checkpoint/{namespace}/{pod}/{container}",
             axum::routing::post(checkpoint_if_gated),
@@ -346,7 +342,7 @@ pub fn debugging_routes(cfg: &crate::config::KubeletConfiguration) -> Router<Ser
 /// What upstream's `InstallDebuggingDisabledHandlers` answers under these
 /// prefixes, on the read-only port and when `enableDebuggingHandlers` is
 /// off.
-const DEBUG_PREFIXES: [&str; 8] = [
+pub(crate) const DEBUG_PREFIXES: [&str; 8] = [
     "/run/",
     "/exec/",
     "/attach/",
@@ -504,11 +500,14 @@ async fn running_pods(State(s): State<ServerState>) -> Response {
 
 /// The read-only port's routes.
 pub fn read_only_router(state: ServerState) -> Router {
+    let mux = Arc::new(mux::GoMux::read_only(&state.config));
     default_routes()
         .merge(debugging_disabled_routes())
+        .fallback(restful_not_found)
         .layer(axum::middleware::from_fn(|req, next| {
             crate::metrics::track_http("readonly", req, next)
         }))
+        .layer(axum::middleware::from_fn_with_state(mux, mux::filter))
         .with_state(state)
 }
 
@@ -517,6 +516,10 @@ pub fn healthz_router(state: ServerState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/healthz/{name}", get(healthz_one))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(mux::GoMux::healthz()),
+            mux::filter,
+        ))
         .with_state(state)
 }
 
@@ -532,20 +535,34 @@ pub fn api_router(state: ServerState, auth: Arc<auth::Auth>) -> Router {
     } else {
         r.merge(debugging_disabled_routes())
     };
-    // The fallback is added before the filter, so unknown paths are
-    // authorized too (upstream's filter runs before routing).
-    r.fallback(not_found)
+    // Paths under a registered prefix that no handler takes are
+    // authorized before their 404, as go-restful runs its filters first;
+    // paths under none are Go's 404 before any of it (the mux).
+    let mux = Arc::new(mux::GoMux::api(&state.config));
+    r.fallback(restful_not_found)
         .layer(axum::middleware::from_fn_with_state(auth, auth::filter))
         // Outside the filter, so refused requests are counted too;
         // upstream's server_type for the authenticated port.
         .layer(axum::middleware::from_fn(|req, next| {
             crate::metrics::track_http("readwrite", req, next)
         }))
+        .layer(axum::middleware::from_fn_with_state(mux, mux::filter))
         .with_state(state)
 }
 
 async fn not_found() -> Response {
-    (StatusCode::NOT_FOUND, "404 page not found\n").into_response()
+    go_http_error(StatusCode::NOT_FOUND, "404 page not found")
+}
+
+/// go-restful's answer for a path under a web service's root that none of
+/// its routes takes.
+async fn restful_not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "404: Page Not Found",
+    )
+        .into_response()
 }
 
 #[cfg(test)]
@@ -724,6 +741,63 @@ mod tests {
                 "{path}"
             );
         }
+        token.cancel();
+    }
+
+    /// Go's ServeMux runs before the authentication filter: an unknown
+    /// path is `404 page not found` to anyone (it was a 401), a subtree
+    /// root without its slash a 301; a path under a registered prefix
+    /// that no route takes is authenticated first, then go-restful's 404.
+    #[tokio::test]
+    async fn unknown_paths_are_not_found_before_authentication() {
+        let fake = Arc::new(crate::cri::fake::FakeRuntime::new());
+        let (state, token) = ServerState::for_tests(fake);
+        let cfg = crate::config::KubeletConfiguration::load_str(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nenableDebuggingHandlers: true\nauthentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: true\nauthorization:\n  mode: Webhook\n",
+        )
+        .unwrap()
+        .0;
+        let api = Arc::new(std::sync::OnceLock::new());
+        let auth = auth::Auth::new(&cfg, "node", None, true, api).unwrap();
+        let state = ServerState {
+            config: Arc::new(cfg),
+            ..state
+        };
+        let r = api_router(state.clone(), auth);
+        for path in ["/nope", "/spec", "/metrics/nope", "/healthz/nope", "/"] {
+            assert_eq!(
+                call(r.clone(), "GET", path, "").await,
+                (StatusCode::NOT_FOUND, "404 page not found\n".into()),
+                "{path}"
+            );
+        }
+        for path in ["/pods", "/stats/summary", "/logs/", "/pods/extra"] {
+            assert_eq!(
+                call(r.clone(), "GET", path, "").await,
+                (StatusCode::UNAUTHORIZED, "Unauthorized".into()),
+                "{path}"
+            );
+        }
+        use tower::ServiceExt;
+        let req = axum::http::Request::get("/logs?x=1")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let resp = r.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::MOVED_PERMANENTLY);
+        assert_eq!(resp.headers()[header::LOCATION], "/logs/?x=1");
+        let (code, _) = call(r, "GET", "/pods/../stats/summary", "").await;
+        assert_eq!(code, StatusCode::MOVED_PERMANENTLY);
+        // The read-only port: no authentication, go-restful's 404 under a
+        // registered prefix, Go's elsewhere.
+        let ro = read_only_router(state);
+        assert_eq!(
+            call(ro.clone(), "GET", "/pods/extra", "").await,
+            (StatusCode::NOT_FOUND, "404: Page Not Found".into())
+        );
+        assert_eq!(
+            call(ro, "GET", "/spec/", "").await,
+            (StatusCode::NOT_FOUND, "404 page not found\n".into())
+        );
         token.cancel();
     }
 
