@@ -1593,6 +1593,7 @@ fn render_sample(i: u64) -> rkubelet::stats::cgroup::CgroupSample {
             ..Default::default()
         }),
         pids: Some(1),
+        processes: Some(1),
         cpu_shares: Some(2),
         cpu_period: Some(100_000),
         cpu_quota: Some(-1),

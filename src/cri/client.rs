@@ -353,7 +353,13 @@ impl RuntimeService for RemoteRuntime {
             cmd,
             timeout: timeout_secs,
         };
-        let deadline = self.timeout + Duration::from_secs(timeout_secs.max(0) as u64);
+        // 0: no deadline at all, as upstream's client (the kubelet's /run
+        // asks for none; the request ends when its client goes).
+        let deadline = if timeout_secs <= 0 {
+            Duration::MAX
+        } else {
+            self.timeout + Duration::from_secs(timeout_secs as u64)
+        };
         self.call("ExecSync", deadline, c.exec_sync(req)).await
     }
 

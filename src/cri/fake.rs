@@ -36,6 +36,8 @@ struct State {
     /// ContainerStatus calls by container ID (not in `calls`, which tests
     /// compare whole).
     status_asks: BTreeMap<String, usize>,
+    /// Every Attach request, whole.
+    attach_requests: Vec<v1::AttachRequest>,
 }
 
 struct FakeContainer {
@@ -163,6 +165,11 @@ impl FakeRuntime {
     /// Calls made so far, as "Op id-or-name" strings.
     pub fn calls(&self) -> Vec<String> {
         self.state.lock().calls.clone()
+    }
+
+    /// Every Attach request so far.
+    pub fn attach_requests(&self) -> Vec<v1::AttachRequest> {
+        self.state.lock().attach_requests.clone()
     }
 
     pub fn clear_calls(&self) {
@@ -638,6 +645,7 @@ impl RuntimeService for FakeRuntime {
     async fn attach(&self, req: v1::AttachRequest) -> CriResult<String> {
         let mut s = self.state.lock();
         self.record(&mut s, format!("Attach {}", req.container_id));
+        s.attach_requests.push(req.clone());
         Ok(format!(
             "{}/attach/{}",
             Self::stream_base(&s),

@@ -50,6 +50,22 @@ impl CriError {
         }
     }
 
+    /// The error as Go's gRPC prints a status (`rpc error: code = X desc
+    /// = …`), the text upstream passes on to clients of the streaming
+    /// endpoints.
+    pub fn grpc_text(&self) -> String {
+        let (code, desc) = match self {
+            CriError::NotFound { message, .. } => (tonic::Code::NotFound, message.as_str()),
+            CriError::DeadlineExceeded { .. } => {
+                (tonic::Code::DeadlineExceeded, "context deadline exceeded")
+            }
+            CriError::Unavailable { message, .. } => (tonic::Code::Unavailable, message.as_str()),
+            CriError::Status { code, message, .. } => (*code, message.as_str()),
+            CriError::Endpoint { .. } => return self.to_string(),
+        };
+        format!("rpc error: code = {code:?} desc = {desc}")
+    }
+
     pub fn is_unimplemented(&self) -> bool {
         matches!(
             self,
@@ -202,5 +218,31 @@ pub trait ImageService: Send + Sync + 'static {
     /// The image filesystems' usage (CRI ImageFsInfo).
     async fn image_fs_info(&self) -> CriResult<v1::ImageFsInfoResponse> {
         Err(unimplemented("ImageFsInfo"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Go's status.Error text, which kubectl shows after "unable to
+    /// upgrade connection:".
+    #[test]
+    fn errors_print_as_go_grpc_statuses() {
+        let e = CriError::from_status("Exec", tonic::Status::unknown("container is stopped"));
+        assert_eq!(
+            e.grpc_text(),
+            "rpc error: code = Unknown desc = container is stopped"
+        );
+        let e = CriError::from_status("Exec", tonic::Status::not_found("no such container"));
+        assert_eq!(
+            e.grpc_text(),
+            "rpc error: code = NotFound desc = no such container"
+        );
+        let e = CriError::DeadlineExceeded { op: "Exec" };
+        assert_eq!(
+            e.grpc_text(),
+            "rpc error: code = DeadlineExceeded desc = context deadline exceeded"
+        );
     }
 }

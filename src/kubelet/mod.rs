@@ -46,6 +46,8 @@ pub enum KubeletError {
     Auth(#[from] crate::server::auth::AuthError),
     #[error("failed to validate nodeIP: {0}")]
     NodeIp(String),
+    #[error("failed to initialize container log manager: {0}")]
+    LogManager(String),
     /// Upstream exits with "Failed to register CRI auth plugins".
     #[error("failed to register CRI auth plugins: {0}")]
     CredentialProviders(#[from] crate::images::credentialprovider::ConfigError),
@@ -194,6 +196,9 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             cgroup_driver_from_runtime(remote.as_ref(), configured, Duration::from_secs(2)).await;
     }
     let cfg = &opts.config;
+    // Before anything starts, as upstream's NewMainKubelet fails.
+    let rotation =
+        crate::logs::rotation::Policy::from_config(cfg).map_err(KubeletError::LogManager)?;
     set_own_oom_score_adj(cfg.oom_score_adj);
     set_open_file_limit(cfg.max_open_files);
     let logs_dir = PathBuf::from(if cfg.pod_logs_dir.is_empty() {
@@ -491,19 +496,16 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     let mut sources = Vec::new();
     if !cfg.static_pod_url.is_empty() {
         expected.push(source::HTTP_SOURCE);
-        sources.push(
-            source::http::spawn_http_source(
-                cfg.static_pod_url.clone(),
-                cfg.static_pod_url_header.clone(),
-                opts.node_name.clone(),
-                cfg.http_check_frequency.0,
-                pod_config.channel(source::HTTP_SOURCE),
-                token.child_token(),
-            )
-            .map_err(|e| KubeletError::Source(e.to_string()))?,
-        );
+        sources.push(source::http::spawn_http_source(
+            cfg.static_pod_url.clone(),
+            cfg.static_pod_url_header.clone(),
+            opts.node_name.clone(),
+            cfg.http_check_frequency.0,
+            pod_config.channel(source::HTTP_SOURCE),
+            token.child_token(),
+        ));
     }
-    if let Some(policy) = crate::logs::rotation::Policy::from_config(cfg) {
+    if let Some(policy) = rotation {
         sources.push(tokio::spawn(tracing::Instrument::instrument(
             crate::logs::rotation::run(runtime.clone(), policy, token.child_token()),
             tracing::info_span!("log-rotation"),

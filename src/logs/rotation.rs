@@ -27,18 +27,32 @@ pub struct Policy {
 
 impl Policy {
     /// From `containerLogMaxSize` (a quantity), `containerLogMaxFiles`,
-    /// `containerLogMaxWorkers` and `containerLogMonitorInterval`.
-    pub fn from_config(cfg: &crate::config::KubeletConfiguration) -> Option<Policy> {
-        let max_size = crate::cm::quantity::parse_bytes(&cfg.container_log_max_size).ok()?;
-        (max_size > 0 && cfg.container_log_max_files >= 2).then(|| Policy {
-            max_size: max_size as u64,
-            max_files: cfg.container_log_max_files as usize,
-            workers: cfg.container_log_max_workers.max(1) as usize,
-            period: cfg
-                .container_log_monitor_interval
-                .0
-                .max(Duration::from_secs(1)),
-        })
+    /// `containerLogMaxWorkers` and `containerLogMonitorInterval`; `None`
+    /// when rotation is off (a size below 1, fewer than two files). A size
+    /// that does not parse is an error, as upstream's
+    /// NewContainerLogManager fails the kubelet's start with it: silently
+    /// not rotating would let the logs fill the disk.
+    pub fn from_config(
+        cfg: &crate::config::KubeletConfiguration,
+    ) -> Result<Option<Policy>, String> {
+        let max_size =
+            crate::cm::quantity::parse_bytes(&cfg.container_log_max_size).map_err(|e| {
+                format!(
+                    "failed to parse container log max size {:?}: {e}",
+                    cfg.container_log_max_size
+                )
+            })?;
+        Ok(
+            (max_size > 0 && cfg.container_log_max_files >= 2).then(|| Policy {
+                max_size: max_size as u64,
+                max_files: cfg.container_log_max_files as usize,
+                workers: cfg.container_log_max_workers.max(1) as usize,
+                period: cfg
+                    .container_log_monitor_interval
+                    .0
+                    .max(Duration::from_secs(1)),
+            }),
+        )
     }
 }
 
@@ -163,10 +177,19 @@ async fn rotate_one(runtime: &dyn RuntimeService, id: &str, path: PathBuf, polic
         move || prepare(&p, policy.max_files),
     )
     .await;
+    // As upstream's rotateLog: no new rotated file while the old ones
+    // could not be pruned or compressed, so containerLogMaxFiles holds
+    // (the live log grows meanwhile, and the next pass tries again).
     match prepared {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => warn!(container = %id, error = %e, "log rotation: tidying rotated files"),
-        Err(e) => warn!(container = %id, error = %e, "log rotation: tidying rotated files"),
+        Ok(Err(e)) => {
+            warn!(container = %id, error = %e, "log rotation: tidying rotated files failed; not rotating");
+            return;
+        }
+        Err(e) => {
+            warn!(container = %id, error = %e, "log rotation: tidying rotated files failed; not rotating");
+            return;
+        }
     }
     let stamp = k8s_openapi::jiff::Zoned::now()
         .strftime("%Y%m%d-%H%M%S")
@@ -186,13 +209,16 @@ async fn rotate_one(runtime: &dyn RuntimeService, id: &str, path: PathBuf, polic
     if let Err(e) = runtime.reopen_container_log(id).await {
         // Put it back so the runtime keeps writing where we read.
         warn!(container = %id, error = %e, "log rotation: ReopenContainerLog failed; renaming back");
-        let (from, to) = (rotated, path);
-        let _ = crate::blocking::run(
+        let (from, to) = (rotated.clone(), path.clone());
+        let back = crate::blocking::run(
             format!("log rename {id}"),
             Duration::from_secs(10),
             move || std::fs::rename(&from, &to),
         )
         .await;
+        if !matches!(back, Ok(Ok(()))) {
+            tracing::error!(container = %id, rotated = %rotated.display(), log = %path.display(), "Failed to rename rotated log");
+        }
         return;
     }
     info!(container = %id, "rotated container log");
@@ -221,14 +247,18 @@ fn prepare(log: &Path, max_files: usize) -> std::io::Result<()> {
         .filter(|n| n.ends_with(SUFFIX_GZ))
         .cloned()
         .collect();
+    let mut unused = Vec::new();
     rotated.retain(|n| {
-        let unused = n.ends_with(SUFFIX_TMP)
+        let u = n.ends_with(SUFFIX_TMP)
             || (!n.ends_with(SUFFIX_GZ) && compressed.contains(&format!("{n}{SUFFIX_GZ}")));
-        if unused {
-            let _ = std::fs::remove_file(dir.join(n));
+        if u {
+            unused.push(n.clone());
         }
-        !unused
+        !u
     });
+    for n in unused {
+        std::fs::remove_file(dir.join(&n))?;
+    }
     // removeExcessLogs: the names sort by time; keep the newest.
     let keep = max_files.saturating_sub(2);
     if rotated.len() > keep {
@@ -236,20 +266,40 @@ fn prepare(log: &Path, max_files: usize) -> std::io::Result<()> {
             std::fs::remove_file(dir.join(&n))?;
         }
     }
-    // compressLog, each through a temporary file.
     for n in rotated.iter().filter(|n| !n.ends_with(SUFFIX_GZ)) {
-        let src = dir.join(n);
-        let tmp = dir.join(format!("{n}{SUFFIX_GZ}{SUFFIX_TMP}"));
-        let dst = dir.join(format!("{n}{SUFFIX_GZ}"));
-        let mut input = std::fs::File::open(&src)?;
-        let out = std::fs::File::create(&tmp)?;
+        compress(&dir.join(n))?;
+    }
+    Ok(())
+}
+
+/// upstream's compressLog: through `<log>.tmp` (removed whatever happens),
+/// with the log's own mode (a log readable only by its group stays so
+/// compressed), then the original goes.
+fn compress(src: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let tmp = PathBuf::from(format!("{}{SUFFIX_TMP}", src.display()));
+    let dst = PathBuf::from(format!("{}{SUFFIX_GZ}", src.display()));
+    let written = (|| {
+        let mut input = std::fs::File::open(src)?;
+        let mode = input.metadata()?.permissions().mode() & 0o7777;
+        let out = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        // The mode given to open is masked by the umask: set it whole.
+        out.set_permissions(std::fs::Permissions::from_mode(mode))?;
         let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::default());
         std::io::copy(&mut input, &mut enc)?;
         enc.finish()?.sync_all()?;
-        std::fs::rename(&tmp, &dst)?;
-        std::fs::remove_file(&src)?;
+        std::fs::rename(&tmp, &dst)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    Ok(())
+    written?;
+    std::fs::remove_file(src)
 }
 
 #[cfg(test)]
@@ -298,6 +348,36 @@ mod tests {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz), &mut text).unwrap();
         assert_eq!(text, "day 23\n");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// upstream's compressLog: the compressed file keeps the log's mode (it
+    /// was 0644 whatever the log's), and its temporary file goes on a
+    /// failure (it stayed until the next rotation).
+    #[test]
+    fn compression_keeps_the_mode_and_leaves_nothing_behind() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("rkubelet-compress-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("0.log.20261123-000000");
+        std::fs::write(&log, "secret\n").unwrap();
+        std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o640)).unwrap();
+        compress(&log).unwrap();
+        let gz = dir.join("0.log.20261123-000000.gz");
+        let mode = std::fs::metadata(&gz).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+        assert_eq!(names(&dir), ["0.log.20261123-000000.gz"]);
+        // The compressed name taken (a directory): the compression fails
+        // after writing its temporary file, which goes; the log stays.
+        let again = dir.join("1.log.20261123-000000");
+        std::fs::write(&again, "x\n").unwrap();
+        let taken = dir.join("1.log.20261123-000000.gz");
+        std::fs::create_dir(&taken).unwrap();
+        std::fs::write(taken.join("f"), "").unwrap();
+        assert!(compress(&again).is_err());
+        assert!(again.exists());
+        assert!(!dir.join("1.log.20261123-000000.tmp").exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -380,9 +460,21 @@ mod tests {
     #[test]
     fn the_policy_follows_the_configuration() {
         let c = crate::config::KubeletConfiguration::default();
-        let p = Policy::from_config(&c).unwrap();
+        let p = Policy::from_config(&c).unwrap().unwrap();
         assert_eq!(p.max_size, 10 * 1024 * 1024);
         assert_eq!(p.max_files, 5);
         assert_eq!(p.period, Duration::from_secs(10));
+        // A size that does not parse stops the start (it disabled rotation
+        // silently before); a size of 0 turns rotation off.
+        let mut bad = c.clone();
+        bad.container_log_max_size = "10MB".into();
+        let e = Policy::from_config(&bad).unwrap_err();
+        assert!(
+            e.starts_with("failed to parse container log max size \"10MB\""),
+            "{e}"
+        );
+        let mut off = c;
+        off.container_log_max_size = "0".into();
+        assert!(Policy::from_config(&off).unwrap().is_none());
     }
 }

@@ -772,6 +772,7 @@ async fn metrics_endpoint_serves_upstream_names_types_and_labels() {
         inodes_free: 990,
         inodes_used: 10,
         abnormal: None,
+        local_ephemeral: false,
     };
     state.stats.volume_stats().set(
         "u1",
@@ -1509,6 +1510,7 @@ async fn volume_health_is_a_series_only_for_volumes_with_a_condition() {
         inodes_free: 0,
         inodes_used: 0,
         abnormal,
+        local_ephemeral: false,
     };
     state.stats.volume_stats().set(
         "u-health",

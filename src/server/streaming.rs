@@ -17,7 +17,7 @@ use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -56,6 +56,13 @@ pub enum StreamError {
     /// Upstream's GetExec/GetAttach: a plain error, so a 500 as upstream.
     #[error("container not found ({0:?})")]
     ContainerNotFound(String),
+    /// Upstream's GetAttach: running, but not in the pod's spec (a 500).
+    #[error("container {container} not found in pod {pod}")]
+    ContainerNotInPod { container: String, pod: String },
+    /// Upstream's GetAttach: a UID in the path that is not the pod's (a
+    /// 500, unlike port-forward's 404).
+    #[error("pod {0} not found")]
+    PodNotFoundByUid(String),
     #[error("pod not found ({0:?})")]
     SandboxNotFound(String),
     #[error(transparent)]
@@ -84,7 +91,20 @@ impl IntoResponse for StreamError {
         if code.is_server_error() {
             tracing::warn!(error = %self, "streaming request failed");
         }
-        (code, self.to_string()).into_response()
+        // The runtime's error as Go prints a gRPC status, which is what
+        // upstream writes (streaming.WriteError).
+        let text = match &self {
+            StreamError::Cri(e) => e.grpc_text(),
+            e => e.to_string(),
+        };
+        let mut r = (code, text).into_response();
+        if code == StatusCode::TOO_MANY_REQUESTS {
+            // The streaming request cache's TTL, which upstream asks the
+            // client to wait out.
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+        }
+        r
     }
 }
 
@@ -330,7 +350,11 @@ async fn attach(
     let r = async {
         let opts = parse_stream_options(&q)?;
         let (pod, uid) = t.resolve(&s)?;
+        let full_name = crate::source::pod_full_name(&pod);
         let id = find_container(&*s.runtime, &uid, &t.container).await?;
+        if t.uid.is_some() && uid != crate::source::pod_uid(&pod) {
+            return Err(StreamError::PodNotFoundByUid(full_name));
+        }
         // As upstream: attach's TTY is the container's own (it cannot change
         // after the process started), not the request's; init and
         // ephemeral containers are searched too (GetContainerSpec).
@@ -346,7 +370,10 @@ async fn attach(
         let tty = regular
             .chain(ephemeral)
             .find(|(n, _)| **n == t.container)
-            .ok_or_else(|| StreamError::ContainerNotFound(t.container.clone()))?
+            .ok_or_else(|| StreamError::ContainerNotInPod {
+                container: t.container.clone(),
+                pod: full_name.clone(),
+            })?
             .1
             .unwrap_or(false);
         let url = s
@@ -356,7 +383,9 @@ async fn attach(
                 stdin: opts.stdin,
                 tty,
                 stdout: opts.stdout,
-                stderr: opts.stderr && !tty,
+                // As asked: a runtime refuses stderr beside a TTY, and that
+                // refusal is the answer, as upstream passes it on.
+                stderr: opts.stderr,
             })
             .await?;
         Ok::<_, StreamError>(url)
@@ -566,6 +595,16 @@ async fn proxy_stream(
         Ok(Err(e)) => return e.into_response(),
         Err(_) => return StreamError::Dial("timed out".into()).into_response(),
     };
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS && resp.status().as_u16() < 400 {
+        // UpgradeAwareHandler: only an error is relayed; anything else
+        // that is not an upgrade is the proxy's error.
+        let e = format!(
+            "invalid upgrade response: status code {}",
+            resp.status().as_u16()
+        );
+        tracing::warn!(parent: &span, "{e}");
+        return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response();
+    }
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // A refused upgrade is relayed as it is (status, headers, body).
         tracing::debug!(parent: &span, status = %resp.status(), "runtime did not upgrade");
@@ -654,32 +693,47 @@ where
     Ok((up, down))
 }
 
+/// GET and POST only: axum's `get` answers HEAD too, which upstream's
+/// routes refuse (405) rather than open a stream for.
+fn get_or_post<H, T>(h: H) -> axum::routing::MethodRouter<ServerState>
+where
+    H: axum::handler::Handler<T, ServerState>,
+    T: 'static,
+{
+    axum::routing::on(
+        axum::routing::MethodFilter::GET.or(axum::routing::MethodFilter::POST),
+        h,
+    )
+    // A GET route serves HEAD unless HEAD has its own handler.
+    .head(|| async { StatusCode::METHOD_NOT_ALLOWED })
+}
+
 /// `/exec/...`, `/attach/...`, `/portForward/...`, `/run/...`.
 pub fn routes() -> Router<ServerState> {
     Router::new()
         .route(
             "/exec/{podNamespace}/{podID}/{containerName}",
-            get(exec).post(exec),
+            get_or_post(exec),
         )
         .route(
             "/exec/{podNamespace}/{podID}/{uid}/{containerName}",
-            get(exec).post(exec),
+            get_or_post(exec),
         )
         .route(
             "/attach/{podNamespace}/{podID}/{containerName}",
-            get(attach).post(attach),
+            get_or_post(attach),
         )
         .route(
             "/attach/{podNamespace}/{podID}/{uid}/{containerName}",
-            get(attach).post(attach),
+            get_or_post(attach),
         )
         .route(
             "/portForward/{podNamespace}/{podID}",
-            get(port_forward).post(port_forward),
+            get_or_post(port_forward),
         )
         .route(
             "/portForward/{podNamespace}/{podID}/{uid}",
-            get(port_forward).post(port_forward),
+            get_or_post(port_forward),
         )
         .route("/run/{podNamespace}/{podID}/{containerName}", post(run))
         .route(
@@ -901,6 +955,86 @@ mod tests {
             rt.calls().contains(&format!("Attach {id}")),
             "{:?}",
             rt.calls()
+        );
+    }
+
+    /// Attach as upstream's GetAttach: stderr as asked (a runtime refuses
+    /// it beside a TTY, and that refusal is the answer: it was dropped
+    /// silently), a path UID that is not the pod's is "pod … not found",
+    /// a container the spec lacks "container … not found in pod …".
+    #[tokio::test]
+    async fn attach_asks_as_upstream() {
+        let (s, rt, _t) = state().await;
+        call(&s, "GET", "/attach/default/web/app?output=1&error=1", true).await;
+        let asked = rt.attach_requests();
+        assert!(asked[0].stderr && asked[0].stdout, "{asked:?}");
+        // A container running but not in the spec (the spec changed).
+        let mut pod = (*s.pods.pods()[0]).clone();
+        pod.spec.as_mut().unwrap().containers[0].name = "renamed".into();
+        s.pods.upsert(pod.clone());
+        let (c, b) = call(&s, "GET", "/attach/default/web/app?output=1", true).await;
+        assert_eq!(c, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(b, "container app not found in pod web_default");
+        // A UID in the path that is not the pod's, though a container of
+        // that UID runs (an older instance).
+        let mut old = pod.clone();
+        old.metadata.uid = Some("u0".into());
+        old.spec.as_mut().unwrap().containers[0].name = "app".into();
+        let c0 = old.spec.as_ref().unwrap().containers[0].clone();
+        run_in(&rt, &old, &c0).await;
+        let (c, b) = call(&s, "GET", "/attach/default/web/u0/app?output=1", true).await;
+        assert_eq!(
+            (c, b.as_str()),
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "pod web_default not found"
+            )
+        );
+        // HEAD is not a streaming request (go-restful's 405).
+        let (c, _) = call(&s, "HEAD", "/exec/default/web/app?output=1", true).await;
+        assert_eq!(c, StatusCode::METHOD_NOT_ALLOWED);
+    }
+
+    /// The runtime's refusals as upstream's streaming.WriteError writes
+    /// them: Go's gRPC text, and a 429 with Retry-After; an answer that is
+    /// neither an upgrade nor an error is the proxy's 500.
+    #[tokio::test]
+    async fn runtime_answers_as_upstream() {
+        let busy = StreamError::Cri(CriError::Status {
+            op: "Exec",
+            code: tonic::Code::ResourceExhausted,
+            message: "maximum number of in-flight requests exceeded".into(),
+        })
+        .into_response();
+        assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(busy.headers()[header::RETRY_AFTER], "60");
+        let body = axum::body::to_bytes(busy.into_body(), 1 << 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            &body[..],
+            b"rpc error: code = ResourceExhausted desc = maximum number of in-flight requests exceeded"
+        );
+
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (s, rt, _t) = state().await;
+        let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        rt.set_stream_base(&format!("http://{}", backend.local_addr().unwrap()));
+        tokio::spawn(async move {
+            let (mut c, _) = backend.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf).await;
+            let _ = c
+                .write_all(b"HTTP/1.1 302 Found\r\nLocation: /x\r\nContent-Length: 0\r\n\r\n")
+                .await;
+        });
+        let (c, b) = call(&s, "GET", "/exec/default/web/app?output=1&command=ls", true).await;
+        assert_eq!(
+            (c, b.as_str()),
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "invalid upgrade response: status code 302"
+            )
         );
     }
 

@@ -2,14 +2,17 @@
 //! `pkg/kubelet/config/http.go`: every `httpCheckFrequency` the URL is
 //! fetched (with `staticPodURLHeader`), and one Pod or a PodList becomes
 //! the source's pods, defaulted like manifest files. A failed fetch keeps
-//! the pods it served running; an empty body sets no pods.
+//! the pods it served running; an empty body sets no pods; a body that did
+//! not change is not decoded again. The request is made as Go's client
+//! makes it (redirects followed, credentials in the URL sent as basic
+//! auth, the host as written); proxies from the environment are not used.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http_body_util::BodyExt;
-use hyper::header::{HeaderName, HeaderValue, HOST};
+use hyper::header::{HeaderName, HeaderValue, AUTHORIZATION, HOST, LOCATION, USER_AGENT};
 use hyper_util::rt::TokioIo;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -19,8 +22,12 @@ use tracing::{debug, info, warn};
 use super::static_pod::{http_static_pod, parse_pods, MAX_MANIFEST_BYTES};
 use super::{PodOperation, PodUpdate, HTTP_SOURCE};
 
-/// Upstream's client: `http.Client{Timeout: 10 * time.Second}`.
+/// Upstream's client: `http.Client{Timeout: 10 * time.Second}`, which
+/// covers the redirects too.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Go's client stops after ten redirects.
+const MAX_REDIRECTS: usize = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpSourceError {
@@ -44,46 +51,80 @@ pub enum HttpSourceError {
 #[derive(Debug, Clone)]
 struct Target {
     raw: String,
+    url: url::Url,
     https: bool,
     host: String,
     port: u16,
     path: String,
+    /// What Go sends as Host: the URL's host, with its port if written.
+    host_header: String,
+    /// `Basic …` from the URL's user and password, if it has them.
+    basic_auth: Option<String>,
 }
 
 fn parse(url: &str) -> Result<Target, HttpSourceError> {
-    let bad = |reason: String| HttpSourceError::Url {
+    let u = url::Url::parse(url).map_err(|e| HttpSourceError::Url {
         url: url.into(),
+        reason: e.to_string(),
+    })?;
+    target(url, u)
+}
+
+fn target(raw: &str, u: url::Url) -> Result<Target, HttpSourceError> {
+    let bad = |reason: String| HttpSourceError::Url {
+        url: raw.into(),
         reason,
     };
-    let u = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
     let https = match u.scheme() {
         "http" => false,
         "https" => true,
-        s => return Err(bad(format!("unsupported scheme {s:?}"))),
+        s => return Err(bad(format!("unsupported protocol scheme {s:?}"))),
     };
-    let host = u
+    let host_str = u
         .host_str()
-        .ok_or_else(|| bad("no host".into()))?
+        .ok_or_else(|| bad("no Host in request URL".into()))?;
+    let host = host_str
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
     let port = u.port_or_known_default().unwrap_or(80);
+    let host_header = match u.port() {
+        Some(p) => format!("{host_str}:{p}"),
+        None => host_str.to_string(),
+    };
     let mut path = u.path().to_string();
     if let Some(q) = u.query() {
         path.push('?');
         path.push_str(q);
     }
+    let basic_auth = (!u.username().is_empty() || u.password().is_some()).then(|| {
+        use base64::Engine;
+        let dec = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let pair = format!("{}:{}", dec(u.username()), dec(u.password().unwrap_or("")));
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        )
+    });
     Ok(Target {
-        raw: url.into(),
+        raw: raw.into(),
+        url: u,
         https,
         host,
         port,
         path,
+        host_header,
+        basic_auth,
     })
 }
 
 /// Starts polling `url` until `token` is cancelled. The first poll is
-/// immediate.
+/// immediate. A URL that does not parse is an error at each poll, as
+/// upstream's (which does not check it up front, and keeps running).
 pub fn spawn_http_source(
     url: String,
     headers: BTreeMap<String, Vec<String>>,
@@ -91,35 +132,47 @@ pub fn spawn_http_source(
     period: Duration,
     out: mpsc::Sender<PodUpdate>,
     token: CancellationToken,
-) -> Result<JoinHandle<()>, HttpSourceError> {
-    let target = parse(&url)?;
+) -> JoinHandle<()> {
+    let target = parse(&url);
     let headers = Arc::new(headers);
-    Ok(tokio::spawn(tracing::Instrument::instrument(
+    let span = tracing::info_span!("http-source", url = %url);
+    tokio::spawn(tracing::Instrument::instrument(
         async move {
             let mut tick = tokio::time::interval(period.max(Duration::from_secs(1)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut failures = 0u32;
+            // The last body decoded (upstream's s.data).
+            let mut last: Option<Vec<u8>> = None;
             loop {
                 tokio::select! {
                     _ = token.cancelled() => return,
                     _ = tick.tick() => {}
                 }
-                let r = tokio::select! {
-                    _ = token.cancelled() => return,
-                    r = poll(&target, &headers, &node_name) => r,
+                let r = match &target {
+                    Ok(t) => tokio::select! {
+                        _ = token.cancelled() => return,
+                        r = poll(t, &headers, &node_name, &mut last) => r,
+                    },
+                    Err(HttpSourceError::Url { url, reason }) => Err(HttpSourceError::Url {
+                        url: url.clone(),
+                        reason: reason.clone(),
+                    }),
+                    Err(e) => Err(HttpSourceError::Fetch {
+                        url: url.clone(),
+                        reason: e.to_string(),
+                    }),
                 };
                 let update = match r {
-                    Ok(pods) => {
-                        if failures > 0 {
-                            info!(url = %target.raw, "manifest URL answers again");
-                        }
-                        failures = 0;
-                        pods
-                    }
+                    Ok(Some(pods)) => pods,
+                    // The same body as last time: nothing to tell.
+                    Ok(None) => continue,
                     Err(HttpSourceError::Empty(u)) => {
                         // As upstream: an empty set, so the source counts
-                        // as seen, and the error logged.
+                        // as seen, and the error logged. The body is
+                        // forgotten, so the old one coming back restores
+                        // its pods (upstream keeps it and would not).
                         debug!(url = %u, "zero-length data received");
+                        last = None;
                         Vec::new()
                     }
                     Err(e) => {
@@ -127,13 +180,17 @@ pub fn spawn_http_source(
                         // is logged at warning once, then quietly.
                         failures += 1;
                         if failures == 1 {
-                            warn!(error = %e, "unable to read the pod manifest URL; keeping its pods");
+                            warn!(error = %e, "Failed to read pods from URL; keeping its pods");
                         } else {
-                            debug!(error = %e, failures, "unable to read the pod manifest URL");
+                            debug!(error = %e, failures, "Failed to read pods from URL");
                         }
                         continue;
                     }
                 };
+                if failures > 0 {
+                    info!(url = %url, "manifest URL answers again");
+                }
+                failures = 0;
                 let update = PodUpdate {
                     pods: update,
                     op: PodOperation::Set,
@@ -144,17 +201,19 @@ pub fn spawn_http_source(
                 }
             }
         },
-        tracing::info_span!("http-source", url = %url),
-    )))
+        span,
+    ))
 }
 
-/// One fetch and decode: the pods, or why not. A pod that fails to decode
+/// One fetch and decode: the pods, `None` when the body is the one last
+/// decoded (`last`, updated here), or why not. A pod that fails to decode
 /// or validate fails the whole body, as upstream.
 async fn poll(
     target: &Target,
     headers: &BTreeMap<String, Vec<String>>,
     node_name: &str,
-) -> Result<Vec<super::Pod>, HttpSourceError> {
+    last: &mut Option<Vec<u8>>,
+) -> Result<Option<Vec<super::Pod>>, HttpSourceError> {
     let body = tokio::time::timeout(FETCH_TIMEOUT, fetch(target, headers))
         .await
         .map_err(|_| HttpSourceError::Fetch {
@@ -164,6 +223,10 @@ async fn poll(
     if body.is_empty() {
         return Err(HttpSourceError::Empty(target.raw.clone()));
     }
+    if last.as_deref() == Some(body.as_slice()) {
+        return Ok(None);
+    }
+    *last = Some(body.clone());
     let url = target.raw.clone();
     let node = node_name.to_string();
     // Decoding a body of up to 10 MiB is CPU work: off the async threads.
@@ -179,16 +242,64 @@ async fn poll(
         url: target.raw.clone(),
         reason: e.to_string(),
     })?;
-    decoded.map_err(|e| HttpSourceError::Fetch {
+    decoded.map(Some).map_err(|e| HttpSourceError::Fetch {
         url: target.raw.clone(),
         reason: e.to_string(),
     })
 }
 
+/// Go's shouldCopyHeaderOnRedirect: credentials and cookies follow a
+/// redirect only to the same host or one of its subdomains.
+fn keeps_credentials(from: &Target, to: &Target) -> bool {
+    to.host == from.host || to.host.ends_with(&format!(".{}", from.host))
+}
+
+/// GETs the target, following redirects as Go's client does; the body of
+/// the final 200.
 async fn fetch(
-    target: &Target,
+    first: &Target,
     headers: &BTreeMap<String, Vec<String>>,
 ) -> Result<Vec<u8>, HttpSourceError> {
+    let mut target = first.clone();
+    let mut credentials = true;
+    for _ in 0..=MAX_REDIRECTS {
+        let (code, location, body) = get_once(&target, headers, credentials).await?;
+        let redirect = matches!(code, 301 | 302 | 303 | 307 | 308);
+        let Some(location) = location.filter(|_| redirect) else {
+            if code != 200 {
+                let mut text = String::from_utf8_lossy(&body).into_owned();
+                text.truncate(512);
+                return Err(HttpSourceError::Status {
+                    url: first.raw.clone(),
+                    code,
+                    body: text,
+                });
+            }
+            return Ok(body);
+        };
+        let next = target
+            .url
+            .join(&location)
+            .map_err(|e| HttpSourceError::Fetch {
+                url: first.raw.clone(),
+                reason: format!("failed to parse Location header {location:?}: {e}"),
+            })?;
+        let next = self::target(next.as_str(), next.clone())?;
+        credentials = credentials && keeps_credentials(&target, &next);
+        target = next;
+    }
+    Err(HttpSourceError::Fetch {
+        url: first.raw.clone(),
+        reason: format!("stopped after {MAX_REDIRECTS} redirects"),
+    })
+}
+
+/// One request: the status, a Location header, and the body.
+async fn get_once(
+    target: &Target,
+    headers: &BTreeMap<String, Vec<String>>,
+    credentials: bool,
+) -> Result<(u16, Option<String>, Vec<u8>), HttpSourceError> {
     let fail = |reason: String| HttpSourceError::Fetch {
         url: target.raw.clone(),
         reason,
@@ -197,17 +308,22 @@ async fn fetch(
         .body(http_body_util::Empty::<hyper::body::Bytes>::new())
         .map_err(|e| fail(e.to_string()))?;
     let h = req.headers_mut();
-    let host = if target.host.contains(':') {
-        format!("[{}]:{}", target.host, target.port)
-    } else {
-        format!("{}:{}", target.host, target.port)
-    };
     h.insert(
         HOST,
-        HeaderValue::from_str(&host).map_err(|e| fail(e.to_string()))?,
+        HeaderValue::from_str(&target.host_header).map_err(|e| fail(e.to_string()))?,
     );
     for (k, vs) in headers {
         let name = HeaderName::from_bytes(k.as_bytes()).map_err(|e| fail(e.to_string()))?;
+        // Go takes the Host from the URL, never from the headers.
+        if name == HOST {
+            continue;
+        }
+        let sensitive = name == AUTHORIZATION
+            || name.as_str() == "cookie"
+            || name.as_str() == "www-authenticate";
+        if sensitive && !credentials {
+            continue;
+        }
         for v in vs {
             h.append(
                 name.clone(),
@@ -215,9 +331,25 @@ async fn fetch(
             );
         }
     }
+    if !h.contains_key(USER_AGENT) {
+        h.insert(USER_AGENT, HeaderValue::from_static("Go-http-client/1.1"));
+    }
+    if let Some(auth) = &target.basic_auth {
+        if !h.contains_key(AUTHORIZATION) {
+            h.insert(
+                AUTHORIZATION,
+                HeaderValue::from_str(auth).map_err(|e| fail(e.to_string()))?,
+            );
+        }
+    }
+    let addr = if target.host.contains(':') {
+        format!("[{}]:{}", target.host, target.port)
+    } else {
+        format!("{}:{}", target.host, target.port)
+    };
     let stream = tokio::net::TcpStream::connect((target.host.as_str(), target.port))
         .await
-        .map_err(|e| fail(format!("dial tcp {host}: {e}")))?;
+        .map_err(|e| fail(format!("dial tcp {addr}: {e}")))?;
     let resp = if target.https {
         let name = rustls::pki_types::ServerName::try_from(target.host.clone())
             .map_err(|e| fail(e.to_string()))?;
@@ -232,6 +364,11 @@ async fn fetch(
     }
     .map_err(fail)?;
     let code = resp.status().as_u16();
+    let location = resp
+        .headers()
+        .get(LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let mut body = resp.into_body();
     let mut buf = Vec::new();
     while let Some(frame) = body.frame().await {
@@ -246,16 +383,7 @@ async fn fetch(
             buf.extend_from_slice(&data);
         }
     }
-    if code != 200 {
-        let mut text = String::from_utf8_lossy(&buf).into_owned();
-        text.truncate(512);
-        return Err(HttpSourceError::Status {
-            url: target.raw.clone(),
-            code,
-            body: text,
-        });
-    }
-    Ok(buf)
+    Ok((code, location, buf))
 }
 
 async fn exchange<IO>(
@@ -336,14 +464,22 @@ mod tests {
         let (url, mut reqs) = server(vec![(200, POD.into()), (200, list.into())]).await;
         let mut headers = BTreeMap::new();
         headers.insert("X-Token".to_string(), vec!["secret".to_string()]);
+        // A Host among the headers is not sent (Go takes it from the URL).
+        headers.insert("Host".to_string(), vec!["elsewhere".to_string()]);
         let t = parse(&url).unwrap();
-        let pods = poll(&t, &headers, "n1").await.unwrap();
+        let mut last = None;
+        let pods = poll(&t, &headers, "n1", &mut last).await.unwrap().unwrap();
         assert_eq!(pods.len(), 1);
         assert_eq!(pods[0].metadata.name.as_deref(), Some("web-n1"));
-        let head = reqs.recv().await.unwrap();
-        assert!(head.starts_with("GET /manifests?x=1 HTTP/1.1"), "{head}");
-        assert!(head.to_lowercase().contains("x-token: secret"), "{head}");
-        let pods = poll(&t, &headers, "n1").await.unwrap();
+        // Upstream adds the NoExecute toleration to file pods only.
+        assert!(pods[0].spec.as_ref().unwrap().tolerations.is_none());
+        let head = reqs.recv().await.unwrap().to_lowercase();
+        assert!(head.starts_with("get /manifests?x=1 http/1.1"), "{head}");
+        assert!(head.contains("x-token: secret"), "{head}");
+        assert!(head.contains("user-agent: go-http-client/1.1"), "{head}");
+        assert_eq!(head.matches("host:").count(), 1, "{head}");
+        assert!(!head.contains("elsewhere"), "{head}");
+        let pods = poll(&t, &headers, "n1", &mut last).await.unwrap().unwrap();
         let names: Vec<_> = pods
             .iter()
             .map(|p| p.metadata.name.clone().unwrap())
@@ -381,8 +517,7 @@ mod tests {
             Duration::from_millis(1),
             tx,
             token.clone(),
-        )
-        .unwrap();
+        );
         let first = rx.recv().await.unwrap();
         assert_eq!(first.pods.len(), 1);
         assert_eq!(first.source, HTTP_SOURCE);
@@ -395,10 +530,87 @@ mod tests {
     }
 
     #[test]
-    fn bad_urls_are_refused_up_front() {
+    fn urls_are_read_as_go_reads_them() {
         assert!(parse("ftp://x/y").is_err());
         assert!(parse("not a url").is_err());
         let t = parse("https://[::1]/p").unwrap();
         assert_eq!((t.host.as_str(), t.port, t.https), ("::1", 443, true));
+        // The Host header as written: no default port added.
+        assert_eq!(t.host_header, "[::1]");
+        assert_eq!(parse("http://a:8080/").unwrap().host_header, "a:8080");
+        // Credentials in the URL: basic auth (percent-decoded).
+        let t = parse("http://us%40er:p%3Ass@a/").unwrap();
+        assert_eq!(
+            t.basic_auth.as_deref(),
+            Some("Basic dXNAZXI6cDpzcw==") // "us@er:p:ss"
+        );
+        assert!(parse("http://a/").unwrap().basic_auth.is_none());
+    }
+
+    /// A URL that does not parse is not a startup error (upstream does not
+    /// check it): each poll fails and the kubelet runs on.
+    #[tokio::test]
+    async fn a_bad_url_fails_each_poll_not_the_start() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let token = CancellationToken::new();
+        let h = spawn_http_source(
+            "not a url".into(),
+            BTreeMap::new(),
+            "n1".into(),
+            Duration::from_millis(1),
+            tx,
+            token.clone(),
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), rx.recv())
+                .await
+                .is_err(),
+            "no update from a bad URL"
+        );
+        token.cancel();
+        h.await.unwrap();
+    }
+
+    /// Redirects are followed as Go's client follows them: the headers go
+    /// along, credentials only to the same host; an unchanged body is not
+    /// decoded again.
+    #[tokio::test]
+    async fn redirects_are_followed_and_unchanged_bodies_skipped() {
+        let (target, mut reqs) = server(vec![(200, POD.into())]).await;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front = format!("http://user:pw@{}/old", l.local_addr().unwrap());
+        // "localhost" is another host than 127.0.0.1: no credentials.
+        let to = target.replace("127.0.0.1", "localhost");
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut buf = vec![0u8; 8192];
+                let _ = s.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            }
+        });
+        let mut headers = BTreeMap::new();
+        headers.insert("X-Token".to_string(), vec!["secret".to_string()]);
+        headers.insert("Authorization".to_string(), vec!["Bearer t".to_string()]);
+        let t = parse(&front).unwrap();
+        let mut last = None;
+        let pods = poll(&t, &headers, "n1", &mut last).await.unwrap().unwrap();
+        assert_eq!(pods.len(), 1);
+        let head = reqs.recv().await.unwrap().to_lowercase();
+        assert!(head.contains("x-token: secret"), "{head}");
+        assert!(!head.contains("authorization"), "{head}");
+        assert!(poll(&t, &headers, "n1", &mut last).await.unwrap().is_none());
+    }
+
+    /// A PodList needs its apiVersion, as upstream's decoder.
+    #[test]
+    fn a_pod_list_without_api_version_is_refused() {
+        let list = r#"{"kind":"PodList","items":[]}"#;
+        assert!(parse_pods(list.as_bytes(), "http://a/").is_err());
+        let list = r#"{"kind":"PodList","apiVersion":"v1","items":[]}"#;
+        assert!(parse_pods(list.as_bytes(), "http://a/").unwrap().is_empty());
     }
 }

@@ -109,11 +109,19 @@ pub fn parse_pods(bytes: &[u8], url: &str) -> Result<Vec<Pod>, SourceError> {
     #[derive(serde::Deserialize)]
     struct PodList {
         kind: String,
+        #[serde(rename = "apiVersion", default)]
+        api_version: String,
         #[serde(default)]
         items: Vec<Pod>,
     }
     let list = crate::yaml::from_slice::<PodList>(bytes).and_then(|l| {
-        if l.kind == "PodList" {
+        // Upstream's decoder needs both, as for a single pod.
+        if l.api_version != "v1" {
+            Err(serde::de::Error::custom(format!(
+                "apiVersion is {:?}, expected \"v1\"",
+                l.api_version
+            )))
+        } else if l.kind == "PodList" {
             Ok(l.items)
         } else {
             Err(serde::de::Error::custom(format!(
@@ -157,7 +165,7 @@ fn finish_static_pod(
         pod.metadata.uid = Some(uid);
     }
     apply_pod_defaults(&mut pod);
-    apply_static_defaults(&mut pod, node_name, now);
+    apply_static_defaults(&mut pod, node_name, now, origin.starts_with("file:"));
 
     let errors = validate_pod(&pod);
     if !errors.is_empty() {
@@ -338,8 +346,9 @@ impl Takeover {
     }
 }
 
-/// Upstream applyDefaults for file sources (the UID is set before this).
-fn apply_static_defaults(pod: &mut Pod, node_name: &str, now: SystemTime) {
+/// Upstream applyDefaults (the UID is set before this); `is_file`: a
+/// manifest file's pod, which alone gets the NoExecute toleration.
+fn apply_static_defaults(pod: &mut Pod, node_name: &str, now: SystemTime, is_file: bool) {
     let meta = &mut pod.metadata;
     let uid = meta.uid.clone().unwrap_or_default();
     // Unique among nodes once mirrored to the apiserver.
@@ -364,15 +373,18 @@ fn apply_static_defaults(pod: &mut Pod, node_name: &str, now: SystemTime) {
     let spec = pod.spec.get_or_insert_with(Default::default);
     // Scheduled here; upstream leaves spec.hostname alone.
     spec.node_name = Some(node_name.to_string());
-    // Static pods tolerate every NoExecute taint so node problems never evict them.
-    add_or_update_toleration(
-        spec,
-        Toleration {
-            operator: Some("Exists".to_string()),
-            effect: Some("NoExecute".to_string()),
-            ..Default::default()
-        },
-    );
+    // Pods from files tolerate every NoExecute taint so node problems
+    // never evict them (upstream: `if isFile`; a URL's pods do not).
+    if is_file {
+        add_or_update_toleration(
+            spec,
+            Toleration {
+                operator: Some("Exists".to_string()),
+                effect: Some("NoExecute".to_string()),
+                ..Default::default()
+            },
+        );
+    }
     pod.status.get_or_insert_with(PodStatus::default).phase = Some("Pending".to_string());
 }
 

@@ -139,7 +139,7 @@ impl Hierarchy {
                 }
                 s
             }
-            Hierarchy::V2 { root } => read_v2(&join(root, name), detail, r),
+            Hierarchy::V2 { root } => read_v2(&join(root, name), detail, r, name == "/"),
         }
     }
 
@@ -288,11 +288,20 @@ impl Hierarchy {
         s
     }
 
-    /// The number of tasks in cgroup `name` (the summary's pod process
-    /// count; no other figure needs it, so `read_with` leaves it out).
+    /// The processes in cgroup `name` (see `processes::count`), from the
+    /// directory cAdvisor's walk reads (v1: the cpu controller's).
+    pub fn process_count_with(&self, name: &str, r: &mut FileReader) -> Option<u64> {
+        let d = match self {
+            Hierarchy::V1 { .. } => self.dir("cpu", name)?,
+            Hierarchy::V2 { root } => join(root, name),
+        };
+        processes::count(&d, r)
+    }
+
+    /// The number of tasks in cgroup `name` (`read`'s; no collection
+    /// needs it, so `read_with` leaves it out).
     pub fn pids_with(&self, name: &str, r: &mut FileReader) -> Option<u64> {
         let d = self.dir("pids", name)?;
-        // Read at every summary scrape, one per pod: kept open.
         r.hot_u64(&d, "pids.current")
     }
 }
@@ -1066,7 +1075,8 @@ fn ascii_u64(v: &[u8]) -> Option<u64> {
     })
 }
 
-fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
+/// `is_root`: `d` is the hierarchy's root, which has no memory.current.
+fn read_v2(d: &Path, detail: Detail, r: &mut FileReader, is_root: bool) -> CgroupSample {
     let full = detail == Detail::Full;
     let mut s = CgroupSample::default();
     if let Some(t) = r.hot(d, "cpu.stat") {
@@ -1100,11 +1110,17 @@ fn read_v2(d: &Path, detail: Detail, r: &mut FileReader) -> CgroupSample {
             s.cpu_period = it.next().and_then(|p| p.parse().ok());
         }
     }
-    if let Some(usage) = r.hot_u64(d, "memory.current") {
-        let st = r
-            .hot(d, "memory.stat")
-            .map(|t| MemStat::parse(t, true))
-            .unwrap_or_default();
+    let stat = |r: &mut FileReader| r.hot(d, "memory.stat").map(|t| MemStat::parse(t, true));
+    let memory = match r.hot_u64(d, "memory.current") {
+        Some(usage) => Some((usage, stat(r).unwrap_or_default())),
+        // As runc's rootStatsFromMeminfo, which cAdvisor reads the root
+        // through: anon + file of the root's memory.stat (v1's
+        // usage_in_bytes), not MemTotal - MemFree, which counts the
+        // kernel's own memory too.
+        None if is_root => stat(r).map(|st| (st.rss + st.cache, st)),
+        None => None,
+    };
+    if let Some((usage, st)) = memory {
         // "max" does not parse: no limit.
         let limit = if detail >= Detail::CpuMemory {
             r.spec_u64(d, "memory.max")
@@ -1235,6 +1251,8 @@ pub struct CgroupSample {
     pub cpu: Option<CpuSample>,
     pub memory: Option<MemorySample>,
     pub pids: Option<u64>,
+    /// Processes (not threads) in the cgroup, read for containers only.
+    pub processes: Option<u64>,
     pub cpu_shares: Option<u64>,
     pub cpu_period: Option<u64>,
     pub cpu_quota: Option<i64>,
@@ -1481,6 +1499,27 @@ mod tests {
             unified: None,
         };
         (h, mem)
+    }
+
+    /// A v2 root has no memory.current: its usage is anon + file of its
+    /// memory.stat, as runc's rootStatsFromMeminfo (it was MemTotal -
+    /// MemFree, which counts slab and page tables too). Elsewhere a
+    /// missing memory.current is no figure.
+    #[test]
+    fn the_v2_root_memory_is_anon_and_file() {
+        let root = tempdir("v2root");
+        write(
+            &root,
+            "memory.stat",
+            "anon 6000\nfile 4000\ninactive_file 1000\npgfault 7\n",
+        );
+        let h = Hierarchy::V2 { root: root.clone() };
+        let m = h.read("/").memory.expect("root memory");
+        assert_eq!((m.usage, m.working_set, m.rss), (10000, 9000, 6000));
+        assert_eq!(m.pgfault, 7);
+        write(&root.join("kubepods"), "memory.stat", "anon 1\n");
+        assert!(h.read("/kubepods").memory.is_none());
+        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]

@@ -104,22 +104,30 @@ pub(crate) async fn summary_snapshot(
     }
 }
 
-/// Upstream reads `only_cpu_and_memory` with strconv.ParseBool.
-fn only_cpu_and_memory(q: Option<&str>) -> bool {
-    q.unwrap_or_default()
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .any(|(k, v)| {
-            k == "only_cpu_and_memory" && matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True")
-        })
+/// Upstream's handleSummary: the CPU-and-memory summary only for exactly
+/// one `only_cpu_and_memory`, and that `true` (ParseForm: the query, and a
+/// POST's form body).
+fn only_cpu_and_memory(q: Option<&str>, form: &[u8]) -> bool {
+    let values: Vec<String> = url::form_urlencoded::parse(q.unwrap_or_default().as_bytes())
+        .chain(url::form_urlencoded::parse(form))
+        .filter(|(k, _)| k == "only_cpu_and_memory")
+        .map(|(_, v)| v.into_owned())
+        .collect();
+    values.len() == 1 && values[0] == "true"
 }
 
 async fn stats_summary(
     State(s): State<ServerState>,
     Scraper(client): Scraper,
     RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
 ) -> Response {
-    let only = only_cpu_and_memory(q.as_deref());
+    let form = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+    let only = only_cpu_and_memory(q.as_deref(), if form { &body } else { &[] });
     let endpoint = if only {
         cadence::Endpoint::SummaryCpuMemory
     } else {
@@ -133,11 +141,7 @@ async fn stats_summary(
             if !only {
                 let cache = s.stats.volume_stats();
                 for p in &mut sum.pods {
-                    p.volume_stats = cache
-                        .pod(&p.pod_ref.uid)
-                        .iter()
-                        .map(|v| v.to_stats())
-                        .collect();
+                    summary::add_volumes(p, &cache.pod(&p.pod_ref.uid));
                 }
             }
             // Sized from the last summary (about 250 KiB at 110 pods), not
@@ -468,6 +472,70 @@ mod tests {
         assert_eq!(pod["cpu"]["usageCoreNanoSeconds"], 5_000_000_000u64);
         assert_eq!(pod["memory"]["workingSetBytes"], 4096);
         assert_eq!(pod["ephemeral-storage"]["usedBytes"], 8192);
+    }
+
+    /// Upstream's summary: a pod is listed for its running containers (a
+    /// sandbox alone is not); a CPU figure without a rate yet is 0, not
+    /// missing; local ephemeral volumes count in ephemeral storage; the
+    /// CPU-and-memory form only for exactly `only_cpu_and_memory=true`.
+    #[tokio::test]
+    async fn summary_entries_as_upstream_lists_them() {
+        let rt = Arc::new(FakeRuntime::new());
+        let (_, c) = fake_pod(&rt).await;
+        rt.set_container_stats(&c, 5_000_000_000, 4096, 8192);
+        // A second pod whose only sandbox runs no container (pulling).
+        rt.run_pod_sandbox(
+            v1::PodSandboxConfig {
+                metadata: Some(v1::PodSandboxMetadata {
+                    name: "pulling".into(),
+                    namespace: "ns1".into(),
+                    uid: "u-2".into(),
+                    attempt: 0,
+                }),
+                ..Default::default()
+            },
+            String::new(),
+        )
+        .await
+        .unwrap();
+        let (state, _t) = ServerState::for_tests(rt.clone());
+        let figures = |name: &str, used, local_ephemeral| volumes::VolumeFigures {
+            name: name.into(),
+            pvc: None,
+            time: 0,
+            capacity: 1 << 30,
+            available: 1 << 29,
+            used,
+            inodes: 100,
+            inodes_free: 90,
+            inodes_used: 3,
+            abnormal: None,
+            local_ephemeral,
+        };
+        state.stats.volume_stats().set(
+            "u-1",
+            vec![figures("scratch", 1000, true), figures("secret", 7, false)],
+        );
+        let (code, body) = get(&state, "/stats/summary").await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let pods = v["pods"].as_array().unwrap();
+        assert_eq!(pods.len(), 1, "only the pod with a running container");
+        assert_eq!(pods[0]["podRef"]["name"], "web");
+        assert_eq!(pods[0]["containers"][0]["cpu"]["usageNanoCores"], 0);
+        assert_eq!(pods[0]["volume"].as_array().unwrap().len(), 2);
+        // The container's rootfs and the emptyDir, not the secret.
+        assert_eq!(pods[0]["ephemeral-storage"]["usedBytes"], 8192 + 1000);
+        assert!(v["node"]["rlimit"]["maxpid"].as_i64().unwrap() > 0);
+        for (q, only) in [
+            ("only_cpu_and_memory=true", true),
+            ("only_cpu_and_memory=1", false),
+            ("only_cpu_and_memory=true&only_cpu_and_memory=true", false),
+        ] {
+            let (_, body) = get(&state, &format!("/stats/summary?{q}")).await;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["node"]["fs"].is_null(), only, "{q}");
+        }
     }
 
     #[tokio::test]
@@ -828,6 +896,13 @@ mod tests {
             "memory.memsw.usage_in_bytes",
             &format!("{}\n", (1u64 << 21) + 4096),
         );
+        // The container's two processes (of many threads, as pids.current
+        // would count them).
+        write(
+            &root.join("cpu").join(pod).join(c),
+            "cgroup.procs",
+            &format!("{}\n1\n", std::process::id()),
+        );
         // The pause process: this test process, so its netns is readable.
         write(
             &root.join("memory").join(pod).join(sb),
@@ -1160,6 +1235,9 @@ mod tests {
         assert!(pod["swap"]["swapAvailableBytes"].is_null(), "{pod}");
         assert_eq!(pod["cpu"]["usageCoreNanoSeconds"], 3_000_000_000u64);
         assert_eq!(pod["memory"]["workingSetBytes"], (1u64 << 22) - 1024);
+        // Upstream's addProcessStats: its containers' processes (not the
+        // pod cgroup's threads, nor the pause process).
+        assert_eq!(pod["process_stats"]["process_count"], 2, "{pod}");
         assert!(pod["network"]["time"].is_string(), "{pod}");
         assert_eq!(v["node"]["cpu"]["usageCoreNanoSeconds"], 9_000_000_000u64);
         let names: Vec<&str> = v["node"]["systemContainers"]

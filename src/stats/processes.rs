@@ -69,6 +69,9 @@ pub struct WalkCache {
     limits: std::collections::HashMap<u32, (std::time::Instant, Option<i64>)>,
     /// Socket counts by pid (see `SOCKETS_MAX_AGE`).
     fds: std::collections::HashMap<u32, FdCount>,
+    /// Process counts by `cgroup.procs` directory, where no walk is made
+    /// (the summary's figure).
+    counts: std::collections::HashMap<std::path::PathBuf, (std::time::Instant, u64)>,
     /// Descriptor directories listed link by link (profiling and tests).
     pub listed: u64,
 }
@@ -78,10 +81,34 @@ impl WalkCache {
     /// forgotten.
     pub fn sweep(&mut self) {
         self.walks.retain(|_, (at, _)| at.elapsed() < WALK_PERIOD);
+        self.counts.retain(|_, (at, _)| at.elapsed() < WALK_PERIOD);
         self.limits
             .retain(|_, (at, _)| at.elapsed() < LIMITS_MAX_AGE);
         self.fds.retain(|_, c| c.at.elapsed() < SOCKETS_MAX_AGE);
     }
+}
+
+/// How many processes the cgroup whose `cgroup.procs` is in `procs_dir`
+/// holds (cAdvisor's ProcessCount, which upstream's summary sums per pod):
+/// a walk's count while it is fresh, else the file's lines, kept for
+/// `WALK_PERIOD` as cAdvisor keeps a housekeeping's figures.
+pub fn count(procs_dir: &Path, r: &mut FileReader) -> Option<u64> {
+    let fresh = |at: &std::time::Instant| at.elapsed() < WALK_PERIOD;
+    if let Some((_, s)) = r.walks.walks.get(procs_dir).filter(|(at, _)| fresh(at)) {
+        return Some(s.processes);
+    }
+    if let Some((_, n)) = r.walks.counts.get(procs_dir).filter(|(at, _)| fresh(at)) {
+        return Some(*n);
+    }
+    let n = r
+        .warm_whole(procs_dir, "cgroup.procs")?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count() as u64;
+    r.walks
+        .counts
+        .insert(procs_dir.to_path_buf(), (std::time::Instant::now(), n));
+    Some(n)
 }
 
 /// Reads the processes of the cgroup whose `cgroup.procs` is in `procs_dir`

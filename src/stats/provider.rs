@@ -1320,9 +1320,18 @@ fn read_node(
         ..Default::default()
     };
     if full {
-        node.maxpid = r
-            .whole(proc_dir, "sys/kernel/pid_max")
-            .and_then(|t| t.trim().parse().ok());
+        // Upstream's pidlimit: the lesser of pid_max and threads-max, as
+        // either one stops new tasks.
+        let limit = |r: &mut FileReader, f| {
+            r.whole(proc_dir, f)
+                .and_then(|t| t.trim().parse::<i64>().ok())
+        };
+        let pid_max = limit(r, "sys/kernel/pid_max");
+        let threads_max = limit(r, "sys/kernel/threads-max");
+        node.maxpid = match (pid_max, threads_max) {
+            (Some(p), Some(t)) => Some(p.min(t)),
+            (p, t) => p.or(t),
+        };
         node.curproc = r
             .whole(proc_dir, "loadavg")
             .and_then(procfs::parse_loadavg_procs);
@@ -1491,13 +1500,6 @@ fn read_pods(
         });
         if let Some((cg, sample)) = found {
             pod.sample = sample;
-            if full {
-                // cAdvisor's text read the same file for its thread count.
-                pod.sample.pids = match &pod.sample.procs {
-                    Some(p) if detail == Detail::Full => Some(p.threads),
-                    _ => h.pids_with(&cg, r),
-                };
-            }
             // The sandbox's cgroup (its figures are cAdvisor's only) and
             // netns.
             if full {
@@ -1552,6 +1554,13 @@ fn read_pods(
                 None => (None, CgroupSample::default()),
             };
             add_limits(&mut sample, r);
+            if full {
+                sample.processes = match (&sample.procs, ccg.as_deref()) {
+                    (Some(p), _) => Some(p.processes),
+                    (None, Some(cg)) => h.process_count_with(cg, r),
+                    (None, None) => None,
+                };
+            }
             let logs = full
                 .then(|| {
                     r.logs.usage(

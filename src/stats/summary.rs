@@ -24,7 +24,9 @@ fn cpu_stats(t: i64, s: &CgroupSample, nano_cores: Option<u64>) -> Option<CpuSta
     let c = s.cpu?;
     Some(CpuStats {
         time: time_from_ns(t),
-        usage_nano_cores: nano_cores,
+        // Upstream starts it at 0 and fills it once a rate is known (a
+        // first sample has none): present, as old metrics-server needs.
+        usage_nano_cores: Some(nano_cores.unwrap_or(0)),
         usage_core_nano_seconds: Some(c.usage_ns),
         psi: psi(s.psi.and_then(|p: Psi| p.cpu)),
     })
@@ -110,8 +112,8 @@ fn node_cpu_memory(n: &NodeRaw, t: i64) -> (Option<CpuStats>, Option<MemoryStats
             ..Default::default()
         });
     }
-    // A v2 root cgroup has no memory.current: take /proc/meminfo as
-    // cAdvisor does.
+    // A v2 root cgroup whose memory.stat could not be read either (its
+    // figures come from there, see read_v2): /proc/meminfo.
     if root.memory.is_none() && n.meminfo.total > 0 {
         let usage = n.meminfo.total - n.meminfo.free;
         root.memory = Some(super::cgroup::MemorySample {
@@ -196,9 +198,13 @@ pub fn build(snap: &Snapshot, node_name: &str, only_cpu_and_memory: bool) -> Sum
             io_stats(t, &n.root)
         },
     };
+    // Upstream's CRI stats provider lists a pod for its running
+    // containers: one without any (pulling, crash-looping, completed) is
+    // not in the summary.
     let pods = snap
         .pods
         .iter()
+        .filter(|p| !p.containers.is_empty())
         .map(|p| {
             let containers: Vec<ContainerStats> = p
                 .containers
@@ -265,9 +271,16 @@ pub fn build(snap: &Snapshot, node_name: &str, only_cpu_and_memory: bool) -> Sum
                 },
                 volume_stats: Vec::new(),
                 ephemeral_storage: ephemeral,
+                // Upstream's addProcessStats: the containers' process
+                // counts summed (not threads, and not the pause process).
                 process_stats: if full {
-                    p.sample.pids.map(|n| ProcessStats {
-                        process_count: Some(n),
+                    let counts: Vec<u64> = p
+                        .containers
+                        .iter()
+                        .filter_map(|c| c.sample.processes)
+                        .collect();
+                    (!counts.is_empty()).then(|| ProcessStats {
+                        process_count: Some(counts.iter().sum()),
                     })
                 } else {
                     None
@@ -309,4 +322,22 @@ fn sum_containers(t: i64, cs: &[ContainerStats]) -> (Option<CpuStats>, Option<Me
         psi: None,
     });
     (cpu, memory)
+}
+
+/// A pod's volumes into its summary entry, as upstream's
+/// calcEphemeralStorage counts them: the local ephemeral ones (emptyDir
+/// on disk, configMap, gitRepo) are part of its ephemeral storage.
+pub fn add_volumes(p: &mut PodStats, volumes: &[super::volumes::VolumeFigures]) {
+    p.volume_stats = volumes.iter().map(|v| v.to_stats()).collect();
+    let Some(eph) = p.ephemeral_storage.as_mut() else {
+        return;
+    };
+    for v in volumes.iter().filter(|v| v.local_ephemeral) {
+        eph.used_bytes = Some(eph.used_bytes.unwrap_or(0) + v.used);
+        eph.inodes_used = Some(eph.inodes_used.unwrap_or(0) + v.inodes_used);
+        let t = time_from_ns(v.time);
+        if t > eph.time {
+            eph.time = t;
+        }
+    }
 }

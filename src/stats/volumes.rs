@@ -45,6 +45,9 @@ pub struct VolumeFigures {
     /// The driver's volume condition (CSIVolumeHealth): abnormal or not;
     /// None when not read.
     pub abnormal: Option<bool>,
+    /// Counted in the pod's ephemeral storage (upstream's
+    /// IsLocalEphemeralVolume: emptyDir on disk, configMap, gitRepo).
+    pub local_ephemeral: bool,
 }
 
 impl VolumeFigures {
@@ -122,13 +125,7 @@ enum Measure {
 /// The claim behind `pod`'s volume `name` (upstream's PVCReference: the
 /// claim a volume names, or a generic ephemeral volume's).
 fn claim_of(pod: &Pod, name: &str) -> Option<(String, String)> {
-    let v = pod
-        .spec
-        .as_ref()?
-        .volumes
-        .as_ref()?
-        .iter()
-        .find(|v| v.name == name)?;
+    let v = crate::volume::pod_volume(pod, name)?;
     let ns = pod
         .metadata
         .namespace
@@ -197,6 +194,7 @@ async fn measure_csi(pod: &Pod, uid: &str, csi: &CsiVolumes) -> Vec<VolumeFigure
                     inodes_free: s.inodes_free,
                     inodes_used: s.inodes_used,
                     abnormal: s.condition.map(|(a, _)| a),
+                    local_ephemeral: false,
                 })
             }
             Ok(None) => {}
@@ -211,13 +209,7 @@ async fn measure_csi(pod: &Pod, uid: &str, csi: &CsiVolumes) -> Vec<VolumeFigure
 /// What to measure for `pod`'s volume `name` mounted at `path` (None: no
 /// figures, as for hostPath), and the claim behind it.
 fn plan(pod: &Pod, name: &str, path: &Path) -> Option<(Measure, Option<(String, String)>)> {
-    let v = pod
-        .spec
-        .as_ref()?
-        .volumes
-        .as_ref()?
-        .iter()
-        .find(|v| v.name == name)?;
+    let v = crate::volume::pod_volume(pod, name)?;
     if v.persistent_volume_claim.is_some() || v.ephemeral.is_some() {
         // A mapped raw block volume's path is its bind of the device.
         let block = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_block_device());
@@ -346,6 +338,19 @@ fn measure(path: &Path, how: Measure, deadline: Instant) -> Option<[u64; 6]> {
     Some([capacity, available, used, inodes, inodes_free, inodes_used])
 }
 
+/// Upstream's IsLocalEphemeralVolume: a gitRepo, an emptyDir on the
+/// node's disk (not memory, not hugepages) or a configMap volume.
+fn local_ephemeral(pod: &Pod, name: &str) -> bool {
+    let Some(v) = crate::volume::pod_volume(pod, name) else {
+        return false;
+    };
+    v.git_repo.is_some()
+        || v.config_map.is_some()
+        || v.empty_dir
+            .as_ref()
+            .is_some_and(|e| e.medium.as_deref().unwrap_or_default().is_empty())
+}
+
 /// Measures every volume of `pod` (`volumes` as the volume manager has them
 /// set up), off the async threads.
 fn measure_pod(pod: &Pod, volumes: &[(String, PathBuf)], budget: Duration) -> Vec<VolumeFigures> {
@@ -382,6 +387,7 @@ fn measure_pod(pod: &Pod, volumes: &[(String, PathBuf)], budget: Duration) -> Ve
             inodes_free,
             inodes_used,
             abnormal: None,
+            local_ephemeral: local_ephemeral(pod, name),
         });
     }
     out
@@ -548,6 +554,7 @@ mod tests {
             inodes_free: 0,
             inodes_used: 0,
             abnormal: None,
+            local_ephemeral: false,
         };
         let json = serde_json::to_value(f.to_stats()).unwrap();
         assert!(json.get("volumeHealthStats").is_none(), "{json}");

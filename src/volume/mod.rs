@@ -144,6 +144,14 @@ pub fn subpaths_dir(root: &Path, uid: &str) -> PathBuf {
     pod_dir(root, uid).join("volume-subpaths")
 }
 
+/// The pod's volume `name` in its spec.
+pub fn pod_volume<'a>(pod: &'a Pod, name: &str) -> Option<&'a k8s_openapi::api::core::v1::Volume> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .find(|v| v.name == name)
+}
+
 /// Whether the pod's volume `name` is mounted read-only whatever its
 /// volumeMount says: upstream makeMounts ORs the mount's readOnly with the
 /// plugin's `GetAttributes().ReadOnly` (pkg/kubelet/kubelet_pods.go),
@@ -151,12 +159,7 @@ pub fn subpaths_dir(root: &Path, uid: &str) -> PathBuf {
 /// (pkg/volume/configmap, ...), the claim's or source's readOnly for
 /// hostPath, local and CSI (pkg/volume/hostpath, local, csi).
 fn must_mount_ro(pod: &Pod, name: &str) -> bool {
-    let Some(v) = pod
-        .spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .find(|v| v.name == name)
-    else {
+    let Some(v) = pod_volume(pod, name) else {
         return false;
     };
     v.config_map.is_some()
