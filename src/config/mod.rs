@@ -320,6 +320,7 @@ pub struct KubeletConfiguration {
     pub enable_profiling_handler: bool,
     pub enable_debug_flags_handler: bool,
     pub seccomp_default: bool,
+    #[serde(serialize_with = "go_float")]
     pub memory_throttling_factor: f64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub register_with_taints: Vec<Taint>,
@@ -2121,5 +2122,15 @@ mod kubeadm_tests {
         assert_eq!(c.kube_api_qps, 50);
         assert_eq!(c.kube_api_burst, 100);
         assert!(c.rotate_certificates);
+    }
+}
+
+/// A float as Go's encoding/json writes one: a whole number without a
+/// fraction (`1`, where serde writes `1.0`).
+fn go_float<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        s.serialize_i64(*v as i64)
+    } else {
+        s.serialize_f64(*v)
     }
 }

@@ -331,7 +331,7 @@ pub fn debugging_routes(cfg: &crate::config::KubeletConfiguration) -> Router<Ser
         r = refuse_under(r, &["/debug/pprof/"], "profiling endpoint is disabled.");
     }
     r.route("/debug/flags/v", any(debug_flags_v))
-        .route("/configz", get(configz))
+        .route("/configz", any(configz))
         .route("/runningpods", get(running_pods))
         .route("/runningpods/", get(running_pods))
         .route("/debug/pods/{namespace}/{name}", get(debug::pod))
@@ -431,7 +431,45 @@ async fn debug_flags_v(
 /// `/configz`: the running configuration in upstream's envelope
 /// (`{"kubeletconfig": {...}}`), serialized as the v1beta1 file is.
 async fn configz(State(s): State<ServerState>) -> Response {
-    json(&serde_json::json!({ "kubeletconfig": &*s.config }))
+    let body = match serde_json::to_vec(&serde_json::json!({ "kubeletconfig": &*s.config })) {
+        Ok(b) => go_html_escaped(b),
+        Err(e) => {
+            return go_http_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("error marshaling json: {e}"),
+            )
+        }
+    };
+    // component-base's configz: any method, and not to be sniffed.
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// JSON as Go's json.Marshal writes it: `<`, `>`, `&`, U+2028 and U+2029
+/// escaped (they can only be inside strings, so the value is the same).
+fn go_html_escaped(json: Vec<u8>) -> Vec<u8> {
+    if !json.iter().any(|b| matches!(b, b'<' | b'>' | b'&' | 0xE2)) {
+        return json;
+    }
+    let text = String::from_utf8(json).unwrap_or_default();
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            c => out.push(c),
+        }
+    }
+    out.into_bytes()
 }
 
 /// `/runningpods/`: what the runtime runs, as upstream's GetRunningPods:
@@ -655,6 +693,21 @@ mod tests {
         assert_eq!(c["syncFrequency"], "1m0s", "{v}");
         assert_eq!(c["authentication"]["webhook"]["cacheTTL"], "2m0s");
         assert!(c.get("kind").is_none(), "upstream's configz has no kind");
+        // Go's float form: 0.9, and a whole number without ".0".
+        assert_eq!(c["memoryThrottlingFactor"], 0.9);
+        let whole = crate::config::KubeletConfiguration {
+            memory_throttling_factor: 1.0,
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&whole).unwrap();
+        assert!(text.contains("\"memoryThrottlingFactor\":1,"), "{text}");
+        // Any method, as component-base's handler; HTML characters escaped.
+        let (code, _) = call(router.clone(), "POST", "/configz", "").await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(
+            go_html_escaped(br#"{"u":"http://a/?x=1&y=<2>"}"#.to_vec()),
+            br#"{"u":"http://a/?x=1\u0026y=\u003c2\u003e"}"#.to_vec()
+        );
 
         let (code, v) = get_json(router, "/runningpods/").await;
         assert_eq!(code, StatusCode::OK);
