@@ -219,6 +219,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
 
     match remote.version().await {
         Ok(v) => {
+            crate::status::generate::set_runtime_name(&v.runtime_name);
             info!(runtime = %v.runtime_name, version = %v.runtime_version, api = %v.runtime_api_version, "connected to container runtime")
         }
         Err(e) => {
@@ -698,7 +699,10 @@ async fn start_cluster_mode(
                     };
                 }
                 let runtime_version = match runtime.version().await {
-                    Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
+                    Ok(v) => {
+                        crate::status::generate::set_runtime_name(&v.runtime_name);
+                        format!("{}://{}", v.runtime_name, v.runtime_version)
+                    }
                     Err(_) => String::new(),
                 };
                 let list = images.list_images().await.unwrap_or_default();

@@ -195,7 +195,7 @@ pub fn healthz_body(
     if !unmatched.is_empty() {
         out.push_str(&format!(
             "warn: some health checks cannot be excluded: no matches for {}\n",
-            unmatched.join(", ")
+            unmatched.join(",")
         ));
     }
     if failed {
@@ -238,19 +238,32 @@ async fn healthz(State(s): State<ServerState>, RawQuery(q): RawQuery) -> Respons
             .collect();
         tracing::debug!(checks = ?failing, "healthz check failed");
     }
-    (code, body).into_response()
+    healthz_text(code, body)
+}
+
+/// The healthz handler's answers: text, not to be sniffed (apiserver's
+/// healthz writes these headers, and http.Error on failure).
+fn healthz_text(code: StatusCode, body: String) -> Response {
+    (
+        code,
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 /// `/healthz/<name>`: one check on its own, as upstream installs them.
 async fn healthz_one(State(s): State<ServerState>, Path(name): Path<String>) -> Response {
     match health_checks(&s).into_iter().find(|(n, _)| *n == name) {
-        Some((_, Ok(()))) => (StatusCode::OK, "ok").into_response(),
-        Some((_, Err(e))) => (
+        Some((_, Ok(()))) => healthz_text(StatusCode::OK, "ok".into()),
+        Some((_, Err(e))) => healthz_text(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("internal server error: {e}\n"),
-        )
-            .into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
+        ),
+        None => not_found().await,
     }
 }
 
@@ -297,8 +310,8 @@ async fn pods(State(s): State<ServerState>) -> Response {
 /// port: healthz, pods, stats and the metric endpoints.
 pub fn default_routes() -> Router<ServerState> {
     Router::new()
-        .route("/healthz", get(healthz))
-        .route("/healthz/{name}", get(healthz_one))
+        .route("/healthz", any(healthz))
+        .route("/healthz/{name}", any(healthz_one))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
         .route(
@@ -552,8 +565,8 @@ pub fn read_only_router(state: ServerState) -> Router {
 /// The healthz port's routes.
 pub fn healthz_router(state: ServerState) -> Router {
     Router::new()
-        .route("/healthz", get(healthz))
-        .route("/healthz/{name}", get(healthz_one))
+        .route("/healthz", any(healthz))
+        .route("/healthz/{name}", any(healthz_one))
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(mux::GoMux::healthz()),
             mux::filter,
@@ -671,6 +684,9 @@ mod tests {
             body,
             "[+]ping ok\n[+]log excluded: ok\n[+]syncloop ok\n[+]pleg ok\n[+]runtime ok\nwarn: some health checks cannot be excluded: no matches for \"nope\"\nhealthz check passed\n"
         );
+        // Several, joined as upstream's formatQuoted joins them.
+        let (_, body) = healthz_body(&checks(Ok(())), "exclude=b&exclude=a&verbose");
+        assert!(body.contains("no matches for \"a\",\"b\"\n"), "{body}");
     }
 
     async fn get_json(router: Router, path: &str) -> (StatusCode, serde_json::Value) {
@@ -848,8 +864,13 @@ mod tests {
             (StatusCode::NOT_FOUND, "404: Page Not Found".into())
         );
         assert_eq!(
-            call(ro, "GET", "/spec/", "").await,
+            call(ro.clone(), "GET", "/spec/", "").await,
             (StatusCode::NOT_FOUND, "404 page not found\n".into())
+        );
+        // healthz takes any method, as upstream's mux.Handle (it was 405).
+        assert_eq!(
+            call(ro.clone(), "POST", "/healthz", "").await,
+            call(ro, "GET", "/healthz", "").await
         );
         token.cancel();
     }

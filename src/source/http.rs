@@ -5,7 +5,7 @@
 //! the pods it served running; an empty body sets no pods; a body that did
 //! not change is not decoded again. The request is made as Go's client
 //! makes it (redirects followed, credentials in the URL sent as basic
-//! auth, the host as written); proxies from the environment are not used.
+//! auth, the host as written, through the proxy the environment names).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -214,7 +214,8 @@ async fn poll(
     node_name: &str,
     last: &mut Option<Vec<u8>>,
 ) -> Result<Option<Vec<super::Pod>>, HttpSourceError> {
-    let body = tokio::time::timeout(FETCH_TIMEOUT, fetch(target, headers))
+    let env = |k: &str| std::env::var(k).ok();
+    let body = tokio::time::timeout(FETCH_TIMEOUT, fetch(target, headers, &env))
         .await
         .map_err(|_| HttpSourceError::Fetch {
             url: target.raw.clone(),
@@ -259,11 +260,12 @@ fn keeps_credentials(from: &Target, to: &Target) -> bool {
 async fn fetch(
     first: &Target,
     headers: &BTreeMap<String, Vec<String>>,
+    env: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<Vec<u8>, HttpSourceError> {
     let mut target = first.clone();
     let mut credentials = true;
     for _ in 0..=MAX_REDIRECTS {
-        let (code, location, body) = get_once(&target, headers, credentials).await?;
+        let (code, location, body) = get_once(&target, headers, credentials, env).await?;
         let redirect = matches!(code, 301 | 302 | 303 | 307 | 308);
         let Some(location) = location.filter(|_| redirect) else {
             if code != 200 {
@@ -299,6 +301,7 @@ async fn get_once(
     target: &Target,
     headers: &BTreeMap<String, Vec<String>>,
     credentials: bool,
+    env: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<(u16, Option<String>, Vec<u8>), HttpSourceError> {
     let fail = |reason: String| HttpSourceError::Fetch {
         url: target.raw.clone(),
@@ -347,9 +350,37 @@ async fn get_once(
     } else {
         format!("{}:{}", target.host, target.port)
     };
-    let stream = tokio::net::TcpStream::connect((target.host.as_str(), target.port))
-        .await
-        .map_err(|e| fail(format!("dial tcp {addr}: {e}")))?;
+    let proxy = proxy_for(target, env).map_err(fail)?;
+    let stream = match &proxy {
+        None => tokio::net::TcpStream::connect((target.host.as_str(), target.port))
+            .await
+            .map_err(|e| fail(format!("dial tcp {addr}: {e}")))?,
+        Some(p) => {
+            let mut conn = tokio::net::TcpStream::connect((p.host.as_str(), p.port))
+                .await
+                .map_err(|e| fail(format!("proxyconnect tcp: dial tcp {}: {e}", p.addr())))?;
+            if target.https {
+                connect_tunnel(&mut conn, &addr, p.auth.as_deref())
+                    .await
+                    .map_err(fail)?;
+            } else {
+                // A plain request goes to the proxy whole: the absolute URL
+                // as its target, as Go's transport sends it.
+                *req.uri_mut() = target
+                    .url
+                    .as_str()
+                    .parse()
+                    .map_err(|e: hyper::http::uri::InvalidUri| fail(e.to_string()))?;
+                if let Some(a) = &p.auth {
+                    req.headers_mut().insert(
+                        "proxy-authorization",
+                        HeaderValue::from_str(a).map_err(|e| fail(e.to_string()))?,
+                    );
+                }
+            }
+            conn
+        }
+    };
     let resp = if target.https {
         let name = rustls::pki_types::ServerName::try_from(target.host.clone())
             .map_err(|e| fail(e.to_string()))?;
@@ -384,6 +415,169 @@ async fn get_once(
         }
     }
     Ok((code, location, buf))
+}
+
+/// An HTTP proxy to go through.
+#[derive(Debug, PartialEq)]
+struct Proxy {
+    host: String,
+    port: u16,
+    /// `Basic …` from the proxy URL's user and password.
+    auth: Option<String>,
+}
+
+impl Proxy {
+    fn addr(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Go's ProxyFromEnvironment (`golang.org/x/net/http/httpproxy`):
+/// `HTTPS_PROXY` for https URLs, `HTTP_PROXY` for http ones (upper case
+/// first), none for localhost and loopback addresses or a host `NO_PROXY`
+/// names. Only `http://` proxies are supported here: another scheme is an
+/// error, not a silent direct connection.
+fn proxy_for(
+    target: &Target,
+    env: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<Option<Proxy>, String> {
+    let var = |upper: &str| {
+        env(upper)
+            .or_else(|| env(&upper.to_ascii_lowercase()))
+            .filter(|v| !v.is_empty())
+    };
+    let Some(raw) = var(if target.https {
+        "HTTPS_PROXY"
+    } else {
+        "HTTP_PROXY"
+    }) else {
+        return Ok(None);
+    };
+    let host = target.host.to_ascii_lowercase();
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback || no_proxy(&var("NO_PROXY").unwrap_or_default(), &host, target.port) {
+        return Ok(None);
+    }
+    // Go reads a proxy without a scheme as http://.
+    let with_scheme = if raw.contains("://") {
+        raw.clone()
+    } else {
+        format!("http://{raw}")
+    };
+    let u =
+        url::Url::parse(&with_scheme).map_err(|e| format!("invalid proxy address {raw:?}: {e}"))?;
+    if u.scheme() != "http" {
+        return Err(format!("proxy scheme {:?} is not supported", u.scheme()));
+    }
+    let t = self::target(&with_scheme, u).map_err(|e| e.to_string())?;
+    Ok(Some(Proxy {
+        host: t.host,
+        port: t.port,
+        auth: t.basic_auth,
+    }))
+}
+
+/// Whether `NO_PROXY` names `host` (lower case): `*`; an IP or a CIDR
+/// holding it; a domain, itself or a subdomain (a leading dot or not);
+/// each optionally with a port that must match.
+fn no_proxy(list: &str, host: &str, port: u16) -> bool {
+    let ip = host.parse::<std::net::IpAddr>().ok();
+    list.split(',')
+        .map(|e| e.trim().to_ascii_lowercase())
+        .filter(|e| !e.is_empty())
+        .any(|entry| {
+            if entry == "*" {
+                return true;
+            }
+            if let Some((net, bits)) = entry.split_once('/') {
+                return match (net.parse::<std::net::IpAddr>(), bits.parse::<u32>(), ip) {
+                    (Ok(net), Ok(bits), Some(ip)) => in_cidr(ip, net, bits),
+                    _ => false,
+                };
+            }
+            if let Ok(e) = entry
+                .trim_matches(|c| c == '[' || c == ']')
+                .parse::<std::net::IpAddr>()
+            {
+                return Some(e) == ip;
+            }
+            // A port, if given, must match.
+            let (name, want_port) = match entry.rsplit_once(':') {
+                Some((n, p)) if p.parse::<u16>().is_ok() => (n.to_string(), p.parse::<u16>().ok()),
+                _ => (entry.clone(), None),
+            };
+            if want_port.is_some_and(|p| p != port) {
+                return false;
+            }
+            let name = name.trim_start_matches('*').trim_start_matches('.');
+            host == name || host.ends_with(&format!(".{name}"))
+        })
+}
+
+fn in_cidr(ip: std::net::IpAddr, net: std::net::IpAddr, bits: u32) -> bool {
+    match (ip, net) {
+        (std::net::IpAddr::V4(a), std::net::IpAddr::V4(n)) if bits <= 32 => {
+            let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (std::net::IpAddr::V6(a), std::net::IpAddr::V6(n)) if bits <= 128 => {
+            let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Asks the proxy on `conn` for a tunnel to `addr` (CONNECT), as Go's
+/// transport does for an https URL; the answer's head is read byte by
+/// byte, so nothing of the tunnel is consumed.
+async fn connect_tunnel(
+    conn: &mut tokio::net::TcpStream,
+    addr: &str,
+    auth: Option<&str>,
+) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = format!("CONNECT {addr} HTTP/1.1\r\nHost: {addr}\r\n");
+    if let Some(a) = auth {
+        head.push_str(&format!("Proxy-Authorization: {a}\r\n"));
+    }
+    head.push_str("\r\n");
+    conn.write_all(head.as_bytes())
+        .await
+        .map_err(|e| format!("proxyconnect: {e}"))?;
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n\r\n") {
+        if answer.len() > 16 * 1024 {
+            return Err("proxyconnect: the proxy's answer is too long".into());
+        }
+        let n = conn
+            .read(&mut byte)
+            .await
+            .map_err(|e| format!("proxyconnect: {e}"))?;
+        if n == 0 {
+            return Err("proxyconnect: the proxy closed the connection".into());
+        }
+        answer.push(byte[0]);
+    }
+    let status = String::from_utf8_lossy(&answer);
+    let line = status.lines().next().unwrap_or_default();
+    let ok = line
+        .split_whitespace()
+        .nth(1)
+        .is_some_and(|c| c.starts_with('2'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("proxyconnect: {line}"))
+    }
 }
 
 async fn exchange<IO>(
@@ -603,6 +797,119 @@ mod tests {
         assert!(head.contains("x-token: secret"), "{head}");
         assert!(!head.contains("authorization"), "{head}");
         assert!(poll(&t, &headers, "n1", &mut last).await.unwrap().is_none());
+    }
+
+    /// Go's ProxyFromEnvironment: the scheme's variable (upper case
+    /// first), never for loopback, NO_PROXY's domains, IPs, CIDRs and
+    /// ports; a proxy without a scheme is http://.
+    #[test]
+    fn proxies_are_chosen_as_go_chooses_them() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let t = parse("https://manifests.example.com/p").unwrap();
+        let vars = env(&[
+            ("HTTPS_PROXY", "proxy.corp:3128"),
+            ("https_proxy", "ignored:1"),
+            ("http_proxy", "http://u:p@plain:8080"),
+        ]);
+        assert_eq!(
+            proxy_for(&t, &vars).unwrap(),
+            Some(Proxy {
+                host: "proxy.corp".into(),
+                port: 3128,
+                auth: None
+            })
+        );
+        let p = proxy_for(&parse("http://a.example.com/").unwrap(), &vars)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (p.host.as_str(), p.auth.as_deref()),
+            ("plain", Some("Basic dTpw"))
+        );
+        assert_eq!(
+            proxy_for(&parse("https://127.0.0.1/").unwrap(), &vars),
+            Ok(None)
+        );
+        assert_eq!(
+            proxy_for(&parse("https://localhost/").unwrap(), &vars),
+            Ok(None)
+        );
+        assert_eq!(proxy_for(&t, &env(&[])), Ok(None));
+        assert!(proxy_for(&t, &env(&[("HTTPS_PROXY", "socks5://s:1")])).is_err());
+        for (list, excluded) in [
+            ("example.com", true),
+            (".example.com", true),
+            ("*.example.com", true),
+            ("other.com, manifests.example.com", true),
+            ("example.com:443", true),
+            ("example.com:8443", false),
+            ("ample.com", false),
+            ("*", true),
+        ] {
+            assert_eq!(
+                no_proxy(list, "manifests.example.com", 443),
+                excluded,
+                "{list}"
+            );
+        }
+        assert!(no_proxy("10.0.0.0/8", "10.1.2.3", 80));
+        assert!(!no_proxy("10.0.0.0/8", "11.1.2.3", 80));
+        assert!(no_proxy("10.1.2.3", "10.1.2.3", 80));
+        assert!(no_proxy("[::2]", "::2", 80));
+    }
+
+    /// An http URL through a proxy: the request goes to the proxy with
+    /// the absolute URL as its target.
+    #[tokio::test]
+    async fn an_http_url_goes_through_the_proxy() {
+        let (proxy, mut reqs) = server(vec![(200, POD.into())]).await;
+        let proxy_addr = proxy.trim_end_matches("/manifests?x=1").to_string();
+        let env = move |k: &str| (k == "HTTP_PROXY").then(|| proxy_addr.clone());
+        let t = parse("http://manifests.example.com/pod.yaml").unwrap();
+        let body = fetch(&t, &BTreeMap::new(), &env).await.unwrap();
+        assert_eq!(body, POD.as_bytes());
+        let head = reqs.recv().await.unwrap();
+        assert!(
+            head.starts_with("GET http://manifests.example.com/pod.yaml HTTP/1.1\r\n"),
+            "{head}"
+        );
+    }
+
+    /// An https URL through a proxy: a CONNECT tunnel, then the request
+    /// inside it (here the tunnel is refused, which is the proxy's answer).
+    #[tokio::test]
+    async fn an_https_url_asks_the_proxy_for_a_tunnel() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let asked = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 1024];
+            let n = s.read(&mut buf).await.unwrap();
+            s.write_all(b"HTTP/1.1 403 Forbidden\r\n\r\n")
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        });
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let e = connect_tunnel(&mut conn, "manifests.example.com:443", Some("Basic dTpw"))
+            .await
+            .unwrap_err();
+        assert_eq!(e, "proxyconnect: HTTP/1.1 403 Forbidden");
+        let head = asked.await.unwrap();
+        assert!(
+            head.starts_with("CONNECT manifests.example.com:443 HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains("Proxy-Authorization: Basic dTpw\r\n"),
+            "{head}"
+        );
     }
 
     /// A PodList needs its apiVersion, as upstream's decoder.

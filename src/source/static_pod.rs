@@ -938,6 +938,10 @@ fn api_references(pod: &Pod) -> BTreeSet<String> {
         named(kind, &name);
     }
 
+    // Claims are API objects too (upstream's HasAPIObjectReference).
+    for c in spec.resource_claims.iter().flatten() {
+        named("ResourceClaim", &c.name);
+    }
     for v in spec.volumes.iter().flatten() {
         // Secrets named by in-tree volume plugins.
         let local = |r: Option<&LocalObjectReference>| r.map(|r| r.name.clone());
@@ -987,7 +991,6 @@ fn api_references(pod: &Pod) -> BTreeSet<String> {
             || v.flocker.is_some()
             || v.gce_persistent_disk.is_some()
             || v.git_repo.is_some()
-            || v.glusterfs.is_some()
             || v.host_path.is_some()
             || v.iscsi.is_some()
             || v.nfs.is_some()
@@ -1023,6 +1026,9 @@ fn api_references(pod: &Pod) -> BTreeSet<String> {
             refs.insert(format!("PersistentVolumeClaim volume {name:?}"));
         } else if v.secret.is_some() {
             refs.insert(format!("Secret volume {name:?}"));
+        } else if v.glusterfs.is_some() {
+            // Its endpoints object is read from the API.
+            refs.insert(format!("Endpoints (via glusterFS volume {name:?})"));
         } else {
             refs.insert(format!("unknown type for volume {name:?}"));
         }
@@ -1545,6 +1551,12 @@ spec:
         ] {
             assert!(e.contains(want), "{want} missing in {e}");
         }
+        // Resource claims and a glusterFS volume's endpoints are API
+        // objects too (upstream's HasAPIObjectReference); both passed.
+        let claims = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  resourceClaims:\n  - name: gpu\n    resourceClaimName: gpu-claim\n  containers:\n  - name: web\n    image: nginx\n  volumes:\n  - name: g\n    glusterfs: {endpoints: gl, path: vol}\n";
+        let e = err(claims);
+        assert!(e.contains("ResourceClaim \"gpu\""), "{e}");
+        assert!(e.contains("Endpoints (via glusterFS volume \"g\")"), "{e}");
         let downward_ok = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: web\n    image: nginx\n  volumes:\n  - name: info\n    projected:\n      sources:\n      - downwardAPI:\n          items:\n          - path: name\n            fieldRef: {fieldPath: metadata.name}\n";
         decode(downward_ok).unwrap();
     }

@@ -79,7 +79,7 @@ fn terminated(c: &ContainerInfo) -> ContainerState {
             message: Some(c.message.clone()).filter(|m| !m.is_empty()),
             started_at: time_ns(c.started_at),
             finished_at: time_ns(c.finished_at),
-            container_id: Some(format!("containerd://{}", c.id)),
+            container_id: Some(container_id(&c.id)),
             signal: None,
         }),
         ..Default::default()
@@ -116,13 +116,33 @@ fn is_stopped(s: Option<&ContainerState>) -> bool {
     s.is_some_and(|s| s.terminated.is_some())
 }
 
+/// The runtime's name as CRI Version gives it: the scheme of every
+/// containerID (upstream's ContainerID.Type), `cri-o://…` on CRI-O.
+static RUNTIME_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets the runtime's name, once, from its first Version answer.
+pub fn set_runtime_name(name: &str) {
+    if !name.is_empty() {
+        let _ = RUNTIME_NAME.set(name.to_string());
+    }
+}
+
+/// `<runtime>://<id>`; containerd's scheme until the runtime has answered.
+fn container_id(id: &str) -> String {
+    scheme_id(RUNTIME_NAME.get().map_or("containerd", String::as_str), id)
+}
+
+fn scheme_id(runtime: &str, id: &str) -> String {
+    format!("{runtime}://{id}")
+}
+
 /// One runtime instance as the API shows it (upstream convertContainerStatus).
 fn convert(c: &Container, l: &ContainerInfo, old: Option<&ContainerStatus>) -> ContainerStatus {
     let mut s = ContainerStatus {
         name: c.name.clone(),
         image: crate::images::normalize_image(c.image.as_deref().unwrap_or_default()),
         image_id: l.image_ref.clone(),
-        container_id: Some(format!("containerd://{}", l.id)),
+        container_id: Some(container_id(&l.id)),
         restart_count: l.restart_count,
         ..Default::default()
     };
@@ -679,6 +699,16 @@ mod tests {
     use crate::kuberuntime::SandboxInfo;
 
     use crate::testutil::pod;
+
+    /// The containerID's scheme is the runtime's name (upstream's
+    /// ContainerID.Type): CRI-O's containers are `cri-o://…`; it was always
+    /// `containerd://`. (The process-wide name is not set here, so the
+    /// other tests keep containerd's.)
+    #[test]
+    fn container_ids_carry_the_runtimes_name() {
+        assert_eq!(scheme_id("cri-o", "abc"), "cri-o://abc");
+        assert_eq!(container_id("abc"), "containerd://abc");
+    }
 
     fn info(name: &str, state: CState, exit: i32, at: i64, restarts: i32) -> ContainerInfo {
         ContainerInfo {
