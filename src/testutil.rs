@@ -45,6 +45,16 @@ pub fn runtime_manager(
     ))
 }
 
+/// A configuration from the config file's fields in `yaml` (the header
+/// added), as a file would load.
+pub fn kubelet_config(yaml: &str) -> crate::config::KubeletConfiguration {
+    crate::config::KubeletConfiguration::load_str(&format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{yaml}"
+    ))
+    .expect("config")
+    .0
+}
+
 /// A fresh, empty directory for one test: `rkubelet-<tag>-<pid>` under the
 /// system temp dir (emptied first, in case an earlier run left it).
 pub fn tempdir(tag: &str) -> std::path::PathBuf {

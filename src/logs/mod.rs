@@ -14,13 +14,13 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use tokio::sync::mpsc;
 
-use crate::server::ServerState;
+use crate::server::{restful_text as text, ServerState};
 
 /// `/containerLogs/{ns}/{pod}/{container}` and `/logs/`.
 pub fn routes() -> Router<ServerState> {
@@ -82,16 +82,6 @@ impl OptionsError {
         };
         text(code, body)
     }
-}
-
-/// An error as go-restful writes it: the text, its type sniffed.
-fn text(code: StatusCode, body: String) -> Response {
-    (
-        code,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        body,
-    )
-        .into_response()
 }
 
 /// apimachinery's Convert_Slice_string_To_bool: only `0` and `false` (in

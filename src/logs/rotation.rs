@@ -180,16 +180,14 @@ async fn rotate_one(runtime: &dyn RuntimeService, id: &str, path: PathBuf, polic
     // As upstream's rotateLog: no new rotated file while the old ones
     // could not be pruned or compressed, so containerLogMaxFiles holds
     // (the live log grows meanwhile, and the next pass tries again).
-    match prepared {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            warn!(container = %id, error = %e, "log rotation: tidying rotated files failed; not rotating");
-            return;
-        }
-        Err(e) => {
-            warn!(container = %id, error = %e, "log rotation: tidying rotated files failed; not rotating");
-            return;
-        }
+    let failed = match prepared {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(e.to_string()),
+    };
+    if let Some(e) = failed {
+        warn!(container = %id, error = %e, "log rotation: tidying rotated files failed; not rotating");
+        return;
     }
     let stamp = k8s_openapi::jiff::Zoned::now()
         .strftime("%Y%m%d-%H%M%S")

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
 use super::https::PeerCerts;
+use super::restful_text as plain;
 use crate::apiclient::ApiClient;
 
 /// Entries kept per cache; beyond it, expired entries go, then the oldest.
@@ -430,27 +431,25 @@ impl Auth {
         if self.cfg.webhook_authn {
             if let Some(token) = bearer_token(headers) {
                 match self.token_user(&token).await {
-                    Answer::User(u) => {
+                    Ok(u) => {
                         headers.remove(header::AUTHORIZATION);
                         return Ok(with_authenticated(u));
                     }
-                    Answer::Failed(e) => failures.push(e),
-                    Answer::NoOpinion => {}
+                    Err(e) => failures.push(e),
                 }
             }
             match protocol_token(headers) {
                 Ok(None) => {}
                 Err(e) => failures.push(e),
                 Ok(Some((token, others))) => match self.token_user(&token).await {
-                    Answer::User(u) => {
+                    Ok(u) => {
                         match HeaderValue::from_str(&others) {
                             Ok(v) => headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v),
                             Err(_) => headers.remove(header::SEC_WEBSOCKET_PROTOCOL),
                         };
                         return Ok(with_authenticated(u));
                     }
-                    Answer::Failed(e) => failures.push(e),
-                    Answer::NoOpinion => {}
+                    Err(e) => failures.push(e),
                 },
             }
         }
@@ -482,12 +481,10 @@ impl Auth {
     /// A bearer token's user through the (cached) token review; a token
     /// the review does not authenticate is upstream's "invalid bearer
     /// token".
-    async fn token_user(&self, token: &str) -> Answer {
-        match self.review_token(token).await {
-            Ok(Some(u)) => Answer::User(u),
-            Ok(None) => Answer::Failed("invalid bearer token".into()),
-            Err(e) => Answer::Failed(e),
-        }
+    async fn token_user(&self, token: &str) -> Result<UserInfo, String> {
+        self.review_token(token)
+            .await?
+            .ok_or_else(|| "invalid bearer token".into())
     }
 
     /// The token webhook behind upstream's cache: an answer (authenticated
@@ -764,17 +761,6 @@ fn protocol_token(headers: &HeaderMap) -> Result<Option<(String, String)>, Strin
     Ok(Some((token, others.join(","))))
 }
 
-fn plain(code: StatusCode, msg: String) -> Response {
-    // Upstream writes these with go-restful's WriteErrorString: the
-    // message as text.
-    (
-        code,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        msg,
-    )
-        .into_response()
-}
-
 /// The filter in front of every :10250 handler (upstream's
 /// InstallAuthFilter): 401 `Unauthorized`, 403 `Forbidden (user=…, verb=…,
 /// resource=nodes, subresource(s)=[…])` naming every subresource tried,
@@ -893,13 +879,7 @@ mod tests {
         assert!(c.map.len() <= CACHE_CAP);
     }
 
-    fn config(yaml: &str) -> crate::config::KubeletConfiguration {
-        crate::config::KubeletConfiguration::load_str(&format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{yaml}"
-        ))
-        .expect("config")
-        .0
-    }
+    use crate::testutil::kubelet_config as config;
 
     #[test]
     fn webhook_modes_need_an_api_client_as_upstream() {
@@ -1337,8 +1317,7 @@ mod tests {
     async fn certificates_fall_through_as_upstream() {
         use rcgen::DnType;
         let (ca_pem, no_cn) = client_cert(&[(DnType::OrganizationName, "ops")]);
-        let dir = std::env::temp_dir().join(format!("rkubelet-auth-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::testutil::tempdir("auth");
         let ca_file = dir.join("ca.crt");
         std::fs::write(&ca_file, ca_pem).unwrap();
         let provider = Arc::new(super::super::https::provider(&[], &[]).unwrap());

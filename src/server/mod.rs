@@ -608,10 +608,16 @@ async fn not_found() -> Response {
 /// go-restful's answer for a path under a web service's root that none of
 /// its routes takes.
 async fn restful_not_found() -> Response {
+    restful_text(StatusCode::NOT_FOUND, "404: Page Not Found".into())
+}
+
+/// An answer as go-restful's WriteErrorString writes one: the text as it
+/// is, its type sniffed by Go as UTF-8 text.
+pub fn restful_text(code: StatusCode, body: String) -> Response {
     (
-        StatusCode::NOT_FOUND,
+        code,
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        "404: Page Not Found",
+        body,
     )
         .into_response()
 }
@@ -821,11 +827,9 @@ mod tests {
     async fn unknown_paths_are_not_found_before_authentication() {
         let fake = Arc::new(crate::cri::fake::FakeRuntime::new());
         let (state, token) = ServerState::for_tests(fake);
-        let cfg = crate::config::KubeletConfiguration::load_str(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nenableDebuggingHandlers: true\nauthentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: true\nauthorization:\n  mode: Webhook\n",
-        )
-        .unwrap()
-        .0;
+        let cfg = crate::testutil::kubelet_config(
+            "enableDebuggingHandlers: true\nauthentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: true\nauthorization:\n  mode: Webhook\n",
+        );
         let api = Arc::new(std::sync::OnceLock::new());
         let auth = auth::Auth::new(&cfg, "node", None, true, api).unwrap();
         let state = ServerState {

@@ -38,32 +38,27 @@ pub enum Routed {
 const HEALTH_CHECKS: [&str; 5] = ["ping", "log", "syncloop", "pleg", "runtime"];
 
 impl GoMux {
-    fn exact(mut self, paths: &[&str]) -> Self {
-        self.exact.extend(paths.iter().map(|p| p.to_string()));
+    fn exact<S: Into<String>>(mut self, paths: impl IntoIterator<Item = S>) -> Self {
+        self.exact.extend(paths.into_iter().map(Into::into));
         self
     }
 
-    fn subtrees(mut self, paths: &[&str]) -> Self {
-        self.subtrees.extend(paths.iter().map(|p| p.to_string()));
+    fn subtrees<S: Into<String>>(mut self, paths: impl IntoIterator<Item = S>) -> Self {
+        self.subtrees.extend(paths.into_iter().map(Into::into));
         self
     }
 
     /// go-restful registers a web service rooted at `/x` both as `/x` and
     /// as the subtree `/x/`.
     fn services(self, roots: &[&str]) -> Self {
-        let subtrees: Vec<String> = roots.iter().map(|r| format!("{r}/")).collect();
-        let subtrees: Vec<&str> = subtrees.iter().map(String::as_str).collect();
-        self.exact(roots).subtrees(&subtrees)
+        self.exact(roots.iter().copied())
+            .subtrees(roots.iter().map(|r| format!("{r}/")))
     }
 
     /// `/healthz` and its checks.
     fn health(self) -> Self {
-        let checks: Vec<String> = HEALTH_CHECKS
-            .iter()
-            .map(|c| format!("/healthz/{c}"))
-            .collect();
-        let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
-        self.exact(&["/healthz"]).exact(&checks)
+        self.exact(["/healthz"])
+            .exact(HEALTH_CHECKS.iter().map(|c| format!("/healthz/{c}")))
     }
 
     /// Upstream's default handlers (both the authenticated and the
@@ -72,8 +67,8 @@ impl GoMux {
         let mux = GoMux::default()
             .health()
             .services(&["/pods"])
-            .subtrees(&["/stats/"])
-            .exact(&[
+            .subtrees(["/stats/"])
+            .exact([
                 "/metrics",
                 "/metrics/cadvisor",
                 "/metrics/resource",
@@ -81,7 +76,7 @@ impl GoMux {
                 "/metrics/slis",
             ]);
         if cfg.feature_gate("ContainerCheckpoint") {
-            mux.subtrees(&["/checkpoint/"])
+            mux.subtrees(["/checkpoint/"])
         } else {
             mux
         }
@@ -90,7 +85,7 @@ impl GoMux {
     /// Where the debugging handlers are not served, upstream refuses under
     /// their prefixes (405).
     fn debugging_disabled(self) -> Self {
-        self.subtrees(&super::DEBUG_PREFIXES)
+        self.subtrees(super::DEBUG_PREFIXES)
     }
 
     /// The authenticated port's patterns.
@@ -100,8 +95,8 @@ impl GoMux {
             return mux.debugging_disabled();
         }
         mux.services(&["/run", "/exec", "/attach", "/portForward", "/containerLogs"])
-            .subtrees(&["/logs/", "/runningpods/", "/debug/pprof/", "/debug/pods/"])
-            .exact(&["/configz", "/debug/flags/v"])
+            .subtrees(["/logs/", "/runningpods/", "/debug/pprof/", "/debug/pods/"])
+            .exact(["/configz", "/debug/flags/v"])
     }
 
     /// The read-only port's patterns.
@@ -211,13 +206,7 @@ pub async fn filter(State(mux): State<Arc<GoMux>>, req: Request, next: Next) -> 
 mod tests {
     use super::*;
 
-    fn cfg(yaml: &str) -> crate::config::KubeletConfiguration {
-        crate::config::KubeletConfiguration::load_str(&format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{yaml}"
-        ))
-        .expect("config")
-        .0
-    }
+    use crate::testutil::kubelet_config as cfg;
 
     /// Go's ServeMux in front of upstream's handlers.
     #[test]

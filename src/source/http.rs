@@ -345,11 +345,7 @@ async fn get_once(
             );
         }
     }
-    let addr = if target.host.contains(':') {
-        format!("[{}]:{}", target.host, target.port)
-    } else {
-        format!("{}:{}", target.host, target.port)
-    };
+    let addr = join_host_port(&target.host, target.port);
     let proxy = proxy_for(target, env).map_err(fail)?;
     let stream = match &proxy {
         None => tokio::net::TcpStream::connect((target.host.as_str(), target.port))
@@ -358,7 +354,10 @@ async fn get_once(
         Some(p) => {
             let mut conn = tokio::net::TcpStream::connect((p.host.as_str(), p.port))
                 .await
-                .map_err(|e| fail(format!("proxyconnect tcp: dial tcp {}: {e}", p.addr())))?;
+                .map_err(|e| {
+                    let at = join_host_port(&p.host, p.port);
+                    fail(format!("proxyconnect tcp: dial tcp {at}: {e}"))
+                })?;
             if target.https {
                 connect_tunnel(&mut conn, &addr, p.auth.as_deref())
                     .await
@@ -426,13 +425,12 @@ struct Proxy {
     auth: Option<String>,
 }
 
-impl Proxy {
-    fn addr(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+/// `host:port`, an IPv6 host in brackets (Go's net.JoinHostPort).
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
@@ -509,9 +507,12 @@ fn no_proxy(list: &str, host: &str, port: u16) -> bool {
                 return Some(e) == ip;
             }
             // A port, if given, must match.
-            let (name, want_port) = match entry.rsplit_once(':') {
-                Some((n, p)) if p.parse::<u16>().is_ok() => (n.to_string(), p.parse::<u16>().ok()),
-                _ => (entry.clone(), None),
+            let (name, want_port) = match entry
+                .rsplit_once(':')
+                .and_then(|(n, p)| Some((n, p.parse::<u16>().ok()?)))
+            {
+                Some((n, p)) => (n, Some(p)),
+                None => (entry.as_str(), None),
             };
             if want_port.is_some_and(|p| p != port) {
                 return false;
