@@ -746,3 +746,120 @@ nodeLeaseDurationSeconds: 40
         k.log()
     );
 }
+
+/// The kubelet's copy of an API pod follows the pod's status in the API
+/// (upstream HandlePodReconcile), and a deleted pod stays known until the
+/// API removes it (HandlePodRemoves). So a readiness gate met by its
+/// controller makes the pod Ready, and a pod in its grace period is still
+/// on /pods and has logs, as `kubectl logs` during a slow shutdown needs.
+/// The old code ignored status-only changes (Ready stayed False for good)
+/// and forgot a pod as its deletion began (/pods lost it, logs were a 404).
+#[test]
+fn a_met_readiness_gate_readies_the_pod_and_a_terminating_pod_keeps_its_logs() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-gates";
+    let k = cluster_kubelet(node, &api);
+    let name = format!("gated-{node}");
+    api.create(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 120,
+            "readinessGates": [{"conditionType": "example.com/lb"}],
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX,
+                "imagePullPolicy": "IfNotPresent",
+                // Deaf to SIGTERM: the grace period runs its course.
+                "command": ["sh", "-c", "trap '' TERM; while true; do echo tick; sleep 1; done"]
+            }]
+        }
+    }));
+    let p = wait_for("the container ready, the gate not met", T, || {
+        api.get("pods", Some("default"), &name).filter(|p| {
+            p["status"]["containerStatuses"][0]["ready"] == true
+                && cond(p, "Ready").is_some_and(|c| c["status"] == "False")
+        })
+    });
+    let ready = cond(&p, "Ready").unwrap();
+    assert_eq!(ready["reason"], "ReadinessGatesNotReady", "{p:#}");
+    assert_eq!(
+        ready["message"],
+        "corresponding condition of pod readiness gate \"example.com/lb\" does not exist."
+    );
+
+    // The gate's controller (a load balancer's, say) sets its condition.
+    let gate = json!({"type": "example.com/lb", "status": "True",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"});
+    let r = api
+        .client()
+        .patch(
+            &format!("/api/v1/namespaces/default/pods/{name}/status"),
+            "application/strategic-merge-patch+json",
+            &json!({"status": {"conditions": [gate.clone()]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+    let p = wait_for("Ready once the gate is met", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| cond(p, "Ready").is_some_and(|c| c["status"] == "True"))
+    });
+    assert_eq!(
+        cond(&p, "example.com/lb"),
+        Some(&gate),
+        "left as its owner set it"
+    );
+
+    // /pods shows the pod as the API has it, the gate's condition with it.
+    let listed = |pred: &dyn Fn(&Value) -> bool| -> Option<Value> {
+        let (200, body) = http_get(&k.read_only, "/pods")? else {
+            return None;
+        };
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["items"]
+            .as_array()?
+            .iter()
+            .find(|p| p["metadata"]["name"] == name.as_str())
+            .filter(|p| pred(p))
+            .cloned()
+    };
+    wait_for("the gate's condition on /pods", T, || {
+        listed(&|p| cond(p, "example.com/lb").is_some())
+    });
+
+    // A graceful deletion: the pod stays listed, with its deletionTimestamp,
+    // and its logs stay readable while it terminates.
+    api.delete("pods", Some("default"), &name, Some(120));
+    wait_for("/pods to show the deletion", T, || {
+        listed(&|p| p["metadata"]["deletionTimestamp"].is_string())
+    });
+    let logs = std::process::Command::new("curl")
+        .args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"])
+        .arg(format!(
+            "https://{}/containerLogs/default/{name}/main?tailLines=2",
+            k.api
+        ))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&logs.stdout).to_string();
+    assert!(out.ends_with("\n200"), "{out}");
+    assert!(out.starts_with("tick\n"), "{out}");
+    assert!(
+        k.cri
+            .count_labelled("io.kubernetes.pod.name", &name, true)
+            .0
+            > 0,
+        "still running in its grace period"
+    );
+
+    // Forced now (grace 0): the API removes the object, and so does /pods.
+    api.delete("pods", Some("default"), &name, Some(0));
+    wait_for("the pod gone from /pods", T, || {
+        let (200, body) = http_get(&k.read_only, "/pods")? else {
+            return None;
+        };
+        (!body.contains(name.as_str())).then_some(())
+    });
+}

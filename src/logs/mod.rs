@@ -201,10 +201,8 @@ async fn container_logs(
         Ok(o) => o,
         Err(e) => return e.response(),
     };
-    let Some(pod) = s.pods.pods().into_iter().find(|p| {
-        p.metadata.namespace.as_deref() == Some(namespace.as_str())
-            && p.metadata.name.as_deref() == Some(pod_name.as_str())
-    }) else {
+    // Upstream GetPodByName: a pod in its grace period has logs too.
+    let Some(pod) = s.pods.by_name(&namespace, &pod_name) else {
         return text(
             StatusCode::NOT_FOUND,
             format!("pod {pod_name:?} does not exist"),

@@ -1039,6 +1039,10 @@ pub(crate) mod testing {
         pub fn runtime(&self) -> &Arc<RuntimeManager> {
             &self.deps.runtime
         }
+
+        pub fn status(&self) -> &StatusManager {
+            &self.deps.status
+        }
     }
 }
 

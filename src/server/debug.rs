@@ -33,10 +33,8 @@ pub async fn pod(
     State(s): State<ServerState>,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Response {
-    let Some(pod) = s.pods.pods().into_iter().find(|p| {
-        p.metadata.namespace.as_deref() == Some(namespace.as_str())
-            && p.metadata.name.as_deref() == Some(name.as_str())
-    }) else {
+    // A terminating pod too: why it is still there is worth asking.
+    let Some(pod) = s.pods.by_name(&namespace, &name) else {
         return (
             StatusCode::NOT_FOUND,
             format!("pod {namespace}/{name} is not on this node\n"),

@@ -267,15 +267,22 @@ async fn healthz_one(State(s): State<ServerState>, Path(name): Path<String>) -> 
     }
 }
 
-/// The pods with their current status as a `v1.PodList`.
+/// The pods as a `v1.PodList` (upstream GetPods): every pod the pod
+/// manager holds, terminating ones included. An API pod shows its status as
+/// the API last sent it (RECONCILE keeps the copy current, with conditions
+/// others set); a static pod, which has no API object of its own, shows the
+/// status manager's.
 pub fn pod_list(pods: &PodManager, status: &StatusManager) -> serde_json::Value {
     let items: Vec<serde_json::Value> = pods
-        .pods()
+        .listed()
         .iter()
         .map(|p| {
             let mut pod = (**p).clone();
             let uid = pod.metadata.uid.clone().unwrap_or_default();
-            if let Some(st) = status.get(&uid) {
+            let own = status
+                .get(&uid)
+                .filter(|_| !crate::status::apisync::is_api_pod(&pod));
+            if let Some(st) = own {
                 pod.status = Some((*st).clone());
             } else if pod.status.is_none() {
                 pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
@@ -634,6 +641,72 @@ mod tests {
             ("pleg", Ok(())),
             ("runtime", runtime),
         ]
+    }
+
+    #[test]
+    fn pods_lists_as_upstreams_get_pods() {
+        // Old code: a deleted pod vanished from /pods as its grace period
+        // began, and an API pod showed the status manager's status, without
+        // the conditions others set.
+        use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+        let pods = PodManager::new();
+        let status = StatusManager::new();
+        let pod = |name: &str, source: &str| {
+            let mut p = crate::testutil::pod("Always", &[], &["app"]);
+            p.metadata.name = Some(name.into());
+            p.metadata.namespace = Some("default".into());
+            p.metadata.uid = Some(format!("u-{name}"));
+            p.metadata.annotations = Some(
+                [(
+                    crate::source::CONFIG_SOURCE_ANNOTATION.to_string(),
+                    source.to_string(),
+                )]
+                .into(),
+            );
+            p
+        };
+        let phase = |p: &str| PodStatus {
+            phase: Some(p.into()),
+            ..Default::default()
+        };
+        let mut api = pod("api", crate::source::API_SOURCE);
+        api.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "example.com/lb".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        pods.upsert(api);
+        status.set("u-api", phase("Pending"));
+        pods.upsert(pod("static", crate::source::FILE_SOURCE));
+        status.set("u-static", phase("Running"));
+        let mut going = pod("going", crate::source::API_SOURCE);
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        pods.mark_terminating(going);
+
+        let list = pod_list(&pods, &status);
+        let items = list["items"].as_array().unwrap();
+        let names: Vec<&str> = items
+            .iter()
+            .map(|p| p["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["api", "going", "static"]);
+        assert_eq!(items[0]["status"]["phase"], "Running", "the API's copy");
+        assert_eq!(
+            items[0]["status"]["conditions"][0]["type"],
+            "example.com/lb"
+        );
+        assert!(items[1]["metadata"]["deletionTimestamp"].is_string());
+        assert_eq!(
+            items[2]["status"]["phase"], "Running",
+            "the status manager's"
+        );
     }
 
     #[test]

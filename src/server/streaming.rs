@@ -211,19 +211,15 @@ fn is_websocket_request(headers: &HeaderMap) -> bool {
 }
 
 /// The pod by namespace and name (upstream GetPodByName over the pod
-/// manager); a UID in the path must match it.
+/// manager, so a pod in its grace period too); a UID in the path must
+/// match it.
 pub(super) fn find_pod(
     s: &ServerState,
     namespace: &str,
     name: &str,
 ) -> Result<std::sync::Arc<k8s_openapi::api::core::v1::Pod>, StreamError> {
     s.pods
-        .pods()
-        .into_iter()
-        .find(|p| {
-            p.metadata.name.as_deref() == Some(name)
-                && p.metadata.namespace.as_deref().unwrap_or("default") == namespace
-        })
+        .by_name(namespace, name)
         .ok_or(StreamError::PodNotFound)
 }
 
@@ -643,10 +639,12 @@ async fn proxy_stream(
         .unwrap_or_else(|e| StreamError::Dial(e.to_string()).into_response())
 }
 
-/// Copies both ways until both sides have closed, half-closing each
-/// direction as its reader ends. With a non-zero `idle`, a connection that
-/// moves no byte that long (or whose peer stops reading that long) is
-/// closed: the kubelet's `streamingConnectionIdleTimeout`.
+/// Copies both ways until either side ends, then closes both, as upstream's
+/// UpgradeAwareHandler (tryUpgrade waits for one half and closes the two
+/// connections): a client that never closes cannot hold a finished stream
+/// open. With a non-zero `idle`, a connection that moves no byte that long
+/// (or whose peer stops reading that long) is closed: the kubelet's
+/// `streamingConnectionIdleTimeout`.
 pub async fn splice<A, B>(a: A, b: B, idle: Duration) -> std::io::Result<(u64, u64)>
 where
     A: AsyncRead + AsyncWrite + Unpin,
@@ -656,7 +654,6 @@ where
     let (mut br, mut bw) = tokio::io::split(b);
     let mut buf_a = vec![0u8; SPLICE_BUF];
     let mut buf_b = vec![0u8; SPLICE_BUF];
-    let (mut a_open, mut b_open) = (true, true);
     let (mut up, mut down) = (0u64, 0u64);
     let idle = if idle.is_zero() {
         // Zero disables the limit; a century stands in for "never".
@@ -665,23 +662,25 @@ where
         idle
     };
     let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "idle timeout");
-    while a_open || b_open {
+    loop {
         tokio::select! {
-            r = ar.read(&mut buf_a), if a_open => {
+            r = ar.read(&mut buf_a) => {
                 let n = r?;
                 if n == 0 {
-                    a_open = false;
+                    // Both halves drop on return; the other side's
+                    // shutdown flushes what was written to it.
                     let _ = bw.shutdown().await;
+                    return Ok((up, down));
                 } else {
                     tokio::time::timeout(idle, bw.write_all(&buf_a[..n])).await.map_err(|_| timed_out())??;
                     up += n as u64;
                 }
             }
-            r = br.read(&mut buf_b), if b_open => {
+            r = br.read(&mut buf_b) => {
                 let n = r?;
                 if n == 0 {
-                    b_open = false;
                     let _ = aw.shutdown().await;
+                    return Ok((up, down));
                 } else {
                     tokio::time::timeout(idle, aw.write_all(&buf_b[..n])).await.map_err(|_| timed_out())??;
                     down += n as u64;
@@ -690,7 +689,6 @@ where
             _ = tokio::time::sleep(idle) => return Err(timed_out()),
         }
     }
-    Ok((up, down))
 }
 
 /// GET and POST only: axum's `get` answers HEAD too, which upstream's
@@ -1126,17 +1124,31 @@ mod tests {
         b_peer.write_all(b"pong").await.unwrap();
         a_peer.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"pong");
-        // Half-close: a's EOF reaches b, b can still answer.
-        a_peer.shutdown().await.unwrap();
-        let mut rest = Vec::new();
-        b_peer.read_to_end(&mut rest).await.unwrap();
-        assert!(rest.is_empty());
+        // One side ends: both are closed, as upstream's tryUpgrade. Old
+        // code half-closed and waited for the other side, which a client
+        // that never closes held open until the idle timeout.
         b_peer.write_all(b"!").await.unwrap();
         drop(b_peer);
         let mut rest = Vec::new();
         a_peer.read_to_end(&mut rest).await.unwrap();
-        assert_eq!(rest, b"!");
-        assert_eq!(task.await.unwrap().unwrap(), (4, 5));
+        assert_eq!(rest, b"!", "what the runtime wrote first is delivered");
+        let ended = |t| tokio::time::timeout(Duration::from_secs(10), t);
+        let done = ended(task).await.expect("the splice ended with one side");
+        assert_eq!(done.unwrap().unwrap(), (4, 5));
+        // The client ends first: the runtime's side is closed too.
+        let (a, mut a_peer) = tokio::io::duplex(64);
+        let (b, mut b_peer) = tokio::io::duplex(64);
+        let task = tokio::spawn(splice(a, b, Duration::from_secs(3600)));
+        a_peer.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        b_peer.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        let done = ended(task).await.expect("the splice ended with the client");
+        assert_eq!(done.unwrap().unwrap(), (0, 0));
+        assert!(
+            b_peer.write_all(b"late").await.is_err(),
+            "the runtime's side is closed, not half-open"
+        );
 
         tokio::time::pause();
         let (a, _a_peer) = tokio::io::duplex(64);

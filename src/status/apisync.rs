@@ -55,6 +55,22 @@ impl Deleting {
     }
 }
 
+/// The strategic-merge patch of a pod's status. Of the conditions, only the
+/// kubelet's own are sent (upstream mergePodStatus takes the others from
+/// the API's copy): the status carries others' conditions as the API last
+/// showed them, and sending those back could undo a newer change by their
+/// owner (a readiness gate flipped while this patch was on its way).
+fn status_patch(uid: &str, status: &PodStatus) -> serde_json::Value {
+    let mut status = status.clone();
+    if let Some(cs) = status.conditions.as_mut() {
+        cs.retain(|c| crate::status::generate::is_kubelet_condition(&c.type_));
+    }
+    serde_json::json!({
+        "metadata": { "uid": uid },
+        "status": status,
+    })
+}
+
 pub fn is_api_pod(pod: &Pod) -> bool {
     annotation(pod, CONFIG_SOURCE_ANNOTATION) == Some(API_SOURCE)
 }
@@ -191,10 +207,7 @@ impl ApiStatusSync {
     /// Patches one status; true when done with it (sent, or its object is
     /// gone or replaced), false to retry.
     async fn patch_status(&self, uid: &str, ns: &str, name: &str, status: &PodStatus) -> bool {
-        let patch = serde_json::json!({
-            "metadata": { "uid": uid },
-            "status": status,
-        });
+        let patch = status_patch(uid, status);
         let api: Api<Pod> = Api::namespaced(self.api.client().await, ns);
         match api
             .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
@@ -341,6 +354,37 @@ mod tests {
             .into(),
         );
         p
+    }
+
+    #[test]
+    fn a_status_patch_sends_only_the_kubelets_conditions() {
+        // Old code sent the whole status, so a readiness gate's condition as
+        // last seen would go back to the API over its owner's newer value.
+        let c = |t: &str| k8s_openapi::api::core::v1::PodCondition {
+            type_: t.into(),
+            status: "True".into(),
+            ..Default::default()
+        };
+        let status = PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![
+                c("example.com/lb"),
+                c("DisruptionTarget"),
+                c("PodReadyToStartContainers"),
+                c("Ready"),
+            ]),
+            ..Default::default()
+        };
+        let p = status_patch("u1", &status);
+        assert_eq!(p["metadata"]["uid"], "u1");
+        assert_eq!(p["status"]["phase"], "Running");
+        let types: Vec<&str> = p["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["PodReadyToStartContainers", "Ready"]);
     }
 
     #[test]

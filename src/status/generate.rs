@@ -500,6 +500,89 @@ fn pod_ready(pod: &Pod, containers_ready: &PodCondition) -> PodCondition {
     }
 }
 
+/// Upstream PodConditionByKubelet, PodReadyToStartContainersCondition on
+/// (beta, on by default): the conditions the kubelet writes. Others (a
+/// readiness gate's, DisruptionTarget) belong to whoever set them.
+pub fn is_kubelet_condition(type_: &str) -> bool {
+    matches!(
+        type_,
+        "PodScheduled"
+            | "Ready"
+            | "Initialized"
+            | "ContainersReady"
+            | "PodResizeInProgress"
+            | "PodResizePending"
+            | "PodReadyToStartContainers"
+    )
+}
+
+/// Upstream PodConditionSharedByKubelet: set by the kubelet (on eviction or
+/// shutdown) as well as by others.
+pub fn is_shared_condition(type_: &str) -> bool {
+    type_ == "DisruptionTarget"
+}
+
+/// As generateAPIPodStatus: the conditions others set on the pod (as the
+/// source last showed it) come first, a DisruptionTarget the kubelet set
+/// earlier is kept, then the kubelet's own.
+fn with_foreign_conditions(
+    pod: &Pod,
+    previous: Option<&PodStatus>,
+    own: Vec<PodCondition>,
+) -> Vec<PodCondition> {
+    let mut out: Vec<PodCondition> = pod
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .filter(|c| !is_kubelet_condition(&c.type_))
+        .cloned()
+        .collect();
+    let disruption = previous
+        .and_then(|p| p.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| is_shared_condition(&c.type_)));
+    if let Some(d) = disruption {
+        match out.iter_mut().find(|c| c.type_ == d.type_) {
+            Some(slot) => *slot = d.clone(),
+            None => out.push(d.clone()),
+        }
+    }
+    out.extend(own);
+    out
+}
+
+/// Upstream NeedToReconcilePodReadiness: a pod with readiness gates whose
+/// Ready condition, as its source shows it, is not what the conditions and
+/// container statuses it shows give (a gate's condition changed).
+pub fn readiness_needs_reconcile(pod: &Pod) -> bool {
+    let gated = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .is_some_and(|g| !g.is_empty());
+    let Some(status) = pod.status.as_ref().filter(|_| gated) else {
+        return false;
+    };
+    let Some(current) = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+    else {
+        return false;
+    };
+    let containers = containers_ready(
+        pod,
+        status.init_container_statuses.as_deref().unwrap_or(&[]),
+        status.container_statuses.as_deref().unwrap_or(&[]),
+        status.phase.as_deref().unwrap_or_default(),
+    );
+    let expected = pod_ready(pod, &containers);
+    // Go compares strings: no message is the empty one.
+    current.status != expected.status
+        || current.message.as_deref().unwrap_or_default()
+            != expected.message.as_deref().unwrap_or_default()
+}
+
 /// Upstream GeneratePodInitializedCondition.
 fn initialized(
     pod: &Pod,
@@ -668,6 +751,7 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         };
         c.last_probe_time = None;
     }
+    let conditions = with_foreign_conditions(pod, input.previous, conditions);
 
     PodStatus {
         phase: Some(phase.into()),
@@ -794,6 +878,125 @@ mod tests {
             .iter()
             .find(|c| c.type_ == t)
             .unwrap()
+    }
+
+    fn gated(gate_status: Option<&str>) -> Pod {
+        let mut p = pod("Always", &[], &["a"]);
+        p.spec.as_mut().unwrap().readiness_gates =
+            Some(vec![k8s_openapi::api::core::v1::PodReadinessGate {
+                condition_type: "example.com/lb".into(),
+            }]);
+        let mut conditions = vec![PodCondition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            ..Default::default()
+        }];
+        if let Some(st) = gate_status {
+            conditions.push(PodCondition {
+                type_: "example.com/lb".into(),
+                status: st.into(),
+                ..Default::default()
+            });
+        }
+        p.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(conditions),
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn conditions_others_set_are_kept_first_as_upstream() {
+        // Old code: the status held the kubelet's five conditions only, so a
+        // readiness gate's condition never showed in the kubelet's status.
+        let mut p = gated(Some("True"));
+        p.status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(PodCondition {
+                type_: "ContainersReady".into(),
+                status: "Unknown".into(),
+                ..Default::default()
+            });
+        let previous = PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some("TerminationByKubelet".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let s = gen_with(
+            &p,
+            &rt(vec![info("a", CState::Running, 0, 5, 0)]),
+            &HashMap::new(),
+            Some(&previous),
+            false,
+        );
+        let types: Vec<&str> = s
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "example.com/lb",
+                "DisruptionTarget",
+                "PodReadyToStartContainers",
+                "Initialized",
+                "Ready",
+                "ContainersReady",
+                "PodScheduled"
+            ]
+        );
+        assert_eq!(cond(&s, "Ready").status, "True", "the gate is met");
+        assert_eq!(
+            cond(&s, "ContainersReady").status,
+            "True",
+            "the kubelet's own"
+        );
+    }
+
+    #[test]
+    fn readiness_is_reconciled_when_a_gate_changes_as_upstream() {
+        // Ready False, containers unknown: the expected Ready is False too,
+        // but its message differs (the gate is not what is missing).
+        assert!(
+            !readiness_needs_reconcile(&pod("Always", &[], &["a"])),
+            "no gates"
+        );
+        let mut p = gated(Some("True"));
+        let ready = |p: &mut Pod| {
+            let st = p.status.as_mut().unwrap();
+            st.container_statuses = Some(vec![ContainerStatus {
+                name: "a".into(),
+                ready: true,
+                ..Default::default()
+            }]);
+        };
+        ready(&mut p);
+        assert!(readiness_needs_reconcile(&p), "gate met, Ready still False");
+        let mut unmet = gated(Some("False"));
+        ready(&mut unmet);
+        assert!(readiness_needs_reconcile(&unmet), "message differs");
+        let cs = unmet.status.as_mut().unwrap().conditions.as_mut().unwrap();
+        cs[0].message = Some(
+            "the status of pod readiness gate \"example.com/lb\" is not \"True\", but False".into(),
+        );
+        cs[0].reason = Some("ReadinessGatesNotReady".into());
+        assert!(!readiness_needs_reconcile(&unmet), "as expected");
+        // No Ready condition at all: nothing to reconcile (upstream's i >= 0).
+        let mut none = gated(None);
+        none.status.as_mut().unwrap().conditions = Some(vec![]);
+        assert!(!readiness_needs_reconcile(&none));
     }
 
     #[test]

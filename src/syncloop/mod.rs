@@ -194,8 +194,21 @@ impl SyncLoop {
                     self.workers.update(&uid, Work::Sync(pod));
                 }
                 PodOperation::Delete | PodOperation::Remove => self.terminate(pod, &uid, u.op),
-                // Status-only changes from the API server need no runtime work.
-                PodOperation::Reconcile => {}
+                // A status-only change (upstream HandlePodReconcile): the kept
+                // copy follows it, so conditions others set (a readiness
+                // gate's) reach the next status; a gate that changed what
+                // Ready should be syncs the pod now.
+                PodOperation::Reconcile => {
+                    let Some(pod) = self.pods.reconcile(pod) else {
+                        continue;
+                    };
+                    if !self.is_rejected(&uid)
+                        && crate::status::generate::readiness_needs_reconcile(&pod)
+                    {
+                        debug!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, "readiness gate changed");
+                        self.workers.update(&uid, Work::Sync(pod));
+                    }
+                }
             }
         }
     }
@@ -264,7 +277,11 @@ impl SyncLoop {
         if let Some(a) = &self.admission {
             if a.rejected.lock().remove(uid) {
                 // Never started: nothing to stop.
-                self.pods.remove(uid);
+                if op == PodOperation::Remove {
+                    self.pods.remove(uid);
+                } else {
+                    self.pods.mark_terminating(pod.clone());
+                }
                 self.status.remove(uid);
                 if let Some(d) = &self.deleting {
                     if pod.metadata.deletion_timestamp.is_some()
@@ -287,11 +304,12 @@ impl SyncLoop {
             }
         }
         // A deletion carries the pod as the API has it now (with its
-        // deletionTimestamp); a removal may carry only its identity.
-        let stored = self.pods.remove(uid);
-        let pod = match stored {
-            Some(p) if op == PodOperation::Remove => p,
-            _ => Arc::new(pod),
+        // deletionTimestamp), kept listed until its removal; a removal may
+        // carry only its identity.
+        let pod = if op == PodOperation::Remove {
+            self.pods.remove(uid).unwrap_or_else(|| Arc::new(pod))
+        } else {
+            self.pods.mark_terminating(pod)
         };
         self.workers.update(
             uid,
@@ -394,6 +412,29 @@ mod tests {
         assert!(trim_due(false, Duration::ZERO), "containers changed");
         assert!(!trim_due(true, Duration::from_secs(2)), "quiet: not yet");
         assert!(trim_due(true, TRIM_PERIOD), "quiet for a period");
+    }
+
+    /// A syncLoop over `workers` (and their status manager) with every
+    /// source ready.
+    fn sync_loop(
+        pods: PodManager,
+        workers: &PodWorkers,
+        pleg: PlegHandle,
+        admission: Option<Admission>,
+    ) -> SyncLoop {
+        SyncLoop {
+            pods,
+            status: workers.status().clone(),
+            workers: workers.clone(),
+            queue: Arc::new(WorkQueue::default()),
+            pleg,
+            health: SyncLoopHealth::new(Duration::from_secs(60)),
+            sources_ready: Box::new(|| true),
+            expected_sources: vec![],
+            gc: None,
+            deleting: None,
+            admission,
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -500,20 +541,13 @@ mod tests {
             pods: 1,
             ..Default::default()
         };
-        let status = StatusManager::new();
-        let sl = SyncLoop {
-            pods: PodManager::new(),
-            status: status.clone(),
-            workers: workers.clone(),
-            queue: Arc::new(WorkQueue::default()),
+        let status = workers.status().clone();
+        let sl = sync_loop(
+            PodManager::new(),
+            &workers,
             pleg,
-            health: SyncLoopHealth::new(Duration::from_secs(60)),
-            sources_ready: Box::new(|| true),
-            expected_sources: vec![],
-            gc: None,
-            deleting: None,
-            admission: Some(Admission::new(Arc::new(parking_lot::RwLock::new(facts)))),
-        };
+            Some(Admission::new(Arc::new(parking_lot::RwLock::new(facts)))),
+        );
         let pod = |name: &str| {
             let mut p = crate::testutil::pod("Always", &[], &["app"]);
             p.metadata.name = Some(name.into());
@@ -551,6 +585,125 @@ mod tests {
             !workers.is_known("u-second"),
             "a rejected pod gets no worker"
         );
+        token.cancel();
+        let _ = task.await;
+    }
+
+    #[tokio::test]
+    async fn a_reconciled_gate_readies_the_pod_and_a_deleted_pod_stays_listed() {
+        // Old code: RECONCILE was ignored, so a readiness gate met later
+        // never made the pod Ready; and a deleted pod left the pod manager
+        // at once, so /pods, logs and exec lost it in its grace period.
+        use k8s_openapi::api::core::v1::{
+            ContainerStatus, PodCondition, PodReadinessGate, PodStatus,
+        };
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let workers = testing::workers(&fake, &token);
+        let status = workers.status().clone();
+        let pleg = crate::pleg::spawn(
+            fake.clone(),
+            Duration::from_secs(1),
+            mpsc::channel(10).0,
+            token.child_token(),
+        );
+        let pods = PodManager::new();
+        let sl = sync_loop(pods.clone(), &workers, pleg, None);
+        let (updates_tx, updates_rx) = mpsc::channel(10);
+        let (_pleg_tx, pleg_rx) = mpsc::channel(10);
+        let (_probe_tx, probe_rx) = mpsc::channel(10);
+        let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, token.child_token()));
+        let send = |op: PodOperation, pod: crate::source::Pod| {
+            let tx = updates_tx.clone();
+            async move {
+                tx.send(PodUpdate {
+                    pods: vec![pod],
+                    op,
+                    source: crate::source::API_SOURCE.to_string(),
+                })
+                .await
+                .unwrap()
+            }
+        };
+        async fn until(what: &str, f: impl Fn() -> bool) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !f() {
+                assert!(Instant::now() < deadline, "timed out: {what}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let ready = |reason: Option<&str>, st: &str| {
+            let status = status.clone();
+            let reason = reason.map(String::from);
+            let st = st.to_string();
+            move || {
+                status.get("u-gated").is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| c.type_ == "Ready" && c.status == st && c.reason == reason)
+                })
+            }
+        };
+
+        let mut pod = crate::testutil::pod("Always", &[], &["app"]);
+        pod.metadata.name = Some("gated".into());
+        pod.metadata.namespace = Some("default".into());
+        pod.metadata.uid = Some("u-gated".into());
+        pod.spec.as_mut().unwrap().readiness_gates = Some(vec![PodReadinessGate {
+            condition_type: "example.com/lb".into(),
+        }]);
+        send(PodOperation::Add, pod.clone()).await;
+        until(
+            "Ready False for the missing gate",
+            ready(Some("ReadinessGatesNotReady"), "False"),
+        )
+        .await;
+
+        // The API's copy: its controller met the gate; Ready is as the
+        // kubelet last reported it.
+        let mut api = pod.clone();
+        let c = |t: &str, st: &str| PodCondition {
+            type_: t.into(),
+            status: st.into(),
+            ..Default::default()
+        };
+        api.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![c("example.com/lb", "True"), c("Ready", "False")]),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "app".into(),
+                ready: true,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        send(PodOperation::Reconcile, api).await;
+        until("Ready True once the gate is met", ready(None, "True")).await;
+        let st = status.get("u-gated").unwrap();
+        assert_eq!(
+            st.conditions.as_ref().unwrap()[0].type_,
+            "example.com/lb",
+            "the gate's condition is kept, first"
+        );
+
+        let mut deleted = pod.clone();
+        deleted.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        deleted.metadata.deletion_grace_period_seconds = Some(0);
+        send(PodOperation::Delete, deleted).await;
+        until("the deletion handled", || !pods.contains("u-gated")).await;
+        let listed = pods.listed();
+        assert_eq!(listed.len(), 1, "still listed until removed");
+        assert!(listed[0].metadata.deletion_timestamp.is_some());
+        assert!(pods.by_name("default", "gated").is_some());
+        assert!(pods.get("u-gated").is_none(), "no longer desired");
+
+        send(PodOperation::Remove, pod).await;
+        until("the removal handled", || pods.listed().is_empty()).await;
         token.cancel();
         let _ = task.await;
     }
