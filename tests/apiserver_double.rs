@@ -2974,3 +2974,100 @@ fn volumeattachments_clear_status_at_create_and_take_it_through_status_only() {
         "volumeattachments.storage.k8s.io \"nope\" not found"
     );
 }
+
+// pkg/registry/core/pod/strategy.go podEphemeralContainersStrategy: a
+// write to pods/{name}/ephemeralcontainers (kubectl debug's strategic-merge
+// patch) keeps the stored pod but for spec.ephemeralContainers
+// (dropNonEphemeralContainerUpdates); ValidatePodEphemeralContainersUpdate
+// refuses removing or changing one, validateEphemeralContainers a name
+// already used, a target that is no container and fields an ephemeral
+// container may not set; static pods take none. Each refusal is a 422.
+#[test]
+fn ephemeral_containers_are_added_through_their_subresource() {
+    let s = plain();
+    let c = s.client();
+    let mut p = pod("dbg", Some("n1"));
+    p["spec"]["initContainers"] = json!([{"name": "setup", "image": "busybox"}]);
+    assert_eq!(c.post(PODS, &p).unwrap().status, 201);
+    let path = format!("{PODS}/dbg/ephemeralcontainers");
+    let smp = "application/strategic-merge-patch+json";
+    let debugger = |name: &str, target: &str| json!({"name": name, "image": "busybox", "targetContainerName": target});
+    // Only the ephemeral containers are taken: the image change is dropped.
+    let r = c
+        .patch(
+            &path,
+            smp,
+            &json!({"spec": {"containers": [{"name": "c", "image": "nginx"}],
+                "ephemeralContainers": [debugger("d1", "c")]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+    assert_eq!(r.body["spec"]["containers"][0]["image"], "busybox");
+    assert_eq!(r.body["spec"]["ephemeralContainers"][0]["name"], "d1");
+    assert_eq!(r.body["metadata"]["generation"], 2, "a new spec generation");
+    let g = c.get(&path).unwrap();
+    assert_eq!(g.status, 200);
+    assert_eq!(
+        g.body["spec"]["ephemeralContainers"][0]["targetContainerName"],
+        "c"
+    );
+
+    let refused = |body: Value| {
+        let mut full = c.get(&path).unwrap().body;
+        full["spec"]["ephemeralContainers"] = body;
+        let r = c.put(&path, &full).unwrap();
+        assert_eq!(r.status, 422, "{:#}", r.body);
+        assert_eq!(r.body["reason"], "Invalid");
+        r.body["message"].as_str().unwrap().to_string()
+    };
+    assert_eq!(
+        refused(json!([])),
+        "Pod \"dbg\" is invalid: spec.ephemeralContainers: Forbidden: existing ephemeral containers \"d1\" may not be removed\n"
+    );
+    let mut changed = debugger("d1", "c");
+    changed["image"] = json!("nginx");
+    assert!(refused(json!([changed])).contains(
+        "spec.ephemeralContainers.d1: Forbidden: existing ephemeral containers \"d1\" may not be changed"
+    ));
+    assert_eq!(
+        refused(json!([debugger("d1", "c"), debugger("setup", "nope")])),
+        "Pod \"dbg\" is invalid: [spec.ephemeralContainers[1].name: Duplicate value: \"setup\", spec.ephemeralContainers[1].targetContainerName: Not found: \"nope\"]"
+    );
+    let ported = json!({"name": "d2", "image": "busybox", "ports": [{"containerPort": 80}]});
+    assert!(refused(json!([debugger("d1", "c"), ported])).ends_with(
+        "spec.ephemeralContainers[1].ports: Forbidden: cannot be set for an Ephemeral Container"
+    ));
+    // A second one is added beside the first.
+    let r = c
+        .patch(
+            &path,
+            smp,
+            &json!({"spec": {"ephemeralContainers": [debugger("d2", "")]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+    assert_eq!(
+        r.body["spec"]["ephemeralContainers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // A mirror pod (a static pod's) takes none.
+    let mut m = pod("mirror", Some("n1"));
+    m["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "hash"});
+    assert_eq!(c.post(PODS, &m).unwrap().status, 201);
+    let r = c
+        .patch(
+            &format!("{PODS}/mirror/ephemeralcontainers"),
+            smp,
+            &json!({"spec": {"ephemeralContainers": [debugger("d1", "c")]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 422, "{:#}", r.body);
+    assert_eq!(
+        r.body["message"],
+        "Pod \"mirror\" is invalid: : Forbidden: static pods do not support ephemeral containers"
+    );
+}

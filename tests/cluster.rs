@@ -863,3 +863,108 @@ fn a_met_readiness_gate_readies_the_pod_and_a_terminating_pod_keeps_its_logs() {
         (!body.contains(name.as_str())).then_some(())
     });
 }
+
+/// `kubectl debug`: an ephemeral container added through the pod's
+/// ephemeralcontainers subresource (a strategic-merge patch, as kubectl
+/// sends) is started in the running pod, in its target's process namespace
+/// (CRI NamespaceMode TARGET), reported in ephemeralContainerStatuses,
+/// readable through containerLogs, and never restarted. The old code never
+/// started it: kubectl waited for good.
+#[test]
+fn an_ephemeral_container_runs_once_beside_its_target() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-debug";
+    let k = cluster_kubelet(node, &api);
+    let name = format!("debugged-{node}");
+    api.create(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "echo main-marker; while true; do sleep 1; done"]
+            }]
+        }
+    }));
+    wait_for("the pod running", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+    });
+    let r = api
+        .client()
+        .patch(
+            &format!("/api/v1/namespaces/default/pods/{name}/ephemeralcontainers"),
+            "application/strategic-merge-patch+json",
+            &json!({"spec": {"ephemeralContainers": [{
+                "name": "debugger",
+                "image": BUSYBOX,
+                "imagePullPolicy": "IfNotPresent",
+                "targetContainerName": "main",
+                "command": ["sh", "-c", "ps -o pid,args; exit 3"],
+                "terminationMessagePolicy": "File"
+            }]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+    let p = wait_for("the debugger's status in the API", T, || {
+        api.get("pods", Some("default"), &name).filter(|p| {
+            p["status"]["ephemeralContainerStatuses"][0]["state"]["terminated"].is_object()
+        })
+    });
+    let eph = &p["status"]["ephemeralContainerStatuses"][0];
+    assert_eq!(eph["name"], "debugger", "{p:#}");
+    assert_eq!(eph["state"]["terminated"]["exitCode"], 3, "{eph:#}");
+    assert_eq!(eph["ready"], false);
+    assert_eq!(eph["restartCount"], 0);
+    assert!(eph["containerID"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("containerd://")));
+    assert_eq!(
+        p["status"]["phase"], "Running",
+        "a debugger weighs on nothing"
+    );
+
+    // It saw the target's processes: its `ps` lists main's shell.
+    let logs = std::process::Command::new("curl")
+        .args(["-sk", "--max-time", "10"])
+        .arg(format!(
+            "https://{}/containerLogs/default/{name}/debugger",
+            k.api
+        ))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&logs.stdout).to_string();
+    assert!(out.contains("echo main-marker"), "{out}");
+
+    // A restart of main syncs the pod again: the debugger stays as it
+    // ended, never started a second time.
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+    let main_id = p["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_string();
+    k.cri
+        .rt
+        .block_on(k.cri.client.stop_container(&main_id, 0))
+        .unwrap();
+    let p = wait_for("main restarted", T, || {
+        api.get("pods", Some("default"), &name).filter(|p| {
+            p["status"]["containerStatuses"][0]["restartCount"] == 1
+                && p["status"]["containerStatuses"][0]["ready"] == true
+        })
+    });
+    let eph = &p["status"]["ephemeralContainerStatuses"][0];
+    assert_eq!(eph["restartCount"], 0, "{eph:#}");
+    assert_eq!(eph["state"]["terminated"]["exitCode"], 3);
+    assert_eq!(
+        k.cri.count_for_uid(&uid).1,
+        3,
+        "main twice and the debugger once"
+    );
+}

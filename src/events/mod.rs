@@ -65,7 +65,14 @@ pub fn pod_ref(pod: &Pod, container: Option<(&str, bool)>) -> ObjectReference {
         namespace: pod.metadata.namespace.clone(),
         uid: pod.metadata.uid.clone(),
         field_path: container.map(|(name, init)| {
-            if init {
+            let ephemeral = pod
+                .spec
+                .iter()
+                .flat_map(|s| s.ephemeral_containers.iter().flatten())
+                .any(|e| e.name == name);
+            if ephemeral {
+                format!("spec.ephemeralContainers{{{name}}}")
+            } else if init {
                 format!("spec.initContainers{{{name}}}")
             } else {
                 format!("spec.containers{{{name}}}")

@@ -30,6 +30,8 @@ pub struct PodActions {
     pub init_to_start: Vec<usize>,
     /// Indexes into `containers` to start.
     pub containers_to_start: Vec<usize>,
+    /// Indexes into `ephemeralContainers` to start: those never started.
+    pub ephemeral_to_start: Vec<usize>,
     pub containers_to_kill: Vec<KillContainer>,
 }
 
@@ -70,6 +72,25 @@ fn app_containers(pod: &Pod) -> &[Container] {
         .as_ref()
         .map(|s| s.containers.as_slice())
         .unwrap_or(&[])
+}
+
+/// The pod's ephemeral containers (`kubectl debug`) as containers, as
+/// upstream converts EphemeralContainerCommon: the same fields, less the
+/// target. Empty for almost every pod, so the round trip costs nothing there.
+pub fn ephemeral_containers(pod: &Pod) -> Vec<(Container, Option<String>)> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.ephemeral_containers.iter().flatten())
+        .filter_map(|e| {
+            let mut v = serde_json::to_value(e).ok()?;
+            let target = v
+                .as_object_mut()?
+                .remove("targetContainerName")
+                .and_then(|t| t.as_str().map(String::from))
+                .filter(|t| !t.is_empty());
+            Some((serde_json::from_value(v).ok()?, target))
+        })
+        .collect()
 }
 
 fn host_network(pod: &Pod) -> bool {
@@ -209,6 +230,20 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> P
         return a;
     }
 
+    // Ephemeral containers start once each, even before initialization
+    // completes, and are never restarted (upstream computePodActions).
+    if pod.metadata.deletion_timestamp.is_none() {
+        let names = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.ephemeral_containers.iter().flatten());
+        a.ephemeral_to_start = names
+            .enumerate()
+            .filter(|(_, e)| rt.latest(&e.name).is_none())
+            .map(|(i, _)| i)
+            .collect();
+    }
+
     // Initialization ran once an app container ran in this sandbox; after
     // that only sidecars are (re)started, never regular init containers.
     let current = a.sandbox_id.as_deref();
@@ -264,8 +299,10 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> P
         keep += 1;
     }
     if keep == 0 && a.containers_to_start.is_empty() {
-        // Nothing left to run: the pod is done, sidecars included.
+        // Nothing left to run: the pod is done, sidecars and debuggers
+        // included.
         a.kill_pod = true;
+        a.ephemeral_to_start.clear();
         return a;
     }
     // Sidecars keep running beside the app containers.
@@ -354,6 +391,72 @@ mod tests {
         };
         r.sort();
         r
+    }
+
+    fn debugger(p: &mut Pod, name: &str, target: Option<&str>) {
+        let e = k8s_openapi::api::core::v1::EphemeralContainer {
+            name: name.into(),
+            image: Some("busybox:1.36".into()),
+            target_container_name: target.map(String::from),
+            ..Default::default()
+        };
+        let spec = p.spec.as_mut().unwrap();
+        spec.ephemeral_containers
+            .get_or_insert_with(Vec::new)
+            .push(e);
+    }
+
+    #[test]
+    fn ephemeral_containers_start_once_as_upstream() {
+        // Old code never started an ephemeral container: `kubectl debug`
+        // waited for good.
+        let mut p = pod("Always", &["i1"], &["a"]);
+        debugger(&mut p, "dbg", Some("a"));
+        debugger(&mut p, "dbg2", None);
+        // Not in a sandbox still to be made (upstream returns early there).
+        let a = compute_pod_actions(&p, &RuntimePod::default(), &ProbeState::default());
+        assert!(a.create_sandbox && a.ephemeral_to_start.is_empty());
+        // Even while initialization runs.
+        let r = rt(
+            vec![sandbox(true)],
+            vec![ctr(&p, "i1", CState::Running, 0, 2)],
+        );
+        let a = compute_pod_actions(&p, &r, &ProbeState::default());
+        assert_eq!(a.ephemeral_to_start, vec![0, 1]);
+        // Never restarted, whatever the policy.
+        let mut dbg = ctr(&p, "a", CState::Exited, 1, 3);
+        dbg.name = "dbg".into();
+        dbg.id = "dbg-3".into();
+        let r = rt(
+            vec![sandbox(true)],
+            vec![
+                ctr(&p, "i1", CState::Exited, 0, 2),
+                ctr(&p, "a", CState::Running, 0, 3),
+                dbg,
+            ],
+        );
+        let a = compute_pod_actions(&p, &r, &ProbeState::default());
+        assert_eq!(a.ephemeral_to_start, vec![1]);
+        // A deleted pod starts none.
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert!(compute_pod_actions(&p, &r, &ProbeState::default())
+            .ephemeral_to_start
+            .is_empty());
+    }
+
+    #[test]
+    fn an_ephemeral_container_is_a_container_and_its_target() {
+        let mut p = pod("Always", &[], &["a"]);
+        debugger(&mut p, "dbg", Some("a"));
+        debugger(&mut p, "dbg2", Some(""));
+        let e = ephemeral_containers(&p);
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].0.name, "dbg");
+        assert_eq!(e[0].0.image.as_deref(), Some("busybox:1.36"));
+        assert_eq!(e[0].1.as_deref(), Some("a"));
+        assert_eq!(e[1].1, None, "an empty target is none");
     }
 
     #[test]

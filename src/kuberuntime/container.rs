@@ -542,6 +542,9 @@ pub struct ContainerContext<'a> {
     pub volumes: &'a HashMap<String, PathBuf>,
     /// The ConfigMaps, Secrets and Services the env reads, fetched before.
     pub env: &'a EnvSources,
+    /// An ephemeral container's target: the ID of the running container
+    /// whose process namespace it joins (CRI NamespaceMode TARGET).
+    pub pid_target: Option<&'a str>,
 }
 
 pub fn container_config(
@@ -652,7 +655,14 @@ pub fn container_config(
                     ..Default::default()
                 }),
                 privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
-                namespace_options: Some(sandbox::namespace_options(pod)),
+                namespace_options: Some({
+                    let mut ns = sandbox::namespace_options(pod);
+                    if let Some(target) = ctx.pid_target {
+                        ns.pid = v1::NamespaceMode::Target as i32;
+                        ns.target_id = target.to_string();
+                    }
+                    ns
+                }),
                 run_as_user: run_as_user.map(|value| v1::Int64Value { value }),
                 run_as_group: run_as_group.map(|value| v1::Int64Value { value }),
                 readonly_rootfs: sc

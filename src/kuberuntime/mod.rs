@@ -286,7 +286,8 @@ impl RuntimeManager {
             || a.create_sandbox
             || !a.containers_to_kill.is_empty()
             || !a.init_to_start.is_empty()
-            || !a.containers_to_start.is_empty();
+            || !a.containers_to_start.is_empty()
+            || !a.ephemeral_to_start.is_empty();
         debug!(pod = pod_name(pod), actions = ?a, "computed pod actions");
 
         if a.kill_pod {
@@ -415,10 +416,27 @@ impl RuntimeManager {
             .and_then(|s| s.init_containers.as_deref())
             .unwrap_or(&[]);
         let apps = spec.map(|s| s.containers.as_slice()).unwrap_or(&[]);
-        let mut starts: Vec<(&Container, bool)> = Vec::new();
-        starts.extend(a.init_to_start.iter().map(|&i| (&inits[i], true)));
-        starts.extend(a.containers_to_start.iter().map(|&i| (&apps[i], false)));
-        for (c, init) in starts {
+        let ephemeral = if a.ephemeral_to_start.is_empty() {
+            Vec::new()
+        } else {
+            actions::ephemeral_containers(pod)
+        };
+        // Upstream starts ephemeral containers first, so a debugger runs
+        // even while an init container fails.
+        let mut starts: Vec<(&Container, bool, Option<&str>)> = Vec::new();
+        starts.extend(
+            a.ephemeral_to_start
+                .iter()
+                .filter_map(|&i| ephemeral.get(i))
+                .map(|(c, target)| (c, false, Some(target.as_deref().unwrap_or_default()))),
+        );
+        starts.extend(a.init_to_start.iter().map(|&i| (&inits[i], true, None)));
+        starts.extend(
+            a.containers_to_start
+                .iter()
+                .map(|&i| (&apps[i], false, None)),
+        );
+        for (c, init, target) in starts {
             let ctx = StartContext {
                 pod,
                 rt,
@@ -427,7 +445,7 @@ impl RuntimeManager {
                 pod_ip: &pod_ip,
                 volumes: &volumes,
             };
-            if let Err(w) = self.start_container(&ctx, c, init).await {
+            if let Err(w) = self.start_container(&ctx, c, init, target).await {
                 let ev = Some((c.name.as_str(), init));
                 match w.0.reason.as_str() {
                     "CrashLoopBackOff" => events::pod(
@@ -478,13 +496,38 @@ impl RuntimeManager {
         result
     }
 
+    /// Starts one container. `ephemeral` is given for an ephemeral
+    /// container: the name of the container whose process namespace it
+    /// joins, or empty for none.
     async fn start_container(
         &self,
         ctx: &StartContext<'_>,
         c: &Container,
         init: bool,
+        ephemeral: Option<&str>,
     ) -> Result<(), (Waiting, Option<Duration>)> {
         let pod = ctx.pod;
+        let container_type = match (init, ephemeral) {
+            (true, _) => "init_container",
+            (false, Some(_)) => "ephemeral_container",
+            (false, None) => "container",
+        };
+        // Upstream getTargetID: the target must be running now.
+        let pid_target = match ephemeral.filter(|t| !t.is_empty()) {
+            None => None,
+            Some(t) => match ctx.rt.latest(t).filter(|s| s.state == CState::Running) {
+                Some(s) => Some(s.id.clone()),
+                None => {
+                    return Err((
+                        Waiting {
+                            reason: "CreateContainerConfigError".into(),
+                            message: format!("unable to find target container {t}"),
+                        },
+                        Some(Duration::from_secs(2)),
+                    ))
+                }
+            },
+        };
         let latest = ctx.rt.latest(&c.name);
         let now = wall_now();
         // Upstream doBackOff: key on pod, container and spec hash.
@@ -563,6 +606,7 @@ impl RuntimeManager {
                     pod_ip: &pod_ip,
                     volumes: &volumes,
                     env: &env,
+                    pid_target: pid_target.as_deref(),
                 };
                 container::container_config(&opts, &cctx)
             },
@@ -581,7 +625,7 @@ impl RuntimeManager {
             .runtime
             .create_container(ctx.sandbox_id, config, ctx.sandbox_cfg.clone())
             .await
-            .inspect_err(|e| crate::metrics::started_container_result(init, Err(e)))
+            .inspect_err(|e| crate::metrics::started_container_result(container_type, Err(e)))
             .map_err(|e| {
                 (
                     Waiting {
@@ -600,7 +644,7 @@ impl RuntimeManager {
             format!("Created container: {}", c.name),
         );
         let started = self.runtime.start_container(&id).await;
-        crate::metrics::started_container_result(init, started.as_ref().map(drop));
+        crate::metrics::started_container_result(container_type, started.as_ref().map(drop));
         if let Err(e) = started {
             warn!(pod = pod_name(pod), container = %c.name, error = %e, "failed to start container");
             return Err((

@@ -1572,9 +1572,13 @@ pub fn grpc_code_name(code: tonic::Code) -> &'static str {
 /// A container start attempt with its result (upstream counts in
 /// `startContainer`: the attempt, and on a failed create or start the
 /// error by gRPC code).
-pub fn started_container_result(init: bool, r: Result<(), &crate::cri::CriError>) {
-    let t = if init { "init_container" } else { "container" };
-    started_container(t, r.err().map(cri_code));
+/// `container_type` is upstream's: `container`, `init_container` or
+/// `ephemeral_container`.
+pub fn started_container_result(
+    container_type: &'static str,
+    r: Result<(), &crate::cri::CriError>,
+) {
+    started_container(container_type, r.err().map(cri_code));
 }
 
 /// Time since the pod's `kubernetes.io/config.seen` annotation (when a

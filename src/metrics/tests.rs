@@ -1054,7 +1054,7 @@ fn container_start_errors_carry_the_grpc_code() {
     let err = crate::cri::CriError::DeadlineExceeded {
         op: "CreateContainer",
     };
-    started_container_result(true, Err(&err));
+    started_container_result("init_container", Err(&err));
     assert_eq!(
         METRICS.started_containers_errors.get_or_create(&l).get(),
         before + 1

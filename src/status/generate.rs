@@ -663,6 +663,21 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         .iter()
         .map(|c| container_status(input, c, false, default_reason, prev_apps))
         .collect();
+    let prev_ephemeral = input
+        .previous
+        .and_then(|p| p.ephemeral_container_statuses.as_deref())
+        .unwrap_or(&[]);
+    // Upstream converts them as regular containers; the probe manager never
+    // marks them ready or started, and they weigh on no phase or condition.
+    let ephemeral_statuses: Vec<ContainerStatus> =
+        crate::kuberuntime::actions::ephemeral_containers(pod)
+            .iter()
+            .map(|(c, _)| ContainerStatus {
+                ready: false,
+                started: None,
+                ..container_status(input, c, false, default_reason, prev_ephemeral)
+            })
+            .collect();
     // Upstream HasAnyActiveRegularContainerStarted: a regular container in
     // the newest sandbox.
     let current_sandbox = input.rt.sandboxes.first().map(|s| s.id.as_str());
@@ -773,6 +788,7 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         qos_class: Some(cm::pod_qos(pod).as_str().into()),
         container_statuses: Some(app_statuses),
         init_container_statuses: Some(init_statuses).filter(|v| !v.is_empty()),
+        ephemeral_container_statuses: Some(ephemeral_statuses).filter(|v| !v.is_empty()),
         ..Default::default()
     }
 }
@@ -997,6 +1013,54 @@ mod tests {
         let mut none = gated(None);
         none.status.as_mut().unwrap().conditions = Some(vec![]);
         assert!(!readiness_needs_reconcile(&none));
+    }
+
+    #[test]
+    fn ephemeral_containers_get_statuses_as_upstream() {
+        // Old code gave none: `kubectl debug` never saw its container run.
+        let mut p = pod("Always", &[], &["a"]);
+        p.spec.as_mut().unwrap().ephemeral_containers =
+            Some(vec![k8s_openapi::api::core::v1::EphemeralContainer {
+                name: "dbg".into(),
+                image: Some("busybox:1.36".into()),
+                target_container_name: Some("a".into()),
+                ..Default::default()
+            }]);
+        let s = gen(
+            &p,
+            &rt(vec![info("a", CState::Running, 0, 5, 0)]),
+            &HashMap::new(),
+        );
+        let e = &s.ephemeral_container_statuses.as_ref().unwrap()[0];
+        let w = e.state.as_ref().unwrap().waiting.as_ref().unwrap();
+        assert_eq!(w.reason.as_deref(), Some("ContainerCreating"));
+        let s = gen(
+            &p,
+            &rt(vec![
+                info("a", CState::Running, 0, 5, 0),
+                info("dbg", CState::Exited, 1, 6, 0),
+            ]),
+            &HashMap::new(),
+        );
+        let e = &s.ephemeral_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(e.name, "dbg");
+        assert_eq!(e.image, "docker.io/library/busybox:1.36");
+        let t = e.state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(t.exit_code, 1);
+        assert!(!e.ready && e.started.is_none(), "{e:?}");
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(
+            cond(&s, "Ready").status,
+            "True",
+            "a debugger weighs on nothing"
+        );
+        assert!(gen(
+            &pod("Always", &[], &["a"]),
+            &RuntimePod::default(),
+            &HashMap::new()
+        )
+        .ephemeral_container_statuses
+        .is_none());
     }
 
     #[test]

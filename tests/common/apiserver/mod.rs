@@ -140,6 +140,7 @@
 //! (they are put after the ordered ones).
 
 mod client;
+mod ephemeral;
 mod patch;
 mod pki;
 pub mod podcert;

@@ -415,7 +415,11 @@ async fn route(
         ("GET", None) if query.flag("watch") => return start_watch(shared, &t, &query, kill),
         ("GET", None) => list(shared, &t, &query),
         ("GET", Some(name)) => {
-            if let Some(s) = t.sub.as_deref().filter(|s| *s != "status") {
+            // The ephemeralcontainers subresource reads as the pod.
+            let readable = |s: &&str| {
+                *s != "status" && (*s != "ephemeralcontainers" || t.res.plural != "pods")
+            };
+            if let Some(s) = t.sub.as_deref().filter(readable) {
                 Err(ApiError::new(
                     404,
                     "NotFound",
@@ -529,6 +533,7 @@ fn sub_of(t: &Target) -> Result<Sub, ApiError> {
         None => Ok(Sub::Main),
         Some("status") if t.res.status => Ok(Sub::Status),
         Some("approval") if t.res.plural == "certificatesigningrequests" => Ok(Sub::Approval),
+        Some("ephemeralcontainers") if t.res.plural == "pods" => Ok(Sub::EphemeralContainers),
         Some(_) => Err(not_found_path()),
     }
 }

@@ -612,6 +612,8 @@ pub enum Sub {
     Main,
     Status,
     Approval,
+    /// pods/{name}/ephemeralcontainers.
+    EphemeralContainers,
 }
 
 /// Knobs of the CSR signer.
@@ -996,6 +998,7 @@ impl Store {
                 }
                 next
             }
+            Sub::EphemeralContainers => super::ephemeral::update(name, &old, &new)?,
             Sub::Approval => {
                 let mut next = old.clone();
                 let conds = new
