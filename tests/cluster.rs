@@ -928,6 +928,11 @@ fn an_ephemeral_container_runs_once_beside_its_target() {
         p["status"]["phase"], "Running",
         "a debugger weighs on nothing"
     );
+    // PodObservedGenerationTracking (on in 1.34): the debugger was a new
+    // spec generation, which the kubelet reports having observed.
+    assert_eq!(p["metadata"]["generation"], 2);
+    assert_eq!(p["status"]["observedGeneration"], 2, "{:#}", p["status"]);
+    assert_eq!(cond(&p, "Ready").unwrap()["observedGeneration"], 2);
 
     // It saw the target's processes: its `ps` lists main's shell.
     let logs = std::process::Command::new("curl")

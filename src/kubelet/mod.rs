@@ -254,6 +254,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         memory_capacity: machine.memory_capacity as i64,
         runtime_handler: String::new(),
         seccomp_default: cfg.seccomp_default,
+        track_observed_generation: cfg.feature_gate("PodObservedGenerationTracking"),
     };
     let max_parallel = cfg.max_parallel_image_pulls.map(|n| n.max(1) as usize);
     let credential_providers =

@@ -49,6 +49,9 @@ pub struct RuntimeOptions {
     pub runtime_handler: String,
     /// seccompDefault: RuntimeDefault instead of Unconfined when a pod sets none.
     pub seccomp_default: bool,
+    /// The PodObservedGenerationTracking gate: statuses carry the pod's
+    /// generation as `observedGeneration`.
+    pub track_observed_generation: bool,
 }
 
 impl Default for RuntimeOptions {
@@ -66,6 +69,7 @@ impl Default for RuntimeOptions {
             memory_capacity: 1 << 30,
             runtime_handler: String::new(),
             seccomp_default: false,
+            track_observed_generation: true,
         }
     }
 }

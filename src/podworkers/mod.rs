@@ -947,6 +947,7 @@ impl PodWorkers {
             now: Timestamp::from_nanosecond(crate::kuberuntime::wall_now().as_nanos() as i128)
                 .unwrap_or(Timestamp::UNIX_EPOCH),
             pod_is_terminal,
+            track_generation: self.deps.runtime.opts.track_observed_generation,
         });
         crate::metrics::pod_phase_changed(
             pod,

@@ -32,6 +32,8 @@ pub struct StatusInput<'a> {
     /// stopped keeps the phase its restart policy gives (an Always pod stays
     /// Running); afterwards a non-static pod is Succeeded or Failed.
     pub pod_is_terminal: bool,
+    /// The PodObservedGenerationTracking gate (beta, on by default in 1.34).
+    pub track_generation: bool,
 }
 
 pub fn is_terminal(phase: Option<&str>) -> bool {
@@ -766,10 +768,31 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         };
         c.last_probe_time = None;
     }
+    // Upstream CalculatePodConditionObservedGeneration, against the status
+    // manager's copy (else the API's, as upstream's oldPodStatus).
+    let generation = pod.metadata.generation.unwrap_or(0);
+    let old_status = input.previous.or(pod.status.as_ref());
+    for c in &mut conditions {
+        let seen = old_status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|o| o.type_ == c.type_))
+            .is_some_and(|o| o.observed_generation.unwrap_or(0) != 0);
+        c.observed_generation =
+            Some(generation).filter(|g| *g != 0 && (input.track_generation || seen));
+    }
+    // CalculatePodStatusObservedGeneration: the gate, or a value the API
+    // already holds (never cleared once set).
+    let status_seen = pod
+        .status
+        .as_ref()
+        .is_some_and(|s| s.observed_generation.unwrap_or(0) != 0);
+    let observed_generation =
+        Some(generation).filter(|g| *g != 0 && (input.track_generation || status_seen));
     let conditions = with_foreign_conditions(pod, input.previous, conditions);
 
     PodStatus {
         phase: Some(phase.into()),
+        observed_generation,
         reason,
         message,
         conditions: Some(conditions),
@@ -873,6 +896,7 @@ mod tests {
             previous,
             now: Timestamp::UNIX_EPOCH,
             pod_is_terminal,
+            track_generation: true,
         })
     }
 
@@ -1013,6 +1037,60 @@ mod tests {
         let mut none = gated(None);
         none.status.as_mut().unwrap().conditions = Some(vec![]);
         assert!(!readiness_needs_reconcile(&none));
+    }
+
+    #[test]
+    fn the_observed_generation_is_the_pods_as_upstream() {
+        // Old code reported none: a controller waiting for the kubelet to
+        // observe a spec change (PodObservedGenerationTracking, on in 1.34)
+        // waited for good.
+        let mut p = pod("Always", &[], &["a"]);
+        p.metadata.generation = Some(3);
+        let r = rt(vec![info("a", CState::Running, 0, 5, 0)]);
+        let (waiting, readiness) = (HashMap::new(), HashMap::new());
+        let status = |p: &Pod, track: bool| {
+            generate_pod_status(&StatusInput {
+                pod: p,
+                rt: &r,
+                waiting: &waiting,
+                readiness: &readiness,
+                not_started: &Default::default(),
+                host_ip: "192.0.2.1",
+                previous: None,
+                now: Timestamp::UNIX_EPOCH,
+                pod_is_terminal: false,
+                track_generation: track,
+            })
+        };
+        let generations = |s: &PodStatus| -> Vec<Option<i64>> {
+            let cs = s.conditions.as_ref().unwrap();
+            cs.iter().map(|c| c.observed_generation).collect()
+        };
+        let s = status(&p, true);
+        assert_eq!(s.observed_generation, Some(3));
+        assert_eq!(generations(&s), vec![Some(3); 5]);
+        // The gate off: none, but where the API already holds one.
+        let s = status(&p, false);
+        assert_eq!(s.observed_generation, None);
+        assert_eq!(generations(&s), vec![None; 5]);
+        p.status = Some(PodStatus {
+            observed_generation: Some(2),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                observed_generation: Some(2),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let s = status(&p, false);
+        assert_eq!(s.observed_generation, Some(3));
+        assert_eq!(cond(&s, "Ready").observed_generation, Some(3));
+        assert_eq!(cond(&s, "Initialized").observed_generation, None);
+        // A static pod has no generation: none.
+        let s = status(&pod("Always", &[], &["a"]), true);
+        assert_eq!(s.observed_generation, None);
+        assert_eq!(generations(&s), vec![None; 5]);
     }
 
     #[test]
