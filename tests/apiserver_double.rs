@@ -2977,7 +2977,8 @@ fn volumeattachments_clear_status_at_create_and_take_it_through_status_only() {
 
 // pkg/registry/core/pod/strategy.go podEphemeralContainersStrategy: a
 // write to pods/{name}/ephemeralcontainers (kubectl debug's strategic-merge
-// patch) keeps the stored pod but for spec.ephemeralContainers
+// patch; ValidatePodCreate refuses them on create) keeps the stored pod but
+// for spec.ephemeralContainers
 // (dropNonEphemeralContainerUpdates); ValidatePodEphemeralContainersUpdate
 // refuses removing or changing one, validateEphemeralContainers a name
 // already used, a target that is no container and fields an ephemeral
@@ -2988,6 +2989,15 @@ fn ephemeral_containers_are_added_through_their_subresource() {
     let c = s.client();
     let mut p = pod("dbg", Some("n1"));
     p["spec"]["initContainers"] = json!([{"name": "setup", "image": "busybox"}]);
+    // ValidatePodCreate: not on create.
+    let mut early = p.clone();
+    early["spec"]["ephemeralContainers"] = json!([{"name": "d0", "image": "busybox"}]);
+    let r = c.post(PODS, &early).unwrap();
+    assert_eq!(r.status, 422, "{:#}", r.body);
+    assert_eq!(
+        r.body["message"],
+        "Pod \"dbg\" is invalid: spec.ephemeralContainers: Forbidden: cannot be set on create"
+    );
     assert_eq!(c.post(PODS, &p).unwrap().status, 201);
     let path = format!("{PODS}/dbg/ephemeralcontainers");
     let smp = "application/strategic-merge-patch+json";

@@ -840,6 +840,16 @@ impl Store {
         }
         match res.plural {
             "pods" => {
+                // ValidatePodCreate: ephemeral containers come only through
+                // their subresource.
+                let eph = obj.pointer("/spec/ephemeralContainers");
+                if eph.and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+                    return Err(ApiError::new(
+                        422,
+                        "Invalid",
+                        format!("Pod {name:?} is invalid: spec.ephemeralContainers: Forbidden: cannot be set on create"),
+                    ));
+                }
                 // Defaulting (SetDefaults_PodSpec): the grace period.
                 if obj["spec"].is_object()
                     && obj["spec"].get("terminationGracePeriodSeconds").is_none()
