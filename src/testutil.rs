@@ -20,6 +20,21 @@ pub fn pod(policy: &str, inits: &[&str], apps: &[&str]) -> Pod {
     }
 }
 
+/// An `Always` pod with one app container `app`, named `name` in
+/// `default`, with `uid`.
+pub fn named_pod(name: &str, uid: &str) -> Pod {
+    let mut p = pod("Always", &[], &["app"]);
+    p.metadata.name = Some(name.into());
+    p.metadata.namespace = Some("default".into());
+    p.metadata.uid = Some(uid.into());
+    p
+}
+
+/// The Unix epoch as an API time (a deletionTimestamp, say).
+pub fn epoch() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+}
+
 /// A runtime manager over the fake runtime, in a fresh temporary root.
 pub fn runtime_manager(
     fake: &std::sync::Arc<crate::cri::fake::FakeRuntime>,

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use common::apiserver::{ApiServer, ApiServerOptions, KubeconfigUser};
 use common::*;
-use rkubelet::cri::RuntimeService;
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(90);
@@ -28,6 +27,40 @@ fn cond<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
         .as_array()?
         .iter()
         .find(|c| c["type"] == kind)
+}
+
+/// A pod bound to `node` with one busybox container `main` running `script`.
+fn bound_pod(name: &str, node: &str, grace: i64, script: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": grace,
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", script]
+            }]
+        }
+    })
+}
+
+/// containerLogs of a default-namespace pod's container on :10250
+/// (anonymous, as `cluster_kubelet` allows), with the HTTP code appended
+/// after a newline.
+fn container_logs(k: &Kubelet, pod: &str, container_and_query: &str) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"])
+        .arg(format!(
+            "https://{}/containerLogs/default/{pod}/{container_and_query}",
+            k.api
+        ))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
@@ -105,21 +138,12 @@ fn the_node_registers_renews_its_lease_and_runs_a_bound_pod() {
 
     // A pod bound to the node runs; its status reaches the API.
     let name = format!("web-{node}");
-    api.create(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 30,
-            "containers": [{
-                "name": "main",
-                "image": BUSYBOX,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
-            }]
-        }
-    }));
+    api.create(bound_pod(
+        &name,
+        node,
+        30,
+        "trap 'exit 0' TERM; while true; do sleep 1; done",
+    ));
     let p = wait_for("the pod's Running status in the API", T, || {
         api.get("pods", Some("default"), &name).filter(|p| {
             p["status"]["phase"] == "Running"
@@ -153,15 +177,7 @@ fn the_node_registers_renews_its_lease_and_runs_a_bound_pod() {
     assert!(k.log().contains("observed pod startup duration"));
 
     // A killed container is restarted; its restartCount reaches the API.
-    let cid = st["containerStatuses"][0]["containerID"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("containerd://")
-        .to_string();
-    k.cri
-        .rt
-        .block_on(k.cri.client.stop_container(&cid, 0))
-        .unwrap();
+    k.cri.kill(&runtime_id(&st["containerStatuses"][0]));
     wait_for("restartCount 1 in the API", T, || {
         api.get("pods", Some("default"), &name).filter(|p| {
             p["status"]["containerStatuses"][0]["restartCount"] == 1
@@ -760,23 +776,15 @@ fn a_met_readiness_gate_readies_the_pod_and_a_terminating_pod_keeps_its_logs() {
     let node = "it-gates";
     let k = cluster_kubelet(node, &api);
     let name = format!("gated-{node}");
-    api.create(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 120,
-            "readinessGates": [{"conditionType": "example.com/lb"}],
-            "containers": [{
-                "name": "main",
-                "image": BUSYBOX,
-                "imagePullPolicy": "IfNotPresent",
-                // Deaf to SIGTERM: the grace period runs its course.
-                "command": ["sh", "-c", "trap '' TERM; while true; do echo tick; sleep 1; done"]
-            }]
-        }
-    }));
+    // Deaf to SIGTERM: the grace period runs its course.
+    let mut pod = bound_pod(
+        &name,
+        node,
+        120,
+        "trap '' TERM; while true; do echo tick; sleep 1; done",
+    );
+    pod["spec"]["readinessGates"] = json!([{"conditionType": "example.com/lb"}]);
+    api.create(pod);
     let p = wait_for("the container ready, the gate not met", T, || {
         api.get("pods", Some("default"), &name).filter(|p| {
             p["status"]["containerStatuses"][0]["ready"] == true
@@ -835,15 +843,7 @@ fn a_met_readiness_gate_readies_the_pod_and_a_terminating_pod_keeps_its_logs() {
     wait_for("/pods to show the deletion", T, || {
         listed(&|p| p["metadata"]["deletionTimestamp"].is_string())
     });
-    let logs = std::process::Command::new("curl")
-        .args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"])
-        .arg(format!(
-            "https://{}/containerLogs/default/{name}/main?tailLines=2",
-            k.api
-        ))
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&logs.stdout).to_string();
+    let out = container_logs(&k, &name, "main?tailLines=2");
     assert!(out.ends_with("\n200"), "{out}");
     assert!(out.starts_with("tick\n"), "{out}");
     assert!(
@@ -876,21 +876,12 @@ fn an_ephemeral_container_runs_once_beside_its_target() {
     let node = "it-debug";
     let k = cluster_kubelet(node, &api);
     let name = format!("debugged-{node}");
-    api.create(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": BUSYBOX,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "echo main-marker; while true; do sleep 1; done"]
-            }]
-        }
-    }));
+    api.create(bound_pod(
+        &name,
+        node,
+        1,
+        "echo main-marker; while true; do sleep 1; done",
+    ));
     wait_for("the pod running", T, || {
         api.get("pods", Some("default"), &name)
             .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
@@ -935,29 +926,14 @@ fn an_ephemeral_container_runs_once_beside_its_target() {
     assert_eq!(cond(&p, "Ready").unwrap()["observedGeneration"], 2);
 
     // It saw the target's processes: its `ps` lists main's shell.
-    let logs = std::process::Command::new("curl")
-        .args(["-sk", "--max-time", "10"])
-        .arg(format!(
-            "https://{}/containerLogs/default/{name}/debugger",
-            k.api
-        ))
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&logs.stdout).to_string();
+    let out = container_logs(&k, &name, "debugger");
     assert!(out.contains("echo main-marker"), "{out}");
 
     // A restart of main syncs the pod again: the debugger stays as it
     // ended, never started a second time.
     let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
-    let main_id = p["status"]["containerStatuses"][0]["containerID"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("containerd://")
-        .to_string();
     k.cri
-        .rt
-        .block_on(k.cri.client.stop_container(&main_id, 0))
-        .unwrap();
+        .kill(&runtime_id(&p["status"]["containerStatuses"][0]));
     let p = wait_for("main restarted", T, || {
         api.get("pods", Some("default"), &name).filter(|p| {
             p["status"]["containerStatuses"][0]["restartCount"] == 1

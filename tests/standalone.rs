@@ -87,15 +87,8 @@ fn killed_container_is_restarted_with_restart_count_plus_one() {
         &simple_pod("sleeper", "exec sleep 3600", "Always"),
     );
     let p = k.wait_pod("sleeper", "running", T, |p| running(p, "main"));
-    let first = container_status(&p, "main").unwrap()["containerID"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("containerd://")
-        .to_string();
-    k.cri
-        .rt
-        .block_on(k.cri.client.stop_container(&first, 0))
-        .unwrap();
+    let first = runtime_id(container_status(&p, "main").unwrap());
+    k.cri.kill(&first);
     let p = k.wait_pod("sleeper", "restarted", T, |p| {
         let c = container_status(p, "main").unwrap();
         c["restartCount"] == 1 && c["state"]["running"].is_object()

@@ -438,9 +438,7 @@ mod tests {
         let a = compute_pod_actions(&p, &r, &ProbeState::default());
         assert_eq!(a.ephemeral_to_start, vec![1]);
         // A deleted pod starts none.
-        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        ));
+        p.metadata.deletion_timestamp = Some(crate::testutil::epoch());
         assert!(compute_pod_actions(&p, &r, &ProbeState::default())
             .ephemeral_to_start
             .is_empty());

@@ -427,20 +427,25 @@ impl RuntimeManager {
         };
         // Upstream starts ephemeral containers first, so a debugger runs
         // even while an init container fails.
-        let mut starts: Vec<(&Container, bool, Option<&str>)> = Vec::new();
+        let mut starts: Vec<(&Container, StartKind)> = Vec::new();
         starts.extend(
             a.ephemeral_to_start
                 .iter()
                 .filter_map(|&i| ephemeral.get(i))
-                .map(|(c, target)| (c, false, Some(target.as_deref().unwrap_or_default()))),
+                .map(|(c, target)| (c, StartKind::Ephemeral(target.as_deref()))),
         );
-        starts.extend(a.init_to_start.iter().map(|&i| (&inits[i], true, None)));
+        starts.extend(
+            a.init_to_start
+                .iter()
+                .map(|&i| (&inits[i], StartKind::Init)),
+        );
         starts.extend(
             a.containers_to_start
                 .iter()
-                .map(|&i| (&apps[i], false, None)),
+                .map(|&i| (&apps[i], StartKind::Regular)),
         );
-        for (c, init, target) in starts {
+        for (c, kind) in starts {
+            let init = kind == StartKind::Init;
             let ctx = StartContext {
                 pod,
                 rt,
@@ -449,7 +454,7 @@ impl RuntimeManager {
                 pod_ip: &pod_ip,
                 volumes: &volumes,
             };
-            if let Err(w) = self.start_container(&ctx, c, init, target).await {
+            if let Err(w) = self.start_container(&ctx, c, kind).await {
                 let ev = Some((c.name.as_str(), init));
                 match w.0.reason.as_str() {
                     "CrashLoopBackOff" => events::pod(
@@ -500,37 +505,31 @@ impl RuntimeManager {
         result
     }
 
-    /// Starts one container. `ephemeral` is given for an ephemeral
-    /// container: the name of the container whose process namespace it
-    /// joins, or empty for none.
     async fn start_container(
         &self,
         ctx: &StartContext<'_>,
         c: &Container,
-        init: bool,
-        ephemeral: Option<&str>,
+        kind: StartKind<'_>,
     ) -> Result<(), (Waiting, Option<Duration>)> {
         let pod = ctx.pod;
-        let container_type = match (init, ephemeral) {
-            (true, _) => "init_container",
-            (false, Some(_)) => "ephemeral_container",
-            (false, None) => "container",
-        };
+        let init = kind == StartKind::Init;
         // Upstream getTargetID: the target must be running now.
-        let pid_target = match ephemeral.filter(|t| !t.is_empty()) {
-            None => None,
-            Some(t) => match ctx.rt.latest(t).filter(|s| s.state == CState::Running) {
-                Some(s) => Some(s.id.clone()),
-                None => {
-                    return Err((
-                        Waiting {
-                            reason: "CreateContainerConfigError".into(),
-                            message: format!("unable to find target container {t}"),
-                        },
-                        Some(Duration::from_secs(2)),
-                    ))
+        let pid_target = match kind {
+            StartKind::Init | StartKind::Regular | StartKind::Ephemeral(None) => None,
+            StartKind::Ephemeral(Some(t)) => {
+                match ctx.rt.latest(t).filter(|s| s.state == CState::Running) {
+                    Some(s) => Some(s.id.clone()),
+                    None => {
+                        return Err((
+                            Waiting {
+                                reason: "CreateContainerConfigError".into(),
+                                message: format!("unable to find target container {t}"),
+                            },
+                            Some(Duration::from_secs(2)),
+                        ))
+                    }
                 }
-            },
+            }
         };
         let latest = ctx.rt.latest(&c.name);
         let now = wall_now();
@@ -629,7 +628,7 @@ impl RuntimeManager {
             .runtime
             .create_container(ctx.sandbox_id, config, ctx.sandbox_cfg.clone())
             .await
-            .inspect_err(|e| crate::metrics::started_container_result(container_type, Err(e)))
+            .inspect_err(|e| crate::metrics::started_container_result(kind.metric_type(), Err(e)))
             .map_err(|e| {
                 (
                     Waiting {
@@ -648,7 +647,7 @@ impl RuntimeManager {
             format!("Created container: {}", c.name),
         );
         let started = self.runtime.start_container(&id).await;
-        crate::metrics::started_container_result(container_type, started.as_ref().map(drop));
+        crate::metrics::started_container_result(kind.metric_type(), started.as_ref().map(drop));
         if let Err(e) = started {
             warn!(pod = pod_name(pod), container = %c.name, error = %e, "failed to start container");
             return Err((
@@ -933,6 +932,26 @@ impl RuntimeManager {
                     debug!(sandbox = %sb.id, error = %e, "failed to remove dead sandbox");
                 }
             }
+        }
+    }
+}
+
+/// What a container is started as.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StartKind<'a> {
+    Init,
+    Regular,
+    /// With the container whose process namespace it joins, if any.
+    Ephemeral(Option<&'a str>),
+}
+
+impl StartKind<'_> {
+    /// Upstream's `container_type` metric label.
+    fn metric_type(self) -> &'static str {
+        match self {
+            StartKind::Init => "init_container",
+            StartKind::Regular => "container",
+            StartKind::Ephemeral(_) => "ephemeral_container",
         }
     }
 }

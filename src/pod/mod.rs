@@ -152,13 +152,7 @@ fn sorted(mut v: Vec<Arc<Pod>>) -> Vec<Arc<Pod>> {
 mod tests {
     use super::*;
 
-    fn pod(name: &str, uid: &str) -> Pod {
-        let mut p = crate::testutil::pod("Always", &[], &["app"]);
-        p.metadata.name = Some(name.into());
-        p.metadata.namespace = Some("default".into());
-        p.metadata.uid = Some(uid.into());
-        p
-    }
+    use crate::testutil::{epoch, named_pod as pod};
 
     #[test]
     fn a_terminating_pod_stays_listed_until_it_is_removed() {
@@ -221,12 +215,6 @@ mod tests {
             Some("new")
         );
         assert_eq!(m.listed().len(), 2);
-    }
-
-    fn epoch() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        )
     }
 
     fn pod_name(p: &Pod) -> &str {

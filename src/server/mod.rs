@@ -279,9 +279,9 @@ pub fn pod_list(pods: &PodManager, status: &StatusManager) -> serde_json::Value 
         .map(|p| {
             let mut pod = (**p).clone();
             let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let own = status
-                .get(&uid)
-                .filter(|_| !crate::status::apisync::is_api_pod(&pod));
+            let own = (!crate::status::apisync::is_api_pod(&pod))
+                .then(|| status.get(&uid))
+                .flatten();
             if let Some(st) = own {
                 pod.status = Some((*st).clone());
             } else if pod.status.is_none() {
@@ -652,10 +652,7 @@ mod tests {
         let pods = PodManager::new();
         let status = StatusManager::new();
         let pod = |name: &str, source: &str| {
-            let mut p = crate::testutil::pod("Always", &[], &["app"]);
-            p.metadata.name = Some(name.into());
-            p.metadata.namespace = Some("default".into());
-            p.metadata.uid = Some(format!("u-{name}"));
+            let mut p = crate::testutil::named_pod(name, &format!("u-{name}"));
             p.metadata.annotations = Some(
                 [(
                     crate::source::CONFIG_SOURCE_ANNOTATION.to_string(),
@@ -684,10 +681,7 @@ mod tests {
         pods.upsert(pod("static", crate::source::FILE_SOURCE));
         status.set("u-static", phase("Running"));
         let mut going = pod("going", crate::source::API_SOURCE);
-        going.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ));
+        going.metadata.deletion_timestamp = Some(crate::testutil::epoch());
         pods.mark_terminating(going);
 
         let list = pod_list(&pods, &status);

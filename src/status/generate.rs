@@ -502,6 +502,11 @@ fn pod_ready(pod: &Pod, containers_ready: &PodCondition) -> PodCondition {
     }
 }
 
+/// The condition of type `t` in `status`.
+fn condition<'a>(status: Option<&'a PodStatus>, t: &str) -> Option<&'a PodCondition> {
+    status?.conditions.as_ref()?.iter().find(|c| c.type_ == t)
+}
+
 /// Upstream PodConditionByKubelet, PodReadyToStartContainersCondition on
 /// (beta, on by default): the conditions the kubelet writes. Others (a
 /// readiness gate's, DisruptionTarget) belong to whoever set them.
@@ -518,15 +523,10 @@ pub fn is_kubelet_condition(type_: &str) -> bool {
     )
 }
 
-/// Upstream PodConditionSharedByKubelet: set by the kubelet (on eviction or
-/// shutdown) as well as by others.
-pub fn is_shared_condition(type_: &str) -> bool {
-    type_ == "DisruptionTarget"
-}
-
 /// As generateAPIPodStatus: the conditions others set on the pod (as the
-/// source last showed it) come first, a DisruptionTarget the kubelet set
-/// earlier is kept, then the kubelet's own.
+/// source last showed it) come first, a DisruptionTarget (upstream's one
+/// condition shared with the kubelet) set earlier is kept, then the
+/// kubelet's own.
 fn with_foreign_conditions(
     pod: &Pod,
     previous: Option<&PodStatus>,
@@ -539,10 +539,7 @@ fn with_foreign_conditions(
         .filter(|c| !is_kubelet_condition(&c.type_))
         .cloned()
         .collect();
-    let disruption = previous
-        .and_then(|p| p.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| is_shared_condition(&c.type_)));
-    if let Some(d) = disruption {
+    if let Some(d) = condition(previous, "DisruptionTarget") {
         match out.iter_mut().find(|c| c.type_ == d.type_) {
             Some(slot) => *slot = d.clone(),
             None => out.push(d.clone()),
@@ -564,12 +561,7 @@ pub fn readiness_needs_reconcile(pod: &Pod) -> bool {
     let Some(status) = pod.status.as_ref().filter(|_| gated) else {
         return false;
     };
-    let Some(current) = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "Ready")
-    else {
+    let Some(current) = condition(Some(status), "Ready") else {
         return false;
     };
     let containers = containers_ready(
@@ -757,37 +749,25 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         cond("PodScheduled", true, None, None),
     ];
     let now = Time(input.now);
+    // observedGeneration as upstream's CalculatePod(Condition|Status)-
+    // ObservedGeneration: the gate, or a value already held (never cleared
+    // once set). Upstream's oldPodStatus is the status manager's copy, else
+    // the API's.
+    let generation = pod.metadata.generation.unwrap_or(0);
+    let observed = |held: Option<i64>| {
+        Some(generation).filter(|g| *g != 0 && (input.track_generation || held.unwrap_or(0) != 0))
+    };
+    let old_status = input.previous.or(pod.status.as_ref());
     for c in &mut conditions {
-        let prev = input
-            .previous
-            .and_then(|p| p.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|p| p.type_ == c.type_));
-        c.last_transition_time = match prev {
+        c.last_transition_time = match condition(input.previous, &c.type_) {
             Some(p) if p.status == c.status => p.last_transition_time.clone(),
             _ => Some(now.clone()),
         };
         c.last_probe_time = None;
-    }
-    // Upstream CalculatePodConditionObservedGeneration, against the status
-    // manager's copy (else the API's, as upstream's oldPodStatus).
-    let generation = pod.metadata.generation.unwrap_or(0);
-    let old_status = input.previous.or(pod.status.as_ref());
-    for c in &mut conditions {
-        let seen = old_status
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|o| o.type_ == c.type_))
-            .is_some_and(|o| o.observed_generation.unwrap_or(0) != 0);
         c.observed_generation =
-            Some(generation).filter(|g| *g != 0 && (input.track_generation || seen));
+            observed(condition(old_status, &c.type_).and_then(|o| o.observed_generation));
     }
-    // CalculatePodStatusObservedGeneration: the gate, or a value the API
-    // already holds (never cleared once set).
-    let status_seen = pod
-        .status
-        .as_ref()
-        .is_some_and(|s| s.observed_generation.unwrap_or(0) != 0);
-    let observed_generation =
-        Some(generation).filter(|g| *g != 0 && (input.track_generation || status_seen));
+    let observed_generation = observed(pod.status.as_ref().and_then(|s| s.observed_generation));
     let conditions = with_foreign_conditions(pod, input.previous, conditions);
 
     PodStatus {

@@ -277,11 +277,6 @@ impl SyncLoop {
         if let Some(a) = &self.admission {
             if a.rejected.lock().remove(uid) {
                 // Never started: nothing to stop.
-                if op == PodOperation::Remove {
-                    self.pods.remove(uid);
-                } else {
-                    self.pods.mark_terminating(pod.clone());
-                }
                 self.status.remove(uid);
                 if let Some(d) = &self.deleting {
                     if pod.metadata.deletion_timestamp.is_some()
@@ -289,6 +284,11 @@ impl SyncLoop {
                     {
                         d.add(&pod);
                     }
+                }
+                if op == PodOperation::Remove {
+                    self.pods.remove(uid);
+                } else {
+                    self.pods.mark_terminating(pod);
                 }
                 return;
             }
@@ -548,13 +548,7 @@ mod tests {
             pleg,
             Some(Admission::new(Arc::new(parking_lot::RwLock::new(facts)))),
         );
-        let pod = |name: &str| {
-            let mut p = crate::testutil::pod("Always", &[], &["app"]);
-            p.metadata.name = Some(name.into());
-            p.metadata.namespace = Some("default".into());
-            p.metadata.uid = Some(format!("u-{name}"));
-            p
-        };
+        let pod = |name: &str| crate::testutil::named_pod(name, &format!("u-{name}"));
         let (updates_tx, updates_rx) = mpsc::channel(10);
         let (_probe_tx, probe_rx) = mpsc::channel(10);
         let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, token.child_token()));
@@ -647,10 +641,7 @@ mod tests {
             }
         };
 
-        let mut pod = crate::testutil::pod("Always", &[], &["app"]);
-        pod.metadata.name = Some("gated".into());
-        pod.metadata.namespace = Some("default".into());
-        pod.metadata.uid = Some("u-gated".into());
+        let mut pod = crate::testutil::named_pod("gated", "u-gated");
         pod.spec.as_mut().unwrap().readiness_gates = Some(vec![PodReadinessGate {
             condition_type: "example.com/lb".into(),
         }]);

@@ -147,6 +147,11 @@ impl Cri {
         });
     }
 
+    /// Stops a container at once, as a crash or an OOM kill would.
+    pub fn kill(&self, id: &str) {
+        self.rt.block_on(self.client.stop_container(id, 0)).unwrap();
+    }
+
     /// (sandbox count, container count) the runtime has for a pod UID.
     pub fn count_for_uid(&self, uid: &str) -> (usize, usize) {
         self.count_labelled("io.kubernetes.pod.uid", uid, false)
@@ -384,6 +389,16 @@ pub fn container_status<'a>(p: &'a Value, name: &str) -> Option<&'a Value> {
         .as_array()?
         .iter()
         .find(|c| c["name"] == name)
+}
+
+/// The runtime's ID of a container status (its containerID without the
+/// `containerd://` scheme).
+pub fn runtime_id(status: &Value) -> String {
+    status["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_string()
 }
 
 pub fn init_status<'a>(p: &'a Value, name: &str) -> Option<&'a Value> {
