@@ -117,6 +117,15 @@ impl PodManager {
         )
     }
 
+    /// The desired pods and the deleted ones not yet removed, apart.
+    pub fn desired_and_terminating(&self) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
+        let pods = self.pods.read();
+        (
+            pods.desired.values().cloned().collect(),
+            pods.terminating.values().cloned().collect(),
+        )
+    }
+
     /// A pod by namespace and name (upstream GetPodByName), a desired one
     /// before one that is terminating.
     pub fn by_name(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {

@@ -228,19 +228,35 @@ impl SyncLoop {
         if self.workers.is_known(uid) {
             return true;
         }
-        let others: Vec<Arc<crate::source::Pod>> =
-            self.pods
-                .pods()
-                .into_iter()
-                .filter(|p| {
-                    let id = crate::source::pod_uid(p);
-                    id != uid
-                        && !a.rejected.lock().contains(id)
-                        && !self.status.get(id).is_some_and(|s| {
-                            crate::status::generate::is_terminal(s.phase.as_deref())
-                        })
-                })
-                .collect();
+        // The active pods, as upstream's filterOutInactivePods: the desired
+        // pods and the deleted ones still in their grace period (their
+        // containers hold what they asked for until they stop), less those
+        // whose worker finished and those that ended and are not being
+        // stopped. A deleted pod whose worker is gone has finished (upstream
+        // keeps its worker, known terminated, until the source removes it).
+        use crate::podworkers::WorkerPhase;
+        let (desired, deleted) = self.pods.desired_and_terminating();
+        let active = |p: &Arc<crate::source::Pod>, is_desired: bool| {
+            let id = crate::source::pod_uid(p);
+            if id == uid || a.rejected.lock().contains(id) {
+                return false;
+            }
+            let worker = self.workers.phase(id);
+            match worker {
+                Some(WorkerPhase::Terminated) => false,
+                None if !is_desired => false,
+                Some(WorkerPhase::Terminating) => true,
+                _ => !self
+                    .status
+                    .get(id)
+                    .is_some_and(|s| crate::status::generate::is_terminal(s.phase.as_deref())),
+            }
+        };
+        let others: Vec<Arc<crate::source::Pod>> = desired
+            .into_iter()
+            .filter(|p| active(p, true))
+            .chain(deleted.into_iter().filter(|p| active(p, false)))
+            .collect();
         let refs: Vec<&crate::source::Pod> = others.iter().map(|p| p.as_ref()).collect();
         let is_static = crate::status::apisync::is_static_pod(pod);
         let verdict = crate::lifecycle::admit(pod, &refs, &a.node.read(), is_static);
@@ -437,6 +453,53 @@ mod tests {
         }
     }
 
+    /// A fake runtime with busybox, pod workers over it and a PLEG.
+    fn fixture() -> (Arc<FakeRuntime>, CancellationToken, PodWorkers, PlegHandle) {
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let workers = testing::workers(&fake, &token);
+        let pleg = crate::pleg::spawn(
+            fake.clone(),
+            Duration::from_secs(1),
+            mpsc::channel(10).0,
+            token.child_token(),
+        );
+        (fake, token, workers, pleg)
+    }
+
+    /// Admission on a node with room for one pod.
+    fn one_pod_node() -> Admission {
+        let facts = crate::lifecycle::NodeFacts {
+            name: "n1".into(),
+            cpu_milli: 2000,
+            memory_milli: 1 << 40,
+            ephemeral_milli: 1 << 40,
+            pods: 1,
+            ..Default::default()
+        };
+        Admission::new(Arc::new(parking_lot::RwLock::new(facts)))
+    }
+
+    async fn send_api(tx: &mpsc::Sender<PodUpdate>, op: PodOperation, pod: crate::source::Pod) {
+        tx.send(PodUpdate {
+            pods: vec![pod],
+            op,
+            source: crate::source::API_SOURCE.to_string(),
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Polls `f` until it holds, failing after 20 s.
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn housekeeping_waits_until_each_sources_first_update_is_handled() {
         // Old code: housekeeping ran as soon as the source had *reported*,
@@ -522,32 +585,10 @@ mod tests {
     #[tokio::test]
     async fn a_pod_that_does_not_fit_is_rejected_and_never_started() {
         // Old code: every pod was started, whatever maxPods said.
-        let fake = Arc::new(FakeRuntime::new());
-        fake.add_image("busybox:1.36");
-        let token = CancellationToken::new();
-        let workers = testing::workers(&fake, &token);
+        let (_, token, workers, pleg) = fixture();
         let (_pleg_tx, pleg_rx) = mpsc::channel(10);
-        let pleg = crate::pleg::spawn(
-            fake.clone(),
-            Duration::from_secs(1),
-            mpsc::channel(10).0,
-            token.child_token(),
-        );
-        let facts = crate::lifecycle::NodeFacts {
-            name: "n1".into(),
-            cpu_milli: 2000,
-            memory_milli: 1 << 40,
-            ephemeral_milli: 1 << 40,
-            pods: 1,
-            ..Default::default()
-        };
         let status = workers.status().clone();
-        let sl = sync_loop(
-            PodManager::new(),
-            &workers,
-            pleg,
-            Some(Admission::new(Arc::new(parking_lot::RwLock::new(facts)))),
-        );
+        let sl = sync_loop(PodManager::new(), &workers, pleg, Some(one_pod_node()));
         let pod = |name: &str| crate::testutil::named_pod(name, &format!("u-{name}"));
         let (updates_tx, updates_rx) = mpsc::channel(10);
         let (_probe_tx, probe_rx) = mpsc::channel(10);
@@ -584,6 +625,75 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_pod_in_its_grace_period_still_counts_at_admission() {
+        // Old code: admission counted the desired pods only, so a new pod
+        // was admitted beside a deleted one whose containers were still
+        // stopping (upstream's filterOutInactivePods counts it until its
+        // worker finishes).
+        let (fake, token, workers, pleg) = fixture();
+        let status = workers.status().clone();
+        let pods = PodManager::new();
+        let sl = sync_loop(pods.clone(), &workers, pleg, Some(one_pod_node()));
+        let (updates_tx, updates_rx) = mpsc::channel(10);
+        let (_pleg_tx, pleg_rx) = mpsc::channel(10);
+        let (_probe_tx, probe_rx) = mpsc::channel(10);
+        let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, token.child_token()));
+        let send = |op, pod| send_api(&updates_tx, op, pod);
+
+        // A container deaf to SIGTERM (the fake's "stubborn" name): it
+        // stops only when its grace period runs out.
+        let mut old = crate::testutil::pod("Always", &[], &["stubborn"]);
+        old.metadata.name = Some("old".into());
+        old.metadata.namespace = Some("default".into());
+        old.metadata.uid = Some("u-old".into());
+        send(PodOperation::Add, old.clone()).await;
+        until("the old pod running", || {
+            fake.calls().iter().any(|c| c.starts_with("StartContainer"))
+        })
+        .await;
+        old.metadata.deletion_timestamp = Some(crate::testutil::epoch());
+        old.metadata.deletion_grace_period_seconds = Some(2);
+        send(PodOperation::Delete, old).await;
+        until("the deletion handled", || !pods.contains("u-old")).await;
+        assert_eq!(
+            workers.phase("u-old"),
+            Some(crate::podworkers::WorkerPhase::Terminating)
+        );
+
+        send(
+            PodOperation::Add,
+            crate::testutil::named_pod("new", "u-new"),
+        )
+        .await;
+        until("a verdict on the new pod", || {
+            status.get("u-new").is_some() || workers.is_known("u-new")
+        })
+        .await;
+        let rejected = status
+            .get("u-new")
+            .expect("rejected beside the pod in its grace period");
+        assert_eq!(rejected.reason.as_deref(), Some("OutOfpods"));
+        assert!(!workers.is_known("u-new"));
+
+        // Once the old pod's worker is done, it no longer counts, though
+        // the API has not removed it yet.
+        until("the old pod's worker finished", || {
+            !workers.is_known("u-old")
+        })
+        .await;
+        assert_eq!(pods.listed().len(), 2, "old still listed, new rejected");
+        send(
+            PodOperation::Add,
+            crate::testutil::named_pod("later", "u-later"),
+        )
+        .await;
+        until("the later pod admitted", || workers.is_known("u-later")).await;
+        assert!(status.get("u-later").is_none_or(|s| s.reason.is_none()));
+        token.cancel();
+        let _ = task.await;
+    }
+
+    #[tokio::test]
     async fn a_reconciled_gate_readies_the_pod_and_a_deleted_pod_stays_listed() {
         // Old code: RECONCILE was ignored, so a readiness gate met later
         // never made the pod Ready; and a deleted pod left the pod manager
@@ -591,42 +701,15 @@ mod tests {
         use k8s_openapi::api::core::v1::{
             ContainerStatus, PodCondition, PodReadinessGate, PodStatus,
         };
-        let fake = Arc::new(FakeRuntime::new());
-        fake.add_image("busybox:1.36");
-        let token = CancellationToken::new();
-        let workers = testing::workers(&fake, &token);
+        let (_, token, workers, pleg) = fixture();
         let status = workers.status().clone();
-        let pleg = crate::pleg::spawn(
-            fake.clone(),
-            Duration::from_secs(1),
-            mpsc::channel(10).0,
-            token.child_token(),
-        );
         let pods = PodManager::new();
         let sl = sync_loop(pods.clone(), &workers, pleg, None);
         let (updates_tx, updates_rx) = mpsc::channel(10);
         let (_pleg_tx, pleg_rx) = mpsc::channel(10);
         let (_probe_tx, probe_rx) = mpsc::channel(10);
         let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, token.child_token()));
-        let send = |op: PodOperation, pod: crate::source::Pod| {
-            let tx = updates_tx.clone();
-            async move {
-                tx.send(PodUpdate {
-                    pods: vec![pod],
-                    op,
-                    source: crate::source::API_SOURCE.to_string(),
-                })
-                .await
-                .unwrap()
-            }
-        };
-        async fn until(what: &str, f: impl Fn() -> bool) {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !f() {
-                assert!(Instant::now() < deadline, "timed out: {what}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
+        let send = |op, pod| send_api(&updates_tx, op, pod);
         let ready = |reason: Option<&str>, st: &str| {
             let status = status.clone();
             let reason = reason.map(String::from);
