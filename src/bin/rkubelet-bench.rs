@@ -1688,7 +1688,7 @@ fn render_bench(n: usize) {
         inodes_free: 1 << 19,
         ..Default::default()
     };
-    snap.node.imagefs = Some((fs, Some(1), Some(1)));
+    snap.node.imagefs = Some((Some(fs), Some(1), Some(1)));
     snap.node.imagefs_device = Some("/dev/sda1".into());
     for name in [
         "/",

@@ -1601,7 +1601,7 @@ pub fn cadvisor_chunks(snap: Option<&Snapshot>, m: &Machine) -> Vec<Bytes> {
             oom: oom(name),
         });
     }
-    let imagefs = snap.node.imagefs.as_ref().map(|(f, _, _)| *f);
+    let imagefs = snap.node.imagefs.as_ref().and_then(|(f, _, _)| *f);
     let dev = snap.node.imagefs_device.clone().unwrap_or_default();
     for p in &snap.pods {
         // The pod cgroup: matched to its pod by path, no container labels.

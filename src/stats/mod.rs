@@ -498,7 +498,19 @@ mod tests {
         )
         .await
         .unwrap();
-        let (state, _t) = ServerState::for_tests(rt.clone());
+        let (mut state, _t) = ServerState::for_tests(rt.clone());
+        // The pod's managed hosts file counts in its ephemeral storage
+        // (upstream's getPodEtcHostsStats), by its blocks on disk.
+        state.root_dir =
+            std::env::temp_dir().join(format!("rkubelet-etc-hosts-{}", std::process::id()));
+        let hosts = crate::volume::pod_dir(&state.root_dir, "u-1").join("etc-hosts");
+        std::fs::create_dir_all(hosts.parent().unwrap()).unwrap();
+        std::fs::write(&hosts, "127.0.0.1 localhost\n".repeat(300)).unwrap();
+        let hosts_bytes = {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(&hosts).unwrap().blocks() * 512
+        };
+        assert!(hosts_bytes > 0);
         let figures = |name: &str, used, local_ephemeral| volumes::VolumeFigures {
             name: name.into(),
             pvc: None,
@@ -524,8 +536,13 @@ mod tests {
         assert_eq!(pods[0]["podRef"]["name"], "web");
         assert_eq!(pods[0]["containers"][0]["cpu"]["usageNanoCores"], 0);
         assert_eq!(pods[0]["volume"].as_array().unwrap().len(), 2);
-        // The container's rootfs and the emptyDir, not the secret.
-        assert_eq!(pods[0]["ephemeral-storage"]["usedBytes"], 8192 + 1000);
+        // The container's rootfs, the emptyDir and the hosts file, not the
+        // secret.
+        assert_eq!(
+            pods[0]["ephemeral-storage"]["usedBytes"],
+            8192 + 1000 + hosts_bytes
+        );
+        std::fs::remove_dir_all(&state.root_dir).unwrap();
         assert!(v["node"]["rlimit"]["maxpid"].as_i64().unwrap() > 0);
         for (q, only) in [
             ("only_cpu_and_memory=true", true),

@@ -84,7 +84,9 @@ pub struct NodeRaw {
     pub rootfs: Option<FsFigures>,
     pub rootfs_device: Option<String>,
     /// (figures of its file system, used bytes, inodes used) from ImageFsInfo.
-    pub imagefs: Option<(FsFigures, Option<u64>, Option<u64>)>,
+    /// The usage is kept when the file system cannot be looked at, as
+    /// upstream's ImageFsStats gives a best-effort partial result then.
+    pub imagefs: Option<(Option<FsFigures>, Option<u64>, Option<u64>)>,
     pub imagefs_device: Option<String>,
     pub logs_fs: Option<FsFigures>,
     /// Every file system cAdvisor's fsInfo knows, with its diskstats (the
@@ -132,6 +134,9 @@ pub struct PodRaw {
     pub sandbox_sample: CgroupSample,
     pub interfaces: Vec<Interface>,
     pub containers: Vec<ContainerRaw>,
+    /// Bytes and inodes of the pod's managed hosts file (full collections),
+    /// part of its ephemeral storage as upstream's getPodEtcHostsStats.
+    pub etc_hosts: Option<(u64, u64)>,
 }
 
 /// One collection.
@@ -1341,10 +1346,11 @@ fn read_node(
         let mut image_mp = None;
         if let Some(fs) = &image_fs {
             let mp = fs.fs_id.as_ref().map(|f| PathBuf::from(&f.mountpoint));
-            if let Some(figs) = mp.as_deref().and_then(procfs::statvfs) {
-                node.imagefs = Some((figs, opt_u64(&fs.used_bytes), opt_u64(&fs.inodes_used)));
+            let figs = mp.as_deref().and_then(procfs::statvfs);
+            if figs.is_some() {
                 image_mp = mp;
             }
+            node.imagefs = Some((figs, opt_u64(&fs.used_bytes), opt_u64(&fs.inodes_used)));
         }
         // Device names are cAdvisor's labels only.
         if detail == Detail::Full {
@@ -1544,6 +1550,10 @@ fn read_pods(
             }
             pod.cgroup = Some(cg);
         }
+        if full {
+            pod.etc_hosts =
+                file_usage(&crate::volume::pod_dir(&cfg.root_dir, &plan.uid).join("etc-hosts"));
+        }
         for c in &plan.containers {
             seen_ctrs.insert(c.id.as_str());
             let (ccg, mut sample) = match pod.cgroup.as_deref() {
@@ -1606,6 +1616,15 @@ fn read_pods(
             .retain(|k, _| seen_ctrs.contains(k.as_str()) || sandboxes.contains(k.as_str()));
     }
     pods
+}
+
+/// A file's bytes on disk and its one inode, as upstream's du-based
+/// MetricsDu counts a single file; `None` when it does not exist.
+fn file_usage(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|md| (md.blocks() * 512, 1))
 }
 
 /// Block device names, read again after `DEVICE_MAX_AGE` (disks come and

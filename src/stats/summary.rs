@@ -148,7 +148,7 @@ pub fn build(snap: &Snapshot, node_name: &str, only_cpu_and_memory: bool) -> Sum
             io: None,
         })
         .collect();
-    let imagefs_figs = n.imagefs.as_ref().map(|(f, _, _)| *f);
+    let imagefs_figs = n.imagefs.as_ref().and_then(|(f, _, _)| *f);
     let node = NodeStats {
         node_name: node_name.to_string(),
         system_containers,
@@ -172,7 +172,7 @@ pub fn build(snap: &Snapshot, node_name: &str, only_cpu_and_memory: bool) -> Sum
             let image_fs = n
                 .imagefs
                 .as_ref()
-                .map(|(f, used, inodes)| fs_stats(t, Some(f), *used, *inodes));
+                .map(|(f, used, inodes)| fs_stats(t, f.as_ref(), *used, *inodes));
             // Upstream's CRI stats provider: a runtime that reports no
             // separate container filesystem (containerd 1.7 reports none)
             // writes containers where its images are, so containerFs is
@@ -252,7 +252,13 @@ pub fn build(snap: &Snapshot, node_name: &str, only_cpu_and_memory: bool) -> Sum
                     .flat_map(|c| [&c.rootfs, &c.logs])
                     .filter_map(|f| f.as_ref().and_then(|f| f.inodes_used))
                     .sum();
-                fs_stats(t, n.rootfs.as_ref(), Some(used), Some(inodes))
+                let (hosts_used, hosts_inodes) = p.etc_hosts.unwrap_or_default();
+                fs_stats(
+                    t,
+                    n.rootfs.as_ref(),
+                    Some(used + hosts_used),
+                    Some(inodes + hosts_inodes),
+                )
             });
             PodStats {
                 pod_ref: PodReference {
@@ -339,5 +345,33 @@ pub fn add_volumes(p: &mut PodStats, volumes: &[super::volumes::VolumeFigures]) 
         if t > eph.time {
             eph.time = t;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::provider::{NodeRaw, Snapshot};
+
+    #[test]
+    fn image_fs_usage_is_kept_when_its_file_system_cannot_be_looked_at() {
+        // Upstream's ImageFsStats: the image filesystem's usage from the
+        // runtime is reported even when its mountpoint gives no figures
+        // (a best-effort partial result). Old code dropped imageFs.
+        let snap = Snapshot {
+            time_ns: 1,
+            full: true,
+            node: NodeRaw {
+                imagefs: Some((None, Some(4096), Some(7))),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let s = build(&snap, "n1", false);
+        let image_fs = s.node.runtime.unwrap().image_fs.unwrap();
+        assert_eq!(image_fs.used_bytes, Some(4096));
+        assert_eq!(image_fs.inodes_used, Some(7));
+        assert_eq!(image_fs.capacity_bytes, None);
+        assert_eq!(image_fs.available_bytes, None);
     }
 }
