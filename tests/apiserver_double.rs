@@ -3047,12 +3047,20 @@ fn ephemeral_containers_are_added_through_their_subresource() {
     assert!(refused(json!([debugger("d1", "c"), ported])).ends_with(
         "spec.ephemeralContainers[1].ports: Forbidden: cannot be set for an Ephemeral Container"
     ));
+    // Resources are forbidden only when set: the zero value (which kubectl
+    // always sends, as `{}`) passes validateFieldAllowList.
+    let limited = json!({"name": "d2", "image": "busybox", "resources": {"limits": {"cpu": "1"}}});
+    assert!(refused(json!([debugger("d1", "c"), limited])).ends_with(
+        "spec.ephemeralContainers[1].resources: Forbidden: cannot be set for an Ephemeral Container"
+    ));
     // A second one is added beside the first.
+    let mut second = debugger("d2", "");
+    second["resources"] = json!({});
     let r = c
         .patch(
             &path,
             smp,
-            &json!({"spec": {"ephemeralContainers": [debugger("d2", "")]}}),
+            &json!({"spec": {"ephemeralContainers": [second]}}),
         )
         .unwrap();
     assert_eq!(r.status, 200, "{:#}", r.body);

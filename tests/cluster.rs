@@ -948,4 +948,71 @@ fn an_ephemeral_container_runs_once_beside_its_target() {
         3,
         "main twice and the debugger once"
     );
+
+    // kubectl itself, as a user runs it: `kubectl debug` reads the pod and
+    // patches the subresource; the kubelet runs its container beside the
+    // first, and main is left alone.
+    let config = k.dir.join("kubectl-admin.conf");
+    let (cert, key) =
+        api.issue_client_cert("admin", &["system:masters"], Duration::from_secs(3600));
+    let (cert_path, key_path) = (k.dir.join("admin.crt"), k.dir.join("admin.key"));
+    std::fs::write(&cert_path, cert).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    api.write_kubeconfig(
+        &config,
+        KubeconfigUser::ClientCert {
+            cert: cert_path,
+            key: key_path,
+        },
+    );
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&config)
+        .args([
+            "debug",
+            &name,
+            "--namespace",
+            "default",
+            "--container",
+            "kdebug",
+        ])
+        .args(["--image", BUSYBOX, "--image-pull-policy", "IfNotPresent"])
+        .args([
+            "--target",
+            "main",
+            "--",
+            "sh",
+            "-c",
+            "echo from-kubectl-debug",
+        ])
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl debug: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = wait_for("kubectl's debugger ran", T, || {
+        api.get("pods", Some("default"), &name).filter(|p| {
+            p["status"]["ephemeralContainerStatuses"]
+                .as_array()
+                .is_some_and(|s| {
+                    s.iter()
+                        .any(|c| c["name"] == "kdebug" && c["state"]["terminated"]["exitCode"] == 0)
+                })
+        })
+    });
+    assert_eq!(
+        p["status"]["ephemeralContainerStatuses"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        p["status"]["containerStatuses"][0]["restartCount"], 1,
+        "main untouched"
+    );
+    let out = container_logs(&k, &name, "kdebug");
+    assert!(out.contains("from-kubectl-debug"), "{out}");
 }

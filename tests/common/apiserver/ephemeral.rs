@@ -22,6 +22,19 @@ const FORBIDDEN: [&str; 6] = [
     "resources",
 ];
 
+/// Whether `v`, decoded into the Go field `f`, is its zero value, which
+/// validateFieldAllowList (reflect.DeepEqual with the zero value) lets
+/// through. `resources` is a struct, zero when each of its members is
+/// (kubectl always sends it, as `{}`); the others are pointers or slices,
+/// zero only when null (an empty list decodes to a non-nil slice).
+fn go_zero(f: &str, v: &Value) -> bool {
+    match (f, v) {
+        (_, Value::Null) => true,
+        ("resources", Value::Object(m)) => m.values().all(Value::is_null),
+        _ => false,
+    }
+}
+
 /// The pod to store after a write of `new` over `old`, or upstream's 422.
 pub fn update(name: &str, old: &Value, new: &Value) -> Result<Value, ApiError> {
     let list = |p: &Value, key: &str| -> Vec<Value> {
@@ -66,7 +79,7 @@ pub fn update(name: &str, old: &Value, new: &Value) -> Result<Value, ApiError> {
             }
         }
         for f in FORBIDDEN {
-            if c.get(f).is_some_and(|v| !v.is_null()) {
+            if c.get(f).is_some_and(|v| !go_zero(f, v)) {
                 errs.push(format!(
                     "{at}.{f}: Forbidden: cannot be set for an Ephemeral Container"
                 ));
