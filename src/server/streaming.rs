@@ -434,11 +434,19 @@ async fn run(
     State(s): State<ServerState>,
     Path(p): Path<HashMap<String, String>>,
     Query(q): Query<Vec<(String, String)>>,
+    req: Request,
 ) -> Response {
     let t = Target::from(p);
+    let form = match form_body(req).await {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
     let r = async {
         let (_pod, uid) = t.resolve(&s)?;
-        let cmd: Vec<String> = first(&q, "cmd")
+        // go-restful's QueryParameter is Go's FormValue: a form body's
+        // value before the query's.
+        let cmd: Vec<String> = first(&form, "cmd")
+            .or_else(|| first(&q, "cmd"))
             .unwrap_or_default()
             .split(' ')
             .map(str::to_string)
@@ -471,6 +479,38 @@ async fn run(
         Err(e @ StreamError::BadRequest(_)) => e.into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
+}
+
+/// The largest form body read (Go's ParseForm reads up to 10 MB; a
+/// command line is far smaller, and a bigger body costs memory for nothing).
+const MAX_FORM_BODY: usize = 64 << 10;
+
+/// The fields of an `application/x-www-form-urlencoded` body (Go's
+/// ParseForm reads one for POST); none for another content type. A body
+/// over `MAX_FORM_BODY` is a 413.
+async fn form_body(req: Request) -> Result<Vec<(String, String)>, Response> {
+    let is_form = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| {
+            m.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        });
+    if !is_form {
+        return Ok(Vec::new());
+    }
+    let body = axum::body::to_bytes(req.into_body(), MAX_FORM_BODY)
+        .await
+        .map_err(|_| {
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("form body over {MAX_FORM_BODY} bytes"),
+            )
+                .into_response()
+        })?;
+    Ok(url::form_urlencoded::parse(&body).into_owned().collect())
 }
 
 /// The runtime's URL as host:port and origin-form path. A relative URL
@@ -1110,6 +1150,42 @@ mod tests {
         assert_eq!(c, StatusCode::NOT_FOUND);
         let (c, _) = call(&s, "GET", "/exec/default/web", true).await;
         assert_eq!(c, StatusCode::NOT_FOUND);
+
+        // A form body's cmd, as Go's FormValue reads it (before the
+        // query's): `curl -d cmd=... .../run/...`. Old code: the query only.
+        let form = |body: String| {
+            axum::http::Request::builder()
+                .method("POST")
+                .uri("/run/default/web/app?cmd=from-query")
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(Body::from(body))
+                .unwrap()
+        };
+        let resp = routes()
+            .with_state(s.clone())
+            .oneshot(form("cmd=uname%20-a&other=1".into()))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let calls = rt.calls();
+        assert!(
+            calls
+                .iter()
+                .any(|c| c.starts_with("ExecSync ") && c.ends_with("uname -a")),
+            "{calls:?}"
+        );
+        assert!(
+            !calls.iter().any(|c| c.ends_with("from-query")),
+            "{calls:?}"
+        );
+        // A body past the limit is refused before any command runs.
+        let resp = routes()
+            .with_state(s.clone())
+            .oneshot(form(format!("cmd={}", "a".repeat(MAX_FORM_BODY))))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(rt.calls().len(), calls.len());
     }
 
     #[tokio::test]
