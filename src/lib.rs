@@ -1,6 +1,7 @@
 //! rkubelet: the Kubernetes node agent (kubelet) rebuilt in Rust. Modules
 //! mirror the upstream kubelet's parts; see docs/architecture.md.
 
+pub mod allocation;
 pub mod apiclient;
 pub mod blocking;
 pub mod certificate;

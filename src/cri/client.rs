@@ -279,6 +279,26 @@ impl RuntimeService for RemoteRuntime {
             .map(drop)
     }
 
+    async fn update_container_resources(
+        &self,
+        id: &str,
+        linux: v1::LinuxContainerResources,
+    ) -> CriResult<()> {
+        let mut c = self.runtime.clone();
+        let req = v1::UpdateContainerResourcesRequest {
+            container_id: id.into(),
+            linux: Some(linux),
+            ..Default::default()
+        };
+        self.call(
+            "UpdateContainerResources",
+            self.timeout,
+            c.update_container_resources(req),
+        )
+        .await
+        .map(drop)
+    }
+
     async fn remove_container(&self, id: &str) -> CriResult<()> {
         let mut c = self.runtime.clone();
         let req = v1::RemoveContainerRequest {

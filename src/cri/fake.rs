@@ -482,6 +482,30 @@ impl RuntimeService for FakeRuntime {
         Ok(())
     }
 
+    async fn update_container_resources(
+        &self,
+        id: &str,
+        linux: v1::LinuxContainerResources,
+    ) -> CriResult<()> {
+        let mut s = self.state.lock();
+        let name = container_name(&s, id);
+        self.record(
+            &mut s,
+            format!(
+                "UpdateContainerResources {name} quota={} shares={} memory={}",
+                linux.cpu_quota, linux.cpu_shares, linux.memory_limit_in_bytes
+            ),
+        );
+        let c = s.containers.get_mut(id).ok_or(CriError::NotFound {
+            op: "UpdateContainerResources",
+            message: id.into(),
+        })?;
+        if let Some(l) = c.config.linux.as_mut() {
+            l.resources = Some(linux);
+        }
+        Ok(())
+    }
+
     async fn remove_container(&self, id: &str) -> CriResult<()> {
         let mut s = self.state.lock();
         self.record(&mut s, format!("RemoveContainer {id}"));
@@ -587,6 +611,17 @@ impl RuntimeService for FakeRuntime {
             labels: c.config.labels.clone(),
             annotations: c.config.annotations.clone(),
             log_path: log_path.unwrap_or_default(),
+            // As containerd: the settings the container was made with, as
+            // UpdateContainerResources last changed them.
+            resources: c
+                .config
+                .linux
+                .as_ref()
+                .and_then(|l| l.resources.clone())
+                .map(|linux| v1::ContainerResources {
+                    linux: Some(linux),
+                    ..Default::default()
+                }),
             ..Default::default()
         })
     }

@@ -120,6 +120,15 @@ pub trait RuntimeService: Send + Sync + 'static {
     /// `timeout` is the grace period in seconds before the runtime kills.
     async fn stop_container(&self, id: &str, timeout: i64) -> CriResult<()>;
     async fn remove_container(&self, id: &str) -> CriResult<()>;
+    /// Applies new cgroup settings to a running container (in-place
+    /// resize).
+    async fn update_container_resources(
+        &self,
+        _id: &str,
+        _linux: v1::LinuxContainerResources,
+    ) -> CriResult<()> {
+        Err(unimplemented("UpdateContainerResources"))
+    }
     async fn list_containers(&self, filter: Option<ContainerFilter>) -> CriResult<Vec<Container>>;
     /// The PLEG's relist: every sandbox and every container (no filter),
     /// each cut to its id, state and pod UID label. The gRPC client decodes

@@ -288,9 +288,22 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     if let Some(p) = &credential_providers {
         p.set_service_accounts(Arc::new(objects.clone()));
     }
-    let manager = Arc::new(
-        RuntimeManager::new(runtime.clone(), image_manager, rt_opts).with_objects(objects.clone()),
-    );
+    // Resizes waiting for room, as the last run left them (a small file
+    // under the root directory; read off the async threads).
+    let root = opts.root_dir.clone();
+    let allocation = crate::blocking::run(
+        "allocation checkpoint".into(),
+        Duration::from_secs(10),
+        move || crate::allocation::AllocationManager::load(&root),
+    )
+    .await
+    .unwrap_or_default();
+    let manager = Arc::new({
+        let mut m = RuntimeManager::new(runtime.clone(), image_manager, rt_opts)
+            .with_objects(objects.clone());
+        m.allocation = allocation;
+        m
+    });
     manager.volumes.start(&cluster_tasks, token.child_token());
     // Pod cgroups the runtime leaves behind, removed at housekeeping.
     let pod_cgroups = crate::cm::podcgroups::Cleaner::for_host(

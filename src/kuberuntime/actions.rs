@@ -33,6 +33,67 @@ pub struct PodActions {
     /// Indexes into `ephemeralContainers` to start: those never started.
     pub ephemeral_to_start: Vec<usize>,
     pub containers_to_kill: Vec<KillContainer>,
+    /// Running containers whose cgroup settings an in-place resize changes
+    /// without a restart: (container id, name).
+    pub containers_to_update: Vec<(String, String)>,
+}
+
+/// What an in-place resize changes of a running container: whether its cpu
+/// settings (shares, quota, period) and its memory limit differ from what
+/// the spec asks for. Unknown (the runtime reports no settings) is no
+/// change: nothing is restarted or updated on a guess.
+pub fn resize_changes(c: &Container, s: &ContainerInfo) -> (bool, bool) {
+    let Some(have) = s.resources.as_ref() else {
+        return (false, false);
+    };
+    let r = crate::cm::container_resources(c);
+    let period = if r.cpu_limit.is_some() {
+        crate::cm::CPU_PERIOD_US
+    } else {
+        0
+    };
+    // A runtime may report an unset period as its default.
+    let period_differs = have.cpu_period != period && !(period == 0 && have.cpu_quota <= 0);
+    let cpu = have.cpu_shares != crate::cm::cpu_shares(r.cpu_request)
+        || have.cpu_quota.max(0) != crate::cm::cpu_quota(r.cpu_limit)
+        || period_differs;
+    let memory = have.memory_limit_in_bytes.max(0) != r.mem_limit.unwrap_or(0);
+    (cpu, memory)
+}
+
+/// Whether a resize of `resource` ("cpu", "memory") restarts the container
+/// (its resizePolicy says RestartContainer; NotRequired is the default).
+fn resize_restarts(c: &Container, resource: &str) -> bool {
+    c.resize_policy
+        .iter()
+        .flatten()
+        .any(|p| p.resource_name == resource && p.restart_policy == "RestartContainer")
+}
+
+/// Adds an in-place resize of running container `c` to the actions: a
+/// restart when a changed resource's policy asks for one, else an update.
+/// Returns true when the container is restarted.
+fn resize(
+    c: &Container,
+    s: &ContainerInfo,
+    start: impl FnOnce(&mut PodActions),
+    a: &mut PodActions,
+) -> bool {
+    let (cpu, memory) = resize_changes(c, s);
+    if !cpu && !memory {
+        return false;
+    }
+    if (cpu && resize_restarts(c, "cpu")) || (memory && resize_restarts(c, "memory")) {
+        start(a);
+        a.containers_to_kill.push(KillContainer {
+            id: s.id.clone(),
+            name: c.name.clone(),
+            reason: format!("Container {} resize requires restart", c.name),
+        });
+        return true;
+    }
+    a.containers_to_update.push((s.id.clone(), c.name.clone()));
+    false
 }
 
 /// What the probes say about the pod's running containers, by name.
@@ -296,6 +357,9 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> P
             });
             continue;
         }
+        if resize(c, s, |a| a.containers_to_start.push(idx), &mut a) {
+            continue;
+        }
         keep += 1;
     }
     if keep == 0 && a.containers_to_start.is_empty() {
@@ -324,7 +388,9 @@ pub fn compute_pod_actions(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> P
                 });
                 a.init_to_start.push(i);
             }
-            Some(s) if s.state == CState::Running => {}
+            Some(s) if s.state == CState::Running => {
+                resize(c, s, |a| a.init_to_start.push(i), &mut a);
+            }
             _ => {
                 kill_if_unknown(s, &mut a);
                 a.init_to_start.push(i);
@@ -380,6 +446,7 @@ mod tests {
             image_ref: String::new(),
             pod_grace: None,
             pre_stop: None,
+            resources: None,
         }
     }
 
@@ -391,6 +458,70 @@ mod tests {
         };
         r.sort();
         r
+    }
+
+    /// Old code: a spec whose resources changed was left as it ran (no
+    /// in-place resize at all).
+    #[test]
+    fn a_resize_updates_or_restarts_as_the_policy_says() {
+        use k8s_openapi::api::core::v1::{ContainerResizePolicy, ResourceRequirements};
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let mut p = pod("Always", &[], &["app"]);
+        let limits = |cpu: &str, mem: &str| ResourceRequirements {
+            limits: Some(
+                [
+                    ("cpu".to_string(), Quantity(cpu.into())),
+                    ("memory".to_string(), Quantity(mem.into())),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        p.spec.as_mut().unwrap().containers[0].resources = Some(limits("200m", "64Mi"));
+        // What the runtime applied: the spec's settings at first.
+        let applied = |cpu_milli: i64, mem: i64| crate::cri::v1::LinuxContainerResources {
+            cpu_period: 100_000,
+            cpu_quota: cpu_milli * 100,
+            cpu_shares: crate::cm::cpu_shares(Some(cpu_milli)),
+            memory_limit_in_bytes: mem,
+            ..Default::default()
+        };
+        let mut c = ctr(&p, "app", CState::Running, 0, 10);
+        c.resources = Some(applied(200, 64 << 20));
+        let probes = ProbeState::default();
+        let a = compute_pod_actions(&p, &rt(vec![sandbox(true)], vec![c.clone()]), &probes);
+        assert!(a.containers_to_update.is_empty() && a.containers_to_kill.is_empty());
+        // Unknown settings: nothing is done on a guess.
+        let mut unknown = c.clone();
+        unknown.resources = None;
+        p.spec.as_mut().unwrap().containers[0].resources = Some(limits("400m", "64Mi"));
+        let a = compute_pod_actions(&p, &rt(vec![sandbox(true)], vec![unknown]), &probes);
+        assert!(a.containers_to_update.is_empty());
+
+        // More cpu, NotRequired by default: updated in place.
+        let a = compute_pod_actions(&p, &rt(vec![sandbox(true)], vec![c.clone()]), &probes);
+        assert_eq!(
+            a.containers_to_update,
+            vec![("app-10".to_string(), "app".to_string())]
+        );
+        assert!(a.containers_to_kill.is_empty() && a.containers_to_start.is_empty());
+
+        // Memory with RestartContainer: a memory change restarts it, a cpu
+        // change alone does not.
+        p.spec.as_mut().unwrap().containers[0].resize_policy = Some(vec![ContainerResizePolicy {
+            resource_name: "memory".into(),
+            restart_policy: "RestartContainer".into(),
+        }]);
+        let a = compute_pod_actions(&p, &rt(vec![sandbox(true)], vec![c.clone()]), &probes);
+        assert_eq!(a.containers_to_update.len(), 1);
+        p.spec.as_mut().unwrap().containers[0].resources = Some(limits("400m", "128Mi"));
+        let a = compute_pod_actions(&p, &rt(vec![sandbox(true)], vec![c]), &probes);
+        assert!(a.containers_to_update.is_empty());
+        assert_eq!(a.containers_to_start, vec![0]);
+        assert_eq!(
+            a.containers_to_kill[0].reason,
+            "Container app resize requires restart"
+        );
     }
 
     fn debugger(p: &mut Pod, name: &str, target: Option<&str>) {

@@ -64,6 +64,30 @@ pub enum ConfigError {
 
 /// Expands `$(VAR)` references from the container's env, `$$` escaping,
 /// unknown references left as written (upstream `expansion.Expand`).
+/// The cgroup settings a container is made with, and an in-place resize
+/// sends (upstream generateLinuxContainerResources): shares from the cpu
+/// request, quota over a 100 ms period from the cpu limit, the memory
+/// limit.
+pub fn linux_resources(
+    pod: &Pod,
+    c: &Container,
+    memory_capacity: i64,
+) -> v1::LinuxContainerResources {
+    let res = cm::container_resources(c);
+    v1::LinuxContainerResources {
+        cpu_period: if res.cpu_limit.is_some() {
+            cm::CPU_PERIOD_US
+        } else {
+            0
+        },
+        cpu_quota: cm::cpu_quota(res.cpu_limit),
+        cpu_shares: cm::cpu_shares(res.cpu_request),
+        memory_limit_in_bytes: res.mem_limit.unwrap_or(0),
+        oom_score_adj: cm::oom_score_adj(pod, c, memory_capacity),
+        ..Default::default()
+    }
+}
+
 pub fn expand(input: &str, env: &HashMap<String, String>) -> String {
     expand_with(input, &mut |name| env.get(name).cloned())
 }
@@ -572,7 +596,6 @@ pub fn container_config(
             .map(|s| expand(s, &env_map))
             .collect::<Vec<_>>()
     };
-    let res = cm::container_resources(c);
     let sc = c.security_context.as_ref();
     let psc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let run_as_user = sc
@@ -636,18 +659,7 @@ pub fn container_config(
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
         linux: Some(v1::LinuxContainerConfig {
-            resources: Some(v1::LinuxContainerResources {
-                cpu_period: if res.cpu_limit.is_some() {
-                    cm::CPU_PERIOD_US
-                } else {
-                    0
-                },
-                cpu_quota: cm::cpu_quota(res.cpu_limit),
-                cpu_shares: cm::cpu_shares(res.cpu_request),
-                memory_limit_in_bytes: res.mem_limit.unwrap_or(0),
-                oom_score_adj: cm::oom_score_adj(pod, c, opts.memory_capacity),
-                ..Default::default()
-            }),
+            resources: Some(linux_resources(pod, c, opts.memory_capacity)),
             security_context: Some(v1::LinuxContainerSecurityContext {
                 capabilities: caps.map(|k| v1::Capability {
                     add_capabilities: k.add.clone().unwrap_or_default(),

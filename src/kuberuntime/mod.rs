@@ -136,9 +136,14 @@ pub struct RuntimeManager {
     pub objects: crate::objects::ObjectManager,
     /// Sets up the pods' volumes; pod syncs wait for it.
     pub volumes: volume::manager::VolumeManager,
+    /// The resources each pod was granted (in-place resize).
+    pub allocation: crate::allocation::AllocationManager,
     backoff: Mutex<Backoff>,
     /// The last actions computed per pod UID and when, for `/debug/pods`.
     last_actions: Mutex<HashMap<String, (std::time::SystemTime, actions::PodActions)>>,
+    /// The last in-place resize that failed, per pod UID: its message
+    /// (upstream's PodResizeInProgress condition with reason Error).
+    resize_errors: Mutex<HashMap<String, String>>,
 }
 
 fn pod_name(pod: &Pod) -> &str {
@@ -160,8 +165,10 @@ impl RuntimeManager {
                 crate::objects::ObjectManager::default(),
                 opts.clone(),
             ),
+            allocation: Default::default(),
             backoff: Mutex::new(Backoff::container()),
             last_actions: Mutex::new(HashMap::new()),
+            resize_errors: Mutex::new(HashMap::new()),
         }
     }
 
@@ -170,6 +177,11 @@ impl RuntimeManager {
         self.volumes = volume::manager::VolumeManager::new(objects.clone(), self.opts.clone());
         self.objects = objects;
         self
+    }
+
+    /// Why the pod's last in-place resize failed, if it did.
+    pub fn resize_error(&self, uid: &str) -> Option<String> {
+        self.resize_errors.lock().get(uid).cloned()
     }
 
     /// The last actions computed for the pod, and when.
@@ -273,6 +285,46 @@ impl RuntimeManager {
         Ok(rt)
     }
 
+    /// Applies an in-place resize to the running containers that need one
+    /// (upstream doPodResizeAction's UpdateContainerResources calls). A
+    /// failure is kept for the pod's PodResizeInProgress condition and the
+    /// sync is retried.
+    async fn resize_in_place(&self, pod: &Pod, a: &actions::PodActions, result: &mut SyncResult) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if a.containers_to_update.is_empty() {
+            // Nothing left to apply: no failure stands.
+            self.resize_errors.lock().remove(&uid);
+            return;
+        }
+        let started = std::time::Instant::now();
+        let mut failed = None;
+        for (id, name) in &a.containers_to_update {
+            let Some(c) = container_spec(pod, name) else {
+                continue;
+            };
+            let linux = container::linux_resources(pod, c, self.opts.memory_capacity);
+            info!(pod = pod_name(pod), container = %name, cpu_quota = linux.cpu_quota, cpu_shares = linux.cpu_shares, memory_limit = linux.memory_limit_in_bytes, "resizing container in place");
+            if let Err(e) = self.runtime.update_container_resources(id, linux).await {
+                warn!(pod = pod_name(pod), container = %name, error = %e, "in-place resize failed");
+                result
+                    .errors
+                    .push(format!("UpdateContainerResources {name}: {e}"));
+                result.requeue(Duration::from_secs(2));
+                failed = Some(e.to_string());
+            }
+        }
+        crate::metrics::resize_actuated(started.elapsed(), failed.is_none());
+        let mut errors = self.resize_errors.lock();
+        match failed {
+            Some(m) => {
+                errors.insert(uid, m);
+            }
+            None => {
+                errors.remove(&uid);
+            }
+        }
+    }
+
     /// Brings the runtime in line with the pod spec (upstream SyncPod).
     pub async fn sync_pod(
         self: &Arc<Self>,
@@ -291,7 +343,8 @@ impl RuntimeManager {
             || !a.containers_to_kill.is_empty()
             || !a.init_to_start.is_empty()
             || !a.containers_to_start.is_empty()
-            || !a.ephemeral_to_start.is_empty();
+            || !a.ephemeral_to_start.is_empty()
+            || !a.containers_to_update.is_empty();
         debug!(pod = pod_name(pod), actions = ?a, "computed pod actions");
 
         if a.kill_pod {
@@ -320,6 +373,7 @@ impl RuntimeManager {
                     result.errors.push(format!("KillContainer {}: {e}", k.name));
                 }
             }
+            self.resize_in_place(pod, &a, &mut result).await;
         }
 
         // The volume manager sets them up; a hung mount or a missing object
@@ -892,6 +946,7 @@ impl RuntimeManager {
     /// Removes all containers and sandboxes of a pod that has been killed.
     pub async fn remove_pod(&self, rt: &RuntimePod) -> Result<(), RuntimeError> {
         self.last_actions.lock().remove(&rt.uid);
+        self.resize_errors.lock().remove(&rt.uid);
         for c in &rt.containers {
             self.remove_container(&c.id).await?;
         }

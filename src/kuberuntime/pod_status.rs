@@ -52,6 +52,9 @@ pub struct ContainerInfo {
     pub pod_grace: Option<i64>,
     /// The preStop handler recorded at creation, for orphans.
     pub pre_stop: Option<k8s_openapi::api::core::v1::LifecycleHandler>,
+    /// The cgroup settings the runtime reports it applied (containerd:
+    /// those it was made with, as UpdateContainerResources changed them).
+    pub resources: Option<crate::cri::v1::LinuxContainerResources>,
 }
 
 impl ContainerInfo {
@@ -98,6 +101,7 @@ impl ContainerInfo {
             pre_stop: a
                 .get(labels::CONTAINER_PRE_STOP_HANDLER)
                 .and_then(|v| serde_json::from_str(v).ok()),
+            resources: s.resources.as_ref().and_then(|r| r.linux.clone()),
         }
     }
 

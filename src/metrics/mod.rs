@@ -1979,6 +1979,64 @@ pub fn admission_rejected(reason: &str) {
         .inc();
 }
 
+/// The resize gauges: pending ones by reason (lower-cased, as upstream's
+/// `kubelet_pod_pending_resizes{reason}`) and those in progress.
+pub fn resize_states((deferred, infeasible, in_progress): (i64, i64, i64)) {
+    let m = &METRICS.v134;
+    for (reason, n) in [("deferred", deferred), ("infeasible", infeasible)] {
+        m.pod_pending_resizes
+            .get_or_create(&v134::ReasonLabel { reason })
+            .set(n);
+    }
+    m.pod_in_progress_resizes.set(in_progress);
+}
+
+/// A container's requested resize of one resource and requirement.
+pub fn resize_requested(
+    resource: &'static str,
+    requirement: &'static str,
+    operation: &'static str,
+) {
+    METRICS
+        .v134
+        .container_requested_resizes
+        .get_or_create(&v134::ResizeRequestLabels {
+            operation,
+            requirement,
+            resource,
+        })
+        .inc();
+}
+
+/// An Infeasible resize decision (`reason_detail` as upstream's).
+pub fn resize_infeasible(reason_detail: &'static str) {
+    METRICS
+        .v134
+        .pod_infeasible_resizes
+        .get_or_create(&v134::ReasonDetailLabel { reason_detail })
+        .inc();
+}
+
+/// A Deferred resize granted on a retry (`retry_trigger` as upstream's).
+pub fn resize_deferred_accepted(retry_trigger: &'static str) {
+    METRICS
+        .v134
+        .pod_deferred_accepted_resizes
+        .get_or_create(&v134::RetryTriggerLabel { retry_trigger })
+        .inc();
+}
+
+/// How long the runtime took to apply a pod's resize.
+pub fn resize_actuated(d: std::time::Duration, success: bool) {
+    METRICS
+        .v134
+        .pod_resize_duration_ms
+        .get_or_create(&v134::SuccessLabel {
+            success: if success { "true" } else { "false" },
+        })
+        .observe(d.as_secs_f64() * 1000.0);
+}
+
 /// The runtime does not implement CRI RuntimeConfig: the Kubernetes version
 /// that will stop falling back to the configured cgroup driver
 /// (`kubelet_cri_losing_support{version} 1`, as upstream's

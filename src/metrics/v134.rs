@@ -5,9 +5,9 @@
 //! (`pkg/credentialprovider/plugin/metrics.go`, `config.go`) and the
 //! admission rejections the kubelet records in `allocation_manager.go`.
 //!
-//! rkubelet has no in-place resize and starts no pod in a user namespace,
-//! so those families stay as upstream shows them with nothing counted:
-//! unlabelled ones at 0, labelled ones without series. The CRI-support
+//! The resize families are moved by `allocation`, `syncloop` and
+//! `kuberuntime`. rkubelet starts
+//! no pod in a user namespace, so those families stay at 0. The CRI-support
 //! gauge is set at start when the runtime lacks RuntimeConfig
 //! (`kubelet::cgroup_driver_from_runtime`).
 

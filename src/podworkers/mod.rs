@@ -281,6 +281,30 @@ enum Step<T> {
     Shutdown,
 }
 
+/// The resizable containers' names and resources, as upstream's
+/// ResizeCompleted message shows them (JSON, init containers first).
+fn resized_resources(pod: &Pod) -> String {
+    let entry = |c: &k8s_openapi::api::core::v1::Container| serde_json::json!({"name": c.name, "resources": c.resources.clone().unwrap_or_default()});
+    let mut out = serde_json::Map::new();
+    if let Some(s) = pod.spec.as_ref() {
+        let sidecars: Vec<_> = s
+            .init_containers
+            .iter()
+            .flatten()
+            .filter(|c| crate::kuberuntime::actions::is_sidecar(c))
+            .map(entry)
+            .collect();
+        if !sidecars.is_empty() {
+            out.insert("initContainers".into(), sidecars.into());
+        }
+        out.insert(
+            "containers".into(),
+            s.containers.iter().map(entry).collect::<Vec<_>>().into(),
+        );
+    }
+    serde_json::Value::Object(out).to_string()
+}
+
 #[derive(Clone)]
 pub struct PodWorkers {
     deps: Arc<Deps>,
@@ -313,6 +337,12 @@ impl PodWorkers {
     /// UpdatePod). A kill cancels the sync in flight; a kill with a shorter
     /// grace period restarts the termination in flight with it.
     pub fn update(&self, uid: &str, work: Work) {
+        // A pod runs on what it was granted, which an in-place resize that
+        // waits for room leaves behind its spec.
+        let work = match work {
+            Work::Sync(pod) => Work::Sync(self.deps.runtime.allocation.granted(pod)),
+            w => w,
+        };
         let mut st = self.state.lock();
         let Some(e) = st.entries.get_mut(uid) else {
             self.spawn_worker(&mut st, uid, work);
@@ -417,6 +447,11 @@ impl PodWorkers {
                 (uid.clone(), e.phase, e.pod.is_some(), is_st)
             })
             .collect()
+    }
+
+    /// What each pod was granted (the runtime manager's).
+    pub fn allocation(&self) -> &crate::allocation::AllocationManager {
+        &self.deps.runtime.allocation
     }
 
     pub fn is_known(&self, uid: &str) -> bool {
@@ -926,6 +961,53 @@ impl PodWorkers {
         }
     }
 
+    /// Where the pod's in-place resize stands. A granted resize that the
+    /// runtime shows applied, without error, is done: upstream's
+    /// ResizeCompleted event says so, with the resources now in place.
+    fn resize_status(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        rt: &RuntimePod,
+        pod_is_terminal: bool,
+    ) -> crate::status::generate::ResizeStatus {
+        let alloc = &self.deps.runtime.allocation;
+        let error = self.deps.runtime.resize_error(uid);
+        let resizable = pod.spec.iter().flat_map(|s| {
+            let sidecars = s
+                .init_containers
+                .iter()
+                .flatten()
+                .filter(|c| crate::kuberuntime::actions::is_sidecar(c));
+            s.containers.iter().chain(sidecars)
+        });
+        let mut differs = false;
+        for c in resizable {
+            if let Some(l) = rt.latest(&c.name).filter(|l| l.state == CState::Running) {
+                let (cpu, memory) = crate::kuberuntime::actions::resize_changes(c, l);
+                differs |= cpu || memory;
+            }
+        }
+        if pod_is_terminal {
+            alloc.done(uid);
+            return Default::default();
+        }
+        if !differs && error.is_none() && alloc.done(uid) {
+            crate::events::pod(
+                pod,
+                None,
+                crate::events::NORMAL,
+                "ResizeCompleted",
+                format!("Pod resize completed: {}", resized_resources(pod)),
+            );
+        }
+        crate::status::generate::ResizeStatus {
+            pending: alloc.pending(uid),
+            in_progress: alloc.in_progress(uid) || differs,
+            error,
+        }
+    }
+
     fn publish_status(
         &self,
         uid: &str,
@@ -936,6 +1018,7 @@ impl PodWorkers {
         pod_is_terminal: bool,
     ) {
         let previous = self.deps.status.get(uid);
+        let resize = self.resize_status(uid, pod, rt, pod_is_terminal);
         let status = generate_pod_status(&StatusInput {
             pod,
             rt,
@@ -948,6 +1031,7 @@ impl PodWorkers {
                 .unwrap_or(Timestamp::UNIX_EPOCH),
             pod_is_terminal,
             track_generation: self.deps.runtime.opts.track_observed_generation,
+            resize,
         });
         crate::metrics::pod_phase_changed(
             pod,

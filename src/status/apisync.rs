@@ -60,15 +60,42 @@ impl Deleting {
 /// the API's copy): the status carries others' conditions as the API last
 /// showed them, and sending those back could undo a newer change by their
 /// owner (a readiness gate flipped while this patch was on its way).
-fn status_patch(uid: &str, status: &PodStatus) -> serde_json::Value {
+/// A condition of the kubelet's that `old` (the API's status) has and the
+/// new status lacks (a resize condition cleared) gets a delete directive,
+/// as upstream's two-way merge patch from the old status writes one.
+fn status_patch(uid: &str, status: &PodStatus, old: Option<&PodStatus>) -> serde_json::Value {
     let mut status = status.clone();
     if let Some(cs) = status.conditions.as_mut() {
         cs.retain(|c| crate::status::generate::is_kubelet_condition(&c.type_));
     }
-    serde_json::json!({
+    let gone: Vec<serde_json::Value> = old
+        .and_then(|o| o.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| crate::status::generate::is_kubelet_condition(&c.type_))
+        .filter(|c| {
+            !status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|n| n.type_ == c.type_)
+        })
+        .map(|c| serde_json::json!({"$patch": "delete", "type": c.type_}))
+        .collect();
+    let mut patch = serde_json::json!({
         "metadata": { "uid": uid },
         "status": status,
-    })
+    });
+    if !gone.is_empty() {
+        let list = &mut patch["status"]["conditions"];
+        if !list.is_array() {
+            *list = serde_json::Value::Array(Vec::new());
+        }
+        if let Some(a) = list.as_array_mut() {
+            a.extend(gone);
+        }
+    }
+    patch
 }
 
 pub fn is_api_pod(pod: &Pod) -> bool {
@@ -165,7 +192,7 @@ impl ApiStatusSync {
                 continue;
             }
             crate::metrics::pod_status_pending(&uid);
-            if self.patch_status(&uid, &ns, &name, &status).await {
+            if self.patch_status(&uid, &ns, &name, &status, None).await {
                 sent.insert(uid, version);
             } else {
                 // Not sent: kept for the next pass, ahead of the delete.
@@ -186,18 +213,21 @@ impl ApiStatusSync {
             };
             // The API object and its UID: the pod itself, or a static pod's
             // mirror (none yet: nothing to report to).
-            let target_uid = if is_api_pod(&pod) {
-                uid.clone()
+            let (target_uid, old) = if is_api_pod(&pod) {
+                (uid.clone(), pod.status.clone())
             } else {
                 match self.mirrors.get(&pod_full_name(&pod)) {
-                    Some(m) if mirrors(&m, &pod) => pod_uid(&m).to_string(),
+                    Some(m) if mirrors(&m, &pod) => (pod_uid(&m).to_string(), m.status),
                     _ => continue,
                 }
             };
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
             crate::metrics::pod_status_pending(&target_uid);
-            if self.patch_status(&target_uid, &ns, &name, &status).await {
+            if self
+                .patch_status(&target_uid, &ns, &name, &status, old.as_ref())
+                .await
+            {
                 debug!(pod = %name, namespace = %ns, version, "status sent");
                 sent.insert(uid, version);
             }
@@ -206,8 +236,15 @@ impl ApiStatusSync {
 
     /// Patches one status; true when done with it (sent, or its object is
     /// gone or replaced), false to retry.
-    async fn patch_status(&self, uid: &str, ns: &str, name: &str, status: &PodStatus) -> bool {
-        let patch = status_patch(uid, status);
+    async fn patch_status(
+        &self,
+        uid: &str,
+        ns: &str,
+        name: &str,
+        status: &PodStatus,
+        old: Option<&PodStatus>,
+    ) -> bool {
+        let patch = status_patch(uid, status, old);
         let api: Api<Pod> = Api::namespaced(self.api.client().await, ns);
         match api
             .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
@@ -375,7 +412,13 @@ mod tests {
             ]),
             ..Default::default()
         };
-        let p = status_patch("u1", &status);
+        // The API still shows a resize condition the kubelet cleared: it is
+        // deleted by the patch; others' conditions are left alone.
+        let old = PodStatus {
+            conditions: Some(vec![c("PodResizeInProgress"), c("example.com/lb")]),
+            ..Default::default()
+        };
+        let p = status_patch("u1", &status, Some(&old));
         assert_eq!(p["metadata"]["uid"], "u1");
         assert_eq!(p["status"]["phase"], "Running");
         let types: Vec<&str> = p["status"]["conditions"]
@@ -384,7 +427,11 @@ mod tests {
             .iter()
             .map(|c| c["type"].as_str().unwrap())
             .collect();
-        assert_eq!(types, ["PodReadyToStartContainers", "Ready"]);
+        assert_eq!(
+            types,
+            ["PodReadyToStartContainers", "Ready", "PodResizeInProgress"]
+        );
+        assert_eq!(p["status"]["conditions"][2]["$patch"], "delete");
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
     ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+    ResourceRequirements,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -34,6 +36,19 @@ pub struct StatusInput<'a> {
     pub pod_is_terminal: bool,
     /// The PodObservedGenerationTracking gate (beta, on by default in 1.34).
     pub track_generation: bool,
+    /// Where the pod's in-place resize stands.
+    pub resize: ResizeStatus,
+}
+
+/// An in-place resize, as the pod's conditions show it.
+#[derive(Debug, Clone, Default)]
+pub struct ResizeStatus {
+    /// Waiting for room (PodResizePending: Infeasible or Deferred).
+    pub pending: Option<crate::allocation::Pending>,
+    /// Granted and not yet applied (PodResizeInProgress).
+    pub in_progress: bool,
+    /// Why applying it failed (PodResizeInProgress with reason Error).
+    pub error: Option<String>,
 }
 
 pub fn is_terminal(phase: Option<&str>) -> bool {
@@ -232,6 +247,13 @@ fn container_status(
             s.state = Some(waiting(&w.reason, &w.message));
         }
     }
+    // In-place resize (upstream convertToAPIContainerStatuses): what was
+    // granted, and what the runtime applied, for resizable containers that
+    // ran.
+    if let Some(l) = latest.filter(|_| !init || is_sidecar(c)) {
+        s.allocated_resources = c.resources.as_ref().and_then(|r| r.requests.clone());
+        s.resources = Some(applied_resources(c, l));
+    }
     // Upstream's probe manager: started and ready.
     let running = is_running(s.state.as_ref());
     let started = running && !input.not_started.contains(&c.name);
@@ -250,6 +272,68 @@ fn container_status(
             }
     };
     s
+}
+
+/// A container's resources as the runtime applied them (upstream
+/// convertContainerStatusResources): the granted ones, with the cpu request
+/// (from shares), cpu limit (from quota over period) and memory limit the
+/// runtime reports for a running container where they differ from what the
+/// grant gives (mid-resize).
+fn applied_resources(c: &Container, l: &ContainerInfo) -> ResourceRequirements {
+    let mut r = c.resources.clone().unwrap_or_default();
+    let Some(have) = l.resources.as_ref().filter(|_| l.state == CState::Running) else {
+        return r;
+    };
+    let want = cm::container_resources(c);
+    let mut set = |limits: bool, name: &str, q: Quantity| {
+        let m = if limits {
+            &mut r.limits
+        } else {
+            &mut r.requests
+        };
+        m.get_or_insert_with(Default::default)
+            .insert(name.into(), q);
+    };
+    if have.cpu_shares > 0 && have.cpu_shares != cm::cpu_shares(want.cpu_request) {
+        // Upstream's sharesToMilliCPU rounds up.
+        let milli = (have.cpu_shares * 1000 + 1023) / 1024;
+        set(false, "cpu", cpu_quantity(milli));
+    }
+    if have.cpu_quota > 0 && have.cpu_period > 0 && have.cpu_quota != cm::cpu_quota(want.cpu_limit)
+    {
+        set(
+            true,
+            "cpu",
+            cpu_quantity(have.cpu_quota * 1000 / have.cpu_period),
+        );
+    }
+    if have.memory_limit_in_bytes > 0 && Some(have.memory_limit_in_bytes) != want.mem_limit {
+        set(true, "memory", bytes_quantity(have.memory_limit_in_bytes));
+    }
+    r
+}
+
+/// Millicores as the API's canonical quantity ("1", "250m").
+fn cpu_quantity(milli: i64) -> Quantity {
+    Quantity(if milli % 1000 == 0 {
+        (milli / 1000).to_string()
+    } else {
+        format!("{milli}m")
+    })
+}
+
+/// Bytes as the API's canonical binary quantity ("64Mi", "1000").
+fn bytes_quantity(bytes: i64) -> Quantity {
+    let mut n = bytes;
+    let mut suffix = "";
+    for s in ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"] {
+        if n == 0 || n % 1024 != 0 {
+            break;
+        }
+        n /= 1024;
+        suffix = s;
+    }
+    Quantity(format!("{n}{suffix}"))
 }
 
 fn state_of(s: &ContainerStatus) -> (bool, bool, Option<i32>) {
@@ -741,13 +825,35 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         .first()
         .is_some_and(|s| s.ready && (s.host_network || !s.ips.is_empty()));
     let containers_ready = containers_ready(pod, &init_statuses, &app_statuses, phase);
-    let mut conditions = vec![
+    // The resize conditions come before the kubelet's others, and not for
+    // a pod that finished (upstream determinePodResizeStatus).
+    let mut conditions = Vec::new();
+    if !is_terminal(Some(phase)) {
+        if let Some(p) = &input.resize.pending {
+            conditions.push(cond(
+                "PodResizePending",
+                true,
+                Some(p.reason),
+                Some(p.message.clone()),
+            ));
+        }
+        if input.resize.in_progress || input.resize.error.is_some() {
+            let reason = input.resize.error.as_ref().map(|_| "Error");
+            conditions.push(cond(
+                "PodResizeInProgress",
+                true,
+                reason,
+                input.resize.error.clone(),
+            ));
+        }
+    }
+    conditions.extend([
         cond("PodReadyToStartContainers", sandbox_ready, None, None),
         initialized(pod, &init_statuses, &app_statuses, phase),
         pod_ready(pod, &containers_ready),
         containers_ready,
         cond("PodScheduled", true, None, None),
-    ];
+    ]);
     let now = Time(input.now);
     // observedGeneration as upstream's CalculatePod(Condition|Status)-
     // ObservedGeneration: the gate, or a value already held (never cleared
@@ -759,8 +865,13 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
     };
     let old_status = input.previous.or(pod.status.as_ref());
     for c in &mut conditions {
+        // A resize condition moves when its reason does (upstream
+        // updatedPodResizeCondition).
+        let resize = c.type_.starts_with("PodResize");
         c.last_transition_time = match condition(input.previous, &c.type_) {
-            Some(p) if p.status == c.status => p.last_transition_time.clone(),
+            Some(p) if p.status == c.status && (!resize || p.reason == c.reason) => {
+                p.last_transition_time.clone()
+            }
             _ => Some(now.clone()),
         };
         c.last_probe_time = None;
@@ -834,6 +945,7 @@ mod tests {
             image_ref: "sha256:x".into(),
             pod_grace: None,
             pre_stop: None,
+            resources: None,
         }
     }
 
@@ -877,6 +989,7 @@ mod tests {
             now: Timestamp::UNIX_EPOCH,
             pod_is_terminal,
             track_generation: true,
+            resize: Default::default(),
         })
     }
 
@@ -1040,6 +1153,7 @@ mod tests {
                 now: Timestamp::UNIX_EPOCH,
                 pod_is_terminal: false,
                 track_generation: track,
+                resize: Default::default(),
             })
         };
         let generations = |s: &PodStatus| -> Vec<Option<i64>> {

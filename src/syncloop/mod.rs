@@ -103,6 +103,10 @@ impl Admission {
     }
 }
 
+/// How often resizes deferred for want of room are tried again, besides
+/// each pod removal (upstream's first retry comes after 30 s).
+const RESIZE_RETRY_PERIOD: Duration = Duration::from_secs(30);
+
 impl SyncLoop {
     pub async fn run(
         self,
@@ -113,7 +117,8 @@ impl SyncLoop {
     ) {
         let mut sync_tick = tokio::time::interval(SYNC_TICK);
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
-        for t in [&mut sync_tick, &mut housekeeping] {
+        let mut resize_retry = tokio::time::interval(RESIZE_RETRY_PERIOD);
+        for t in [&mut sync_tick, &mut housekeeping, &mut resize_retry] {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
         let mut handled = std::collections::HashSet::new();
@@ -145,6 +150,7 @@ impl SyncLoop {
                         }
                     }
                 }
+                _ = resize_retry.tick() => self.retry_resizes("periodic_retry"),
                 _ = housekeeping.tick() => {
                     let ready = self.expected_sources.iter().all(|s| handled.contains(s))
                         && (self.sources_ready)();
@@ -187,13 +193,20 @@ impl SyncLoop {
                 }
                 PodOperation::Add | PodOperation::Update | PodOperation::Set => {
                     info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, op = ?u.op, "syncing pod");
+                    let before = self.pods.get(&uid);
                     let pod = self.pods.upsert(pod);
+                    self.resize(&pod, before.as_deref());
                     if u.op == PodOperation::Add {
                         crate::metrics::containers_per_pod(&pod);
                     }
                     self.workers.update(&uid, Work::Sync(pod));
                 }
-                PodOperation::Delete | PodOperation::Remove => self.terminate(pod, &uid, u.op),
+                PodOperation::Delete => self.terminate(pod, &uid, u.op),
+                PodOperation::Remove => {
+                    self.terminate(pod, &uid, u.op);
+                    self.workers.allocation().remove(&uid);
+                    self.retry_resizes("pods_removed");
+                }
                 // A status-only change (upstream HandlePodReconcile): the kept
                 // copy follows it, so conditions others set (a readiness
                 // gate's) reach the next status; a gate that changed what
@@ -228,38 +241,19 @@ impl SyncLoop {
         if self.workers.is_known(uid) {
             return true;
         }
-        // The active pods, as upstream's filterOutInactivePods: the desired
-        // pods and the deleted ones still in their grace period (their
-        // containers hold what they asked for until they stop), less those
-        // whose worker finished and those that ended and are not being
-        // stopped. A deleted pod whose worker is gone has finished (upstream
-        // keeps its worker, known terminated, until the source removes it).
-        use crate::podworkers::WorkerPhase;
-        let (desired, deleted) = self.pods.desired_and_terminating();
-        let active = |p: &Arc<crate::source::Pod>, is_desired: bool| {
-            let id = crate::source::pod_uid(p);
-            if id == uid || a.rejected.lock().contains(id) {
-                return false;
-            }
-            let worker = self.workers.phase(id);
-            match worker {
-                Some(WorkerPhase::Terminated) => false,
-                None if !is_desired => false,
-                Some(WorkerPhase::Terminating) => true,
-                _ => !self
-                    .status
-                    .get(id)
-                    .is_some_and(|s| crate::status::generate::is_terminal(s.phase.as_deref())),
-            }
-        };
-        let others: Vec<Arc<crate::source::Pod>> = desired
-            .into_iter()
-            .filter(|p| active(p, true))
-            .chain(deleted.into_iter().filter(|p| active(p, false)))
-            .collect();
+        let others = self.active_pods(a, uid);
         let refs: Vec<&crate::source::Pod> = others.iter().map(|p| p.as_ref()).collect();
         let is_static = crate::status::apisync::is_static_pod(pod);
-        let verdict = crate::lifecycle::admit(pod, &refs, &a.node.read(), is_static);
+        // A pod back after a restart is admitted as it was granted, not
+        // with a resize still waiting for room (upstream admits the
+        // allocated pod).
+        let granted = self
+            .workers
+            .allocation()
+            .lags(uid)
+            .then(|| self.workers.allocation().granted(Arc::new(pod.clone())));
+        let checked = granted.as_deref().unwrap_or(pod);
+        let verdict = crate::lifecycle::admit(checked, &refs, &a.node.read(), is_static);
         crate::metrics::topology_manager_admission(Duration::ZERO);
         match verdict {
             Ok(()) => true,
@@ -285,6 +279,155 @@ impl SyncLoop {
                     },
                 );
                 false
+            }
+        }
+    }
+
+    /// The pods admission counts besides `uid`, as granted (their
+    /// allocations, not specs a resize has not been granted yet).
+    fn active_pods(&self, a: &Admission, uid: &str) -> Vec<Arc<crate::source::Pod>> {
+        // The active pods, as upstream's filterOutInactivePods: the desired
+        // pods and the deleted ones still in their grace period (their
+        // containers hold what they asked for until they stop), less those
+        // whose worker finished and those that ended and are not being
+        // stopped. A deleted pod whose worker is gone has finished (upstream
+        // keeps its worker, known terminated, until the source removes it).
+        use crate::podworkers::WorkerPhase;
+        let (desired, deleted) = self.pods.desired_and_terminating();
+        let active = |p: &Arc<crate::source::Pod>, is_desired: bool| {
+            let id = crate::source::pod_uid(p);
+            if id == uid || a.rejected.lock().contains(id) {
+                return false;
+            }
+            let worker = self.workers.phase(id);
+            match worker {
+                Some(WorkerPhase::Terminated) => false,
+                None if !is_desired => false,
+                Some(WorkerPhase::Terminating) => true,
+                _ => !self
+                    .status
+                    .get(id)
+                    .is_some_and(|s| crate::status::generate::is_terminal(s.phase.as_deref())),
+            }
+        };
+        desired
+            .into_iter()
+            .filter(|p| active(p, true))
+            .chain(deleted.into_iter().filter(|p| active(p, false)))
+            .map(|p| self.workers.allocation().granted(p))
+            .collect()
+    }
+
+    /// An update of an admitted pod whose containers' resources differ
+    /// from what it was granted is a resize request (upstream
+    /// HandlePodUpdates, handlePodResourcesResize); one that matches again
+    /// (reverted) ends any wait. `before` is the pod as last seen (none:
+    /// new, or back after a restart with a lagging allocation on record).
+    fn resize(&self, pod: &Arc<crate::source::Pod>, before: Option<&crate::source::Pod>) {
+        let Some(a) = &self.admission else {
+            return;
+        };
+        let uid = crate::source::pod_uid(pod);
+        if self.is_rejected(uid) {
+            return;
+        }
+        if let Some(b) = before {
+            crate::allocation::count_requested_resizes(b, pod);
+        }
+        let alloc = self
+            .workers
+            .allocation()
+            .allocation(uid, before.unwrap_or(pod));
+        if crate::allocation::resources_of(pod) == alloc {
+            if self.workers.allocation().lags(uid)
+                || self.workers.allocation().pending(uid).is_some()
+            {
+                self.workers.allocation().grant(uid, false);
+            }
+            return;
+        }
+        self.decide_resize(a, pod, alloc, "pod_updated");
+    }
+
+    /// Grants a resize that fits, or keeps the pod on `alloc` with why it
+    /// waits (upstream canResizePod, then the admission handlers with the
+    /// pod's new resources: Infeasible, then Deferred). True when granted.
+    fn decide_resize(
+        &self,
+        a: &Admission,
+        pod: &Arc<crate::source::Pod>,
+        alloc: crate::allocation::Allocation,
+        trigger: &'static str,
+    ) -> bool {
+        use crate::allocation::{Pending, DEFERRED, INFEASIBLE};
+        let uid = crate::source::pod_uid(pod);
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let node = a.node.read().clone();
+        let is_static = crate::status::apisync::is_static_pod(pod);
+        let why = if is_static {
+            crate::metrics::resize_infeasible("static_pod");
+            Some(Pending {
+                reason: INFEASIBLE,
+                message: "In-place resize of static-pods is not supported".into(),
+            })
+        } else if let Some(p) = crate::allocation::infeasible(pod, &node) {
+            crate::metrics::resize_infeasible("insufficient_node_allocatable");
+            Some(p)
+        } else {
+            let others = self.active_pods(a, uid);
+            let refs: Vec<&crate::source::Pod> = others.iter().map(|p| p.as_ref()).collect();
+            crate::lifecycle::admit(pod, &refs, &node, is_static)
+                .err()
+                .map(|r| Pending {
+                    reason: DEFERRED,
+                    message: r.message,
+                })
+        };
+        match why {
+            None => {
+                let was_deferred = self
+                    .workers
+                    .allocation()
+                    .pending(uid)
+                    .is_some_and(|p| p.reason == DEFERRED);
+                if was_deferred {
+                    crate::metrics::resize_deferred_accepted(trigger);
+                }
+                info!(pod = name, pod_uid = %uid, "in-place resize granted");
+                self.workers.allocation().grant(uid, true);
+                true
+            }
+            Some(p) => {
+                info!(pod = name, pod_uid = %uid, reason = p.reason, message = %p.message, "in-place resize waits");
+                self.workers.allocation().defer(uid, alloc, p);
+                false
+            }
+        }
+    }
+
+    /// Tries the deferred resizes again (after a pod left, or
+    /// periodically); a granted one syncs its pod. Infeasible ones wait for
+    /// their pod to change, as upstream drops them from its queue.
+    fn retry_resizes(&self, trigger: &'static str) {
+        let Some(a) = &self.admission else {
+            return;
+        };
+        for uid in self.workers.allocation().pending_uids() {
+            let Some(pod) = self.pods.get(&uid) else {
+                self.workers.allocation().remove(&uid);
+                continue;
+            };
+            if self
+                .workers
+                .allocation()
+                .pending(&uid)
+                .is_none_or(|p| p.reason != crate::allocation::DEFERRED)
+            {
+                continue;
+            }
+            let alloc = self.workers.allocation().allocation(&uid, &pod);
+            if self.decide_resize(a, &pod, alloc, trigger) {
+                self.workers.update(&uid, Work::Sync(pod));
             }
         }
     }
@@ -689,6 +832,155 @@ mod tests {
         .await;
         until("the later pod admitted", || workers.is_known("u-later")).await;
         assert!(status.get("u-later").is_none_or(|s| s.reason.is_none()));
+        token.cancel();
+        let _ = task.await;
+    }
+
+    #[tokio::test]
+    async fn an_in_place_resize_runs_when_it_fits_and_waits_when_it_does_not() {
+        // Old code: a resized spec changed nothing on the node, and no
+        // condition said so (upstream's in-place resize, beta and on in
+        // 1.34: handlePodResourcesResize, doPodResizeAction).
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let (fake, token, workers, pleg) = fixture();
+        let facts = crate::lifecycle::NodeFacts {
+            name: "n1".into(),
+            cpu_milli: 2000,
+            memory_milli: 1 << 50,
+            ephemeral_milli: 1 << 50,
+            pods: 110,
+            ..Default::default()
+        };
+        let status = workers.status().clone();
+        let pods = PodManager::new();
+        let sl = sync_loop(
+            pods.clone(),
+            &workers,
+            pleg,
+            Some(Admission::new(Arc::new(parking_lot::RwLock::new(facts)))),
+        );
+        let (updates_tx, updates_rx) = mpsc::channel(10);
+        let (_pleg_tx, pleg_rx) = mpsc::channel(10);
+        let (_probe_tx, probe_rx) = mpsc::channel(10);
+        let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, token.child_token()));
+        let send = |op, pod| send_api(&updates_tx, op, pod);
+        let sized = |name: &str, cpu: &str| {
+            let mut p = crate::testutil::named_pod(name, &format!("u-{name}"));
+            p.metadata.annotations = Some(
+                [(
+                    crate::source::CONFIG_SOURCE_ANNOTATION.to_string(),
+                    crate::source::API_SOURCE.to_string(),
+                )]
+                .into(),
+            );
+            let q = [("cpu".to_string(), Quantity(cpu.into()))];
+            p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+                requests: Some(q.clone().into()),
+                limits: Some(q.into()),
+                ..Default::default()
+            });
+            p
+        };
+        let updated = |quota: i64| {
+            let fake = fake.clone();
+            move || {
+                fake.calls().iter().any(|c| {
+                    c.starts_with("UpdateContainerResources app")
+                        && c.contains(&format!("quota={quota} "))
+                })
+            }
+        };
+        let condition = |t: &'static str| {
+            let status = status.clone();
+            move || {
+                status.get("u-web").and_then(|s| {
+                    s.conditions
+                        .iter()
+                        .flatten()
+                        .find(|c| c.type_ == t)
+                        .cloned()
+                })
+            }
+        };
+        send(PodOperation::Add, sized("web", "500m")).await;
+        send(PodOperation::Add, sized("hog", "1")).await;
+        until("both running", || {
+            fake.calls()
+                .iter()
+                .filter(|c| c.starts_with("StartContainer"))
+                .count()
+                == 2
+        })
+        .await;
+
+        // 800m fits beside the hog: applied in place, then done.
+        send(PodOperation::Update, sized("web", "800m")).await;
+        until("web updated to 800m", updated(80_000)).await;
+        until("the resize done", || {
+            status.get("u-web").is_some_and(|s| {
+                s.container_statuses.as_ref().is_some_and(|cs| {
+                    cs[0]
+                        .resources
+                        .as_ref()
+                        .and_then(|r| r.limits.as_ref())
+                        .map(|l| l["cpu"].0.clone())
+                        == Some("800m".into())
+                }) && condition("PodResizeInProgress")().is_none()
+            })
+        })
+        .await;
+        let st = status.get("u-web").unwrap();
+        assert_eq!(
+            st.container_statuses.as_ref().unwrap()[0]
+                .allocated_resources
+                .as_ref()
+                .unwrap()["cpu"]
+                .0,
+            "800m"
+        );
+
+        // 1500m does not fit beside the hog's 1: it waits, Deferred, and
+        // the container keeps its 800m.
+        send(PodOperation::Update, sized("web", "1500m")).await;
+        until("Deferred", || condition("PodResizePending")().is_some()).await;
+        let c = condition("PodResizePending")().unwrap();
+        assert_eq!(c.reason.as_deref(), Some("Deferred"));
+        assert_eq!(
+            c.message.as_deref(),
+            Some("Node didn't have enough resource: cpu, requested: 1500, used: 1000, capacity: 2000")
+        );
+        assert!(!updated(150_000)());
+
+        // More than the node has: Infeasible.
+        send(PodOperation::Update, sized("web", "3")).await;
+        until("Infeasible", || {
+            condition("PodResizePending")()
+                .is_some_and(|c| c.reason.as_deref() == Some("Infeasible"))
+        })
+        .await;
+        assert_eq!(
+            condition("PodResizePending")().unwrap().message.as_deref(),
+            Some("Node didn't have enough capacity: cpu, requested: 3000, capacity: 2000")
+        );
+
+        // Back to 1500m, then the hog goes: the deferred resize is granted
+        // and applied.
+        send(PodOperation::Update, sized("web", "1500m")).await;
+        until("Deferred again", || {
+            condition("PodResizePending")().is_some_and(|c| c.reason.as_deref() == Some("Deferred"))
+        })
+        .await;
+        send(PodOperation::Remove, sized("hog", "1")).await;
+        until("web updated to 1500m", updated(150_000)).await;
+        until("nothing pending", || {
+            condition("PodResizePending")().is_none()
+        })
+        .await;
+        assert!(
+            !fake.calls().iter().any(|c| c.contains("quota=300000")),
+            "the infeasible size never reached the runtime"
+        );
         token.cancel();
         let _ = task.await;
     }
