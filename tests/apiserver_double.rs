@@ -3089,3 +3089,249 @@ fn ephemeral_containers_are_added_through_their_subresource() {
         "Pod \"mirror\" is invalid: : Forbidden: static pods do not support ephemeral containers"
     );
 }
+
+// pods/{name}/resize, as v1.34's podResizeStrategy (only container and init
+// container resources and resizePolicy are taken, a new generation) and
+// ValidatePodResize; a plain pod write may not change resources
+// (ValidatePodUpdate).
+#[test]
+fn container_resources_change_through_the_resize_subresource() {
+    let s = plain();
+    let c = s.client();
+    let smp = "application/strategic-merge-patch+json";
+    let res = |cpu: &str, mem: &str| json!({"requests": {"cpu": cpu, "memory": mem}, "limits": {"cpu": cpu, "memory": mem}});
+    let mut p = pod("rs", Some("n1"));
+    p["spec"]["containers"][0]["resources"] = res("500m", "128Mi");
+    p["spec"]["containers"][0]["resizePolicy"] =
+        json!([{"resourceName": "memory", "restartPolicy": "NotRequired"}]);
+    p["spec"]["initContainers"] = json!([
+        {"name": "setup", "image": "busybox", "resources": res("100m", "16Mi")},
+        {"name": "side", "image": "busybox", "restartPolicy": "Always", "resources": res("100m", "16Mi")},
+    ]);
+    assert_eq!(c.post(PODS, &p).unwrap().status, 201);
+    // PrepareForCreate sets the class; the double does not, so set it.
+    let mut st = s.get("pods", Some("default"), "rs").unwrap();
+    st["status"]["qosClass"] = json!("Guaranteed");
+    s.update_status(st);
+    let path = format!("{PODS}/rs/resize");
+    let msg = |r: common::apiserver::Response| {
+        assert_eq!(r.status, 422, "{:#}", r.body);
+        assert_eq!(r.body["reason"], "Invalid");
+        r.body["message"].as_str().unwrap().to_string()
+    };
+    let resize = |patch: Value| {
+        c.patch(&path, smp, &json!({"spec": {"containers": [patch]}}))
+            .unwrap()
+    };
+
+    // ResizeREST.Get: the pod.
+    assert_eq!(c.get(&path).unwrap().body["metadata"]["name"], "rs");
+
+    // ValidatePodUpdate: a plain write may not change resources or the
+    // resize policy (not among updatablePodSpecFields).
+    let forbidden = "Pod \"rs\" is invalid: spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`";
+    let r = c
+        .patch(
+            &format!("{PODS}/rs"),
+            smp,
+            &json!({"spec": {"containers": [{"name": "c", "resources": res("1", "128Mi")}]}}),
+        )
+        .unwrap();
+    assert!(msg(r).starts_with(forbidden));
+    let mut whole = c.get(&format!("{PODS}/rs")).unwrap().body;
+    whole["spec"]["containers"][0]["resizePolicy"] = json!([]);
+    assert!(msg(c.put(&format!("{PODS}/rs"), &whole).unwrap()).starts_with(forbidden));
+    // A limit's default request (SetDefaults_Pod) and "0.5" for "500m" are
+    // no change.
+    whole = c.get(&format!("{PODS}/rs")).unwrap().body;
+    whole["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"cpu": "0.5", "memory": "128Mi"}});
+    whole["spec"]["containers"][0]["image"] = json!("nginx");
+    assert_eq!(c.put(&format!("{PODS}/rs"), &whole).unwrap().status, 200);
+
+    // dropNonResizeUpdates: resources taken, the image and labels not;
+    // updatePodGeneration: a new generation.
+    let before = c.get(&path).unwrap().body;
+    let r = c
+        .patch(
+            &path,
+            smp,
+            &json!({"metadata": {"labels": {"x": "y"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox", "resources": res("1", "256Mi")}]}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+    assert_eq!(
+        r.body["spec"]["containers"][0]["resources"],
+        res("1", "256Mi")
+    );
+    assert_eq!(r.body["spec"]["containers"][0]["image"], "nginx");
+    assert!(r.body["metadata"]["labels"].get("x").is_none());
+    assert_eq!(
+        r.body["metadata"]["generation"],
+        before["metadata"]["generation"].as_i64().unwrap() + 1
+    );
+    // The same values again, as other strings: not a write.
+    let again = resize(json!({"name": "c", "resources": res("1000m", "256Mi")}));
+    assert_eq!(
+        again.body["metadata"]["resourceVersion"],
+        r.body["metadata"]["resourceVersion"]
+    );
+    // JSON patch and JSON merge patch too. v1.34 lets a memory limit go
+    // down with NotRequired (#133012; the kubelet checks usage).
+    let r = c
+        .patch(
+            &path,
+            "application/json-patch+json",
+            &json!([{"op": "replace", "path": "/spec/containers/0/resources", "value": res("1", "200Mi")}]),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+    let mut merged = c.get(&path).unwrap().body["spec"]["containers"].clone();
+    merged[0]["resources"] = res("2", "200Mi");
+    let r = c
+        .patch(
+            &path,
+            "application/merge-patch+json",
+            &json!({"spec": {"containers": merged}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+    // A restartable init container (a sidecar) resizes too.
+    let r = c
+        .patch(&path, smp, &json!({"spec": {"initContainers": [{"name": "side", "resources": res("200m", "32Mi")}]}}))
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+
+    // The QOS class may not change (Guaranteed to Burstable here).
+    let r = resize(
+        json!({"name": "c", "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "200Mi"}}}),
+    );
+    assert_eq!(
+        msg(r),
+        "Pod \"rs\" is invalid: spec: Invalid value: \"Guaranteed\": Pod QOS Class may not change as a result of resizing"
+    );
+    // validateResourceRequirements on the resized pod.
+    let mut over = res("2", "200Mi");
+    over["requests"]["cpu"] = json!("3");
+    assert_eq!(
+        msg(resize(json!({"name": "c", "resources": over}))),
+        "Pod \"rs\" is invalid: [spec.containers[0].resources.requests: Invalid value: \"3\": must be less than or equal to cpu limit of 2, spec: Invalid value: \"Guaranteed\": Pod QOS Class may not change as a result of resizing]"
+    );
+    // Only cpu and memory change.
+    let mut disk = res("2", "200Mi");
+    disk["requests"]["ephemeral-storage"] = json!("1Gi");
+    disk["limits"]["ephemeral-storage"] = json!("1Gi");
+    assert_eq!(
+        msg(resize(json!({"name": "c", "resources": disk}))),
+        "Pod \"rs\" is invalid: spec: Forbidden: only cpu and memory resources are mutable"
+    );
+    // The resize policy is taken but immutable since v1.33 (#130183).
+    assert_eq!(
+        msg(resize(
+            json!({"name": "c", "resizePolicy": [{"resourceName": "memory", "restartPolicy": "RestartContainer"}]})
+        )),
+        "Pod \"rs\" is invalid: spec: Forbidden: only cpu and memory resources are mutable"
+    );
+    // validateContainerResize: limits may not be removed.
+    assert_eq!(
+        msg(c.patch(&path, "application/json-patch+json", &json!([{"op": "remove", "path": "/spec/containers/0/resources/limits"}])).unwrap()),
+        "Pod \"rs\" is invalid: [spec: Invalid value: \"Guaranteed\": Pod QOS Class may not change as a result of resizing, spec.containers[0].resources.limits: Forbidden: resource limits cannot be removed]"
+    );
+    // Init containers: a sidecar's other resources and a plain init
+    // container's resources stay.
+    let init = |name: &str, r: Value| {
+        c.patch(
+            &path,
+            smp,
+            &json!({"spec": {"initContainers": [{"name": name, "resources": r}]}}),
+        )
+        .unwrap()
+    };
+    let mut side_disk = res("200m", "32Mi");
+    side_disk["limits"]["ephemeral-storage"] = json!("1Gi");
+    side_disk["requests"]["ephemeral-storage"] = json!("1Gi");
+    assert_eq!(
+        msg(init("side", side_disk)),
+        "Pod \"rs\" is invalid: spec: Forbidden: only cpu and memory resources for sidecar containers are mutable"
+    );
+    assert_eq!(
+        msg(init("setup", res("200m", "16Mi"))),
+        "Pod \"rs\" is invalid: spec: Forbidden: resources for non-sidecar init containers are immutable"
+    );
+    // validatePodResizeContainerOrdering: none added, removed or renamed.
+    let mut renamed = c.get(&path).unwrap().body["spec"]["containers"].clone();
+    renamed[0]["name"] = json!("d");
+    assert_eq!(
+        msg(c.patch(&path, "application/merge-patch+json", &json!({"spec": {"containers": renamed}})).unwrap()),
+        "Pod \"rs\" is invalid: spec.containers[0].name: Forbidden: containers may not be renamed or reordered on resize"
+    );
+    assert_eq!(
+        msg(c.patch(&path, "application/merge-patch+json", &json!({"spec": {"initContainers": []}})).unwrap()),
+        "Pod \"rs\" is invalid: spec.initContainers: Forbidden: initContainers may not be added or removed on resize"
+    );
+
+    // Pods that cannot be resized at all.
+    let refused = |name: &str, tweak: &dyn Fn(&mut Value)| {
+        let mut p = pod(name, Some("n1"));
+        p["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
+        tweak(&mut p);
+        assert_eq!(c.post(PODS, &p).unwrap().status, 201);
+        let r = c
+            .patch(
+                &format!("{PODS}/{name}/resize"),
+                smp,
+                &json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "200m"}}}]}}),
+            )
+            .unwrap();
+        msg(r)
+    };
+    assert_eq!(
+        refused("mirror", &|p| p["metadata"]["annotations"] =
+            json!({"kubernetes.io/config.mirror": "h"})),
+        "Pod \"mirror\" is invalid: : Forbidden: static pods cannot be resized"
+    );
+    assert_eq!(
+        refused("win", &|p| p["spec"]["os"] = json!({"name": "windows"})),
+        "Pod \"win\" is invalid: : Forbidden: windows pods cannot be resized"
+    );
+    assert_eq!(
+        refused("podlevel", &|p| p["spec"]["resources"] =
+            json!({"limits": {"cpu": "1"}})),
+        "Pod \"podlevel\" is invalid: : Forbidden: pods with pod-level resources cannot be resized"
+    );
+    // isPodResizeRequestSupported: a running container whose status has no
+    // resources is on a kubelet without in-place resize.
+    let mut p = pod("old-node", Some("n1"));
+    p["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
+    assert_eq!(c.post(PODS, &p).unwrap().status, 201);
+    let mut st = s.get("pods", Some("default"), "old-node").unwrap();
+    st["status"]["containerStatuses"] = json!([{"name": "c", "state": {"running": {}}}]);
+    s.update_status(st);
+    let r = c
+        .patch(
+            &format!("{PODS}/old-node/resize"),
+            smp,
+            &json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "200m"}}}]}}),
+        )
+        .unwrap();
+    assert_eq!(
+        msg(r),
+        "Pod \"old-node\" is invalid: spec: Forbidden: Pod running on node without support for resize"
+    );
+    // validateContainerResize: requests may not be removed either.
+    let mut st = s.get("pods", Some("default"), "old-node").unwrap();
+    st["status"]["containerStatuses"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
+    s.update_status(st);
+    let r = c
+        .patch(
+            &format!("{PODS}/old-node/resize"),
+            "application/json-patch+json",
+            &json!([{"op": "replace", "path": "/spec/containers/0/resources", "value": {"requests": {"memory": "1Gi"}}}]),
+        )
+        .unwrap();
+    assert_eq!(
+        msg(r),
+        "Pod \"old-node\" is invalid: spec.containers[0].resources.requests: Forbidden: resource requests cannot be removed"
+    );
+}

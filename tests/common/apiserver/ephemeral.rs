@@ -119,7 +119,7 @@ pub fn update(name: &str, old: &Value, new: &Value) -> Result<Value, ApiError> {
 }
 
 /// errors.NewInvalid's message: one error as it is, several in brackets.
-fn invalid(name: &str, errs: Vec<String>) -> ApiError {
+pub(super) fn invalid(name: &str, errs: Vec<String>) -> ApiError {
     let body = match errs.as_slice() {
         [one] => one.clone(),
         many => format!("[{}]", many.join(", ")),

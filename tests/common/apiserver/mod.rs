@@ -9,7 +9,10 @@
 //! another runtime. [`Client`] is a small blocking HTTP/1.1 client for tests.
 //!
 //! Implemented:
-//! - Resources: core v1 `pods` (+`/status`), `nodes` (+`/status`),
+//! - Resources: core v1 `pods` (+`/status`, `/ephemeralcontainers` and
+//!   `/resize` as upstream's subresource strategies and validation, see
+//!   ephemeral.rs and resize.rs; a plain pod write may not change container
+//!   resources or resize policies), `nodes` (+`/status`),
 //!   `namespaces` (default, kube-system, kube-node-lease, kube-public exist
 //!   at start), `events`, `configmaps`, `secrets`, `services`,
 //!   `serviceaccounts` (+`/token`), `persistentvolumes` (+`/status`),
@@ -131,7 +134,8 @@
 //! the admission plugin's wait for a missing `default` ServiceAccount and
 //! its checks of volume plugins' secretRefs on mirror pods, validation and
 //! defaulting
-//! beyond the fields named above (e.g. pod spec immutability), namespace
+//! beyond the fields named above (e.g. pod spec immutability other than of
+//! container resources and resize policies), namespace
 //! lifecycle (objects may be created in any namespace), deletecollection,
 //! garbage collection of owned objects, CSR signer policy checks (subjects,
 //! usages), more than one O in [`ApiServer::issue_client_cert`] certificates
@@ -144,6 +148,7 @@ mod ephemeral;
 mod patch;
 mod pki;
 pub mod podcert;
+mod resize;
 mod server;
 mod serviceaccount;
 mod store;

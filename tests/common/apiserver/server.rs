@@ -415,9 +415,10 @@ async fn route(
         ("GET", None) if query.flag("watch") => return start_watch(shared, &t, &query, kill),
         ("GET", None) => list(shared, &t, &query),
         ("GET", Some(name)) => {
-            // The ephemeralcontainers subresource reads as the pod.
+            // The ephemeralcontainers and resize subresources read as the pod.
             let readable = |s: &&str| {
-                *s != "status" && (*s != "ephemeralcontainers" || t.res.plural != "pods")
+                *s != "status"
+                    && (!matches!(*s, "ephemeralcontainers" | "resize") || t.res.plural != "pods")
             };
             if let Some(s) = t.sub.as_deref().filter(readable) {
                 Err(ApiError::new(
@@ -534,6 +535,7 @@ fn sub_of(t: &Target) -> Result<Sub, ApiError> {
         Some("status") if t.res.status => Ok(Sub::Status),
         Some("approval") if t.res.plural == "certificatesigningrequests" => Ok(Sub::Approval),
         Some("ephemeralcontainers") if t.res.plural == "pods" => Ok(Sub::EphemeralContainers),
+        Some("resize") if t.res.plural == "pods" => Ok(Sub::Resize),
         Some(_) => Err(not_found_path()),
     }
 }

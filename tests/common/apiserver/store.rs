@@ -614,6 +614,8 @@ pub enum Sub {
     Approval,
     /// pods/{name}/ephemeralcontainers.
     EphemeralContainers,
+    /// pods/{name}/resize.
+    Resize,
 }
 
 /// Knobs of the CSR signer.
@@ -1009,6 +1011,7 @@ impl Store {
                 next
             }
             Sub::EphemeralContainers => super::ephemeral::update(name, &old, &new)?,
+            Sub::Resize => super::resize::update(name, &old, &new)?,
             Sub::Approval => {
                 let mut next = old.clone();
                 let conds = new
@@ -1054,6 +1057,9 @@ impl Store {
                 if res.generation && next.get("spec") != old.get("spec") {
                     let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
                     meta_mut(&mut next).insert("generation".into(), json!(g));
+                }
+                if res.plural == "pods" {
+                    super::resize::check_pod_update(name, &old, &next)?;
                 }
                 next
             }
