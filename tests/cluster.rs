@@ -1016,3 +1016,153 @@ fn an_ephemeral_container_runs_once_beside_its_target() {
     let out = container_logs(&k, &name, "kdebug");
     assert!(out.contains("from-kubectl-debug"), "{out}");
 }
+
+/// In-place resize (InPlacePodVerticalScaling, beta and on in 1.34) through
+/// the `pods/{name}/resize` subresource, as `kubectl patch --subresource
+/// resize` sends it: a resize that fits is applied to the running
+/// container without a restart; one past the node's capacity waits as
+/// Infeasible and leaves the container alone; reverting it clears the
+/// condition in the API. Old code: the container kept its old limits and
+/// no condition said anything.
+#[test]
+fn a_resize_is_applied_in_place_or_waits_as_upstream() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-resize";
+    let k = cluster_kubelet(node, &api);
+    let name = format!("resized-{node}");
+    // The container prints its cgroup's cpu quota and memory limit (v1 or
+    // v2 files) every half second.
+    let mut pod = bound_pod(
+        &name,
+        node,
+        1,
+        "while true; do \
+           q=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cat /sys/fs/cgroup/cpu.max); \
+           m=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max); \
+           echo \"quota=$q memory=$m\"; sleep 0.5; done",
+    );
+    pod["spec"]["containers"][0]["resources"] = json!({
+        "requests": {"cpu": "100m", "memory": "32Mi"},
+        "limits": {"cpu": "200m", "memory": "64Mi"}
+    });
+    api.create(pod);
+    let p = wait_for("the pod running", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+    });
+    assert!(
+        cond(&p, "PodResizeInProgress").is_none(),
+        "{:#}",
+        p["status"]
+    );
+    let cs = &p["status"]["containerStatuses"][0];
+    assert_eq!(cs["resources"]["limits"]["cpu"], "200m", "{cs:#}");
+    assert_eq!(cs["resources"]["limits"]["memory"], "64Mi", "{cs:#}");
+    assert_eq!(cs["allocatedResources"]["cpu"], "100m", "{cs:#}");
+    let id = cs["containerID"].clone();
+    wait_for("the old quota in the container", T, || {
+        container_logs(&k, &name, "main")
+            .contains("quota=20000 memory=67108864")
+            .then_some(())
+    });
+
+    let resize = |cpu_request: &str, cpu_limit: &str| {
+        let r = api
+            .client()
+            .patch(
+                &format!("/api/v1/namespaces/default/pods/{name}/resize"),
+                "application/strategic-merge-patch+json",
+                &json!({"spec": {"containers": [{
+                    "name": "main",
+                    "resources": {
+                        "requests": {"cpu": cpu_request},
+                        "limits": {"cpu": cpu_limit, "memory": "96Mi"}
+                    }
+                }]}}),
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{:#}", r.body);
+    };
+
+    // Fits: applied in place, same container, no restart.
+    resize("200m", "400m");
+    let p = wait_for("the resize applied", T, || {
+        api.get("pods", Some("default"), &name).filter(|p| {
+            p["status"]["containerStatuses"][0]["resources"]["limits"]["cpu"] == "400m"
+                && cond(p, "PodResizeInProgress").is_none()
+        })
+    });
+    let cs = &p["status"]["containerStatuses"][0];
+    assert_eq!(cs["containerID"], id, "resized in place, not restarted");
+    assert_eq!(cs["restartCount"], 0);
+    assert_eq!(cs["resources"]["limits"]["memory"], "96Mi", "{cs:#}");
+    assert_eq!(cs["allocatedResources"]["cpu"], "200m", "{cs:#}");
+    assert!(cond(&p, "PodResizePending").is_none(), "{:#}", p["status"]);
+    assert_eq!(p["status"]["observedGeneration"], 2);
+    wait_for("the new quota in the container", T, || {
+        container_logs(&k, &name, "main")
+            .contains("quota=40000 memory=100663296")
+            .then_some(())
+    });
+    wait_for("the ResizeCompleted event", T, || {
+        api.list("events").into_iter().find(|e| {
+            e["reason"] == "ResizeCompleted" && e["involvedObject"]["name"] == name.as_str()
+        })
+    });
+
+    // Past the node's capacity: Infeasible, and nothing changes.
+    resize("1000", "1000");
+    let p = wait_for("Infeasible", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| cond(p, "PodResizePending").is_some_and(|c| c["reason"] == "Infeasible"))
+    });
+    let c = cond(&p, "PodResizePending").unwrap();
+    assert_eq!(c["status"], "True");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Node didn't have enough capacity: cpu, requested: 1000000, capacity: "),
+        "{c:#}"
+    );
+    let cs = &p["status"]["containerStatuses"][0];
+    assert_eq!(cs["resources"]["limits"]["cpu"], "400m", "{cs:#}");
+    assert_eq!(cs["allocatedResources"]["cpu"], "200m", "{cs:#}");
+    assert_eq!(cs["containerID"], id);
+
+    // Reverted: the condition leaves the API's status.
+    resize("200m", "400m");
+    wait_for("PodResizePending cleared", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| cond(p, "PodResizePending").is_none())
+    });
+    let logs = container_logs(&k, &name, "main");
+    let last = logs.lines().rfind(|l| l.starts_with("quota="));
+    assert!(
+        last.is_some_and(|l| l.starts_with("quota=40000 ")),
+        "{logs}"
+    );
+    // A pod without resources (BestEffort): what containerd reports for it
+    // (no quota, minimal shares) is what its spec gives, so it never looks
+    // resized.
+    let plain = format!("plain-{node}");
+    api.create(bound_pod(&plain, node, 1, "while true; do sleep 1; done"));
+    let p = wait_for("the plain pod running", T, || {
+        api.get("pods", Some("default"), &plain)
+            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+    });
+    assert!(
+        cond(&p, "PodResizeInProgress").is_none(),
+        "{:#}",
+        p["status"]
+    );
+    assert_eq!(p["status"]["containerStatuses"][0]["resources"], json!({}));
+    // One update reached the runtime: the resize that fit. The settings
+    // containerd reports for an untouched container never look resized.
+    assert_eq!(
+        k.log().matches("resizing container in place").count(),
+        1,
+        "{}",
+        k.log()
+    );
+}
