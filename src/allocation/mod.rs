@@ -41,8 +41,8 @@ struct State {
     lagging: HashMap<String, Allocation>,
     pending: HashMap<String, Pending>,
     /// Pods whose resize was granted and not yet seen applied (upstream's
-    /// PodResizeInProgress, set on allocation).
-    in_progress: HashMap<String, ()>,
+    /// PodResizeInProgress, set on allocation), with what was granted.
+    in_progress: HashMap<String, Allocation>,
 }
 
 #[derive(Clone, Default)]
@@ -148,19 +148,31 @@ impl AllocationManager {
         self.state.lock().in_progress.contains_key(uid)
     }
 
-    /// The granted resize was seen applied (or the pod went).
-    pub fn done(&self, uid: &str) -> bool {
-        self.state.lock().in_progress.remove(uid).is_some()
+    /// The granted resize was seen applied to `pod` (the copy a worker
+    /// ran: one synced before the grant does not end it). True when it was
+    /// in progress.
+    pub fn done(&self, uid: &str, pod: &Pod) -> bool {
+        let mut st = self.state.lock();
+        if st
+            .in_progress
+            .get(uid)
+            .is_some_and(|a| *a == resources_of(pod))
+        {
+            st.in_progress.remove(uid);
+            return true;
+        }
+        false
     }
 
-    /// Grants the pod its spec: no lagging record, nothing pending. With
+    /// Grants `pod` its spec: no lagging record, nothing pending. With
     /// `resized`, the grant is a resize, in progress until seen applied.
-    pub fn grant(&self, uid: &str, resized: bool) {
+    pub fn grant(&self, pod: &Pod, resized: bool) {
+        let uid = crate::source::pod_uid(pod);
         let changed = {
             let mut st = self.state.lock();
             st.pending.remove(uid);
             if resized {
-                st.in_progress.insert(uid.to_string(), ());
+                st.in_progress.insert(uid.to_string(), resources_of(pod));
             }
             st.lagging.remove(uid).is_some()
         };
@@ -181,6 +193,13 @@ impl AllocationManager {
             self.save();
         }
         crate::metrics::resize_states(self.counts());
+    }
+
+    /// A pod that finished has no resize in progress.
+    pub fn remove_progress(&self, uid: &str) {
+        if self.state.lock().in_progress.remove(uid).is_some() {
+            crate::metrics::resize_states(self.counts());
+        }
     }
 
     /// Forgets a pod that is gone.

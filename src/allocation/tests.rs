@@ -86,14 +86,15 @@ fn a_lagging_allocation_is_run_and_kept_across_a_restart() {
     assert_eq!(again.pending("u-web"), None, "why it waits is decided anew");
 
     // Granted: the spec runs, nothing is kept, the resize is in progress.
-    m.grant("u-web", true);
+    m.grant(&new, true);
     assert!(!m.lags("u-web") && m.pending("u-web").is_none());
     assert!(m.in_progress("u-web"));
     assert_eq!(
         resources_of(&m.granted(Arc::new(new.clone()))),
         resources_of(&new)
     );
-    assert!(m.done("u-web") && !m.in_progress("u-web"));
+    assert!(!m.done("u-web", &old), "a copy synced before the grant");
+    assert!(m.done("u-web", &new) && !m.in_progress("u-web"));
     let reloaded = AllocationManager::load(&root);
     assert!(!reloaded.lags("u-web"), "the record is gone from the file");
     std::fs::remove_dir_all(&root).unwrap();

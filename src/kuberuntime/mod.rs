@@ -314,6 +314,7 @@ impl RuntimeManager {
             }
         }
         crate::metrics::resize_actuated(started.elapsed(), failed.is_none());
+        crate::stats::cgroup::limits_changed();
         let mut errors = self.resize_errors.lock();
         match failed {
             Some(m) => {

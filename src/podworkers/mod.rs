@@ -989,10 +989,10 @@ impl PodWorkers {
             }
         }
         if pod_is_terminal {
-            alloc.done(uid);
+            alloc.remove_progress(uid);
             return Default::default();
         }
-        if !differs && error.is_none() && alloc.done(uid) {
+        if !differs && error.is_none() && alloc.done(uid, pod) {
             crate::events::pod(
                 pod,
                 None,

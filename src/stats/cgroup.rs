@@ -376,6 +376,8 @@ pub struct FileReader {
     specs: foldhash::HashMap<std::ffi::OsString, Vec<(&'static str, SpecEntry)>>,
     /// Whether `spec` may answer from `specs` (see `cache_specs`).
     cache_specs: bool,
+    /// The `SPEC_EPOCH` the kept limits were read under.
+    spec_epoch: u64,
     /// The node has no swap (`SwapTotal` 0 in this collection's meminfo):
     /// no cgroup has anything swapped out, so the swap usage files, one per
     /// cgroup at every scrape, are not read.
@@ -394,11 +396,39 @@ struct SpecEntry {
 
 /// How long a pod's or container's limits and weights are reused before
 /// they are read again. The runtime sets them when it creates the cgroup
-/// and rkubelet never updates them (no in-place resize), so only a change
-/// made behind the kubelet's back (`crictl update`) shows this late;
-/// cAdvisor rereads them at most every 5 s. Reading them at every scrape
-/// was about a quarter of `/metrics/cadvisor`'s file opens.
+/// and changes them only when rkubelet resizes a container in place, which
+/// drops every kept value (`limits_changed`), so only a change made behind
+/// the kubelet's back (`crictl update`) shows this late; cAdvisor rereads
+/// them at most every 5 s. Reading them at every scrape was about a
+/// quarter of `/metrics/cadvisor`'s file opens.
 pub const SPEC_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Bumped by each in-place resize: kept limits read under an older value
+/// are read again.
+#[cfg(not(test))]
+static SPEC_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+// Per test thread in unit tests, so a resize in one test never empties the
+// cache another test is counting file opens on.
+#[cfg(test)]
+thread_local! {
+    static SPEC_EPOCH: std::sync::atomic::AtomicU64 = const { std::sync::atomic::AtomicU64::new(0) };
+}
+
+fn spec_epoch() -> u64 {
+    #[cfg(not(test))]
+    return SPEC_EPOCH.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(test)]
+    SPEC_EPOCH.with(|e| e.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// A container's limits were changed (an in-place resize).
+pub fn limits_changed() {
+    #[cfg(not(test))]
+    SPEC_EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    #[cfg(test)]
+    SPEC_EPOCH.with(|e| e.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+}
 
 /// Open cgroup value files, read again at offset 0 on the next collection.
 /// Opening is most of the kernel's share of a scrape (a path walk and a
@@ -485,6 +515,7 @@ impl FileReader {
             logs: Default::default(),
             specs: Default::default(),
             cache_specs: false,
+            spec_epoch: 0,
             swap_off: false,
             psi: true,
         }
@@ -636,6 +667,11 @@ impl FileReader {
     pub(super) fn spec(&mut self, dir: &Path, file: &'static str) -> Option<&str> {
         if !self.cache_specs {
             return self.value(dir, file).map(str::trim);
+        }
+        let epoch = spec_epoch();
+        if epoch != self.spec_epoch {
+            self.specs.clear();
+            self.spec_epoch = epoch;
         }
         let now = std::time::Instant::now();
         let at = |files: &[(&str, SpecEntry)]| files.iter().position(|(n, _)| *n == file);
@@ -1594,6 +1630,22 @@ mod tests {
         std::fs::remove_file(d.join("memory.swap.max")).unwrap();
         std::fs::remove_file(d.join("memory.swap.current")).unwrap();
         assert_eq!(read(&h2, true).0, None);
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn an_in_place_resize_drops_the_kept_limits() {
+        // Old code: a limit changed by a resize showed up to 60 s late.
+        let root = tempdir("specs-resize");
+        write(&root, "cpu.cfs_quota_us", "20000\n");
+        let mut r = FileReader::keeping(16);
+        r.begin();
+        r.cache_specs(true);
+        assert_eq!(r.spec_u64(&root, "cpu.cfs_quota_us"), Some(20000));
+        write(&root, "cpu.cfs_quota_us", "40000\n");
+        assert_eq!(r.spec_u64(&root, "cpu.cfs_quota_us"), Some(20000), "kept");
+        limits_changed();
+        assert_eq!(r.spec_u64(&root, "cpu.cfs_quota_us"), Some(40000));
         let _ = std::fs::remove_dir_all(root);
     }
 

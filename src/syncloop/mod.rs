@@ -342,7 +342,7 @@ impl SyncLoop {
             if self.workers.allocation().lags(uid)
                 || self.workers.allocation().pending(uid).is_some()
             {
-                self.workers.allocation().grant(uid, false);
+                self.workers.allocation().grant(pod, false);
             }
             return;
         }
@@ -394,7 +394,7 @@ impl SyncLoop {
                     crate::metrics::resize_deferred_accepted(trigger);
                 }
                 info!(pod = name, pod_uid = %uid, "in-place resize granted");
-                self.workers.allocation().grant(uid, true);
+                self.workers.allocation().grant(pod, true);
                 true
             }
             Some(p) => {
