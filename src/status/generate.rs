@@ -248,9 +248,8 @@ fn container_status(
         }
     }
     // In-place resize (upstream convertToAPIContainerStatuses): what was
-    // granted, and what the runtime applied, for resizable containers that
-    // ran.
-    if let Some(l) = latest.filter(|_| !init || is_sidecar(c)) {
+    // granted, and what the runtime applied, for every container that ran.
+    if let Some(l) = latest {
         s.allocated_resources = c.resources.as_ref().and_then(|r| r.requests.clone());
         s.resources = Some(applied_resources(c, l));
     }
@@ -1037,6 +1036,89 @@ mod tests {
             ..Default::default()
         });
         p
+    }
+
+    #[test]
+    fn a_resize_shows_in_conditions_and_container_resources_as_upstream() {
+        // Old code: no resize conditions, and container statuses had no
+        // allocatedResources or resources.
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        let mut p = pod("Always", &[], &["a"]);
+        let q = |cpu: &str, mem: &str| {
+            Some(
+                [
+                    ("cpu".to_string(), Quantity(cpu.into())),
+                    ("memory".to_string(), Quantity(mem.into())),
+                ]
+                .into(),
+            )
+        };
+        // Granted: 500m/1, 64Mi limit.
+        p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+            requests: q("500m", "32Mi"),
+            limits: q("1", "64Mi"),
+            ..Default::default()
+        });
+        // The runtime still runs the old 250m/500m and 32Mi limit.
+        let mut c = info("a", CState::Running, 0, 5, 0);
+        c.resources = Some(crate::cri::v1::LinuxContainerResources {
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+            cpu_shares: 256,
+            memory_limit_in_bytes: 32 << 20,
+            ..Default::default()
+        });
+        let r = rt(vec![c]);
+        let s = generate_pod_status(&StatusInput {
+            pod: &p,
+            rt: &r,
+            waiting: &HashMap::new(),
+            readiness: &HashMap::new(),
+            not_started: &Default::default(),
+            host_ip: "192.0.2.1",
+            previous: None,
+            now: Timestamp::UNIX_EPOCH,
+            pod_is_terminal: false,
+            track_generation: true,
+            resize: ResizeStatus {
+                pending: Some(crate::allocation::Pending {
+                    reason: crate::allocation::DEFERRED,
+                    message: "no room".into(),
+                }),
+                in_progress: true,
+                error: Some("runc: bad".into()),
+            },
+        });
+        let types: Vec<&str> = s
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(
+            types[..3],
+            [
+                "PodResizePending",
+                "PodResizeInProgress",
+                "PodReadyToStartContainers"
+            ]
+        );
+        let pending = cond(&s, "PodResizePending");
+        assert_eq!(
+            (pending.status.as_str(), pending.reason.as_deref()),
+            ("True", Some("Deferred"))
+        );
+        let progress = cond(&s, "PodResizeInProgress");
+        assert_eq!(progress.reason.as_deref(), Some("Error"));
+        assert_eq!(progress.message.as_deref(), Some("runc: bad"));
+        let cs = app(&s);
+        assert_eq!(cs.allocated_resources, q("500m", "32Mi"));
+        // What the runtime applied: cpu request from shares (rounded up),
+        // the limits from quota and the memory limit; the memory request
+        // is the grant's.
+        let applied = cs.resources.as_ref().unwrap();
+        assert_eq!(applied.requests, q("250m", "32Mi"));
+        assert_eq!(applied.limits, q("500m", "32Mi"));
     }
 
     #[test]
