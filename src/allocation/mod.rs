@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements};
 use parking_lot::Mutex;
 use tracing::warn;
 
@@ -54,20 +54,22 @@ pub struct AllocationManager {
     writer: Arc<Mutex<()>>,
 }
 
-/// The resizable containers' resources (regular containers and sidecars,
-/// upstream IsResizableContainer), by name.
+/// The containers a resize may change: sidecars, then the regular ones
+/// (upstream IsResizableContainer).
+pub fn resizable(pod: &Pod) -> impl Iterator<Item = &Container> {
+    pod.spec.iter().flat_map(|s| {
+        let sidecars = s
+            .init_containers
+            .iter()
+            .flatten()
+            .filter(|c| crate::kuberuntime::actions::is_sidecar(c));
+        sidecars.chain(s.containers.iter())
+    })
+}
+
+/// The resizable containers' resources, by name.
 pub fn resources_of(pod: &Pod) -> Allocation {
-    let Some(spec) = pod.spec.as_ref() else {
-        return Allocation::new();
-    };
-    let sidecars = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .filter(|c| crate::kuberuntime::actions::is_sidecar(c));
-    spec.containers
-        .iter()
-        .chain(sidecars)
+    resizable(pod)
         .map(|c| (c.name.clone(), c.resources.clone().unwrap_or_default()))
         .collect()
 }

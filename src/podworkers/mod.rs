@@ -284,24 +284,20 @@ enum Step<T> {
 /// The resizable containers' names and resources, as upstream's
 /// ResizeCompleted message shows them (JSON, init containers first).
 fn resized_resources(pod: &Pod) -> String {
-    let entry = |c: &k8s_openapi::api::core::v1::Container| serde_json::json!({"name": c.name, "resources": c.resources.clone().unwrap_or_default()});
-    let mut out = serde_json::Map::new();
-    if let Some(s) = pod.spec.as_ref() {
-        let sidecars: Vec<_> = s
-            .init_containers
-            .iter()
-            .flatten()
-            .filter(|c| crate::kuberuntime::actions::is_sidecar(c))
-            .map(entry)
-            .collect();
-        if !sidecars.is_empty() {
-            out.insert("initContainers".into(), sidecars.into());
+    let (mut inits, mut apps) = (Vec::new(), Vec::new());
+    for c in crate::allocation::resizable(pod) {
+        let entry = serde_json::json!({"name": c.name, "resources": c.resources.clone().unwrap_or_default()});
+        if crate::kuberuntime::actions::is_sidecar(c) {
+            inits.push(entry);
+        } else {
+            apps.push(entry);
         }
-        out.insert(
-            "containers".into(),
-            s.containers.iter().map(entry).collect::<Vec<_>>().into(),
-        );
     }
+    let mut out = serde_json::Map::new();
+    if !inits.is_empty() {
+        out.insert("initContainers".into(), inits.into());
+    }
+    out.insert("containers".into(), apps.into());
     serde_json::Value::Object(out).to_string()
 }
 
@@ -972,26 +968,19 @@ impl PodWorkers {
         pod_is_terminal: bool,
     ) -> crate::status::generate::ResizeStatus {
         let alloc = &self.deps.runtime.allocation;
-        let error = self.deps.runtime.resize_error(uid);
-        let resizable = pod.spec.iter().flat_map(|s| {
-            let sidecars = s
-                .init_containers
-                .iter()
-                .flatten()
-                .filter(|c| crate::kuberuntime::actions::is_sidecar(c));
-            s.containers.iter().chain(sidecars)
-        });
-        let mut differs = false;
-        for c in resizable {
-            if let Some(l) = rt.latest(&c.name).filter(|l| l.state == CState::Running) {
-                let (cpu, memory) = crate::kuberuntime::actions::resize_changes(c, l);
-                differs |= cpu || memory;
-            }
-        }
         if pod_is_terminal {
             alloc.remove_progress(uid);
             return Default::default();
         }
+        let error = self.deps.runtime.resize_error(uid);
+        let differs = crate::allocation::resizable(pod).any(|c| {
+            rt.latest(&c.name)
+                .filter(|l| l.state == CState::Running)
+                .is_some_and(|l| {
+                    let (cpu, memory) = crate::kuberuntime::actions::resize_changes(c, l);
+                    cpu || memory
+                })
+        });
         if !differs && error.is_none() && alloc.done(uid, pod) {
             crate::events::pod(
                 pod,
