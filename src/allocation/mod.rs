@@ -126,24 +126,32 @@ impl AllocationManager {
         self.state.lock().lagging.contains_key(uid)
     }
 
+    /// The allocation the pod runs on instead of its spec, if any. A
+    /// pending resize always has one (`defer` keeps both, `grant` and
+    /// `remove` drop both).
+    pub fn lagging(&self, uid: &str) -> Option<Allocation> {
+        self.state.lock().lagging.get(uid).cloned()
+    }
+
     /// The pod's allocation: the lagging one, else `fallback`'s resources
     /// (the pod as last granted).
     pub fn allocation(&self, uid: &str, fallback: &Pod) -> Allocation {
-        self.state
-            .lock()
-            .lagging
-            .get(uid)
-            .cloned()
-            .unwrap_or_else(|| resources_of(fallback))
+        self.lagging(uid).unwrap_or_else(|| resources_of(fallback))
     }
 
     pub fn pending(&self, uid: &str) -> Option<Pending> {
         self.state.lock().pending.get(uid).cloned()
     }
 
-    /// The UIDs of pods whose resize waits.
-    pub fn pending_uids(&self) -> Vec<String> {
-        self.state.lock().pending.keys().cloned().collect()
+    /// The UIDs of pods whose resize is Deferred (Infeasible ones wait for
+    /// their pod to change).
+    pub fn deferred_uids(&self) -> Vec<String> {
+        let st = self.state.lock();
+        st.pending
+            .iter()
+            .filter(|(_, p)| p.reason == DEFERRED)
+            .map(|(uid, _)| uid.clone())
+            .collect()
     }
 
     pub fn in_progress(&self, uid: &str) -> bool {
@@ -255,39 +263,33 @@ impl AllocationManager {
     }
 }
 
-/// Counts each container's requested change, per resource and requirement
+/// Counts each container's requested change from `was` to `want` (their
+/// resizable containers' resources), per resource and requirement
 /// (upstream recordContainerResizeOperations:
 /// `kubelet_container_requested_resizes_total`).
-pub fn count_requested_resizes(old: &Pod, new: &Pod) {
-    let (before, after) = (resources_of(old), resources_of(new));
-    for (name, r) in &after {
-        let Some(o) = before.get(name) else {
+pub fn count_requested_resizes(was: &Allocation, want: &Allocation) {
+    use crate::cm::quantity::{parse_bytes, parse_cpu_millis};
+    type List = Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >;
+    let value = |list: &List, resource: &str| {
+        let q = &list.as_ref()?.get(resource)?.0;
+        match resource {
+            "cpu" => parse_cpu_millis(q).ok(),
+            _ => parse_bytes(q).ok(),
+        }
+    };
+    for (name, new) in want {
+        let Some(old) = was.get(name) else {
             continue;
         };
-        for requirement in ["requests", "limits"] {
-            let pick = |r: &ResourceRequirements| {
-                if requirement == "requests" {
-                    r.requests.clone()
-                } else {
-                    r.limits.clone()
-                }
-                .unwrap_or_default()
-            };
-            let (was, now) = (pick(o), pick(r));
+        let pairs = [
+            ("requests", &old.requests, &new.requests),
+            ("limits", &old.limits, &new.limits),
+        ];
+        for (requirement, before, after) in pairs {
             for resource in ["cpu", "memory"] {
-                let value = |m: &std::collections::BTreeMap<
-                    String,
-                    k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-                >| {
-                    m.get(resource).and_then(|q| {
-                        if resource == "cpu" {
-                            crate::cm::quantity::parse_cpu_millis(&q.0).ok()
-                        } else {
-                            crate::cm::quantity::parse_bytes(&q.0).ok()
-                        }
-                    })
-                };
-                let operation = match (value(&was), value(&now)) {
+                let operation = match (value(before, resource), value(after, resource)) {
                     (None, Some(_)) => "add",
                     (Some(_), None) => "remove",
                     (Some(a), Some(b)) if b > a => "increase",

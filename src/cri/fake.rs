@@ -167,6 +167,12 @@ impl FakeRuntime {
         self.state.lock().calls.clone()
     }
 
+    /// How many calls so far start with `prefix`.
+    pub fn count_calls(&self, prefix: &str) -> usize {
+        let s = self.state.lock();
+        s.calls.iter().filter(|c| c.starts_with(prefix)).count()
+    }
+
     /// Every Attach request so far.
     pub fn attach_requests(&self) -> Vec<v1::AttachRequest> {
         self.state.lock().attach_requests.clone()

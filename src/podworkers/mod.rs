@@ -1163,11 +1163,7 @@ mod tests {
         // Arrives while terminating: must not start until removal is done.
         w.update("u1", Work::Sync(pod.clone()));
         until("the pod to start again", || {
-            fake.calls()
-                .iter()
-                .filter(|c| c.starts_with("RunPodSandbox"))
-                .count()
-                == 2
+            fake.count_calls("RunPodSandbox") == 2
         })
         .await;
         let calls = fake.calls();

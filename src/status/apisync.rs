@@ -88,11 +88,9 @@ fn status_patch(uid: &str, status: &PodStatus, old: Option<&PodStatus>) -> serde
     });
     if !gone.is_empty() {
         let list = &mut patch["status"]["conditions"];
-        if !list.is_array() {
-            *list = serde_json::Value::Array(Vec::new());
-        }
-        if let Some(a) = list.as_array_mut() {
-            a.extend(gone);
+        match list.as_array_mut() {
+            Some(a) => a.extend(gone),
+            None => *list = gone.into(),
         }
     }
     patch

@@ -247,11 +247,10 @@ impl SyncLoop {
         // A pod back after a restart is admitted as it was granted, not
         // with a resize still waiting for room (upstream admits the
         // allocated pod).
-        let granted = self
-            .workers
-            .allocation()
+        let allocation = self.workers.allocation();
+        let granted = allocation
             .lags(uid)
-            .then(|| self.workers.allocation().granted(Arc::new(pod.clone())));
+            .then(|| allocation.granted(Arc::new(pod.clone())));
         let checked = granted.as_deref().unwrap_or(pod);
         let verdict = crate::lifecycle::admit(checked, &refs, &a.node.read(), is_static);
         crate::metrics::topology_manager_admission(Duration::ZERO);
@@ -331,22 +330,26 @@ impl SyncLoop {
         if self.is_rejected(uid) {
             return;
         }
-        if let Some(b) = before {
-            crate::allocation::count_requested_resizes(b, pod);
+        let alloc = self.workers.allocation();
+        let want = crate::allocation::resources_of(pod);
+        let was = before.map(crate::allocation::resources_of);
+        if let Some(was) = &was {
+            crate::allocation::count_requested_resizes(was, &want);
         }
-        let alloc = self
-            .workers
-            .allocation()
-            .allocation(uid, before.unwrap_or(pod));
-        if crate::allocation::resources_of(pod) == alloc {
-            if self.workers.allocation().lags(uid)
-                || self.workers.allocation().pending(uid).is_some()
-            {
-                self.workers.allocation().grant(pod, false);
+        // What the pod runs on: its lagging allocation, else the copy last
+        // seen; a new pod with no record has nothing to decide.
+        let lagging = alloc.lagging(uid);
+        let waits = lagging.is_some();
+        let Some(granted) = lagging.or(was) else {
+            return;
+        };
+        if want == granted {
+            if waits {
+                alloc.grant(pod, false);
             }
             return;
         }
-        self.decide_resize(a, pod, alloc, "pod_updated");
+        self.decide_resize(a, pod, granted, "pod_updated");
     }
 
     /// Grants a resize that fits, or keeps the pod on `alloc` with why it
@@ -383,23 +386,22 @@ impl SyncLoop {
                     message: r.message,
                 })
         };
+        let allocation = self.workers.allocation();
         match why {
             None => {
-                let was_deferred = self
-                    .workers
-                    .allocation()
+                if allocation
                     .pending(uid)
-                    .is_some_and(|p| p.reason == DEFERRED);
-                if was_deferred {
+                    .is_some_and(|p| p.reason == DEFERRED)
+                {
                     crate::metrics::resize_deferred_accepted(trigger);
                 }
                 info!(pod = name, pod_uid = %uid, "in-place resize granted");
-                self.workers.allocation().grant(pod, true);
+                allocation.grant(pod, true);
                 true
             }
             Some(p) => {
                 info!(pod = name, pod_uid = %uid, reason = p.reason, message = %p.message, "in-place resize waits");
-                self.workers.allocation().defer(uid, alloc, p);
+                allocation.defer(uid, alloc, p);
                 false
             }
         }
@@ -412,21 +414,14 @@ impl SyncLoop {
         let Some(a) = &self.admission else {
             return;
         };
-        for uid in self.workers.allocation().pending_uids() {
+        let alloc = self.workers.allocation();
+        for uid in alloc.deferred_uids() {
             let Some(pod) = self.pods.get(&uid) else {
-                self.workers.allocation().remove(&uid);
+                alloc.remove(&uid);
                 continue;
             };
-            if self
-                .workers
-                .allocation()
-                .pending(&uid)
-                .is_none_or(|p| p.reason != crate::allocation::DEFERRED)
-            {
-                continue;
-            }
-            let alloc = self.workers.allocation().allocation(&uid, &pod);
-            if self.decide_resize(a, &pod, alloc, trigger) {
+            let granted = alloc.allocation(&uid, &pod);
+            if self.decide_resize(a, &pod, granted, trigger) {
                 self.workers.update(&uid, Work::Sync(pod));
             }
         }
@@ -611,6 +606,23 @@ mod tests {
         (fake, token, workers, pleg)
     }
 
+    /// Runs `sl` until `token` is cancelled, fed by the returned sender; no
+    /// PLEG event or probe result comes (their senders live as long).
+    fn run_loop(
+        sl: SyncLoop,
+        token: &CancellationToken,
+    ) -> (mpsc::Sender<PodUpdate>, tokio::task::JoinHandle<()>) {
+        let (updates_tx, updates_rx) = mpsc::channel(10);
+        let (pleg_tx, pleg_rx) = mpsc::channel(10);
+        let (probe_tx, probe_rx) = mpsc::channel(10);
+        let token = token.child_token();
+        let task = tokio::spawn(async move {
+            let _senders = (pleg_tx, probe_tx);
+            sl.run(updates_rx, pleg_rx, probe_rx, token).await
+        });
+        (updates_tx, task)
+    }
+
     /// Admission on a node with room for one pod.
     fn one_pod_node() -> Admission {
         let facts = crate::lifecycle::NodeFacts {
@@ -729,13 +741,10 @@ mod tests {
     async fn a_pod_that_does_not_fit_is_rejected_and_never_started() {
         // Old code: every pod was started, whatever maxPods said.
         let (_, token, workers, pleg) = fixture();
-        let (_pleg_tx, pleg_rx) = mpsc::channel(10);
         let status = workers.status().clone();
         let sl = sync_loop(PodManager::new(), &workers, pleg, Some(one_pod_node()));
         let pod = |name: &str| crate::testutil::named_pod(name, &format!("u-{name}"));
-        let (updates_tx, updates_rx) = mpsc::channel(10);
-        let (_probe_tx, probe_rx) = mpsc::channel(10);
-        let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, token.child_token()));
+        let (updates_tx, task) = run_loop(sl, &token);
         updates_tx
             .send(PodUpdate {
                 pods: vec![pod("first"), pod("second")],
@@ -777,10 +786,7 @@ mod tests {
         let status = workers.status().clone();
         let pods = PodManager::new();
         let sl = sync_loop(pods.clone(), &workers, pleg, Some(one_pod_node()));
-        let (updates_tx, updates_rx) = mpsc::channel(10);
-        let (_pleg_tx, pleg_rx) = mpsc::channel(10);
-        let (_probe_tx, probe_rx) = mpsc::channel(10);
-        let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, token.child_token()));
+        let (updates_tx, task) = run_loop(sl, &token);
         let send = |op, pod| send_api(&updates_tx, op, pod);
 
         // A container deaf to SIGTERM (the fake's "stubborn" name): it
@@ -860,10 +866,7 @@ mod tests {
             pleg,
             Some(Admission::new(Arc::new(parking_lot::RwLock::new(facts)))),
         );
-        let (updates_tx, updates_rx) = mpsc::channel(10);
-        let (_pleg_tx, pleg_rx) = mpsc::channel(10);
-        let (_probe_tx, probe_rx) = mpsc::channel(10);
-        let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, token.child_token()));
+        let (updates_tx, task) = run_loop(sl, &token);
         let send = |op, pod| send_api(&updates_tx, op, pod);
         let sized = |name: &str, cpu: &str| {
             let mut p = crate::testutil::named_pod(name, &format!("u-{name}"));
@@ -905,14 +908,7 @@ mod tests {
         };
         send(PodOperation::Add, sized("web", "500m")).await;
         send(PodOperation::Add, sized("hog", "1")).await;
-        until("both running", || {
-            fake.calls()
-                .iter()
-                .filter(|c| c.starts_with("StartContainer"))
-                .count()
-                == 2
-        })
-        .await;
+        until("both running", || fake.count_calls("StartContainer") == 2).await;
 
         // 800m fits beside the hog: applied in place, then done.
         send(PodOperation::Update, sized("web", "800m")).await;
@@ -997,10 +993,7 @@ mod tests {
         let status = workers.status().clone();
         let pods = PodManager::new();
         let sl = sync_loop(pods.clone(), &workers, pleg, None);
-        let (updates_tx, updates_rx) = mpsc::channel(10);
-        let (_pleg_tx, pleg_rx) = mpsc::channel(10);
-        let (_probe_tx, probe_rx) = mpsc::channel(10);
-        let task = tokio::spawn(sl.run(updates_rx, pleg_rx, probe_rx, token.child_token()));
+        let (updates_tx, task) = run_loop(sl, &token);
         let send = |op, pod| send_api(&updates_tx, op, pod);
         let ready = |reason: Option<&str>, st: &str| {
             let status = status.clone();
