@@ -1157,11 +1157,77 @@ fn a_resize_is_applied_in_place_or_waits_as_upstream() {
         p["status"]
     );
     assert_eq!(p["status"]["containerStatuses"][0]["resources"], json!({}));
-    // One update reached the runtime: the resize that fit. The settings
+
+    // A memory limit below what the container uses is refused, as
+    // upstream's validateMemoryResizeAction (cgroup v2 would OOM-kill it):
+    // the container fills 40 MiB of page cache, charged to its cgroup.
+    let squeezed = format!("squeezed-{node}");
+    let mut pod = bound_pod(
+        &squeezed,
+        node,
+        1,
+        "dd if=/dev/zero of=/fill bs=1M count=40 2>/dev/null; sync; echo filled; \
+         while true; do \
+           m=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max); \
+           echo \"memory=$m\"; sleep 0.5; done",
+    );
+    pod["spec"]["containers"][0]["resources"] = json!({
+        "requests": {"memory": "8Mi"},
+        "limits": {"memory": "64Mi"}
+    });
+    api.create(pod);
+    wait_for("the page cache filled", T, || {
+        container_logs(&k, &squeezed, "main")
+            .contains("memory=67108864")
+            .then_some(())
+    });
+    let limit = |memory: &str| {
+        let r = api
+            .client()
+            .patch(
+                &format!("/api/v1/namespaces/default/pods/{squeezed}/resize"),
+                "application/strategic-merge-patch+json",
+                &json!({"spec": {"containers": [{
+                    "name": "main",
+                    "resources": {"limits": {"memory": memory}}
+                }]}}),
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{:#}", r.body);
+    };
+    limit("16Mi");
+    let p = wait_for("the decrease refused", T, || {
+        api.get("pods", Some("default"), &squeezed)
+            .filter(|p| cond(p, "PodResizeInProgress").is_some_and(|c| c["reason"] == "Error"))
+    });
+    let c = cond(&p, "PodResizeInProgress").unwrap();
+    assert!(
+        c["message"].as_str().unwrap().starts_with(
+            "cannot decrease memory limits: attempting to set container \"main\" \
+             memory limit (16777216) below current usage ("
+        ),
+        "{c:#}"
+    );
+    let logs = container_logs(&k, &squeezed, "main");
+    let last = logs.lines().rfind(|l| l.starts_with("memory="));
+    assert_eq!(last, Some("memory=67108864"), "{logs}");
+    // Above what it uses: applied.
+    limit("56Mi");
+    wait_for("the decrease applied", T, || {
+        container_logs(&k, &squeezed, "main")
+            .contains("memory=58720256")
+            .then_some(())
+    });
+    wait_for("the resize done", T, || {
+        api.get("pods", Some("default"), &squeezed)
+            .filter(|p| cond(p, "PodResizeInProgress").is_none())
+    });
+
+    // Two updates reached the runtime: the resizes that fit. The settings
     // containerd reports for an untouched container never look resized.
     assert_eq!(
         k.log().matches("resizing container in place").count(),
-        1,
+        2,
         "{}",
         k.log()
     );

@@ -562,8 +562,11 @@ impl RuntimeService for FakeRuntime {
                         usage_core_nano_seconds: u(*cpu),
                         ..Default::default()
                     }),
+                    // The fake keeps one memory figure: usage is the
+                    // working set (no page cache).
                     memory: Some(v1::MemoryUsage {
                         working_set_bytes: u(*ws),
+                        usage_bytes: u(*ws),
                         ..Default::default()
                     }),
                     writable_layer: Some(v1::FilesystemUsage {

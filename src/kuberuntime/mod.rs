@@ -289,7 +289,13 @@ impl RuntimeManager {
     /// (upstream doPodResizeAction's UpdateContainerResources calls). A
     /// failure is kept for the pod's PodResizeInProgress condition and the
     /// sync is retried.
-    async fn resize_in_place(&self, pod: &Pod, a: &actions::PodActions, result: &mut SyncResult) {
+    async fn resize_in_place(
+        &self,
+        pod: &Pod,
+        rt: &RuntimePod,
+        a: &actions::PodActions,
+        result: &mut SyncResult,
+    ) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if a.containers_to_update.is_empty() {
             // Nothing left to apply: no failure stands.
@@ -298,7 +304,22 @@ impl RuntimeManager {
         }
         let started = std::time::Instant::now();
         let mut failed = None;
-        for (id, name) in &a.containers_to_update {
+        // As upstream's validatePodResizeAction: a memory limit is not
+        // lowered below what the container uses (cgroup v2 would OOM-kill
+        // it, v1 would fail half-way), and nothing is applied then, so the
+        // pod is never left half resized.
+        if let Err(e) = self.check_memory_decrease(pod, rt, a).await {
+            warn!(pod = pod_name(pod), error = %e, "in-place resize is not feasible now");
+            result.errors.push(format!("ResizePodInPlace: {e}"));
+            result.requeue(Duration::from_secs(2));
+            failed = Some(e);
+        }
+        let to_update = if failed.is_some() {
+            &[][..]
+        } else {
+            &a.containers_to_update[..]
+        };
+        for (id, name) in to_update {
             let Some(c) = container_spec(pod, name) else {
                 continue;
             };
@@ -323,6 +344,88 @@ impl RuntimeManager {
             None => {
                 errors.remove(&uid);
             }
+        }
+    }
+
+    /// Upstream validateMemoryResizeAction: every container whose memory
+    /// limit the resize lowers (or sets) must use less than the new limit
+    /// now. The error is upstream's message.
+    async fn check_memory_decrease(
+        &self,
+        pod: &Pod,
+        rt: &RuntimePod,
+        a: &actions::PodActions,
+    ) -> Result<(), String> {
+        let lowered: Vec<(&str, &str, i64)> = a
+            .containers_to_update
+            .iter()
+            .filter_map(|(id, name)| {
+                let want = crate::cm::container_resources(container_spec(pod, name)?).mem_limit?;
+                let have = rt
+                    .containers
+                    .iter()
+                    .find(|c| &c.id == id)
+                    .and_then(|c| c.resources.as_ref())
+                    .map_or(0, |r| r.memory_limit_in_bytes);
+                (want > 0 && (have <= 0 || want < have)).then_some((
+                    id.as_str(),
+                    name.as_str(),
+                    want,
+                ))
+            })
+            .collect();
+        if lowered.is_empty() {
+            return Ok(());
+        }
+        let sandbox = rt
+            .sandboxes
+            .first()
+            .map(|s| s.id.clone())
+            .unwrap_or_default();
+        let filter = cri::v1::ContainerStatsFilter {
+            pod_sandbox_id: sandbox,
+            ..Default::default()
+        };
+        let stats = self
+            .runtime
+            .list_container_stats(Some(filter))
+            .await
+            .map_err(|_| {
+                format!(
+                    "unable to read memory usage for pod \"{}_{}({})\"",
+                    pod_name(pod),
+                    pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    pod.metadata.uid.as_deref().unwrap_or_default()
+                )
+            })?;
+        let mut errs: Vec<String> = Vec::new();
+        for (id, name, want) in lowered {
+            let usage = stats
+                .iter()
+                .find(|s| s.attributes.as_ref().is_some_and(|at| at.id == id))
+                .and_then(|s| s.memory.as_ref()?.usage_bytes.as_ref())
+                .map(|u| u.value);
+            let e = match usage {
+                None => format!("missing container \"{name}\" memory usage"),
+                // Upstream prints the pod's usage here by mistake; the
+                // container's is what the message means.
+                Some(u) if u >= want as u64 => format!(
+                    "attempting to set container \"{name}\" memory limit ({want}) below current usage ({u})"
+                ),
+                Some(_) => continue,
+            };
+            if !errs.contains(&e) {
+                errs.push(e);
+            }
+        }
+        match errs.len() {
+            0 => Ok(()),
+            // Go's aggregate error: one message bare, more in brackets.
+            1 => Err(format!("cannot decrease memory limits: {}", errs[0])),
+            _ => Err(format!(
+                "cannot decrease memory limits: [{}]",
+                errs.join(", ")
+            )),
         }
     }
 
@@ -374,7 +477,7 @@ impl RuntimeManager {
                     result.errors.push(format!("KillContainer {}: {e}", k.name));
                 }
             }
-            self.resize_in_place(pod, &a, &mut result).await;
+            self.resize_in_place(pod, rt, &a, &mut result).await;
         }
 
         // The volume manager sets them up; a hung mount or a missing object

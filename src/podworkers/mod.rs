@@ -1117,6 +1117,12 @@ pub(crate) mod testing {
         pub fn status(&self) -> &StatusManager {
             &self.deps.status
         }
+
+        /// The queue the workers put pods back on (the syncLoop's tick
+        /// takes them off it).
+        pub fn queue(&self) -> &Arc<WorkQueue> {
+            &self.deps.queue
+        }
     }
 }
 

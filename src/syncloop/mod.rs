@@ -580,7 +580,9 @@ mod tests {
             pods,
             status: workers.status().clone(),
             workers: workers.clone(),
-            queue: Arc::new(WorkQueue::default()),
+            // The workers' own queue, as in the kubelet: a sync that asks
+            // to come back is taken off it by the loop's tick.
+            queue: workers.queue().clone(),
             pleg,
             health: SyncLoopHealth::new(Duration::from_secs(60)),
             sources_ready: Box::new(|| true),
@@ -977,6 +979,77 @@ mod tests {
             !fake.calls().iter().any(|c| c.contains("quota=300000")),
             "the infeasible size never reached the runtime"
         );
+        token.cancel();
+        let _ = task.await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_memory_limit_is_not_lowered_below_what_the_container_uses() {
+        // Old code: the lower limit went to the runtime whatever the
+        // container used (cgroup v2 OOM-kills it then). Upstream's
+        // validateMemoryResizeAction refuses it, with reason Error.
+        use crate::cri::RuntimeService;
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let (fake, token, workers, pleg) = fixture();
+        let status = workers.status().clone();
+        let sl = sync_loop(PodManager::new(), &workers, pleg, Some(one_pod_node()));
+        let (updates_tx, task) = run_loop(sl, &token);
+        let send = |op, pod| send_api(&updates_tx, op, pod);
+        let sized = |limit: &str| {
+            let mut p = crate::testutil::named_pod("mem", "u-mem");
+            p.metadata.annotations = Some(
+                [(
+                    crate::source::CONFIG_SOURCE_ANNOTATION.to_string(),
+                    crate::source::API_SOURCE.to_string(),
+                )]
+                .into(),
+            );
+            let q = |v: &str| [("memory".to_string(), Quantity(v.into()))].into();
+            p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+                requests: Some(q("32Mi")),
+                limits: Some(q(limit)),
+                ..Default::default()
+            });
+            p
+        };
+        let in_progress = || {
+            status.get("u-mem").and_then(|s| {
+                s.conditions
+                    .iter()
+                    .flatten()
+                    .find(|c| c.type_ == "PodResizeInProgress")
+                    .cloned()
+            })
+        };
+        send(PodOperation::Add, sized("128Mi")).await;
+        until("running", || fake.count_calls("StartContainer") == 1).await;
+        let id = fake.list_containers(None).await.unwrap()[0].id.clone();
+        fake.set_container_stats(&id, 0, 100 << 20, 0);
+
+        send(PodOperation::Update, sized("96Mi")).await;
+        until("the resize refused", || {
+            in_progress().is_some_and(|c| c.reason.as_deref() == Some("Error"))
+        })
+        .await;
+        assert_eq!(
+            in_progress().unwrap().message.as_deref(),
+            Some(
+                "cannot decrease memory limits: attempting to set container \"app\" \
+                 memory limit (100663296) below current usage (104857600)"
+            )
+        );
+        assert_eq!(fake.count_calls("UpdateContainerResources"), 0);
+
+        // The container now uses less than the new limit: applied.
+        fake.set_container_stats(&id, 0, 50 << 20, 0);
+        until("applied", || {
+            fake.calls().iter().any(|c| {
+                c.starts_with("UpdateContainerResources app") && c.ends_with("memory=100663296")
+            })
+        })
+        .await;
+        until("the resize done", || in_progress().is_none()).await;
         token.cancel();
         let _ = task.await;
     }
