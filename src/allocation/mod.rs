@@ -43,6 +43,10 @@ struct State {
     /// Pods whose resize was granted and not yet seen applied (upstream's
     /// PodResizeInProgress, set on allocation), with what was granted.
     in_progress: HashMap<String, Allocation>,
+    /// Since when each pending resize has waited for its present reason
+    /// (upstream: its PodResizePending condition's lastTransitionTime),
+    /// which orders retries of equal rank.
+    since: HashMap<String, tokio::time::Instant>,
 }
 
 #[derive(Clone, Default)]
@@ -143,15 +147,45 @@ impl AllocationManager {
         self.state.lock().pending.get(uid).cloned()
     }
 
-    /// The UIDs of pods whose resize is Deferred (Infeasible ones wait for
-    /// their pod to change).
+    /// The UIDs of pods whose resize is Deferred, the longest waiting
+    /// first (Infeasible ones wait for their pod to change).
     pub fn deferred_uids(&self) -> Vec<String> {
         let st = self.state.lock();
-        st.pending
+        let mut uids: Vec<(tokio::time::Instant, &String)> = st
+            .pending
             .iter()
             .filter(|(_, p)| p.reason == DEFERRED)
-            .map(|(uid, _)| uid.clone())
-            .collect()
+            .map(|(uid, _)| {
+                (
+                    st.since
+                        .get(uid)
+                        .copied()
+                        .unwrap_or_else(tokio::time::Instant::now),
+                    uid,
+                )
+            })
+            .collect();
+        uids.sort();
+        uids.into_iter().map(|(_, uid)| uid.clone()).collect()
+    }
+
+    /// Where a deferred resize of `pod` comes in the retry order, lowest
+    /// first (upstream sortPendingResizes): resizes that ask for no more
+    /// than they were granted, then higher priority, then Guaranteed pods;
+    /// `deferred_uids`' age order decides between equals.
+    pub fn retry_rank(&self, pod: &Pod) -> (bool, std::cmp::Reverse<i32>, bool) {
+        use crate::lifecycle::pod_requests;
+        let increasing = self
+            .lagging(crate::source::pod_uid(pod))
+            .is_some_and(|alloc| {
+                let granted = with_allocation(pod, &alloc);
+                ["cpu", "memory"]
+                    .iter()
+                    .any(|r| pod_requests(pod, r) > pod_requests(&granted, r))
+            });
+        let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+        let guaranteed = crate::cm::pod_qos(pod) == crate::cm::QosClass::Guaranteed;
+        (increasing, std::cmp::Reverse(priority), !guaranteed)
     }
 
     pub fn in_progress(&self, uid: &str) -> bool {
@@ -181,6 +215,7 @@ impl AllocationManager {
         let changed = {
             let mut st = self.state.lock();
             st.pending.remove(uid);
+            st.since.remove(uid);
             if resized {
                 st.in_progress.insert(uid.to_string(), resources_of(pod));
             }
@@ -196,7 +231,11 @@ impl AllocationManager {
     pub fn defer(&self, uid: &str, alloc: Allocation, why: Pending) {
         let changed = {
             let mut st = self.state.lock();
-            st.pending.insert(uid.to_string(), why);
+            let reason = why.reason;
+            if st.pending.insert(uid.to_string(), why).map(|p| p.reason) != Some(reason) {
+                st.since
+                    .insert(uid.to_string(), tokio::time::Instant::now());
+            }
             st.lagging.insert(uid.to_string(), alloc.clone()) != Some(alloc)
         };
         if changed {
@@ -217,6 +256,7 @@ impl AllocationManager {
         let changed = {
             let mut st = self.state.lock();
             st.pending.remove(uid);
+            st.since.remove(uid);
             st.in_progress.remove(uid);
             st.lagging.remove(uid).is_some()
         };

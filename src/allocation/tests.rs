@@ -109,3 +109,57 @@ fn an_unreadable_checkpoint_is_no_record() {
     assert!(!m.lags("u-web"));
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn deferred_resizes_are_retried_in_upstreams_order() {
+    // Old code: retries came in a hash map's order, so which of two
+    // resizes took freed room was chance (upstream sortPendingResizes).
+    let m = AllocationManager::default();
+    let deferred = |why: &'static str| Pending {
+        reason: why,
+        message: String::new(),
+    };
+    let named = |uid: &str, cpu: &str| {
+        let mut p = with_requests(cpu, "512Mi");
+        p.metadata.uid = Some(uid.into());
+        p
+    };
+    // Age: the longest waiting first; waiting again for the same reason
+    // keeps a pod's place, a new reason starts it anew.
+    for uid in ["u-a", "u-b", "u-c"] {
+        m.defer(uid, resources_of(&named(uid, "1")), deferred(DEFERRED));
+        tokio::time::advance(std::time::Duration::from_secs(1)).await;
+    }
+    assert_eq!(m.deferred_uids(), ["u-a", "u-b", "u-c"]);
+    m.defer("u-a", resources_of(&named("u-a", "1")), deferred(DEFERRED));
+    assert_eq!(m.deferred_uids(), ["u-a", "u-b", "u-c"]);
+    m.defer(
+        "u-a",
+        resources_of(&named("u-a", "1")),
+        deferred(INFEASIBLE),
+    );
+    m.defer("u-a", resources_of(&named("u-a", "1")), deferred(DEFERRED));
+    assert_eq!(m.deferred_uids(), ["u-b", "u-c", "u-a"]);
+
+    // Rank: a resize asking for no more comes first, then priority, then
+    // Guaranteed before Burstable.
+    let mut shrinking = named("u-a", "500m");
+    shrinking.spec.as_mut().unwrap().priority = Some(-5);
+    let mut high = named("u-b", "2");
+    high.spec.as_mut().unwrap().priority = Some(1000);
+    let guaranteed = named("u-c", "2");
+    let mut burstable = named("u-d", "2");
+    m.defer("u-d", resources_of(&named("u-d", "1")), deferred(DEFERRED));
+    burstable.spec.as_mut().unwrap().containers[0]
+        .resources
+        .as_mut()
+        .unwrap()
+        .limits = None;
+    let mut ranked = [&burstable, &guaranteed, &high, &shrinking];
+    ranked.sort_by_key(|p| m.retry_rank(p));
+    let uids: Vec<_> = ranked
+        .iter()
+        .map(|p| p.metadata.uid.as_deref().unwrap())
+        .collect();
+    assert_eq!(uids, ["u-a", "u-b", "u-c", "u-d"]);
+}

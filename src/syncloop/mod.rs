@@ -415,11 +415,17 @@ impl SyncLoop {
             return;
         };
         let alloc = self.workers.allocation();
+        // Upstream's retry order: the first in line takes the room there is.
+        let mut queue = Vec::new();
         for uid in alloc.deferred_uids() {
-            let Some(pod) = self.pods.get(&uid) else {
-                alloc.remove(&uid);
-                continue;
-            };
+            match self.pods.get(&uid) {
+                Some(pod) => queue.push((alloc.retry_rank(&pod), uid, pod)),
+                None => alloc.remove(&uid),
+            }
+        }
+        // Stable: equals keep deferred_uids' longest-waiting-first order.
+        queue.sort_by_key(|q| q.0);
+        for (_, uid, pod) in queue {
             let granted = alloc.allocation(&uid, &pod);
             if self.decide_resize(a, &pod, granted, trigger) {
                 self.workers.update(&uid, Work::Sync(pod));
@@ -638,6 +644,32 @@ mod tests {
         Admission::new(Arc::new(parking_lot::RwLock::new(facts)))
     }
 
+    /// Admission on a node with 2 cpus and room for the rest.
+    fn two_cpu_node() -> Admission {
+        let facts = crate::lifecycle::NodeFacts {
+            name: "n1".into(),
+            cpu_milli: 2000,
+            memory_milli: 1 << 50,
+            ephemeral_milli: 1 << 50,
+            pods: 110,
+            ..Default::default()
+        };
+        Admission::new(Arc::new(parking_lot::RwLock::new(facts)))
+    }
+
+    /// A pod as the API source gives it.
+    fn api_pod(name: &str, uid: &str) -> crate::source::Pod {
+        let mut p = crate::testutil::named_pod(name, uid);
+        p.metadata.annotations = Some(
+            [(
+                crate::source::CONFIG_SOURCE_ANNOTATION.to_string(),
+                crate::source::API_SOURCE.to_string(),
+            )]
+            .into(),
+        );
+        p
+    }
+
     async fn send_api(tx: &mpsc::Sender<PodUpdate>, op: PodOperation, pod: crate::source::Pod) {
         tx.send(PodUpdate {
             pods: vec![pod],
@@ -852,33 +884,13 @@ mod tests {
         use k8s_openapi::api::core::v1::ResourceRequirements;
         use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
         let (fake, token, workers, pleg) = fixture();
-        let facts = crate::lifecycle::NodeFacts {
-            name: "n1".into(),
-            cpu_milli: 2000,
-            memory_milli: 1 << 50,
-            ephemeral_milli: 1 << 50,
-            pods: 110,
-            ..Default::default()
-        };
         let status = workers.status().clone();
         let pods = PodManager::new();
-        let sl = sync_loop(
-            pods.clone(),
-            &workers,
-            pleg,
-            Some(Admission::new(Arc::new(parking_lot::RwLock::new(facts)))),
-        );
+        let sl = sync_loop(pods.clone(), &workers, pleg, Some(two_cpu_node()));
         let (updates_tx, task) = run_loop(sl, &token);
         let send = |op, pod| send_api(&updates_tx, op, pod);
         let sized = |name: &str, cpu: &str| {
-            let mut p = crate::testutil::named_pod(name, &format!("u-{name}"));
-            p.metadata.annotations = Some(
-                [(
-                    crate::source::CONFIG_SOURCE_ANNOTATION.to_string(),
-                    crate::source::API_SOURCE.to_string(),
-                )]
-                .into(),
-            );
+            let mut p = api_pod(name, &format!("u-{name}"));
             let q = [("cpu".to_string(), Quantity(cpu.into()))];
             p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
                 requests: Some(q.clone().into()),
@@ -983,6 +995,64 @@ mod tests {
         let _ = task.await;
     }
 
+    #[tokio::test]
+    async fn freed_room_goes_to_deferred_resizes_in_upstreams_order() {
+        // Old code: deferred resizes were retried in a hash map's order,
+        // so freed room went to any of them (upstream sortPendingResizes:
+        // higher priority first, then Guaranteed before Burstable).
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let (fake, token, workers, pleg) = fixture();
+        let sl = sync_loop(PodManager::new(), &workers, pleg, Some(two_cpu_node()));
+        let (updates_tx, task) = run_loop(sl, &token);
+        let send = |op, pod| send_api(&updates_tx, op, pod);
+        let alloc = workers.allocation().clone();
+        let sized = |name: &str, cpu: &str, priority: i32, guaranteed: bool| {
+            let mut p = api_pod(name, &format!("u-{name}"));
+            let mut q = vec![("cpu".to_string(), Quantity(cpu.into()))];
+            if guaranteed {
+                q.push(("memory".to_string(), Quantity("64Mi".into())));
+            }
+            let spec = p.spec.as_mut().unwrap();
+            spec.priority = Some(priority);
+            spec.containers[0].resources = Some(ResourceRequirements {
+                requests: Some(q.clone().into_iter().collect()),
+                limits: guaranteed.then(|| q.into_iter().collect()),
+                ..Default::default()
+            });
+            p
+        };
+        send(PodOperation::Add, sized("hog", "900m", 0, false)).await;
+        send(PodOperation::Add, sized("a", "200m", 0, false)).await;
+        send(PodOperation::Add, sized("b", "200m", 100, false)).await;
+        send(PodOperation::Add, sized("c", "200m", 0, true)).await;
+        until("all running", || fake.count_calls("StartContainer") == 4).await;
+        send(PodOperation::Update, sized("a", "1100m", 0, false)).await;
+        send(PodOperation::Update, sized("c", "1100m", 0, true)).await;
+        send(PodOperation::Update, sized("b", "1000m", 100, false)).await;
+        let deferred = |uid: &str| {
+            alloc
+                .pending(uid)
+                .is_some_and(|p| p.reason == crate::allocation::DEFERRED)
+        };
+        until("all three deferred", || {
+            ["u-a", "u-b", "u-c"].iter().all(|u| deferred(u))
+        })
+        .await;
+
+        // Room for one: the higher priority's, though it waited least.
+        send(PodOperation::Remove, sized("hog", "900m", 0, false)).await;
+        until("b granted", || !alloc.lags("u-b")).await;
+        assert!(deferred("u-a") && deferred("u-c"));
+
+        // Room for one again: the Guaranteed pod's, though it waited less.
+        send(PodOperation::Remove, sized("b", "1000m", 100, false)).await;
+        until("c granted", || !alloc.lags("u-c")).await;
+        assert!(deferred("u-a"));
+        token.cancel();
+        let _ = task.await;
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_memory_limit_is_not_lowered_below_what_the_container_uses() {
         // Old code: the lower limit went to the runtime whatever the
@@ -997,14 +1067,7 @@ mod tests {
         let (updates_tx, task) = run_loop(sl, &token);
         let send = |op, pod| send_api(&updates_tx, op, pod);
         let sized = |limit: &str| {
-            let mut p = crate::testutil::named_pod("mem", "u-mem");
-            p.metadata.annotations = Some(
-                [(
-                    crate::source::CONFIG_SOURCE_ANNOTATION.to_string(),
-                    crate::source::API_SOURCE.to_string(),
-                )]
-                .into(),
-            );
+            let mut p = api_pod("mem", "u-mem");
             let q = |v: &str| [("memory".to_string(), Quantity(v.into()))].into();
             p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
                 requests: Some(q("32Mi")),
