@@ -449,6 +449,78 @@ fn merge_patch_null_deletes_a_key() {
     assert_eq!(r.status, 415);
 }
 
+// podStrategy.PrepareForCreate sets status.qosClass = ComputePodQOS(pod)
+// (pkg/apis/core/v1/helper/qos: pod-level resources decide when set), after
+// defaultPodRequests (pkg/apis/core/v1/defaults.go) gave pod-level limits
+// their requests; ValidatePodStatusUpdate keeps the class immutable.
+#[test]
+fn pods_get_their_qos_class_at_create_and_keep_it() {
+    let s = plain();
+    let c = s.client();
+    let with = |name: &str, spec_resources: Option<Value>, container: Option<Value>| {
+        let mut p = pod(name, Some("n1"));
+        if let Some(r) = spec_resources {
+            p["spec"]["resources"] = r;
+        }
+        if let Some(r) = container {
+            p["spec"]["containers"][0]["resources"] = r;
+        }
+        s.create(p)
+    };
+    let qos = |p: &Value| p["status"]["qosClass"].as_str().unwrap().to_string();
+    assert_eq!(qos(&with("be", None, None)), "BestEffort");
+    let both = json!({"cpu": "500m", "memory": "64Mi"});
+    assert_eq!(
+        qos(&with("g", None, Some(json!({"limits": both.clone()})))),
+        "Guaranteed"
+    );
+    // Pod-level limits alone: requests default to them, Guaranteed.
+    let pl = with("pl", Some(json!({"limits": both.clone()})), None);
+    assert_eq!(qos(&pl), "Guaranteed");
+    assert_eq!(pl["spec"]["resources"]["requests"]["cpu"], "500m");
+    // Pod-level limits with a container's smaller request: the pod-level
+    // request defaults to the containers' sum, Burstable.
+    let small = with(
+        "pb",
+        Some(json!({"limits": both.clone()})),
+        Some(json!({"requests": {"cpu": "100m"}})),
+    );
+    assert_eq!(small["spec"]["resources"]["requests"]["cpu"], "100m");
+    assert_eq!(small["spec"]["resources"]["requests"]["memory"], "67108864");
+    assert_eq!(qos(&small), "Burstable");
+    // Pod-level resources decide over the containers'.
+    let over = with(
+        "po",
+        Some(json!({"requests": {"cpu": "1"}})),
+        Some(json!({"limits": both})),
+    );
+    assert_eq!(qos(&over), "Burstable");
+
+    // A status write with another class is refused; one without the field
+    // in a patch keeps it.
+    let r = c
+        .patch(
+            &format!("{PODS}/pb/status"),
+            "application/strategic-merge-patch+json",
+            &json!({"status": {"qosClass": "BestEffort", "phase": "Running"}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 422, "{:#}", r.body);
+    assert_eq!(
+        r.body["message"],
+        "Pod \"pb\" is invalid: status.qosClass: Invalid value: \"BestEffort\": field is immutable"
+    );
+    let r = c
+        .patch(
+            &format!("{PODS}/pb/status"),
+            "application/strategic-merge-patch+json",
+            &json!({"status": {"phase": "Running"}}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{:#}", r.body);
+    assert_eq!(r.body["status"]["qosClass"], "Burstable");
+}
+
 // Strategic merge patch (apimachinery strategicpatch): PodStatus.conditions
 // has patchMergeKey "type", so conditions not in the patch stay, those in it
 // merge by type, and $setElementOrder/conditions orders the result.

@@ -1232,3 +1232,62 @@ fn a_resize_is_applied_in_place_or_waits_as_upstream() {
         k.log()
     );
 }
+
+/// A pod sized only by pod-level resources (PodLevelResources, beta and on
+/// in 1.34). The API server records its QoS class at creation and refuses
+/// a status write with another (status.qosClass is immutable). Old code:
+/// rkubelet computed BestEffort from the containers, its every status
+/// patch was refused, and the pod never showed Running; its cgroup sat
+/// under besteffort, and the downward API showed the node's capacity for
+/// its limits.
+#[test]
+fn a_pod_sized_at_pod_level_keeps_its_qos_class_and_limits() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-podlevel";
+    let k = cluster_kubelet(node, &api);
+    let name = format!("sized-{node}");
+    let mut pod = bound_pod(
+        &name,
+        node,
+        1,
+        "echo \"cpu=$CPU_LIMIT memory=$MEMORY_LIMIT\"; grep memory /proc/self/cgroup; \
+         while true; do sleep 1; done",
+    );
+    pod["spec"]["resources"] = json!({"limits": {"cpu": "500m", "memory": "64Mi"}});
+    let field = |var: &str, resource: &str, divisor: &str| {
+        json!({"name": var, "valueFrom": {"resourceFieldRef": {
+            "containerName": "main", "resource": resource, "divisor": divisor
+        }}})
+    };
+    pod["spec"]["containers"][0]["env"] = json!([
+        field("CPU_LIMIT", "limits.cpu", "1m"),
+        field("MEMORY_LIMIT", "limits.memory", "1Mi"),
+    ]);
+    let created = api.create(pod);
+    assert_eq!(created["status"]["qosClass"], "Guaranteed");
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let p = wait_for("the pod running in the API", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["phase"] == "Running")
+    });
+    assert_eq!(p["status"]["qosClass"], "Guaranteed");
+    let logs = wait_for("the container's report", T, || {
+        let l = container_logs(&k, &name, "main");
+        l.contains(":memory:").then_some(l)
+    });
+    assert!(logs.contains("cpu=500 memory=64"), "{logs}");
+    // Guaranteed pods sit directly under kubepods (v1: memory's
+    // hierarchy; v2: the unified one).
+    let cgroup = logs
+        .lines()
+        .find(|l| l.contains(":memory:") || l.starts_with("0::"));
+    assert!(
+        cgroup.is_some_and(|l| l.contains(&format!("kubepods/pod{uid}"))),
+        "{logs}"
+    );
+    assert!(
+        !k.log().contains("field is immutable"),
+        "a status patch was refused: {}",
+        k.log()
+    );
+}

@@ -68,39 +68,86 @@ pub fn container_resources(c: &Container) -> Resources {
     }
 }
 
-fn all_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
-    let spec = pod.spec.as_ref();
-    spec.into_iter().flat_map(|s| {
-        s.init_containers
-            .iter()
-            .flatten()
-            .chain(s.containers.iter())
-    })
+/// Upstream GetPodQOS: the class the API server recorded at creation
+/// (`status.qosClass`, immutable: a status write with another is refused),
+/// else `compute_pod_qos`.
+pub fn pod_qos(pod: &Pod) -> QosClass {
+    match pod.status.as_ref().and_then(|s| s.qos_class.as_deref()) {
+        Some("Guaranteed") => QosClass::Guaranteed,
+        Some("Burstable") => QosClass::Burstable,
+        Some("BestEffort") => QosClass::BestEffort,
+        _ => compute_pod_qos(pod),
+    }
 }
 
-/// Upstream GetPodQOS: Guaranteed when every container sets equal cpu and
-/// memory requests and limits; BestEffort when nobody sets any.
-pub fn pod_qos(pod: &Pod) -> QosClass {
-    let mut any = false;
+type ResourceList =
+    std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>;
+
+/// Upstream ComputePodQOS: over the pod-level resources when the pod has
+/// any (`spec.resources`, PodLevelResources, beta and on in 1.34), else
+/// over its containers and init containers, the positive cpu and memory
+/// requests and limits are summed. BestEffort when there are none;
+/// Guaranteed when each sum of requests equals its sum of limits and every
+/// container (or the pod) limits both cpu and memory; else Burstable.
+pub fn compute_pod_qos(pod: &Pod) -> QosClass {
+    // Milli-units per resource (cpu, memory); None: nothing positive.
+    let mut requests = [None::<i128>; 2];
+    let mut limits = [None::<i128>; 2];
     let mut guaranteed = true;
-    for c in all_containers(pod) {
-        let r = container_resources(c);
-        if r.cpu_request.is_some()
-            || r.mem_request.is_some()
-            || r.cpu_limit.is_some()
-            || r.mem_limit.is_some()
-        {
-            any = true;
+    let add = |sums: &mut [Option<i128>; 2], list: Option<&ResourceList>| {
+        let mut found = [false; 2];
+        for (i, name) in ["cpu", "memory"].iter().enumerate() {
+            let v = list
+                .and_then(|l| l.get(*name))
+                .and_then(|q| quantity::parse_milli(&q.0).ok())
+                .unwrap_or(0);
+            if v > 0 {
+                sums[i] = Some(sums[i].unwrap_or(0) + v);
+                found[i] = true;
+            }
         }
-        let full = r.cpu_limit.is_some() && r.mem_limit.is_some();
-        if !full || r.cpu_request != r.cpu_limit || r.mem_request != r.mem_limit {
-            guaranteed = false;
+        found
+    };
+    let spec = pod.spec.as_ref();
+    match spec.and_then(|s| s.resources.as_ref()) {
+        Some(r) => {
+            add(&mut requests, r.requests.as_ref());
+            if r.limits.as_ref().is_some_and(|l| !l.is_empty())
+                && add(&mut limits, r.limits.as_ref()) != [true, true]
+            {
+                guaranteed = false;
+            }
+        }
+        None => {
+            let containers = spec.into_iter().flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            });
+            for c in containers {
+                let r = c.resources.as_ref();
+                // A request left unset takes its limit (the API server's
+                // defaulting, which static pods get from the file source).
+                let mut req = r.and_then(|r| r.requests.clone()).unwrap_or_default();
+                for (k, v) in r.and_then(|r| r.limits.as_ref()).into_iter().flatten() {
+                    req.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+                add(&mut requests, Some(&req));
+                if add(&mut limits, r.and_then(|r| r.limits.as_ref())) != [true, true] {
+                    guaranteed = false;
+                }
+            }
         }
     }
-    match (any, guaranteed) {
-        (false, _) => QosClass::BestEffort,
-        (true, true) => QosClass::Guaranteed,
-        (true, false) => QosClass::Burstable,
+    if requests == [None, None] && limits == [None, None] {
+        return QosClass::BestEffort;
+    }
+    let matched = (0..2).all(|i| requests[i].is_none() || requests[i] == limits[i])
+        && requests.iter().flatten().count() == limits.iter().flatten().count();
+    if guaranteed && matched {
+        QosClass::Guaranteed
+    } else {
+        QosClass::Burstable
     }
 }
 
@@ -142,14 +189,80 @@ pub fn cpu_quota(milli: Option<i64>) -> i64 {
     }
 }
 
-/// Upstream qos policy `GetContainerOOMScoreAdjust`.
+/// Upstream IsNodeCriticalPod: a critical pod (static, mirror, or of
+/// system-critical priority) of priority class `system-node-critical`.
+pub fn is_node_critical(pod: &Pod) -> bool {
+    const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.priority_class_name.as_deref()) != Some("system-node-critical") {
+        return false;
+    }
+    let annotation = |k: &str| pod.metadata.annotations.as_ref().and_then(|a| a.get(k));
+    let static_pod = annotation(crate::source::CONFIG_SOURCE_ANNOTATION)
+        .is_some_and(|s| s != crate::source::API_SOURCE);
+    static_pod
+        || annotation(crate::source::CONFIG_MIRROR_ANNOTATION).is_some()
+        || spec
+            .and_then(|s| s.priority)
+            .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
+}
+
+/// The pod-level memory request not given to any container, shared out
+/// among them (upstream remainingPodMemReqPerContainer); None when the pod
+/// sets no pod-level request (upstream IsPodLevelRequestsSet).
+fn pod_memory_share(pod: &Pod) -> Option<i64> {
+    let spec = pod.spec.as_ref()?;
+    let requests = spec.resources.as_ref()?.requests.as_ref()?;
+    let supported = |k: &String| k == "cpu" || k == "memory" || k.starts_with("hugepages-");
+    if !requests.keys().any(supported) {
+        return None;
+    }
+    let Some(total) = requests
+        .get("memory")
+        .and_then(|q| parse_bytes(&q.0).ok())
+        .filter(|m| *m != 0)
+    else {
+        return Some(0);
+    };
+    let n = (spec.containers.len() + spec.init_containers.as_ref().map_or(0, Vec::len)) as i64;
+    // The containers' own requests, counted as admission counts them
+    // (in milli-units there).
+    let own = (crate::lifecycle::container_requests(pod, "memory") / 1000) as i64;
+    Some((total - own) / n.max(1))
+}
+
+/// Upstream qos policy `GetContainerOOMScoreAdjust`: node-critical and
+/// Guaranteed pods -997, BestEffort 1000, Burstable from the container's
+/// memory request (plus its share of the pod-level request) against the
+/// machine's memory, a sidecar no higher than the pod's smallest regular
+/// container, and kept within 3..=999.
 pub fn oom_score_adj(pod: &Pod, c: &Container, memory_capacity: i64) -> i64 {
+    if is_node_critical(pod) {
+        return -997;
+    }
     match pod_qos(pod) {
         QosClass::Guaranteed => -997,
         QosClass::BestEffort => 1000,
         QosClass::Burstable => {
-            let req = container_resources(c).mem_request.unwrap_or(0);
-            let adj = 1000 - (1000 * req) / memory_capacity.max(1);
+            let capacity = memory_capacity.max(1);
+            let share = pod_memory_share(pod).unwrap_or(0);
+            let adj_for = |req: i64| 1000 - (1000 * (req + share)) / capacity;
+            let request = |c: &Container| container_resources(c).mem_request.unwrap_or(0);
+            let mut adj = adj_for(request(c));
+            let spec = pod.spec.as_ref();
+            let sidecar = c.restart_policy.as_deref() == Some("Always")
+                && spec
+                    .and_then(|s| s.init_containers.as_ref())
+                    .is_some_and(|i| i.iter().any(|i| i.name == c.name));
+            if sidecar {
+                let smallest = spec
+                    .into_iter()
+                    .flat_map(|s| s.containers.iter())
+                    .map(request)
+                    .min()
+                    .unwrap_or(0);
+                adj = adj.min(adj_for(smallest));
+            }
             // Burstable stays above Guaranteed (1000-997) and below BestEffort.
             adj.clamp(1000 - 997, 999)
         }
@@ -205,6 +318,124 @@ mod tests {
             )),
             QosClass::Burstable
         );
+    }
+
+    fn list(kv: &[(&str, &str)]) -> Option<std::collections::BTreeMap<String, Quantity>> {
+        Some(
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect(),
+        )
+    }
+
+    /// `pod` with pod-level requests and limits (`spec.resources`).
+    fn pod_level(mut pod: Pod, req: &[(&str, &str)], lim: &[(&str, &str)]) -> Pod {
+        pod.spec.as_mut().unwrap().resources = Some(ResourceRequirements {
+            requests: list(req),
+            limits: list(lim),
+            ..Default::default()
+        });
+        pod
+    }
+
+    #[test]
+    fn pod_level_resources_and_the_recorded_class_decide_the_qos() {
+        // Old code: spec.resources was ignored (a pod sized only there was
+        // BestEffort), and the class the API server recorded was not
+        // looked at, so rkubelet's status could carry another one, which
+        // the API server refuses (status.qosClass is immutable).
+        let bare = pod_with(&[], &[]);
+        let both = [("cpu", "1"), ("memory", "64Mi")];
+        assert_eq!(
+            compute_pod_qos(&pod_level(bare.clone(), &both, &both)),
+            QosClass::Guaranteed
+        );
+        assert_eq!(
+            compute_pod_qos(&pod_level(bare.clone(), &[("cpu", "500m")], &[])),
+            QosClass::Burstable
+        );
+        // Limits on one resource only: not Guaranteed.
+        assert_eq!(
+            compute_pod_qos(&pod_level(bare.clone(), &[("cpu", "1")], &[("cpu", "1")])),
+            QosClass::Burstable
+        );
+        // Pod-level resources replace the containers' in the decision.
+        let sized = pod_with(&[], &both);
+        assert_eq!(compute_pod_qos(&sized), QosClass::Guaranteed);
+        assert_eq!(
+            compute_pod_qos(&pod_level(sized.clone(), &[("cpu", "1")], &[])),
+            QosClass::Burstable
+        );
+        // Sums: two containers with equal requests and limits.
+        let mut two = pod_with(&[], &both);
+        let c = two.spec.as_ref().unwrap().containers[0].clone();
+        two.spec.as_mut().unwrap().containers.push(Container {
+            name: "b".into(),
+            ..c
+        });
+        assert_eq!(compute_pod_qos(&two), QosClass::Guaranteed);
+        // Zero quantities count for nothing.
+        assert_eq!(
+            compute_pod_qos(&pod_with(&[("cpu", "0")], &[])),
+            QosClass::BestEffort
+        );
+        // The recorded class wins.
+        let mut recorded = pod_with(&[], &[]);
+        recorded.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            qos_class: Some("Burstable".into()),
+            ..Default::default()
+        });
+        assert_eq!(pod_qos(&recorded), QosClass::Burstable);
+        assert_eq!(compute_pod_qos(&recorded), QosClass::BestEffort);
+    }
+
+    #[test]
+    fn oom_scores_as_upstreams_policy() {
+        // Old code: no node-critical rule, no sidecar rule, no share of a
+        // pod-level memory request (qos/policy.go in v1.34).
+        let cap = 1000 << 20;
+        let c = |p: &Pod| p.spec.as_ref().unwrap().containers[0].clone();
+        let burstable = pod_with(&[("memory", "100Mi")], &[]);
+        assert_eq!(oom_score_adj(&burstable, &c(&burstable), cap), 900);
+        assert_eq!(
+            oom_score_adj(&pod_with(&[], &[]), &c(&burstable), cap),
+            1000
+        );
+        // system-node-critical and critical (static, mirror or of
+        // system-critical priority): -997 whatever its class.
+        let mut critical = pod_with(&[], &[]);
+        critical.spec.as_mut().unwrap().priority_class_name = Some("system-node-critical".into());
+        assert_eq!(
+            oom_score_adj(&critical, &c(&critical), cap),
+            1000,
+            "not critical yet"
+        );
+        critical.spec.as_mut().unwrap().priority = Some(2_000_001_000);
+        assert_eq!(oom_score_adj(&critical, &c(&critical), cap), -997);
+        // A pod-level memory request beyond the containers' is shared out:
+        // (500Mi - 100Mi) over two containers adds 200Mi to each.
+        let mut shared = pod_level(burstable.clone(), &[("memory", "500Mi")], &[]);
+        let spec = shared.spec.as_mut().unwrap();
+        spec.containers.push(Container {
+            name: "b".into(),
+            ..Default::default()
+        });
+        assert_eq!(oom_score_adj(&shared, &c(&shared), cap), 700);
+        let b = shared.spec.as_ref().unwrap().containers[1].clone();
+        assert_eq!(oom_score_adj(&shared, &b, cap), 800);
+        // A sidecar scores no higher than the smallest regular container.
+        let mut with_sidecar = pod_with(&[("memory", "100Mi")], &[]);
+        let sidecar = Container {
+            name: "side".into(),
+            restart_policy: Some("Always".into()),
+            resources: Some(ResourceRequirements {
+                requests: list(&[("memory", "10Mi")]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        with_sidecar.spec.as_mut().unwrap().init_containers = Some(vec![sidecar.clone()]);
+        assert_eq!(oom_score_adj(&with_sidecar, &sidecar, cap), 900);
     }
 
     #[test]

@@ -241,6 +241,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     crate::metrics::node_startup_kubelet_started();
     let machine_for_node = machine.clone();
 
+    let node_cfg = node_config(&opts, &node_ip, &machine_for_node);
     let rt_opts = RuntimeOptions {
         root_dir: opts.root_dir.clone(),
         pod_logs_dir: logs_dir.clone(),
@@ -252,6 +253,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         resolv_conf: PathBuf::from(&cfg.resolv_conf),
         node_ip: node_ip.clone(),
         memory_capacity: machine.memory_capacity as i64,
+        allocatable: crate::kuberuntime::Allocatable::of(&node_cfg.facts.read()),
         runtime_handler: String::new(),
         seccomp_default: cfg.seccomp_default,
         track_observed_generation: cfg.feature_gate("PodObservedGenerationTracking"),
@@ -483,7 +485,6 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             .await?,
         );
     }
-    let node_cfg = node_config(&opts, &node_ip, &machine_for_node);
     if cfg.enable_server && cfg.port > 0 {
         let (tls, auth, reload) = serving_tls(&opts, &node_cfg, api_slot.clone(), &token).await?;
         servers.push(reload);

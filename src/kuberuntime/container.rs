@@ -190,42 +190,73 @@ pub(crate) fn field_ref(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> O
     })
 }
 
-/// A resourceFieldRef value: the container's limit or request divided by the
-/// divisor and rounded up; an unset limit reads as the node's capacity
-/// (upstream ExtractContainerResourceValue with allocatable defaults).
+/// A resourceFieldRef value (upstream ExtractContainerResourceValue): the
+/// container's limit or request divided by the divisor and rounded up. A
+/// cpu, memory or ephemeral-storage limit left unset (or zero) reads as the
+/// pod-level limit, else the node's allocatable
+/// (defaultPodLimitsForDownwardAPI); an unset request reads as 0.
 pub(crate) fn resource_ref(
     opts: &RuntimeOptions,
+    pod: &k8s_openapi::api::core::v1::Pod,
     c: &Container,
     resource: &str,
     divisor: Option<&str>,
 ) -> Option<String> {
-    let r = cm::container_resources(c);
-    let cpu_cap = std::thread::available_parallelism()
-        .map(|n| n.get() as i64 * 1000)
-        .unwrap_or(1000);
-    let (value, unit_is_cpu) = match resource {
-        "limits.cpu" => (r.cpu_limit.unwrap_or(cpu_cap), true),
-        "requests.cpu" => (r.cpu_request.unwrap_or(0), true),
-        "limits.memory" => (r.mem_limit.unwrap_or(opts.memory_capacity), false),
-        "requests.memory" => (r.mem_request.unwrap_or(0), false),
+    let (kind, name) = resource.split_once('.')?;
+    let hugepages = name.starts_with("hugepages-");
+    if !matches!(name, "cpu" | "memory" | "ephemeral-storage") && !hugepages {
+        return None;
+    }
+    let is_cpu = name == "cpu";
+    let parse = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+        if is_cpu {
+            cm::quantity::parse_cpu_millis(&q.0).ok()
+        } else {
+            cm::quantity::parse_bytes(&q.0).ok()
+        }
+    };
+    let own = |list: Option<&std::collections::BTreeMap<_, _>>| list?.get(name).and_then(parse);
+    let r = c.resources.as_ref();
+    let value = match kind {
+        "limits" => {
+            let pod_level = || {
+                let limits = pod.spec.as_ref()?.resources.as_ref()?.limits.as_ref();
+                own(limits).filter(|v| *v != 0 && name != "ephemeral-storage")
+            };
+            let node = || match name {
+                "cpu" => Some(opts.allocatable.cpu_milli),
+                "memory" => Some(opts.allocatable.memory),
+                "ephemeral-storage" => Some(opts.allocatable.ephemeral_storage),
+                // Huge pages are never overcommitted: no default.
+                _ => None,
+            };
+            own(r.and_then(|r| r.limits.as_ref()))
+                .filter(|v| *v != 0)
+                .or_else(pod_level)
+                .or_else(node)
+                .unwrap_or(0)
+        }
+        "requests" => {
+            // A request left unset takes its limit (the API server's
+            // defaulting; static pods get it from the file source).
+            own(r.and_then(|r| r.requests.as_ref()))
+                .or_else(|| own(r.and_then(|r| r.limits.as_ref())))
+                .unwrap_or(0)
+        }
         _ => return None,
     };
     let div = divisor.filter(|d| !d.is_empty() && *d != "0");
-    let out = if unit_is_cpu {
+    let d = if is_cpu {
         // Millicores over the divisor in millicores (default 1 core).
-        let d = div
-            .and_then(|d| cm::quantity::parse_cpu_millis(d).ok())
+        div.and_then(|d| cm::quantity::parse_cpu_millis(d).ok())
             .filter(|d| *d > 0)
-            .unwrap_or(1000);
-        (value + d - 1) / d
+            .unwrap_or(1000)
     } else {
-        let d = div
-            .and_then(|d| cm::quantity::parse_bytes(d).ok())
+        div.and_then(|d| cm::quantity::parse_bytes(d).ok())
             .filter(|d| *d > 0)
-            .unwrap_or(1);
-        (value + d - 1) / d
+            .unwrap_or(1)
     };
-    Some(out.to_string())
+    Some(((value + d - 1) / d).to_string())
 }
 
 /// A container's environment as built, with what upstream reports as
@@ -394,6 +425,7 @@ pub(crate) fn env_pairs(
         } else if let Some(rr) = from.and_then(|vf| vf.resource_field_ref.as_ref()) {
             resource_ref(
                 opts,
+                pod,
                 c,
                 &rr.resource,
                 rr.divisor.as_ref().map(|q| q.0.as_str()),
@@ -797,6 +829,66 @@ mod tests {
                 "p-web".into()
             )
         );
+        // Unset limits read as the pod-level limit, else the node's
+        // allocatable (not its capacity); unset requests as 0. Old code:
+        // capacity, no pod-level limits, no ephemeral-storage or huge pages.
+        let opts = RuntimeOptions {
+            allocatable: crate::kuberuntime::Allocatable {
+                cpu_milli: 3500,
+                memory: 900 << 20,
+                ephemeral_storage: 10 << 30,
+            },
+            ..Default::default()
+        };
+        let bare = Container {
+            name: "c".into(),
+            ..Default::default()
+        };
+        let value = |pod: &Pod, r: &str, d: Option<&str>| resource_ref(&opts, pod, &bare, r, d);
+        assert_eq!(value(&pod, "limits.cpu", None).as_deref(), Some("4"));
+        assert_eq!(
+            value(&pod, "limits.cpu", Some("1m")).as_deref(),
+            Some("3500")
+        );
+        assert_eq!(
+            value(&pod, "limits.memory", Some("1Mi")).as_deref(),
+            Some("900")
+        );
+        assert_eq!(
+            value(&pod, "limits.ephemeral-storage", Some("1Gi")).as_deref(),
+            Some("10")
+        );
+        assert_eq!(value(&pod, "requests.memory", None).as_deref(), Some("0"));
+        assert_eq!(
+            value(&pod, "limits.hugepages-2Mi", None).as_deref(),
+            Some("0")
+        );
+        assert_eq!(value(&pod, "limits.nvidia.com/gpu", None), None);
+        let mut sized = pod.clone();
+        sized.spec.get_or_insert_with(Default::default).resources = Some(ResourceRequirements {
+            limits: Some(
+                [
+                    ("cpu".to_string(), Quantity("1500m".into())),
+                    ("memory".to_string(), Quantity("256Mi".into())),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        });
+        assert_eq!(
+            value(&sized, "limits.cpu", Some("1m")).as_deref(),
+            Some("1500")
+        );
+        assert_eq!(
+            value(&sized, "limits.memory", Some("1Mi")).as_deref(),
+            Some("256")
+        );
+        // The container's own limit still comes first.
+        assert_eq!(
+            resource_ref(&opts, &sized, &c, "limits.memory", Some("1Mi")).as_deref(),
+            Some("64")
+        );
+
         let bad = Container {
             name: "c".into(),
             env: Some(vec![field("Y", "spec.nope")]),

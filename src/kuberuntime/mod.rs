@@ -46,12 +46,36 @@ pub struct RuntimeOptions {
     pub resolv_conf: PathBuf,
     pub node_ip: String,
     pub memory_capacity: i64,
+    /// The node's allocatable cpu (millicores), memory and
+    /// ephemeral-storage (bytes): what the downward API shows for a limit
+    /// nobody set.
+    pub allocatable: Allocatable,
     pub runtime_handler: String,
     /// seccompDefault: RuntimeDefault instead of Unconfined when a pod sets none.
     pub seccomp_default: bool,
     /// The PodObservedGenerationTracking gate: statuses carry the pod's
     /// generation as `observedGeneration`.
     pub track_observed_generation: bool,
+}
+
+/// The node's allocatable resources (its Node's `status.allocatable`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Allocatable {
+    pub cpu_milli: i64,
+    pub memory: i64,
+    pub ephemeral_storage: i64,
+}
+
+impl Allocatable {
+    /// From admission's node facts (milli-units).
+    pub fn of(f: &crate::lifecycle::NodeFacts) -> Self {
+        let clamp = |v: i128| v.clamp(0, i64::MAX as i128) as i64;
+        Allocatable {
+            cpu_milli: clamp(f.cpu_milli),
+            memory: clamp(f.memory_milli / 1000),
+            ephemeral_storage: clamp(f.ephemeral_milli / 1000),
+        }
+    }
 }
 
 impl Default for RuntimeOptions {
@@ -67,6 +91,13 @@ impl Default for RuntimeOptions {
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
             node_ip: String::new(),
             memory_capacity: 1 << 30,
+            allocatable: Allocatable {
+                cpu_milli: std::thread::available_parallelism()
+                    .map(|n| n.get() as i64 * 1000)
+                    .unwrap_or(1000),
+                memory: 1 << 30,
+                ephemeral_storage: 1 << 40,
+            },
             runtime_handler: String::new(),
             seccomp_default: false,
             track_observed_generation: true,

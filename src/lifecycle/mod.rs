@@ -37,8 +37,31 @@ pub struct Rejection {
 
 /// A pod's requests in milli-units: upstream's PodRequests (apps and
 /// sidecars together, or the largest init container with the sidecars
-/// started before it, whichever is more), plus the pod overhead.
+/// started before it, whichever is more; the pod-level request instead
+/// where the pod sets one for cpu, memory or huge pages), plus the pod
+/// overhead.
 pub fn pod_requests(pod: &Pod, resource: &str) -> i128 {
+    let pod_level =
+        (resource == "cpu" || resource == "memory" || resource.starts_with("hugepages-"))
+            .then(|| {
+                let r = pod.spec.as_ref()?.resources.as_ref()?;
+                let q = r.requests.as_ref()?.get(resource)?;
+                Some(parse_milli(&q.0).unwrap_or(0))
+            })
+            .flatten();
+    let overhead = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.overhead.as_ref())
+        .and_then(|o| o.get(resource))
+        .and_then(|q| parse_milli(&q.0))
+        .unwrap_or(0);
+    pod_level.unwrap_or_else(|| container_requests(pod, resource)) + overhead
+}
+
+/// What the containers request together (upstream
+/// AggregateContainerRequests).
+pub fn container_requests(pod: &Pod, resource: &str) -> i128 {
     let req = |c: &Container| {
         c.resources
             .as_ref()
@@ -61,13 +84,7 @@ pub fn pod_requests(pod: &Pod, resource: &str) -> i128 {
             init_max = init_max.max(sidecars + req(c));
         }
     }
-    let overhead = spec
-        .overhead
-        .as_ref()
-        .and_then(|o| o.get(resource))
-        .and_then(|q| parse_milli(&q.0))
-        .unwrap_or(0);
-    (apps + sidecars).max(init_max) + overhead
+    (apps + sidecars).max(init_max)
 }
 
 fn host_ports(pod: &Pod) -> Vec<(String, String, i32)> {
@@ -423,5 +440,16 @@ mod tests {
             Some(vec![init("side", "200m", true), init("big", "1", false)]);
         // max(apps 100m + sidecar 200m, sidecar 200m + init 1000m) = 1200m
         assert_eq!(pod_requests(&p, "cpu"), 1200);
+        // A pod-level request stands for the containers' (PodRequests with
+        // PodLevelResources); the overhead still adds to it. Old code: the
+        // pod-level request was ignored.
+        let spec = p.spec.as_mut().unwrap();
+        spec.resources = Some(ResourceRequirements {
+            requests: Some([("cpu".to_string(), Quantity("2".into()))].into()),
+            ..Default::default()
+        });
+        spec.overhead = Some([("cpu".to_string(), Quantity("50m".into()))].into());
+        assert_eq!(pod_requests(&p, "cpu"), 2050);
+        assert_eq!(pod_requests(&p, "memory"), 0);
     }
 }

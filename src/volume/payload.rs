@@ -278,10 +278,16 @@ fn resource_field_value(
         })
         .find(|c| c.name == container)
         .ok_or_else(|| PayloadError::ResourceField(format!("container {container} not found")))?;
-    crate::kuberuntime::container::resource_ref(opts, c, resource, divisor.map(|q| q.0.as_str()))
-        .ok_or_else(|| {
-            PayloadError::ResourceField(format!("unsupported container resource : {resource}"))
-        })
+    crate::kuberuntime::container::resource_ref(
+        opts,
+        pod,
+        c,
+        resource,
+        divisor.map(|q| q.0.as_str()),
+    )
+    .ok_or_else(|| {
+        PayloadError::ResourceField(format!("unsupported container resource : {resource}"))
+    })
 }
 
 /// fieldpath.ExtractFieldPathAsString for a pod: the metadata fields a

@@ -81,7 +81,9 @@
 //!   if missing), `/status` writes keep the stored spec (and a pod's
 //!   ownerReferences) but take status and metadata, as upstream's status
 //!   strategies, and main-resource writes keep the stored status (kinds
-//!   with a status subresource), PATCH
+//!   with a status subresource); a pod gets `status.qosClass` at create
+//!   (ComputePodQOS, pod-level resources first, after defaultPodRequests)
+//!   and a status write changing it is refused (422, immutable), PATCH
 //!   as JSON merge patch (RFC 7386), strategic merge patch (merge keys of the
 //!   fields the kubelet writes — pod status conditions, container statuses,
 //!   podIPs/hostIPs; node status conditions/addresses; ownerReferences;

@@ -198,15 +198,18 @@ fn empty(v: &Value) -> bool {
     }
 }
 
-/// qos.ComputePodQOS from the containers and init containers (pods with
-/// pod-level resources never get here).
-fn compute_qos(p: &Value) -> &'static str {
+/// qos.ComputePodQOS (pkg/apis/core/v1/helper/qos): from the pod-level
+/// resources when `spec.resources` is set (PodLevelResources, on in 1.34),
+/// else from the containers and init containers.
+pub fn compute_qos(p: &Value) -> &'static str {
     let mut requests: BTreeMap<String, i128> = BTreeMap::new();
     let mut limits: BTreeMap<String, i128> = BTreeMap::new();
     let mut guaranteed = true;
+    let pod_level = p["spec"]["resources"].is_object();
     let all = containers(p, "containers")
         .iter()
-        .chain(containers(p, "initContainers"));
+        .chain(containers(p, "initContainers"))
+        .filter(|_| !pod_level);
     // Sums the positive cpu and memory quantities; returns how many of the
     // two were there.
     let add = |sum: &mut BTreeMap<String, i128>, l: &List| {
@@ -226,6 +229,14 @@ fn compute_qos(p: &Value) -> &'static str {
             guaranteed = false;
         }
     }
+    if pod_level {
+        let r = &p["spec"]["resources"];
+        add(&mut requests, &list(r.get("requests")));
+        let l = list(r.get("limits"));
+        if l.as_ref().is_some_and(|l| !l.is_empty()) && add(&mut limits, &l) < 2 {
+            guaranteed = false;
+        }
+    }
     if requests.is_empty() && limits.is_empty() {
         return "BestEffort";
     }
@@ -234,6 +245,79 @@ fn compute_qos(p: &Value) -> &'static str {
         return "Guaranteed";
     }
     "Burstable"
+}
+
+/// defaultPodRequests (pkg/apis/core/v1/defaults.go): with pod-level
+/// limits, each unset pod-level cpu or memory request defaults to what the
+/// containers request together (AggregateContainerRequests), then any
+/// still unset to the pod-level limit.
+pub fn default_pod_requests(p: &mut Value) {
+    let limits = list(p["spec"]["resources"].get("limits"));
+    let Some(limits) = limits.filter(|l| !l.is_empty()) else {
+        return;
+    };
+    let mut requests = list(p["spec"]["resources"].get("requests")).unwrap_or_default();
+    for k in ["cpu", "memory"] {
+        if !requests.contains_key(k) {
+            if let Some(n) = aggregate_request(p, k) {
+                requests.insert(k.to_string(), Quantity::Nanos(n));
+            }
+        }
+    }
+    for (k, q) in &limits {
+        let supported = k == "cpu" || k == "memory" || k.starts_with("hugepages-");
+        if supported && !requests.contains_key(k) {
+            requests.insert(k.clone(), q.clone());
+        }
+    }
+    if requests.is_empty() {
+        return;
+    }
+    let out: serde_json::Map<String, Value> = requests
+        .into_iter()
+        .map(|(k, q)| {
+            let v = match q {
+                // Whole units as integers, else millis (cpu) or nanos.
+                Quantity::Nanos(n) if n % 1_000_000_000 == 0 => (n / 1_000_000_000).to_string(),
+                Quantity::Nanos(n) if n % 1_000_000 == 0 => format!("{}m", n / 1_000_000),
+                Quantity::Nanos(n) => format!("{n}n"),
+                Quantity::Raw(r) => r,
+            };
+            (k, Value::String(v))
+        })
+        .collect();
+    p["spec"]["resources"]["requests"] = Value::Object(out);
+}
+
+/// AggregateContainerRequests for one resource, in nano-units: the regular
+/// containers and sidecars together, or an init container with the
+/// sidecars before it, whichever is more; None when nobody requests it.
+fn aggregate_request(p: &Value, k: &str) -> Option<i128> {
+    let req = |c: &Value| match Resources::of(c).requests.and_then(|r| r.get(k).cloned()) {
+        Some(Quantity::Nanos(n)) => Some(n),
+        _ => None,
+    };
+    let mut any = false;
+    let mut apps: i128 = 0;
+    for c in containers(p, "containers") {
+        if let Some(n) = req(c) {
+            any = true;
+            apps += n;
+        }
+    }
+    let (mut sidecars, mut init_max) = (0i128, 0i128);
+    for c in containers(p, "initContainers") {
+        let n = req(c);
+        any |= n.is_some();
+        let n = n.unwrap_or(0);
+        if sidecar(c) {
+            sidecars += n;
+            init_max = init_max.max(sidecars);
+        } else {
+            init_max = init_max.max(sidecars + n);
+        }
+    }
+    any.then(|| (apps + sidecars).max(init_max))
 }
 
 /// qos.GetPodQOS: the class set at create, else computed.

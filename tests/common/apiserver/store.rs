@@ -866,6 +866,10 @@ impl Store {
                 if status.get("phase").is_none() {
                     status["phase"] = json!("Pending");
                 }
+                // Defaulting (defaultPodRequests), then PrepareForCreate's
+                // status.qosClass = ComputePodQOS(pod).
+                super::resize::default_pod_requests(&mut obj);
+                obj["status"]["qosClass"] = json!(super::resize::compute_qos(&obj));
             }
             "persistentvolumes" => {
                 // SetDefaults_PersistentVolume; the strategy's
@@ -1007,6 +1011,19 @@ impl Store {
                 }
                 if res.plural == "volumeattachments" {
                     volumeattachment_prepare_status_update(&old, &mut next);
+                }
+                if res.plural == "pods" {
+                    // ValidatePodStatusUpdate: "Pod QoS is immutable".
+                    let qos =
+                        |o: &Value| o["status"]["qosClass"].as_str().unwrap_or("").to_string();
+                    let (was, now) = (qos(&old), qos(&next));
+                    if was != now {
+                        return Err(ApiError::new(
+                            422,
+                            "Invalid",
+                            format!("Pod {name:?} is invalid: status.qosClass: Invalid value: {now:?}: field is immutable"),
+                        ));
+                    }
                 }
                 next
             }
