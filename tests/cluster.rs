@@ -1291,3 +1291,82 @@ fn a_pod_sized_at_pod_level_keeps_its_qos_class_and_limits() {
         k.log()
     );
 }
+
+/// Upstream's pod and node events for what goes wrong under a pod (old
+/// code sent none of them): a pod asking for its own user namespace on a
+/// runtime without them is refused its sandbox (FailedCreatePodSandBox;
+/// old code ran it in the node's user namespace), a sandbox that dies is
+/// replaced (SandboxChanged), and a cgroup v1 host says it is one
+/// (CgroupV1).
+#[test]
+fn sandbox_and_node_troubles_are_reported_as_upstreams_events() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-sandbox-events";
+    let k = cluster_kubelet(node, &api);
+    let event = |reason: &'static str, name: String| {
+        let api = &api;
+        move || {
+            api.list("events")
+                .into_iter()
+                .find(|e| e["reason"] == reason && e["involvedObject"]["name"] == name.as_str())
+        }
+    };
+
+    let own = format!("userns-{node}");
+    let mut pod = bound_pod(&own, node, 1, "sleep 3600");
+    pod["spec"]["hostUsers"] = json!(false);
+    let created = api.create(pod);
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let e = wait_for(
+        "FailedCreatePodSandBox",
+        T,
+        event("FailedCreatePodSandBox", own.clone()),
+    );
+    assert_eq!(e["type"], "Warning");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Failed to create pod sandbox: can't set `spec.hostUsers: false`"),
+        "{e:#}"
+    );
+    let cri = Cri::new();
+    assert_eq!(cri.count_for_uid(&uid), (0, 0), "no sandbox, no container");
+
+    // A running pod whose sandbox is stopped under it gets a new one.
+    let name = format!("sandboxed-{node}");
+    let created = api.create(bound_pod(&name, node, 1, "sleep 3600"));
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    wait_for("the pod running", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+    });
+    cri.stop_sandboxes_of(&uid);
+    let e = wait_for("SandboxChanged", T, event("SandboxChanged", name.clone()));
+    assert_eq!(e["type"], "Normal");
+    assert_eq!(
+        e["message"],
+        "Pod sandbox changed, it will be killed and re-created."
+    );
+    wait_for("a new sandbox", T, || {
+        (cri.count_labelled("io.kubernetes.pod.uid", &uid, true).0 == 1).then_some(())
+    });
+
+    let v1 = !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let node_event = api
+        .list("events")
+        .into_iter()
+        .find(|e| e["reason"] == "CgroupV1" && e["involvedObject"]["kind"] == "Node");
+    if v1 {
+        let e = node_event.expect("a CgroupV1 event on a cgroup v1 host");
+        assert_eq!(e["type"], "Warning");
+        assert_eq!(
+            e["message"],
+            "cgroup v1 support is in maintenance mode, please migrate to cgroup v2"
+        );
+        assert_eq!(e["involvedObject"]["name"], node);
+    } else {
+        assert!(node_event.is_none(), "{node_event:?}");
+    }
+    drop(k);
+}

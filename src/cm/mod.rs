@@ -9,6 +9,11 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use quantity::{parse_bytes, parse_cpu_millis};
 
+/// Upstream's CgroupV1MaintenanceModeWarning, logged and sent as the
+/// node's `CgroupV1` event on a cgroup v1 host.
+pub const CGROUP_V1_WARNING: &str =
+    "cgroup v1 support is in maintenance mode, please migrate to cgroup v2";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QosClass {
     Guaranteed,

@@ -41,8 +41,33 @@ struct Pending {
 
 static SINK: OnceLock<mpsc::Sender<Pending>> = OnceLock::new();
 
+/// Events recorded in unit tests, which install no sink: (object name,
+/// type, reason, message).
+#[cfg(test)]
+pub static CAPTURED: std::sync::Mutex<Vec<(String, &'static str, String, String)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The events unit tests recorded about the object named `name`.
+#[cfg(test)]
+pub fn captured(name: &str) -> Vec<(&'static str, String, String)> {
+    CAPTURED
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.0 == name)
+        .map(|e| (e.1, e.2.clone(), e.3.clone()))
+        .collect()
+}
+
 /// Records an event about `object` (never blocks; dropped if the queue is full).
 pub fn record(object: ObjectReference, kind: &'static str, reason: &str, message: String) {
+    #[cfg(test)]
+    CAPTURED.lock().unwrap().push((
+        object.name.clone().unwrap_or_default(),
+        kind,
+        reason.to_string(),
+        message.clone(),
+    ));
     let Some(tx) = SINK.get() else { return };
     let p = Pending {
         object,
@@ -90,7 +115,7 @@ pub fn pod(
     reason: &str,
     message: String,
 ) {
-    if SINK.get().is_some() {
+    if SINK.get().is_some() || cfg!(test) {
         record(pod_ref(pod, container), kind, reason, message);
     }
 }

@@ -237,6 +237,12 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         .unwrap_or_default();
     let machine = Arc::new(MachineInfo::read());
     crate::metrics::detect_cgroup_version();
+    if crate::metrics::cgroup_version() == 1 {
+        info!(
+            error = crate::cm::CGROUP_V1_WARNING,
+            "Warning: cgroup check"
+        );
+    }
     crate::metrics::apply_feature_gates(&opts.config);
     crate::metrics::node_startup_kubelet_started();
     let machine_for_node = machine.clone();
@@ -300,10 +306,14 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     )
     .await
     .unwrap_or_default();
+    // The runtime's last Status answer: polled below, read by the pod
+    // workers (the runtime's handlers and their user-namespace support).
+    let runtime_state = crate::runtimestate::RuntimeState::default();
     let manager = Arc::new({
         let mut m = RuntimeManager::new(runtime.clone(), image_manager, rt_opts)
             .with_objects(objects.clone());
         m.allocation = allocation;
+        m.runtime_state = runtime_state.clone();
         m
     });
     manager.volumes.start(&cluster_tasks, token.child_token());
@@ -342,6 +352,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     let gc_manager = manager.clone();
 
     let (runtime_state, runtime_state_task) = crate::runtimestate::spawn(
+        runtime_state,
         runtime.clone(),
         crate::runtimestate::POLL_PERIOD,
         token.child_token(),
@@ -910,6 +921,15 @@ impl ClusterTasks {
             "Starting",
             "Starting kubelet.".into(),
         );
+        if crate::metrics::cgroup_version() == 1 {
+            // Upstream cgroupVersionCheck.
+            crate::events::record(
+                crate::events::node_ref(&node_cfg.node_name),
+                crate::events::WARNING,
+                "CgroupV1",
+                crate::cm::CGROUP_V1_WARNING.into(),
+            );
+        }
         let (registered_tx, registered_rx) = tokio::sync::watch::channel(None);
         // The kubelet's own Node, watched: the status loop's first read.
         let (node_tx, node_rx) =

@@ -169,6 +169,8 @@ pub struct RuntimeManager {
     pub volumes: volume::manager::VolumeManager,
     /// The resources each pod was granted (in-place resize).
     pub allocation: crate::allocation::AllocationManager,
+    /// The runtime's last Status answer (its handlers' features).
+    pub runtime_state: crate::runtimestate::RuntimeState,
     backoff: Mutex<Backoff>,
     /// The last actions computed per pod UID and when, for `/debug/pods`.
     last_actions: Mutex<HashMap<String, (std::time::SystemTime, actions::PodActions)>>,
@@ -197,6 +199,7 @@ impl RuntimeManager {
                 opts.clone(),
             ),
             allocation: Default::default(),
+            runtime_state: Default::default(),
             backoff: Mutex::new(Backoff::container()),
             last_actions: Mutex::new(HashMap::new()),
             resize_errors: Mutex::new(HashMap::new()),
@@ -481,6 +484,15 @@ impl RuntimeManager {
             || !a.ephemeral_to_start.is_empty()
             || !a.containers_to_update.is_empty();
         debug!(pod = pod_name(pod), actions = ?a, "computed pod actions");
+        if a.create_sandbox && a.sandbox_id.is_some() {
+            events::pod(
+                pod,
+                None,
+                events::NORMAL,
+                "SandboxChanged",
+                "Pod sandbox changed, it will be killed and re-created.".into(),
+            );
+        }
 
         if a.kill_pod {
             if let Err(e) = self.kill_pod(Some(pod), rt, None).await {
@@ -502,7 +514,14 @@ impl RuntimeManager {
                 );
                 let grace = grace_period(Some(pod), None);
                 if let Err(e) = self
-                    .kill_container(container_spec(pod, &k.name), &k.id, &k.name, &pod_ip, grace)
+                    .kill_container(
+                        Some(pod),
+                        container_spec(pod, &k.name),
+                        &k.id,
+                        &k.name,
+                        &pod_ip,
+                        grace,
+                    )
                     .await
                 {
                     result.errors.push(format!("KillContainer {}: {e}", k.name));
@@ -547,11 +566,24 @@ impl RuntimeManager {
         {
             Ok(c) => c,
             Err(e) => {
+                sandbox_failed(pod, &e.to_string());
                 result.errors.push(format!("CreatePodSandbox: {e}"));
                 return result;
             }
         };
         let mut pod_ip = rt.ips().into_iter().next().unwrap_or_default();
+        if a.create_sandbox {
+            let handlers = self.runtime_state.handlers();
+            let refusal =
+                sandbox::user_namespace_refusal(pod, &handlers, &self.opts.runtime_handler);
+            if let Some(msg) = refusal {
+                warn!(pod = pod_name(pod), error = %msg, "CreatePodSandbox for pod failed");
+                sandbox_failed(pod, &msg);
+                result.errors.push(format!("CreatePodSandbox: {msg}"));
+                result.requeue(Duration::from_secs(2));
+                return result;
+            }
+        }
         let sandbox_id = if a.create_sandbox {
             let dir = PathBuf::from(&sandbox_cfg.log_directory);
             let d = dir.clone();
@@ -580,18 +612,34 @@ impl RuntimeManager {
                 .await;
             crate::metrics::started_pod(created.is_ok());
             match created {
-                Ok(id) => {
-                    if let Ok(s) = self.runtime.pod_sandbox_status(&id).await {
+                Ok(id) => match self.runtime.pod_sandbox_status(&id).await {
+                    Ok(s) => {
                         pod_ip = SandboxInfo::from_cri(&s)
                             .ips
                             .into_iter()
                             .next()
                             .unwrap_or_default();
+                        id
                     }
-                    id
-                }
+                    Err(e) => {
+                        // Upstream fails the sync; the next one finds the
+                        // sandbox.
+                        warn!(pod = pod_name(pod), error = %e, "failed to get pod sandbox status");
+                        events::pod(
+                            pod,
+                            None,
+                            events::WARNING,
+                            "FailedStatusPodSandBox",
+                            format!("Unable to get pod sandbox status: {}", e.grpc_text()),
+                        );
+                        result.errors.push(format!("PodSandboxStatus: {e}"));
+                        result.requeue(Duration::from_secs(2));
+                        return result;
+                    }
+                },
                 Err(e) => {
                     warn!(pod = pod_name(pod), error = %e, "failed to create pod sandbox");
+                    sandbox_failed(pod, &e.grpc_text());
                     result.errors.push(format!("CreatePodSandbox: {e}"));
                     result.requeue(Duration::from_secs(2));
                     return result;
@@ -894,6 +942,7 @@ impl RuntimeManager {
     /// restored from its annotations.
     async fn kill_container(
         &self,
+        pod: Option<&Pod>,
         spec: Option<&Container>,
         id: &str,
         name: &str,
@@ -913,6 +962,17 @@ impl RuntimeManager {
                 lifecycle::run_handler(self.runtime.as_ref(), h, id, c, pod_ip, budget).await
             {
                 warn!(container = %name, error = %e, "PreStop hook failed");
+                // Without the error: it may carry a secret (as upstream).
+                if let Some(pod) = pod {
+                    let ev = Some((name, is_init(pod, name)));
+                    events::pod(
+                        pod,
+                        ev,
+                        events::WARNING,
+                        "FailedPreStopHook",
+                        "PreStopHook failed".into(),
+                    );
+                }
             }
             left = (grace - started.elapsed().as_secs() as i64).max(2);
         }
@@ -993,9 +1053,10 @@ impl RuntimeManager {
                     );
                 }
                 let (id, name, ip) = (c.id.clone(), c.name.clone(), pod_ip.clone());
+                let owner = pod.cloned();
                 set.spawn(async move {
                     debug!(container = %name, grace, "stopping container");
-                    this.kill_container(spec.as_ref(), &id, &name, &ip, grace)
+                    this.kill_container(owner.as_ref(), spec.as_ref(), &id, &name, &ip, grace)
                         .await
                 });
             }
@@ -1182,6 +1243,17 @@ pub fn grace_period(pod: Option<&Pod>, over: Option<i64>) -> i64 {
 }
 
 /// The spec of a container (app or init) by name.
+/// Upstream's FailedCreatePodSandBox event.
+fn sandbox_failed(pod: &Pod, why: &str) {
+    events::pod(
+        pod,
+        None,
+        events::WARNING,
+        "FailedCreatePodSandBox",
+        format!("Failed to create pod sandbox: {why}"),
+    );
+}
+
 fn container_spec<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
     pod.spec.as_ref().and_then(|s| {
         s.containers
@@ -1204,6 +1276,28 @@ mod tests {
     use super::*;
     use crate::cri::fake::FakeRuntime;
     use k8s_openapi::api::core::v1::PodSpec;
+
+    /// A fake runtime with busybox, and a manager over it.
+    fn fake_manager() -> (Arc<FakeRuntime>, Arc<RuntimeManager>) {
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let rm = manager(&fake);
+        (fake, rm)
+    }
+
+    /// A preStop hook that runs `/bin/drain`.
+    fn drain_hook() -> k8s_openapi::api::core::v1::Lifecycle {
+        use k8s_openapi::api::core::v1::{ExecAction, Lifecycle, LifecycleHandler};
+        Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec!["/bin/drain".into()]),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
 
     fn manager(fake: &Arc<FakeRuntime>) -> Arc<RuntimeManager> {
         let root = std::env::temp_dir().join(format!(
@@ -1251,9 +1345,7 @@ mod tests {
 
     #[tokio::test]
     async fn sync_creates_the_sandbox_runs_init_then_app_and_backs_off_crashes() {
-        let fake = Arc::new(FakeRuntime::new());
-        fake.add_image("busybox:1.36");
-        let rm = manager(&fake);
+        let (fake, rm) = fake_manager();
         let p = pod("Always");
 
         let rt = rm.pod_status("uid-1").await.unwrap();
@@ -1305,9 +1397,7 @@ mod tests {
 
     #[tokio::test]
     async fn kill_and_remove_stop_containers_before_the_sandbox_and_leave_nothing() {
-        let fake = Arc::new(FakeRuntime::new());
-        fake.add_image("busybox:1.36");
-        let rm = manager(&fake);
+        let (fake, rm) = fake_manager();
         let mut p = pod("Always");
         p.spec.as_mut().unwrap().init_containers = None;
         let rt = rm.pod_status("uid-1").await.unwrap();
@@ -1326,23 +1416,12 @@ mod tests {
     #[tokio::test]
     async fn an_orphan_is_stopped_with_its_recorded_grace_and_prestop_hook() {
         // Old code: orphans got 30 s and no preStop hook.
-        use k8s_openapi::api::core::v1::{ExecAction, Lifecycle, LifecycleHandler};
-        let fake = Arc::new(FakeRuntime::new());
-        fake.add_image("busybox:1.36");
-        let rm = manager(&fake);
+        let (fake, rm) = fake_manager();
         let mut p = pod("Always");
         let spec = p.spec.as_mut().unwrap();
         spec.init_containers = None;
         spec.termination_grace_period_seconds = Some(7);
-        spec.containers[0].lifecycle = Some(Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                exec: Some(ExecAction {
-                    command: Some(vec!["/bin/drain".into()]),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        spec.containers[0].lifecycle = Some(drain_hook());
         let rt = rm.pod_status("uid-1").await.unwrap();
         rm.sync_pod(&p, &rt, &Default::default()).await;
         fake.clear_calls();
@@ -1357,6 +1436,69 @@ mod tests {
             "preStop before stop: {calls:?}"
         );
         assert_eq!(fake.stop_timeouts(), vec![("app".to_string(), 7)]);
+    }
+
+    #[tokio::test]
+    async fn sandbox_and_hook_failures_are_reported_as_upstreams_events() {
+        // Old code: none of these events was sent, and a pod asking for its
+        // own user namespace ran in the node's.
+        use crate::events::captured;
+        let (fake, rm) = fake_manager();
+        let mut p = pod("Always");
+        p.metadata.name = Some("ev-sandbox".into());
+        let spec = p.spec.as_mut().unwrap();
+        spec.init_containers = None;
+        spec.containers[0].lifecycle = Some(drain_hook());
+        let reasons =
+            |name: &str| -> Vec<String> { captured(name).into_iter().map(|(_, r, _)| r).collect() };
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        rm.sync_pod(&p, &rt, &Default::default()).await;
+        assert!(!reasons("ev-sandbox").contains(&"SandboxChanged".to_string()));
+
+        // The sandbox dies: SandboxChanged, a new one.
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        fake.kill_sandbox(&rt.sandboxes[0].id);
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        rm.sync_pod(&p, &rt, &Default::default()).await;
+        let ev = captured("ev-sandbox");
+        let changed = ev.iter().find(|e| e.1 == "SandboxChanged").unwrap();
+        assert_eq!(
+            (changed.0, changed.2.as_str()),
+            (
+                "Normal",
+                "Pod sandbox changed, it will be killed and re-created."
+            )
+        );
+
+        // A failing preStop hook: FailedPreStopHook, without its error.
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        let app = rt.latest("app").unwrap().id.clone();
+        fake.set_exec_result(&app, 1);
+        rm.kill_pod(Some(&p), &rt, None).await.unwrap();
+        let ev = captured("ev-sandbox");
+        let hook = ev.iter().find(|e| e.1 == "FailedPreStopHook").unwrap();
+        assert_eq!((hook.0, hook.2.as_str()), ("Warning", "PreStopHook failed"));
+
+        // hostUsers: false on a runtime without user namespaces: no
+        // sandbox, FailedCreatePodSandBox with upstream's words.
+        let (fake, rm) = fake_manager();
+        let mut own = pod("Always");
+        own.metadata.name = Some("ev-userns".into());
+        own.spec.as_mut().unwrap().host_users = Some(false);
+        let rt = rm.pod_status("uid-1").await.unwrap();
+        let r = rm.sync_pod(&own, &rt, &Default::default()).await;
+        assert!(!r.errors.is_empty());
+        assert_eq!(fake.count_calls("RunPodSandbox"), 0);
+        assert_eq!(
+            captured("ev-userns"),
+            vec![(
+                "Warning",
+                "FailedCreatePodSandBox".to_string(),
+                "Failed to create pod sandbox: can't set `spec.hostUsers: false`, \
+                 runtime does not support user namespaces"
+                    .to_string()
+            )]
+        );
     }
 
     #[test]

@@ -37,8 +37,51 @@ pub fn namespace_options(pod: &Pod) -> v1::NamespaceOption {
             },
         ),
         ipc: mode(flag(|s| s.host_ipc), NamespaceMode::Pod),
+        // Upstream (UserNamespacesSupport, beta and on in 1.34) names the
+        // node's user namespace outright for a pod that asks for no other;
+        // `hostUsers: false` never gets this far (`user_namespace_refusal`).
+        userns_options: Some(v1::UserNamespace {
+            mode: NamespaceMode::Node as i32,
+            ..Default::default()
+        }),
         ..Default::default()
     }
+}
+
+/// Why a pod asking for its own user namespace (`hostUsers: false`) is
+/// not given a sandbox, as upstream's GetOrCreateUserNamespaceMappings
+/// words it; `handlers` are the runtime's handlers and whether each
+/// supports user namespaces (CRI Status), `handler` the pod's.
+///
+/// Upstream allocates ID mappings where the handler supports them;
+/// rkubelet does not yet, so it refuses those pods too rather than run
+/// them in the node's user namespace, which is what they asked not to be.
+pub fn user_namespace_refusal(
+    pod: &Pod,
+    handlers: &[(String, bool)],
+    handler: &str,
+) -> Option<String> {
+    if pod.spec.as_ref()?.host_users != Some(false) {
+        return None;
+    }
+    let unsupported = if handler.is_empty() {
+        "can't set `spec.hostUsers: false`, runtime does not support user namespaces".to_string()
+    } else {
+        format!(
+            "can't set `spec.hostUsers: false`, RuntimeClass handler {handler:?} does not support user namespaces"
+        )
+    };
+    // An old runtime reports no handlers: no support, no error.
+    if handlers.is_empty() {
+        return Some(unsupported);
+    }
+    Some(match handlers.iter().find(|(name, _)| name == handler) {
+        None => format!("{unsupported}: the handler {handler:?} is not known"),
+        Some((_, false)) => unsupported,
+        Some((_, true)) => {
+            "can't set `spec.hostUsers: false`: rkubelet does not allocate user namespace ID mappings yet".into()
+        }
+    })
 }
 
 /// Parses nameserver/search/options lines of a resolv.conf.
@@ -337,6 +380,40 @@ pub(crate) fn supplemental_groups(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_namespaces_as_upstreams_userns_manager() {
+        // Old code: hostUsers was ignored (a pod asking for its own user
+        // namespace ran in the node's) and no user namespace was named.
+        let mut p = Pod {
+            spec: Some(Default::default()),
+            ..Default::default()
+        };
+        let node = namespace_options(&p).userns_options.unwrap();
+        assert_eq!(node.mode, NamespaceMode::Node as i32);
+        assert!(node.uids.is_empty());
+        assert_eq!(user_namespace_refusal(&p, &[], ""), None);
+        p.spec.as_mut().unwrap().host_users = Some(true);
+        assert_eq!(user_namespace_refusal(&p, &[], ""), None);
+        p.spec.as_mut().unwrap().host_users = Some(false);
+        let base = "can't set `spec.hostUsers: false`, runtime does not support user namespaces";
+        assert_eq!(user_namespace_refusal(&p, &[], "").as_deref(), Some(base));
+        let handlers = [(String::new(), false), ("kata".to_string(), true)];
+        assert_eq!(
+            user_namespace_refusal(&p, &handlers, "").as_deref(),
+            Some(base)
+        );
+        assert_eq!(
+            user_namespace_refusal(&p, &handlers, "gvisor").as_deref(),
+            Some(
+                "can't set `spec.hostUsers: false`, RuntimeClass handler \"gvisor\" does not \
+                 support user namespaces: the handler \"gvisor\" is not known"
+            )
+        );
+        // Supported, but rkubelet allocates no mappings: still refused.
+        assert!(user_namespace_refusal(&p, &handlers, "kata")
+            .is_some_and(|m| m.contains("does not allocate user namespace ID mappings")));
+    }
 
     #[test]
     fn the_sandbox_runs_with_the_pods_user_and_groups_fs_group_included() {

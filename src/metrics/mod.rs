@@ -1777,6 +1777,11 @@ pub fn set_cgroup_version(unified: bool) {
     METRICS.rare.cgroup_version.set(if unified { 2 } else { 1 });
 }
 
+/// The cgroup version detected at start (1 or 2).
+pub fn cgroup_version() -> i64 {
+    METRICS.rare.cgroup_version.get()
+}
+
 /// Reads whether /sys/fs/cgroup is the unified (v2) hierarchy and sets
 /// `kubelet_cgroup_version` (blocking stat; at startup).
 pub fn detect_cgroup_version() {

@@ -836,6 +836,13 @@ impl PodWorkers {
             // network; the others wait, and their status says why.
             let msg = format!("{NETWORK_NOT_READY}: {err}");
             warn!(pod = name, "{msg}");
+            crate::events::pod(
+                pod,
+                None,
+                crate::events::WARNING,
+                "NetworkNotReady",
+                msg.clone(),
+            );
             let not_running: HashMap<_, _> = pod
                 .spec
                 .iter()
@@ -1454,6 +1461,16 @@ mod tests {
         })
         .await;
         assert!(!has(&fake, "RunPodSandbox web"), "{:?}", fake.calls());
+        // Upstream's NetworkNotReady event says so too.
+        assert!(
+            crate::events::captured("web").iter().any(|(kind, reason, message)| {
+                *kind == "Warning"
+                    && reason == "NetworkNotReady"
+                    && message == "network is not ready: NetworkReady=false reason:NetworkPluginNotReady"
+            }),
+            "{:?}",
+            crate::events::captured("web")
+        );
         assert!(w.deps.queue.due_in("u-web").unwrap() <= Duration::from_millis(1500));
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         w.update("u-web", Work::Sync(pod));

@@ -114,6 +114,22 @@ impl RuntimeState {
         }
     }
 
+    /// The runtime's handlers and whether each supports user namespaces
+    /// (upstream runtimeState.runtimeHandlers).
+    pub fn handlers(&self) -> Vec<(String, bool)> {
+        self.inner
+            .read()
+            .handlers
+            .iter()
+            .map(|h| {
+                (
+                    h.name.clone(),
+                    h.features.is_some_and(|f| f.user_namespaces),
+                )
+            })
+            .collect()
+    }
+
     /// The runtime's handlers as the Node reports them (upstream setter
     /// RuntimeHandlers: name and both features, always present).
     pub fn node_runtime_handlers(&self) -> Vec<k8s_openapi::api::core::v1::NodeRuntimeHandler> {
@@ -169,11 +185,11 @@ impl RuntimeState {
 /// Polls CRI Status every `period` until the token is cancelled; the task
 /// is returned so shutdown can await it.
 pub fn spawn(
+    state: RuntimeState,
     runtime: Arc<dyn RuntimeService>,
     period: Duration,
     token: CancellationToken,
 ) -> (RuntimeState, tokio::task::JoinHandle<()>) {
-    let state = RuntimeState::default();
     let st = state.clone();
     let task = tokio::spawn(
         async move {

@@ -100,6 +100,7 @@ impl ServerState {
             token.child_token(),
         );
         let (runtime_state, _) = crate::runtimestate::spawn(
+            Default::default(),
             rt.clone(),
             std::time::Duration::from_secs(3600),
             token.child_token(),

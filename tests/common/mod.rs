@@ -147,6 +147,21 @@ impl Cri {
         });
     }
 
+    /// Stops the sandboxes of a pod UID, as a dead pause process or a lost
+    /// network would leave them.
+    pub fn stop_sandboxes_of(&self, uid: &str) {
+        self.rt.block_on(async {
+            for s in self.client.list_pod_sandbox(None).await.unwrap() {
+                if s.labels
+                    .get("io.kubernetes.pod.uid")
+                    .is_some_and(|u| u == uid)
+                {
+                    self.client.stop_pod_sandbox(&s.id).await.unwrap();
+                }
+            }
+        });
+    }
+
     /// Stops a container at once, as a crash or an OOM kill would.
     pub fn kill(&self, id: &str) {
         self.rt.block_on(self.client.stop_container(id, 0)).unwrap();
