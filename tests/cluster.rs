@@ -585,6 +585,43 @@ fn a_pod_that_does_not_fit_is_rejected_with_upstreams_reason() {
         p["status"]["message"],
         "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
     );
+
+    // supplementalGroupsPolicy: Strict needs a runtime that says it
+    // applies it (CRI Status features; containerd 1.7 reports none), as
+    // the Node's status.features shows. Old code: the policy was dropped
+    // and the pod ran as Merge.
+    let strict = format!("strict-{node}");
+    let mut pod = bound_pod(&strict, node, 1, "id -G; sleep 3600");
+    pod["spec"]["securityContext"] =
+        json!({"supplementalGroups": [4000], "supplementalGroupsPolicy": "Strict"});
+    api.create(pod);
+    let n = wait_for("the Node's status", T, || {
+        api.get("nodes", None, node)
+            .filter(|n| n["status"]["nodeInfo"]["containerRuntimeVersion"] != "")
+    });
+    if n["status"]["features"]["supplementalGroupsPolicy"] == true {
+        let p = wait_for("the pod running", T, || {
+            api.get("pods", Some("default"), &strict)
+                .filter(|p| p["status"]["phase"] == "Running")
+        });
+        assert_eq!(
+            p["status"]["containerStatuses"][0]["user"]["linux"]["supplementalGroups"],
+            json!([0, 4000]),
+            "{:#}",
+            p["status"]
+        );
+    } else {
+        assert!(n["status"]["features"].is_null(), "{:#}", n["status"]);
+        let p = wait_for("the Strict pod refused", T, || {
+            api.get("pods", Some("default"), &strict)
+                .filter(|p| p["status"]["phase"] == "Failed")
+        });
+        assert_eq!(p["status"]["reason"], "SupplementalGroupsPolicyNotSupported");
+        assert_eq!(
+            p["status"]["message"],
+            "Pod was rejected: SupplementalGroupsPolicy=Strict is not supported in this node"
+        );
+    }
 }
 
 #[test]

@@ -538,7 +538,8 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             tracing::info_span!("log-rotation"),
         )));
     }
-    let admission = crate::syncloop::Admission::new(node_cfg.facts.clone());
+    let admission =
+        crate::syncloop::Admission::new(node_cfg.facts.clone()).with_runtime(runtime_state.clone());
     let mut deleting = None;
     if let Some(path) = opts.kubeconfig.as_deref() {
         let c = ClusterParts {
@@ -744,6 +745,7 @@ async fn start_cluster_mode(
                     runtime_version,
                     images: nodestatus::node_images(list, max_images),
                     runtime_handlers: rs.node_runtime_handlers(),
+                    supplemental_groups_policy: rs.supplemental_groups_policy(),
                     volumes_in_use,
                 }
             })

@@ -447,6 +447,7 @@ mod tests {
             pod_grace: None,
             pre_stop: None,
             resources: None,
+            user: None,
         }
     }
 

@@ -715,6 +715,7 @@ pub fn container_config(
                 // Upstream determineEffectiveSecurityContext: the fsGroup
                 // joins them, so the container can use its volumes.
                 supplemental_groups: sandbox::supplemental_groups(psc),
+                supplemental_groups_policy: sandbox::supplemental_groups_policy(psc),
                 no_new_privs: sc
                     .and_then(|s| s.allow_privilege_escalation)
                     .map(|a| !a)

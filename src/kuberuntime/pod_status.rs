@@ -55,6 +55,9 @@ pub struct ContainerInfo {
     /// The cgroup settings the runtime reports it applied (containerd:
     /// those it was made with, as UpdateContainerResources changed them).
     pub resources: Option<crate::cri::v1::LinuxContainerResources>,
+    /// The identity the runtime reports the container's process runs as
+    /// (CRI ContainerStatus.user, containerd 2.0+).
+    pub user: Option<crate::cri::v1::ContainerUser>,
 }
 
 impl ContainerInfo {
@@ -102,6 +105,7 @@ impl ContainerInfo {
                 .get(labels::CONTAINER_PRE_STOP_HANDLER)
                 .and_then(|v| serde_json::from_str(v).ok()),
             resources: s.resources.as_ref().and_then(|r| r.linux.clone()),
+            user: s.user.clone(),
         }
     }
 

@@ -355,6 +355,7 @@ pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::Pod
                     .and_then(|s| s.run_as_group)
                     .map(|value| v1::Int64Value { value }),
                 supplemental_groups: supplemental_groups(psc),
+                supplemental_groups_policy: supplemental_groups_policy(psc),
                 ..Default::default()
             }),
             sysctls,
@@ -367,6 +368,17 @@ pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::Pod
 /// The pod's supplementary groups with its fsGroup among them (upstream's
 /// effective security context, for the sandbox and every container), so
 /// processes can use the pod's volumes.
+/// The pod's `supplementalGroupsPolicy` in CRI terms (Merge, the default,
+/// or Strict), for the sandbox and each container.
+pub(crate) fn supplemental_groups_policy(
+    psc: Option<&k8s_openapi::api::core::v1::PodSecurityContext>,
+) -> i32 {
+    match psc.and_then(|s| s.supplemental_groups_policy.as_deref()) {
+        Some("Strict") => v1::SupplementalGroupsPolicy::Strict as i32,
+        _ => v1::SupplementalGroupsPolicy::Merge as i32,
+    }
+}
+
 pub(crate) fn supplemental_groups(
     psc: Option<&k8s_openapi::api::core::v1::PodSecurityContext>,
 ) -> Vec<i64> {
@@ -380,6 +392,26 @@ pub(crate) fn supplemental_groups(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_supplemental_groups_policy_reaches_the_runtime() {
+        // Old code: the policy was dropped, so Strict ran as Merge.
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {"securityContext": {"supplementalGroupsPolicy": "Strict"},
+                     "containers": [{"name": "c", "image": "i"}]}
+        }))
+        .unwrap();
+        let cfg = sandbox_config(&RuntimeOptions::default(), &pod, 0);
+        let sc = cfg.linux.unwrap().security_context.unwrap();
+        assert_eq!(
+            sc.supplemental_groups_policy,
+            v1::SupplementalGroupsPolicy::Strict as i32
+        );
+        let psc = pod.spec.as_ref().unwrap().security_context.as_ref();
+        assert_eq!(supplemental_groups_policy(psc), 1);
+        assert_eq!(supplemental_groups_policy(None), 0);
+    }
 
     #[test]
     fn user_namespaces_as_upstreams_userns_manager() {

@@ -26,6 +26,9 @@ pub struct NodeFacts {
     pub memory_milli: i128,
     pub ephemeral_milli: i128,
     pub pods: i64,
+    /// The runtime applies `supplementalGroupsPolicy: Strict` (the Node's
+    /// status.features.supplementalGroupsPolicy).
+    pub supplemental_groups_policy: bool,
 }
 
 /// An admission refusal: upstream's reason (e.g. `OutOfcpu`) and message.
@@ -224,6 +227,18 @@ pub fn admit(
             message: "Failed to admit pod as the OS field doesn't match node OS".into(),
         });
     }
+    // Upstream rejectPodAdmissionBasedOnSupplementalGroupsPolicy (the gate
+    // is beta): Strict needs a runtime that applies it.
+    let policy = spec
+        .security_context
+        .as_ref()
+        .and_then(|s| s.supplemental_groups_policy.as_deref());
+    if policy == Some("Strict") && !node.supplemental_groups_policy {
+        return Err(Rejection {
+            reason: "SupplementalGroupsPolicyNotSupported".into(),
+            message: "SupplementalGroupsPolicy=Strict is not supported in this node".into(),
+        });
+    }
     // Resources first, in upstream's order: pods, then cpu, memory, storage.
     let used_pods = others.len() as i64;
     if used_pods + 1 > node.pods {
@@ -312,7 +327,9 @@ pub fn admit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{ContainerPort, PodSpec, ResourceRequirements};
+    use k8s_openapi::api::core::v1::{
+        ContainerPort, PodSecurityContext, PodSpec, ResourceRequirements,
+    };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     fn node() -> NodeFacts {
@@ -324,6 +341,7 @@ mod tests {
             memory_milli: 1000 * (1 << 30),
             ephemeral_milli: 1000 * (10 << 30),
             pods: 2,
+            supplemental_groups_policy: false,
         }
     }
 
@@ -345,6 +363,33 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_strict_supplemental_groups_policy_needs_a_runtime_that_applies_it() {
+        // Old code: the policy was not looked at (upstream
+        // rejectPodAdmissionBasedOnSupplementalGroupsPolicy).
+        let mut p = pod("");
+        let set = |p: &mut Pod, policy: &str| {
+            p.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+                supplemental_groups_policy: Some(policy.into()),
+                ..Default::default()
+            });
+        };
+        set(&mut p, "Strict");
+        let r = admit(&p, &[], &node(), false).unwrap_err();
+        assert_eq!(r.reason, "SupplementalGroupsPolicyNotSupported");
+        assert_eq!(
+            r.message,
+            "SupplementalGroupsPolicy=Strict is not supported in this node"
+        );
+        let able = NodeFacts {
+            supplemental_groups_policy: true,
+            ..node()
+        };
+        assert!(admit(&p, &[], &able, false).is_ok());
+        set(&mut p, "Merge");
+        assert!(admit(&p, &[], &node(), false).is_ok());
     }
 
     #[test]

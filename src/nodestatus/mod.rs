@@ -137,6 +137,10 @@ pub struct Observed {
     pub images: Vec<ContainerImage>,
     /// The runtime's handlers (status.runtimeHandlers); empty is omitted.
     pub runtime_handlers: Vec<k8s_openapi::api::core::v1::NodeRuntimeHandler>,
+    /// Whether the runtime applies `supplementalGroupsPolicy: Strict`;
+    /// None (no `status.features`) when it reports no features (upstream
+    /// NodeFeatures setter).
+    pub supplemental_groups_policy: Option<bool>,
     /// `status.volumesInUse` (upstream's VolumesInUse setter: sorted unique
     /// names of the attachable volumes the volume manager mounts or is
     /// mounting); None until the volume manager has synced its state, and
@@ -259,6 +263,8 @@ pub fn node_facts(cfg: &NodeConfig) -> crate::lifecycle::NodeFacts {
         memory_milli: get("memory"),
         ephemeral_milli: get("ephemeral-storage"),
         pods: cfg.max_pods as i64,
+        // From the runtime's Status answers, at admission.
+        supplemental_groups_policy: false,
     }
 }
 
@@ -423,6 +429,11 @@ pub fn node_status(
         }),
         images: Some(obs.images.clone()),
         runtime_handlers: (!obs.runtime_handlers.is_empty()).then(|| obs.runtime_handlers.clone()),
+        features: obs.supplemental_groups_policy.map(|b| {
+            k8s_openapi::api::core::v1::NodeFeatures {
+                supplemental_groups_policy: Some(b),
+            }
+        }),
         node_info: Some(NodeSystemInfo {
             architecture: go_arch().into(),
             boot_id: cfg.boot_id.clone(),
@@ -494,6 +505,11 @@ pub fn update_status(
     s.daemon_endpoints = own.daemon_endpoints;
     s.images = own.images.filter(|i| !i.is_empty());
     s.runtime_handlers = own.runtime_handlers;
+    // Left as it is while the runtime reports no features (the setter
+    // returns without touching it).
+    if own.features.is_some() {
+        s.features = own.features;
+    }
     // volumesAttached is the attach/detach controller's and stays as
     // fetched; volumesInUse is the kubelet's.
     if let Some(v) = &obs.volumes_in_use {
@@ -1108,6 +1124,33 @@ mod tests {
 
     fn at(s: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())
+    }
+
+    #[test]
+    fn the_runtimes_features_reach_the_node_as_upstreams_setter_puts_them() {
+        // Old code: status.features was never set, so a scheduler could not
+        // tell a node that applies supplementalGroupsPolicy: Strict.
+        let c = cfg();
+        let mut obs = Observed::default();
+        assert!(initial_node(&c, &obs, at(1))
+            .status
+            .unwrap()
+            .features
+            .is_none());
+        obs.supplemental_groups_policy = Some(true);
+        let s = initial_node(&c, &obs, at(1)).status.unwrap();
+        assert_eq!(s.features.unwrap().supplemental_groups_policy, Some(true));
+        // A runtime that reports no features leaves the Node's as they are.
+        let fetched = NodeStatus {
+            features: Some(k8s_openapi::api::core::v1::NodeFeatures {
+                supplemental_groups_policy: Some(false),
+            }),
+            ..Default::default()
+        };
+        let kept = update_status(&c, &Observed::default(), &fetched, at(2));
+        assert_eq!(kept.features, fetched.features);
+        let set = update_status(&c, &obs, &fetched, at(2));
+        assert_eq!(set.features.unwrap().supplemental_groups_policy, Some(true));
     }
 
     #[test]

@@ -31,6 +31,8 @@ struct Inner {
     /// The handlers the runtime reported (CRI 1.30+; containerd 1.7 sends
     /// none), for the Node's status.runtimeHandlers.
     handlers: Vec<v1::RuntimeHandler>,
+    /// The runtime's features (CRI 1.31+), if it reported any.
+    features: Option<v1::RuntimeFeatures>,
     /// The pod CIDR last given to the runtime (upstream runtimeState.podCIDR).
     pod_cidr: String,
 }
@@ -93,6 +95,7 @@ impl RuntimeState {
         };
         s.unreachable = None;
         s.handlers = status.runtime_handlers;
+        s.features = status.features;
         let conds = status.status.map(|st| st.conditions).unwrap_or_default();
         let find = |ty: &str| conds.iter().find(|c| c.r#type == ty);
         let net = find("NetworkReady");
@@ -112,6 +115,15 @@ impl RuntimeState {
                 condition_text(rt, "RuntimeReady")
             ));
         }
+    }
+
+    /// Whether the runtime applies `supplementalGroupsPolicy: Strict`
+    /// (CRI RuntimeFeatures); None from a runtime that reports no features.
+    pub fn supplemental_groups_policy(&self) -> Option<bool> {
+        self.inner
+            .read()
+            .features
+            .map(|f| f.supplemental_groups_policy)
     }
 
     /// The runtime's handlers and whether each supports user namespaces

@@ -252,6 +252,21 @@ fn container_status(
     if let Some(l) = latest {
         s.allocated_resources = c.resources.as_ref().and_then(|r| r.requests.clone());
         s.resources = Some(applied_resources(c, l));
+        // SupplementalGroupsPolicy (beta, on): who the process runs as, as
+        // the runtime reports it (convertContainerStatusUser).
+        s.user =
+            l.user
+                .as_ref()
+                .map(|u| k8s_openapi::api::core::v1::ContainerUser {
+                    linux: u.linux.as_ref().map(|l| {
+                        k8s_openapi::api::core::v1::LinuxContainerUser {
+                            uid: l.uid,
+                            gid: l.gid,
+                            supplemental_groups: (!l.supplemental_groups.is_empty())
+                                .then(|| l.supplemental_groups.clone()),
+                        }
+                    }),
+                });
     }
     // Upstream's probe manager: started and ready.
     let running = is_running(s.state.as_ref());
@@ -945,6 +960,7 @@ mod tests {
             pod_grace: None,
             pre_stop: None,
             resources: None,
+            user: None,
         }
     }
 
@@ -1039,6 +1055,40 @@ mod tests {
     }
 
     #[test]
+    fn the_user_a_container_runs_as_is_reported_as_the_runtime_gives_it() {
+        // Old code: containerStatuses[].user was never set
+        // (SupplementalGroupsPolicy, beta and on in 1.34).
+        let p = pod("Always", &[], &["a"]);
+        let mut c = info("a", CState::Running, 0, 5, 0);
+        c.user = Some(crate::cri::v1::ContainerUser {
+            linux: Some(crate::cri::v1::LinuxContainerUser {
+                uid: 1000,
+                gid: 3000,
+                supplemental_groups: vec![3000, 4000],
+            }),
+        });
+        let r = rt(vec![c]);
+        let s = generate_pod_status(&StatusInput {
+            pod: &p,
+            rt: &r,
+            waiting: &HashMap::new(),
+            readiness: &HashMap::new(),
+            not_started: &Default::default(),
+            host_ip: "192.0.2.1",
+            previous: None,
+            now: Timestamp::UNIX_EPOCH,
+            pod_is_terminal: false,
+            track_generation: true,
+            resize: Default::default(),
+        });
+        let user = serde_json::to_value(&app(&s).user).unwrap();
+        assert_eq!(
+            user,
+            serde_json::json!({"linux": {"uid": 1000, "gid": 3000, "supplementalGroups": [3000, 4000]}})
+        );
+    }
+
+    #[test]
     fn a_resize_shows_in_conditions_and_container_resources_as_upstream() {
         // Old code: no resize conditions, and container statuses had no
         // allocatedResources or resources.
@@ -1113,6 +1163,8 @@ mod tests {
         assert_eq!(progress.message.as_deref(), Some("runc: bad"));
         let cs = app(&s);
         assert_eq!(cs.allocated_resources, q("500m", "32Mi"));
+        // No identity reported by the runtime (containerd 1.7): no user.
+        assert!(cs.user.is_none());
         // What the runtime applied: cpu request from shares (rounded up),
         // the limits from quota and the memory limit; the memory request
         // is the grant's.

@@ -92,6 +92,8 @@ pub struct SyncLoop {
 pub struct Admission {
     node: std::sync::Arc<parking_lot::RwLock<crate::lifecycle::NodeFacts>>,
     rejected: parking_lot::Mutex<std::collections::HashSet<String>>,
+    /// The runtime's features, as its last Status answer gave them.
+    runtime: Option<crate::runtimestate::RuntimeState>,
 }
 
 impl Admission {
@@ -99,7 +101,23 @@ impl Admission {
         Admission {
             node,
             rejected: Default::default(),
+            runtime: None,
         }
+    }
+
+    /// Takes the runtime's features from its Status answers.
+    pub fn with_runtime(mut self, rs: crate::runtimestate::RuntimeState) -> Self {
+        self.runtime = Some(rs);
+        self
+    }
+
+    /// The node as admission sees it now.
+    fn facts(&self) -> crate::lifecycle::NodeFacts {
+        let mut f = self.node.read().clone();
+        if let Some(rs) = &self.runtime {
+            f.supplemental_groups_policy = rs.supplemental_groups_policy().unwrap_or(false);
+        }
+        f
     }
 }
 
@@ -252,7 +270,7 @@ impl SyncLoop {
             .lags(uid)
             .then(|| allocation.granted(Arc::new(pod.clone())));
         let checked = granted.as_deref().unwrap_or(pod);
-        let verdict = crate::lifecycle::admit(checked, &refs, &a.node.read(), is_static);
+        let verdict = crate::lifecycle::admit(checked, &refs, &a.facts(), is_static);
         crate::metrics::topology_manager_admission(Duration::ZERO);
         match verdict {
             Ok(()) => true,
@@ -365,7 +383,7 @@ impl SyncLoop {
         use crate::allocation::{Pending, DEFERRED, INFEASIBLE};
         let uid = crate::source::pod_uid(pod);
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let node = a.node.read().clone();
+        let node = a.facts();
         let is_static = crate::status::apisync::is_static_pod(pod);
         let why = if is_static {
             crate::metrics::resize_infeasible("static_pod");
