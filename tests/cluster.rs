@@ -616,7 +616,10 @@ fn a_pod_that_does_not_fit_is_rejected_with_upstreams_reason() {
             api.get("pods", Some("default"), &strict)
                 .filter(|p| p["status"]["phase"] == "Failed")
         });
-        assert_eq!(p["status"]["reason"], "SupplementalGroupsPolicyNotSupported");
+        assert_eq!(
+            p["status"]["reason"],
+            "SupplementalGroupsPolicyNotSupported"
+        );
         assert_eq!(
             p["status"]["message"],
             "Pod was rejected: SupplementalGroupsPolicy=Strict is not supported in this node"

@@ -1055,40 +1055,6 @@ mod tests {
     }
 
     #[test]
-    fn the_user_a_container_runs_as_is_reported_as_the_runtime_gives_it() {
-        // Old code: containerStatuses[].user was never set
-        // (SupplementalGroupsPolicy, beta and on in 1.34).
-        let p = pod("Always", &[], &["a"]);
-        let mut c = info("a", CState::Running, 0, 5, 0);
-        c.user = Some(crate::cri::v1::ContainerUser {
-            linux: Some(crate::cri::v1::LinuxContainerUser {
-                uid: 1000,
-                gid: 3000,
-                supplemental_groups: vec![3000, 4000],
-            }),
-        });
-        let r = rt(vec![c]);
-        let s = generate_pod_status(&StatusInput {
-            pod: &p,
-            rt: &r,
-            waiting: &HashMap::new(),
-            readiness: &HashMap::new(),
-            not_started: &Default::default(),
-            host_ip: "192.0.2.1",
-            previous: None,
-            now: Timestamp::UNIX_EPOCH,
-            pod_is_terminal: false,
-            track_generation: true,
-            resize: Default::default(),
-        });
-        let user = serde_json::to_value(&app(&s).user).unwrap();
-        assert_eq!(
-            user,
-            serde_json::json!({"linux": {"uid": 1000, "gid": 3000, "supplementalGroups": [3000, 4000]}})
-        );
-    }
-
-    #[test]
     fn a_resize_shows_in_conditions_and_container_resources_as_upstream() {
         // Old code: no resize conditions, and container statuses had no
         // allocatedResources or resources.
@@ -1117,6 +1083,15 @@ mod tests {
             cpu_shares: 256,
             memory_limit_in_bytes: 32 << 20,
             ..Default::default()
+        });
+        // Who the process runs as, as the runtime reports it (old code:
+        // containerStatuses[].user was never set).
+        c.user = Some(crate::cri::v1::ContainerUser {
+            linux: Some(crate::cri::v1::LinuxContainerUser {
+                uid: 1000,
+                gid: 3000,
+                supplemental_groups: vec![3000, 4000],
+            }),
         });
         let r = rt(vec![c]);
         let s = generate_pod_status(&StatusInput {
@@ -1163,8 +1138,10 @@ mod tests {
         assert_eq!(progress.message.as_deref(), Some("runc: bad"));
         let cs = app(&s);
         assert_eq!(cs.allocated_resources, q("500m", "32Mi"));
-        // No identity reported by the runtime (containerd 1.7): no user.
-        assert!(cs.user.is_none());
+        assert_eq!(
+            serde_json::to_value(&cs.user).unwrap(),
+            serde_json::json!({"linux": {"uid": 1000, "gid": 3000, "supplementalGroups": [3000, 4000]}})
+        );
         // What the runtime applied: cpu request from shares (rounded up),
         // the limits from quota and the memory limit; the memory request
         // is the grant's.
