@@ -202,14 +202,17 @@ pub fn is_node_critical(pod: &Pod) -> bool {
     if spec.and_then(|s| s.priority_class_name.as_deref()) != Some("system-node-critical") {
         return false;
     }
-    let annotation = |k: &str| pod.metadata.annotations.as_ref().and_then(|a| a.get(k));
-    let static_pod = annotation(crate::source::CONFIG_SOURCE_ANNOTATION)
-        .is_some_and(|s| s != crate::source::API_SOURCE);
-    static_pod
-        || annotation(crate::source::CONFIG_MIRROR_ANNOTATION).is_some()
+    crate::status::apisync::is_static_pod(pod)
+        || crate::source::api::is_mirror_pod(pod)
         || spec
             .and_then(|s| s.priority)
             .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
+}
+
+/// A resource a pod may set at pod level (upstream
+/// IsSupportedPodLevelResource): cpu, memory and huge pages.
+pub fn is_pod_level_resource(name: &str) -> bool {
+    name == "cpu" || name == "memory" || name.starts_with("hugepages-")
 }
 
 /// The pod-level memory request not given to any container, shared out
@@ -218,8 +221,7 @@ pub fn is_node_critical(pod: &Pod) -> bool {
 fn pod_memory_share(pod: &Pod) -> Option<i64> {
     let spec = pod.spec.as_ref()?;
     let requests = spec.resources.as_ref()?.requests.as_ref()?;
-    let supported = |k: &String| k == "cpu" || k == "memory" || k.starts_with("hugepages-");
-    if !requests.keys().any(supported) {
+    if !requests.keys().any(|k| is_pod_level_resource(k)) {
         return None;
     }
     let Some(total) = requests

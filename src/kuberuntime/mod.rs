@@ -342,16 +342,15 @@ impl RuntimeManager {
         // lowered below what the container uses (cgroup v2 would OOM-kill
         // it, v1 would fail half-way), and nothing is applied then, so the
         // pod is never left half resized.
-        if let Err(e) = self.check_memory_decrease(pod, rt, a).await {
-            warn!(pod = pod_name(pod), error = %e, "in-place resize is not feasible now");
-            result.errors.push(format!("ResizePodInPlace: {e}"));
-            result.requeue(Duration::from_secs(2));
-            failed = Some(e);
-        }
-        let to_update = if failed.is_some() {
-            &[][..]
-        } else {
-            &a.containers_to_update[..]
+        let to_update: &[(String, String)] = match self.check_memory_decrease(pod, rt, a).await {
+            Ok(()) => &a.containers_to_update,
+            Err(e) => {
+                warn!(pod = pod_name(pod), error = %e, "in-place resize is not feasible now");
+                result.errors.push(format!("ResizePodInPlace: {e}"));
+                result.requeue(Duration::from_secs(2));
+                failed = Some(e);
+                &[]
+            }
         };
         for (id, name) in to_update {
             let Some(c) = container_spec(pod, name) else {
@@ -1020,6 +1019,8 @@ impl RuntimeManager {
                     .collect(),
             );
         }
+        // One copy of the pod for all the stop tasks (their events).
+        let owner = pod.map(|p| Arc::new(p.clone()));
         for wave in waves {
             let mut set = JoinSet::new();
             for c in wave {
@@ -1053,10 +1054,10 @@ impl RuntimeManager {
                     );
                 }
                 let (id, name, ip) = (c.id.clone(), c.name.clone(), pod_ip.clone());
-                let owner = pod.cloned();
+                let owner = owner.clone();
                 set.spawn(async move {
                     debug!(container = %name, grace, "stopping container");
-                    this.kill_container(owner.as_ref(), spec.as_ref(), &id, &name, &ip, grace)
+                    this.kill_container(owner.as_deref(), spec.as_ref(), &id, &name, &ip, grace)
                         .await
                 });
             }

@@ -44,14 +44,14 @@ pub struct Rejection {
 /// where the pod sets one for cpu, memory or huge pages), plus the pod
 /// overhead.
 pub fn pod_requests(pod: &Pod, resource: &str) -> i128 {
-    let pod_level =
-        (resource == "cpu" || resource == "memory" || resource.starts_with("hugepages-"))
-            .then(|| {
-                let r = pod.spec.as_ref()?.resources.as_ref()?;
-                let q = r.requests.as_ref()?.get(resource)?;
-                Some(parse_milli(&q.0).unwrap_or(0))
-            })
-            .flatten();
+    let pod_level = || {
+        let r = pod.spec.as_ref()?.resources.as_ref()?;
+        let q = r.requests.as_ref()?.get(resource)?;
+        Some(parse_milli(&q.0).unwrap_or(0))
+    };
+    let pod_level = crate::cm::is_pod_level_resource(resource)
+        .then(pod_level)
+        .flatten();
     let overhead = pod
         .spec
         .as_ref()
