@@ -221,7 +221,9 @@ pub(crate) fn resource_ref(
         "limits" => {
             let pod_level = || {
                 let limits = pod.spec.as_ref()?.resources.as_ref()?.limits.as_ref();
-                own(limits).filter(|v| *v != 0 && name != "ephemeral-storage")
+                // Upstream replaces only the allocatable cpu and memory
+                // with pod-level limits; huge pages get no default.
+                own(limits).filter(|v| *v != 0 && matches!(name, "cpu" | "memory"))
             };
             let node = || match name {
                 "cpu" => Some(opts.allocatable.cpu_milli),
@@ -871,6 +873,7 @@ mod tests {
                 [
                     ("cpu".to_string(), Quantity("1500m".into())),
                     ("memory".to_string(), Quantity("256Mi".into())),
+                    ("hugepages-2Mi".to_string(), Quantity("4Mi".into())),
                 ]
                 .into(),
             ),
@@ -883,6 +886,11 @@ mod tests {
         assert_eq!(
             value(&sized, "limits.memory", Some("1Mi")).as_deref(),
             Some("256")
+        );
+        // Old code: a pod-level huge pages limit was the default too.
+        assert_eq!(
+            value(&sized, "limits.hugepages-2Mi", None).as_deref(),
+            Some("0")
         );
         // The container's own limit still comes first.
         assert_eq!(
