@@ -63,6 +63,15 @@ fn container_logs(k: &Kubelet, pod: &str, container_and_query: &str) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
+/// Waits for the default-namespace pod's first container to be ready in
+/// the API, and returns the pod.
+fn ready_pod(api: &ApiServer, name: &str, what: &str) -> Value {
+    wait_for(what, T, || {
+        api.get("pods", Some("default"), name)
+            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+    })
+}
+
 fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
     let mut k = Kubelet::new(node);
     let kc = kubeconfig(api, &k.dir, node);
@@ -922,10 +931,7 @@ fn an_ephemeral_container_runs_once_beside_its_target() {
         1,
         "echo main-marker; while true; do sleep 1; done",
     ));
-    wait_for("the pod running", T, || {
-        api.get("pods", Some("default"), &name)
-            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
-    });
+    ready_pod(&api, &name, "the pod running");
     let r = api
         .client()
         .patch(
@@ -1086,10 +1092,7 @@ fn a_resize_is_applied_in_place_or_waits_as_upstream() {
         "limits": {"cpu": "200m", "memory": "64Mi"}
     });
     api.create(pod);
-    let p = wait_for("the pod running", T, || {
-        api.get("pods", Some("default"), &name)
-            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
-    });
+    let p = ready_pod(&api, &name, "the pod running");
     assert!(
         cond(&p, "PodResizeInProgress").is_none(),
         "{:#}",
@@ -1187,10 +1190,7 @@ fn a_resize_is_applied_in_place_or_waits_as_upstream() {
     // resized.
     let plain = format!("plain-{node}");
     api.create(bound_pod(&plain, node, 1, "while true; do sleep 1; done"));
-    let p = wait_for("the plain pod running", T, || {
-        api.get("pods", Some("default"), &plain)
-            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
-    });
+    let p = ready_pod(&api, &plain, "the plain pod running");
     assert!(
         cond(&p, "PodResizeInProgress").is_none(),
         "{:#}",
@@ -1377,10 +1377,7 @@ fn sandbox_and_node_troubles_are_reported_as_upstreams_events() {
     let name = format!("sandboxed-{node}");
     let created = api.create(bound_pod(&name, node, 1, "sleep 3600"));
     let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
-    wait_for("the pod running", T, || {
-        api.get("pods", Some("default"), &name)
-            .filter(|p| p["status"]["containerStatuses"][0]["ready"] == true)
-    });
+    ready_pod(&api, &name, "the pod running");
     cri.stop_sandboxes_of(&uid);
     let e = wait_for("SandboxChanged", T, event("SandboxChanged", name.clone()));
     assert_eq!(e["type"], "Normal");
