@@ -9,6 +9,7 @@ pub mod cm;
 pub mod config;
 pub mod cri;
 pub mod events;
+pub mod eviction;
 pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;

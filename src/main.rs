@@ -104,6 +104,16 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
         warn!("{w}");
     }
     cfg.validate().context("invalid kubelet configuration")?;
+    // Upstream's ParseThresholdConfig stops the kubelet on a bad threshold;
+    // checked here, before anything starts (run parses them again).
+    rkubelet::eviction::parse_config(
+        false,
+        &cfg.eviction_hard,
+        &cfg.eviction_soft,
+        &cfg.eviction_soft_grace_period,
+        &cfg.eviction_minimum_reclaim,
+    )
+    .context("failed to run Kubelet")?;
     let baseline = config::honesty::baseline(flags.config.is_some());
     for w in config::honesty::unimplemented_settings(&cfg, &baseline, &flags) {
         warn!("warning: {w}");

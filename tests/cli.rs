@@ -60,6 +60,30 @@ fn broken_config_file_exits_one_naming_the_file() {
 }
 
 #[test]
+fn a_bad_eviction_threshold_exits_one_with_upstreams_message() {
+    // Old code: evictionHard was accepted unread, whatever it said.
+    let out = rkubelet(&["--eviction-hard=memory.free<1Gi"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unsupported eviction signal memory.free"),
+        "{err}"
+    );
+    let out = rkubelet(&[
+        "--eviction-soft=memory.available<1Gi",
+        "--eviction-hard=memory.available<100Mi",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "grace period must be specified for the soft eviction threshold memory.available"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
 fn unknown_feature_gate_flag_exits_one_with_upstreams_message() {
     // cmd/kubelet/app/server.go sets the command line's gates before
     // anything else runs.

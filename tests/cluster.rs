@@ -1407,3 +1407,93 @@ fn sandbox_and_node_troubles_are_reported_as_upstreams_events() {
     }
     drop(k);
 }
+
+#[test]
+fn under_memory_pressure_pods_are_refused_and_evicted_as_upstream() {
+    // Old code: evictionHard was accepted and ignored; the Node never
+    // showed MemoryPressure and no pod was refused or evicted.
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-evict";
+    let mut k = Kubelet::new(node);
+    let kc = kubeconfig(&api, &k.dir, node);
+    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+    // More than any machine has: the threshold is met from the first round.
+    k.extra_config = "nodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 4\nsyncFrequency: 5s\nevictionHard:\n  memory.available: 1Pi\n".into();
+    k.spawn();
+    let n = wait_for("MemoryPressure on the Node", T, || {
+        api.get("nodes", None, node)
+            .filter(|n| cond(n, "MemoryPressure").is_some_and(|c| c["status"] == "True"))
+    });
+    let c = cond(&n, "MemoryPressure").unwrap();
+    assert_eq!(c["reason"], "KubeletHasInsufficientMemory");
+    assert_eq!(c["message"], "kubelet has insufficient memory available");
+    assert_eq!(cond(&n, "DiskPressure").unwrap()["status"], "False");
+
+    // A BestEffort pod is refused at admission.
+    let refused = format!("besteffort-{node}");
+    api.create(bound_pod(&refused, node, 1, "sleep 3600"));
+    let p = wait_for("the BestEffort pod refused", T, || {
+        api.get("pods", Some("default"), &refused)
+            .filter(|p| p["status"]["phase"] == "Failed")
+    });
+    assert_eq!(p["status"]["reason"], "Evicted");
+    assert_eq!(
+        p["status"]["message"],
+        "Pod was rejected: The node had condition: [MemoryPressure]. "
+    );
+
+    // A Burstable pod is admitted, then evicted within a round.
+    let victim = format!("burstable-{node}");
+    let mut pod = bound_pod(&victim, node, 30, "sleep 3600");
+    pod["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "10m"}});
+    let created = api.create(pod);
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let p = wait_for("the Burstable pod evicted", T, || {
+        api.get("pods", Some("default"), &victim)
+            .filter(|p| p["status"]["phase"] == "Failed")
+    });
+    assert_eq!(p["status"]["reason"], "Evicted", "{:#}", p["status"]);
+    let msg = p["status"]["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.starts_with(
+            "The node was low on resource: memory. Threshold quantity: 1Pi, available: "
+        ),
+        "{msg}"
+    );
+    let d = cond(&p, "DisruptionTarget").expect("a DisruptionTarget condition");
+    assert_eq!(d["status"], "True");
+    assert_eq!(d["reason"], "TerminationByKubelet");
+    assert_eq!(d["message"], msg.as_str());
+    let cri = Cri::new();
+    wait_for("its containers stopped", T, || {
+        (cri.count_labelled("io.kubernetes.pod.uid", &uid, true) == (0, 0)).then_some(())
+    });
+    let events = api.list("events");
+    let e = events
+        .iter()
+        .find(|e| e["reason"] == "Evicted" && e["involvedObject"]["name"] == victim.as_str())
+        .expect("an Evicted event");
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["message"], msg.as_str());
+    let e = events
+        .iter()
+        .find(|e| e["reason"] == "EvictionThresholdMet" && e["involvedObject"]["kind"] == "Node")
+        .expect("an EvictionThresholdMet event");
+    assert_eq!(e["message"], "Attempting to reclaim memory");
+
+    let out = std::process::Command::new("curl")
+        .args(["-sk", "--max-time", "10"])
+        .arg(format!("https://{}/metrics", k.api))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l == "kubelet_evictions{eviction_signal=\"memory.available\"} 1"),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("eviction"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

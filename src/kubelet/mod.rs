@@ -51,6 +51,8 @@ pub enum KubeletError {
     /// Upstream exits with "Failed to register CRI auth plugins".
     #[error("failed to register CRI auth plugins: {0}")]
     CredentialProviders(#[from] crate::images::credentialprovider::ConfigError),
+    #[error("{0}")]
+    Eviction(String),
     #[error("cannot create directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -538,8 +540,18 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             tracing::info_span!("log-rotation"),
         )));
     }
-    let admission =
-        crate::syncloop::Admission::new(node_cfg.facts.clone()).with_runtime(runtime_state.clone());
+    let eviction = start_eviction(
+        cfg,
+        &state,
+        &pods,
+        &workers,
+        &cluster_tasks,
+        &token,
+        opts.kubeconfig.is_some(),
+    )?;
+    let admission = crate::syncloop::Admission::new(node_cfg.facts.clone())
+        .with_runtime(runtime_state.clone())
+        .with_eviction(eviction.clone());
     let mut deleting = None;
     if let Some(path) = opts.kubeconfig.as_deref() {
         let c = ClusterParts {
@@ -559,6 +571,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             api_slot: api_slot.clone(),
             objects: objects.clone(),
             csi: manager.volumes.csi_drivers().clone(),
+            eviction,
         };
         let d = start_cluster_mode(c, pod_config.channel(source::API_SOURCE), &token).await?;
         expected.push(source::API_SOURCE);
@@ -675,6 +688,102 @@ struct ClusterParts<'a> {
     objects: crate::objects::ObjectManager,
     /// The CSI drivers: volumesInUse for the Node, the Node for attach.
     csi: crate::volume::csi::Registry,
+    /// The pressure conditions for the Node.
+    eviction: crate::eviction::EvictionManager,
+}
+
+/// Starts the eviction manager (upstream NewManager and Start; thresholds
+/// that do not parse stop the kubelet, as upstream's ParseThresholdConfig).
+fn start_eviction(
+    cfg: &crate::config::KubeletConfiguration,
+    state: &ServerState,
+    pods: &PodManager,
+    workers: &PodWorkers,
+    tasks: &tokio_util::task::TaskTracker,
+    token: &CancellationToken,
+    cluster: bool,
+) -> Result<crate::eviction::EvictionManager, KubeletError> {
+    use crate::eviction::{self, EvictionManager};
+    let thresholds = eviction::parse_config(
+        cfg.enforce_node_allocatable.iter().any(|k| k == "pods"),
+        &cfg.eviction_hard,
+        &cfg.eviction_soft,
+        &cfg.eviction_soft_grace_period,
+        &cfg.eviction_minimum_reclaim,
+    )
+    .map_err(|e| KubeletError::Eviction(e.to_string()))?;
+    let manager = EvictionManager::new(eviction::Config {
+        thresholds,
+        pressure_transition: cfg.eviction_pressure_transition_period.0,
+        max_pod_grace: cfg.eviction_max_pod_grace_period as i64,
+    });
+    let s = state.clone();
+    let (p, w, w2, w3) = (
+        pods.clone(),
+        workers.clone(),
+        workers.clone(),
+        workers.clone(),
+    );
+    let deps = eviction::Deps {
+        sample: Box::new(move || {
+            let s = s.clone();
+            Box::pin(async move {
+                match crate::stats::eviction_sample(&s).await {
+                    Ok(x) => Some(x),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "eviction manager: stats collection failed");
+                        None
+                    }
+                }
+            })
+        }),
+        // Upstream's getAllocatedPods less those already stopping: the
+        // pods whose worker still syncs them.
+        active_pods: Box::new(move || {
+            let (desired, _) = p.desired_and_terminating();
+            desired
+                .into_iter()
+                .filter(|pod| {
+                    w.phase(crate::source::pod_uid(pod))
+                        == Some(crate::podworkers::WorkerPhase::Syncing)
+                })
+                .map(|pod| w.allocation().granted(pod))
+                .collect()
+        }),
+        evict: Box::new(move |e| {
+            w2.stop_now(
+                crate::source::pod_uid(&e.pod),
+                e.grace,
+                crate::podworkers::Stopped {
+                    reason: eviction::REASON.into(),
+                    message: e.message,
+                },
+            )
+        }),
+        cleaned_up: Box::new(move |uid| {
+            !matches!(
+                w3.phase(uid),
+                Some(
+                    crate::podworkers::WorkerPhase::Syncing
+                        | crate::podworkers::WorkerPhase::Terminating
+                )
+            )
+        }),
+        node_name: state.node_name.clone(),
+    };
+    if !cluster {
+        // Every pod is static without an API server, and static pods are
+        // critical: none could be evicted or refused, and no Node shows the
+        // conditions, so the collections are not spent.
+        info!("eviction manager: standalone mode, no pod can be evicted; not monitoring");
+        return Ok(manager);
+    }
+    let m = manager.clone();
+    tasks.spawn(tracing::Instrument::instrument(
+        m.run(deps, token.child_token()),
+        tracing::info_span!("eviction-manager"),
+    ));
+    Ok(manager)
 }
 
 /// Starts what joins the node to a cluster: the Node with its status and
@@ -696,17 +805,19 @@ async fn start_cluster_mode(
     let node_cfg = c.node_cfg.clone();
     let max_images = node_cfg.max_images;
     let observe: nodestatus::Observe = {
-        let (runtime, images, rs, pleg, csi) = (
+        let (runtime, images, rs, pleg, csi, eviction) = (
             c.runtime.clone(),
             c.images.clone(),
             c.runtime_state.clone(),
             c.pleg.clone(),
             c.csi.clone(),
+            c.eviction.clone(),
         );
         Arc::new(move |fast| {
             let (runtime, images, rs, pleg) =
                 (runtime.clone(), images.clone(), rs.clone(), pleg.clone());
             let volumes_in_use = csi.volumes_in_use();
+            let pressure = eviction.pressure();
             Box::pin(async move {
                 if fast {
                     // Upstream's fast path asks the runtime itself rather
@@ -747,6 +858,7 @@ async fn start_cluster_mode(
                     runtime_handlers: rs.node_runtime_handlers(),
                     supplemental_groups_policy: rs.supplemental_groups_policy(),
                     volumes_in_use,
+                    pressure,
                 }
             })
         })
@@ -997,6 +1109,7 @@ impl ClusterTasks {
             token.child_token(),
         );
         let workers = self.workers;
+        let workers2 = workers.clone();
         self.status.keep_finals();
         let sync = crate::status::apisync::ApiStatusSync {
             api,
@@ -1007,6 +1120,13 @@ impl ClusterTasks {
             mirrors,
             deleting: self.deleting,
             worker_known: Arc::new(move |uid| workers.is_known(uid)),
+            could_have_running: Arc::new(move |uid| {
+                use crate::podworkers::WorkerPhase;
+                matches!(
+                    workers2.phase(uid),
+                    Some(WorkerPhase::Syncing | WorkerPhase::Terminating)
+                )
+            }),
         };
         tasks.spawn(tracing::Instrument::instrument(
             sync.run(token.child_token()),

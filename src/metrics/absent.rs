@@ -1,6 +1,6 @@
 //! Families upstream's `metrics.Register` (`pkg/kubelet/metrics/metrics.go`)
-//! registers for parts rkubelet does not have: the eviction manager's stats
-//! age, critical-pod preemption, device plugins, the pod-resources gRPC
+//! registers for parts rkubelet does not have (the eviction manager's stats
+//! age is here too, though `eviction` now fills it), critical-pod preemption, device plugins, the pod-resources gRPC
 //! endpoint, Windows host-process containers, the image garbage collector
 //! (`kubelet_image_garbage_collected_total{reason}`, counted upstream by
 //! `images/image_gc_manager.go` freeImage with reason "age" or "space";

@@ -1971,6 +1971,28 @@ pub fn credential_provider_plugin_run(plugin: &str, took: Duration, failed: bool
 
 // ------------------------------------------------------------ admission
 
+/// A pod evicted for `signal` (`kubelet_evictions{eviction_signal}`).
+pub fn eviction(signal: &str) {
+    METRICS
+        .evictions
+        .get_or_create(&EvictionSignal {
+            eviction_signal: signal.to_string(),
+        })
+        .inc();
+}
+
+/// How old the figures behind an eviction for `signal` were
+/// (`kubelet_eviction_stats_age_seconds`).
+pub fn eviction_stats_age(signal: &str, seconds: f64) {
+    METRICS
+        .absent
+        .eviction_stats_age
+        .get_or_create(&absent::EvictionSignalLabel {
+            eviction_signal: signal.to_string(),
+        })
+        .observe(seconds);
+}
+
 /// A pod refused at admission, by its rejection reason
 /// (`kubelet_admission_rejections_total{reason}`, upstream's
 /// recordAdmissionRejection: unknown reasons fold into "Other").

@@ -146,6 +146,8 @@ pub struct Observed {
     /// mounting); None until the volume manager has synced its state, and
     /// the Node's list is then left as it is.
     pub volumes_in_use: Option<Vec<String>>,
+    /// The eviction manager's pressure conditions.
+    pub pressure: crate::eviction::Pressure,
 }
 
 /// Go's GOARCH for the machine's architecture.
@@ -186,22 +188,6 @@ pub fn fs_capacity(path: &std::path::Path) -> u64 {
     }
 }
 
-/// Upstream's default evictionHard when none is configured.
-fn eviction_defaults(cfg: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    if !cfg.is_empty() {
-        return cfg.clone();
-    }
-    [
-        ("memory.available", "100Mi"),
-        ("nodefs.available", "10%"),
-        ("imagefs.available", "15%"),
-        ("nodefs.inodesFree", "5%"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
-
 /// Capacity and allocatable (upstream MachineInfo setter and
 /// GetNodeAllocatableReservation: capacity minus kube-reserved,
 /// system-reserved and the hard eviction threshold).
@@ -217,7 +203,9 @@ fn resources(cfg: &NodeConfig) -> (BTreeMap<String, Quantity>, BTreeMap<String, 
         };
         r(&cfg.kube_reserved) + r(&cfg.system_reserved)
     };
-    let evict = eviction_defaults(&cfg.eviction_hard);
+    // As configured: the file's defaults are filled in when it is loaded,
+    // and without a file upstream has no hard thresholds at all.
+    let evict = &cfg.eviction_hard;
     let threshold = |signal: &str, total: i128| {
         evict
             .get(signal)
@@ -379,30 +367,43 @@ pub fn node_status(
     if ready {
         crate::metrics::node_ready();
     }
+    // Upstream's MemoryPressureCondition, DiskPressureCondition and
+    // PIDPressureCondition setters, from the eviction manager.
+    let p = obs.pressure;
+    let pressure = |kind: &str, on: bool, yes: (&str, &str), no: (&str, &str)| {
+        let (reason, message) = if on { yes } else { no };
+        condition(kind, on, reason, message, previous, &now)
+    };
     let conditions = vec![
-        condition(
+        pressure(
             "MemoryPressure",
-            false,
-            "KubeletHasSufficientMemory",
-            "kubelet has sufficient memory available",
-            previous,
-            &now,
+            p.memory,
+            (
+                "KubeletHasInsufficientMemory",
+                "kubelet has insufficient memory available",
+            ),
+            (
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
         ),
-        condition(
+        pressure(
             "DiskPressure",
-            false,
-            "KubeletHasNoDiskPressure",
-            "kubelet has no disk pressure",
-            previous,
-            &now,
+            p.disk,
+            ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+            ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
         ),
-        condition(
+        pressure(
             "PIDPressure",
-            false,
-            "KubeletHasSufficientPID",
-            "kubelet has sufficient PID available",
-            previous,
-            &now,
+            p.pid,
+            (
+                "KubeletHasInsufficientPID",
+                "kubelet has insufficient PID available",
+            ),
+            (
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
         ),
         if ready {
             condition("Ready", true, "KubeletReady", READY_MESSAGE, previous, &now)
@@ -1118,6 +1119,9 @@ mod tests {
             memory_bytes: 4 << 30,
             ephemeral_storage_bytes: 100 << 30,
             kubelet_version: "v1.34.0".into(),
+            eviction_hard: [("memory.available", "100Mi"), ("nodefs.available", "10%")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
             ..Default::default()
         }
     }
@@ -1257,6 +1261,53 @@ mod tests {
             patch::status_patch(&fetched, &s)["status"]["volumesInUse"],
             serde_json::Value::Null
         );
+    }
+
+    #[test]
+    fn pressure_conditions_carry_upstreams_reasons_and_messages() {
+        // Old code: the three pressure conditions were always False.
+        let obs = Observed {
+            pressure: crate::eviction::Pressure {
+                memory: true,
+                disk: true,
+                pid: true,
+            },
+            ..Default::default()
+        };
+        let s = node_status(&cfg(), &obs, None, at(1));
+        let got: Vec<(String, String, String, String)> = s
+            .conditions
+            .unwrap()
+            .into_iter()
+            .take(3)
+            .map(|c| (c.type_, c.status, c.reason.unwrap(), c.message.unwrap()))
+            .collect();
+        let want = [
+            (
+                "MemoryPressure",
+                "KubeletHasInsufficientMemory",
+                "kubelet has insufficient memory available",
+            ),
+            (
+                "DiskPressure",
+                "KubeletHasDiskPressure",
+                "kubelet has disk pressure",
+            ),
+            (
+                "PIDPressure",
+                "KubeletHasInsufficientPID",
+                "kubelet has insufficient PID available",
+            ),
+        ]
+        .map(|(t, r, m)| {
+            (
+                t.to_string(),
+                "True".to_string(),
+                r.to_string(),
+                m.to_string(),
+            )
+        });
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -134,6 +134,18 @@ struct Entry {
     pod: Option<Arc<Pod>>,
     /// A pod with this UID that came back while the old one terminated.
     after_termination: Option<Work>,
+    /// Why the kubelet stopped the pod itself (an eviction): the status
+    /// says so, whatever a sync in flight published meanwhile.
+    stopped_because: Option<Arc<Stopped>>,
+}
+
+/// The terminal status a pod the kubelet stops itself gets (upstream
+/// killPodNow's status function): Failed with `reason` and `message`, and a
+/// DisruptionTarget condition with reason TerminationByKubelet.
+#[derive(Clone, Debug)]
+pub struct Stopped {
+    pub reason: String,
+    pub message: String,
 }
 
 #[derive(Default)]
@@ -423,6 +435,7 @@ impl PodWorkers {
                 full_name: full,
                 pod,
                 after_termination: None,
+                stopped_because: None,
             },
         );
         let this = self.clone();
@@ -430,6 +443,83 @@ impl PodWorkers {
         let span = tracing::info_span!("pod_worker", pod_uid = %uid);
         self.tasks
             .spawn(async move { this.run(uid, wake).await }.instrument(span));
+    }
+
+    /// Stops a running pod that stays in config (upstream killPodNow, for
+    /// the eviction manager): the sync in flight is cancelled, the pod is
+    /// stopped within `grace` seconds, and its status is Failed as `why`
+    /// says. False when the pod is not running (unknown, or already
+    /// stopping or stopped).
+    pub fn stop_now(&self, uid: &str, grace: i64, why: Stopped) -> bool {
+        let why = Arc::new(why);
+        {
+            let mut st = self.state.lock();
+            let Some(e) = st.entries.get_mut(uid) else {
+                return false;
+            };
+            if e.phase != WorkerPhase::Syncing || e.removed {
+                return false;
+            }
+            let pod = e.pod.clone();
+            e.phase = WorkerPhase::Terminating;
+            e.grace = effective_grace(None, pod.as_deref(), Some(grace));
+            e.stopped_because = Some(why.clone());
+            e.pending = Some(Work::Terminate {
+                pod,
+                grace: e.grace,
+            });
+            e.inflight.cancel();
+            e.wake.notify_one();
+        }
+        self.mark_stopped(uid, &why);
+        true
+    }
+
+    /// Puts a kubelet-stopped pod's reason into its status.
+    fn mark_stopped(&self, uid: &str, why: &Stopped) {
+        let Some(old) = self.deps.status.get(uid) else {
+            return;
+        };
+        let mut st = (*old).clone();
+        st.phase = Some("Failed".into());
+        st.reason = Some(why.reason.clone());
+        st.message = Some(why.message.clone());
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::from_nanosecond(crate::kuberuntime::wall_now().as_nanos() as i128)
+                .unwrap_or(Timestamp::UNIX_EPOCH),
+        );
+        let generation = self
+            .state
+            .lock()
+            .entries
+            .get(uid)
+            .and_then(|e| e.pod.as_ref()?.metadata.generation)
+            .filter(|_| self.deps.runtime.opts.track_observed_generation);
+        let conditions = st.conditions.get_or_insert_with(Vec::new);
+        let c = k8s_openapi::api::core::v1::PodCondition {
+            observed_generation: generation,
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("TerminationByKubelet".into()),
+            message: Some(why.message.clone()),
+            last_transition_time: Some(now),
+            ..Default::default()
+        };
+        match conditions
+            .iter_mut()
+            .find(|c| c.type_ == "DisruptionTarget")
+        {
+            // Upstream UpdatePodCondition keeps the transition time when the
+            // status does not change.
+            Some(old) if old.status == c.status => {
+                old.reason = c.reason;
+                old.message = c.message;
+                old.observed_generation = c.observed_generation;
+            }
+            Some(old) => *old = c,
+            None => conditions.push(c),
+        }
+        self.deps.status.set(uid, st);
     }
 
     /// Each worker's UID, phase, whether it has a pod spec and whether that
@@ -713,6 +803,15 @@ impl PodWorkers {
             let probes = self.probe_state(uid, pod, &rt);
             self.publish_status(uid, pod, &rt, &HashMap::new(), &probes, true);
         }
+        let why = self
+            .state
+            .lock()
+            .entries
+            .get(uid)
+            .and_then(|e| e.stopped_because.clone());
+        if let Some(why) = why {
+            self.mark_stopped(uid, &why);
+        }
         Ok(())
     }
 
@@ -727,6 +826,9 @@ impl PodWorkers {
                 return true;
             };
             e.phase = WorkerPhase::Terminated;
+            // A terminal phase the API sync held back while containers
+            // could run can be sent now.
+            self.deps.status.touch();
             let removed = e.removed;
             // A removed static pod gives up its full name only once its
             // sandbox is gone too (below), so its successor never overlaps
@@ -1590,6 +1692,71 @@ mod tests {
         assert!(has(&fake, "RemovePodSandbox"));
         assert!(!has(&fake, "StartContainer"));
         token.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_pod_stopped_now_ends_failed_with_the_reason_and_stays() {
+        // Old code: nothing could stop a running pod that stays in config
+        // (upstream killPodNow, which the eviction manager uses).
+        let fake = Arc::new(FakeRuntime::new());
+        fake.add_image("busybox:1.36");
+        let token = CancellationToken::new();
+        let w = workers(&fake, &token);
+        let mut pod = (*named("web", "u-web", "busybox:1.36", &["app"])).clone();
+        pod.metadata.generation = Some(3);
+        let pod = Arc::new(pod);
+        assert!(!w.stop_now("u-web", 1, stopped()), "unknown pod");
+        w.update("u-web", Work::Sync(pod.clone()));
+        until("the app to start", || has(&fake, "StartContainer app")).await;
+        until("a status", || w.deps.status.get("u-web").is_some()).await;
+        assert!(w.stop_now("u-web", 1, stopped()));
+        assert!(!w.stop_now("u-web", 1, stopped()), "already stopping");
+        until("the pod to be terminated", || {
+            w.phase("u-web") == Some(WorkerPhase::Terminated)
+        })
+        .await;
+        assert!(has(&fake, "StopContainer"));
+        assert!(!has(&fake, "RemovePodSandbox"), "kept until removed");
+        let st = w.deps.status.get("u-web").unwrap();
+        assert_eq!(st.phase.as_deref(), Some("Failed"));
+        assert_eq!(st.reason.as_deref(), Some("Evicted"));
+        assert_eq!(
+            st.message.as_deref(),
+            Some("The node was low on resource: memory. ")
+        );
+        let c = st
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "DisruptionTarget")
+            .unwrap();
+        assert_eq!(
+            (
+                c.status.as_str(),
+                c.reason.as_deref(),
+                c.message.as_deref(),
+                c.observed_generation
+            ),
+            (
+                "True",
+                Some("TerminationByKubelet"),
+                Some("The node was low on resource: memory. "),
+                Some(3)
+            )
+        );
+        // Its containers are not started again.
+        fake.clear_calls();
+        w.update("u-web", Work::Sync(pod.clone()));
+        tokio::task::yield_now().await;
+        assert!(!has(&fake, "StartContainer"));
+        token.cancel();
+    }
+
+    fn stopped() -> Stopped {
+        Stopped {
+            reason: "Evicted".into(),
+            message: "The node was low on resource: memory. ".into(),
+        }
     }
 
     #[test]

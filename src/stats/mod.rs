@@ -89,6 +89,26 @@ async fn collection(
     s.stats.snapshot(src, stats_config(s), detail).await
 }
 
+/// The full summary as `/stats/summary` gives it, for the eviction
+/// manager, with whether the image file system is on its own device.
+pub async fn eviction_sample(s: &ServerState) -> Result<crate::eviction::Sample, StatsError> {
+    let snap = collection(s, cgroup::Detail::Summary).await?;
+    let mut summary = summary::build(&snap, &s.node_name, false);
+    let cache = s.stats.volume_stats();
+    for p in &mut summary.pods {
+        summary::add_volumes(p, &cache.pod(&p.pod_ref.uid));
+    }
+    let n = &snap.node;
+    let dedicated_image_fs = matches!(
+        (&n.rootfs_device, &n.imagefs_device),
+        (Some(r), Some(i)) if r != i
+    );
+    Ok(crate::eviction::Sample {
+        summary,
+        dedicated_image_fs,
+    })
+}
+
 /// The pod stats of `/stats/summary` (shared with a concurrent summary
 /// scrape), for `/metrics`' container log sizes; None when they failed.
 pub(crate) async fn summary_snapshot(

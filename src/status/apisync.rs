@@ -63,10 +63,35 @@ impl Deleting {
 /// A condition of the kubelet's that `old` (the API's status) has and the
 /// new status lacks (a resize condition cleared) gets a delete directive,
 /// as upstream's two-way merge patch from the old status writes one.
-fn status_patch(uid: &str, status: &PodStatus, old: Option<&PodStatus>) -> serde_json::Value {
+///
+/// As upstream mergePodStatus, a pod whose containers could still run
+/// (`could_run`: its worker has not finished stopping them) is not reported
+/// in a terminal phase yet: the API's phase, reason and message are sent
+/// instead, and the second value says the status was held back. The
+/// DisruptionTarget condition (the one the kubelet shares) goes with the
+/// transition to the terminal phase, once nothing runs.
+fn status_patch(
+    uid: &str,
+    status: &PodStatus,
+    old: Option<&PodStatus>,
+    could_run: bool,
+) -> (serde_json::Value, bool) {
+    use crate::status::generate::is_terminal;
     let mut status = status.clone();
+    let old_phase = old.and_then(|o| o.phase.as_deref());
+    let transitioning = !is_terminal(old_phase) && is_terminal(status.phase.as_deref());
+    let held = transitioning && could_run;
+    if held {
+        status.phase = old.and_then(|o| o.phase.clone());
+        status.reason = old.and_then(|o| o.reason.clone());
+        status.message = old.and_then(|o| o.message.clone());
+    }
+    let shared = transitioning && !could_run;
     if let Some(cs) = status.conditions.as_mut() {
-        cs.retain(|c| crate::status::generate::is_kubelet_condition(&c.type_));
+        cs.retain(|c| {
+            crate::status::generate::is_kubelet_condition(&c.type_)
+                || (shared && c.type_ == "DisruptionTarget")
+        });
     }
     let gone: Vec<serde_json::Value> = old
         .and_then(|o| o.conditions.as_ref())
@@ -93,7 +118,7 @@ fn status_patch(uid: &str, status: &PodStatus, old: Option<&PodStatus>) -> serde
             None => *list = gone.into(),
         }
     }
-    patch
+    (patch, held)
 }
 
 pub fn is_api_pod(pod: &Pod) -> bool {
@@ -162,6 +187,9 @@ pub struct ApiStatusSync {
     pub deleting: Deleting,
     /// Whether the pod worker still knows a UID (terminating or not).
     pub worker_known: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    /// Whether a pod's containers could still be running (its worker syncs
+    /// or stops it; upstream PodCouldHaveRunningContainers).
+    pub could_have_running: Arc<dyn Fn(&str) -> bool + Send + Sync>,
 }
 
 impl ApiStatusSync {
@@ -190,7 +218,10 @@ impl ApiStatusSync {
                 continue;
             }
             crate::metrics::pod_status_pending(&uid);
-            if self.patch_status(&uid, &ns, &name, &status, None).await {
+            if self
+                .patch_status(&uid, &ns, &name, &status, None, false)
+                .await
+            {
                 sent.insert(uid, version);
             } else {
                 // Not sent: kept for the next pass, ahead of the delete.
@@ -222,8 +253,9 @@ impl ApiStatusSync {
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
             crate::metrics::pod_status_pending(&target_uid);
+            let could_run = (self.could_have_running)(&uid);
             if self
-                .patch_status(&target_uid, &ns, &name, &status, old.as_ref())
+                .patch_status(&target_uid, &ns, &name, &status, old.as_ref(), could_run)
                 .await
             {
                 debug!(pod = %name, namespace = %ns, version, "status sent");
@@ -233,7 +265,8 @@ impl ApiStatusSync {
     }
 
     /// Patches one status; true when done with it (sent, or its object is
-    /// gone or replaced), false to retry.
+    /// gone or replaced), false to retry (as when its terminal phase was
+    /// held back: sent again once the worker has stopped the containers).
     async fn patch_status(
         &self,
         uid: &str,
@@ -241,8 +274,9 @@ impl ApiStatusSync {
         name: &str,
         status: &PodStatus,
         old: Option<&PodStatus>,
+        could_run: bool,
     ) -> bool {
-        let patch = status_patch(uid, status, old);
+        let (patch, held) = status_patch(uid, status, old, could_run);
         let api: Api<Pod> = Api::namespaced(self.api.client().await, ns);
         match api
             .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
@@ -250,7 +284,7 @@ impl ApiStatusSync {
         {
             Ok(_) => {
                 crate::metrics::pod_status_synced(uid);
-                true
+                !held
             }
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
                 crate::metrics::pod_status_dropped(uid);
@@ -416,7 +450,8 @@ mod tests {
             conditions: Some(vec![c("PodResizeInProgress"), c("example.com/lb")]),
             ..Default::default()
         };
-        let p = status_patch("u1", &status, Some(&old));
+        let (p, held) = status_patch("u1", &status, Some(&old), false);
+        assert!(!held);
         assert_eq!(p["metadata"]["uid"], "u1");
         assert_eq!(p["status"]["phase"], "Running");
         let types: Vec<&str> = p["status"]["conditions"]
@@ -430,6 +465,43 @@ mod tests {
             ["PodReadyToStartContainers", "Ready", "PodResizeInProgress"]
         );
         assert_eq!(p["status"]["conditions"][2]["$patch"], "delete");
+    }
+
+    #[test]
+    fn a_terminal_phase_waits_for_the_containers_to_stop_and_brings_disruption_target() {
+        // Old code: Failed went to the API while the containers still ran,
+        // and a DisruptionTarget the kubelet set never went at all.
+        let running = PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        };
+        let evicted = PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("Evicted".into()),
+            message: Some("The node was low on resource: memory. ".into()),
+            conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some("TerminationByKubelet".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let (p, held) = status_patch("u1", &evicted, Some(&running), true);
+        assert!(held);
+        assert_eq!(p["status"]["phase"], "Running");
+        assert!(p["status"]["reason"].is_null());
+        assert_eq!(p["status"]["conditions"], serde_json::json!([]));
+        let (p, held) = status_patch("u1", &evicted, Some(&running), false);
+        assert!(!held);
+        assert_eq!(p["status"]["phase"], "Failed");
+        assert_eq!(p["status"]["reason"], "Evicted");
+        assert_eq!(p["status"]["conditions"][0]["type"], "DisruptionTarget");
+        // Already terminal in the API: nothing is held, and the shared
+        // condition is not sent again.
+        let (p, held) = status_patch("u1", &evicted, Some(&evicted), true);
+        assert!(!held);
+        assert_eq!(p["status"]["conditions"], serde_json::json!([]));
     }
 
     #[test]

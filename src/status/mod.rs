@@ -90,6 +90,12 @@ impl StatusManager {
         self.changed.notify_one();
     }
 
+    /// Wakes the API sync without a status change: a pod's containers
+    /// have all stopped, so a terminal phase held back can go now.
+    pub fn touch(&self) {
+        self.changed.notify_one();
+    }
+
     pub fn remove(&self, uid: &str) {
         let gone = self.statuses.write().remove(uid);
         if let (Some(v), Some(finals)) = (gone, self.finals.write().as_mut()) {

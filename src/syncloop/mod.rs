@@ -94,6 +94,9 @@ pub struct Admission {
     rejected: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// The runtime's features, as its last Status answer gave them.
     runtime: Option<crate::runtimestate::RuntimeState>,
+    /// The eviction manager's pressure conditions (its admit handler comes
+    /// first, as upstream's).
+    eviction: Option<crate::eviction::EvictionManager>,
 }
 
 impl Admission {
@@ -102,7 +105,15 @@ impl Admission {
             node,
             rejected: Default::default(),
             runtime: None,
+            eviction: None,
         }
+    }
+
+    /// Refuses pods as the eviction manager's admit handler does under
+    /// pressure.
+    pub fn with_eviction(mut self, e: crate::eviction::EvictionManager) -> Self {
+        self.eviction = Some(e);
+        self
     }
 
     /// Takes the runtime's features from its Status answers.
@@ -270,7 +281,14 @@ impl SyncLoop {
             .lags(uid)
             .then(|| allocation.granted(Arc::new(pod.clone())));
         let checked = granted.as_deref().unwrap_or(pod);
-        let verdict = crate::lifecycle::admit(checked, &refs, &a.facts(), is_static);
+        let evicted = a.eviction.as_ref().and_then(|e| e.admit(checked).err());
+        let verdict = match evicted {
+            Some(message) => Err(crate::lifecycle::Rejection {
+                reason: crate::eviction::REASON.into(),
+                message,
+            }),
+            None => crate::lifecycle::admit(checked, &refs, &a.facts(), is_static),
+        };
         crate::metrics::topology_manager_admission(Duration::ZERO);
         match verdict {
             Ok(()) => true,
@@ -789,6 +807,21 @@ mod tests {
         task.await.unwrap();
     }
 
+    /// The pod's first status, waited for up to 10 s.
+    async fn first_status(
+        status: &StatusManager,
+        uid: &str,
+    ) -> Arc<k8s_openapi::api::core::v1::PodStatus> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = status.get(uid) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "no status for {uid}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     #[tokio::test]
     async fn a_pod_that_does_not_fit_is_rejected_and_never_started() {
         // Old code: every pod was started, whatever maxPods said.
@@ -805,14 +838,7 @@ mod tests {
             })
             .await
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let rejected = loop {
-            if let Some(s) = status.get("u-second") {
-                break s;
-            }
-            assert!(Instant::now() < deadline, "no status for the second pod");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let rejected = first_status(&status, "u-second").await;
         assert_eq!(rejected.phase.as_deref(), Some("Failed"));
         assert_eq!(rejected.reason.as_deref(), Some("OutOfpods"));
         assert_eq!(
@@ -824,6 +850,36 @@ mod tests {
             !workers.is_known("u-second"),
             "a rejected pod gets no worker"
         );
+        token.cancel();
+        let _ = task.await;
+    }
+
+    #[tokio::test]
+    async fn under_memory_pressure_a_best_effort_pod_is_rejected_as_evicted() {
+        // Old code: nothing refused pods while the node was short of memory.
+        let (_, token, workers, pleg) = fixture();
+        let status = workers.status().clone();
+        let eviction = crate::eviction::EvictionManager::default();
+        eviction.set_conditions(vec![crate::eviction::Condition::MemoryPressure]);
+        let admission = two_cpu_node().with_eviction(eviction);
+        let sl = sync_loop(PodManager::new(), &workers, pleg, Some(admission));
+        let (updates_tx, task) = run_loop(sl, &token);
+        updates_tx
+            .send(PodUpdate {
+                pods: vec![api_pod("be", "u-be")],
+                op: PodOperation::Add,
+                source: crate::source::API_SOURCE.to_string(),
+            })
+            .await
+            .unwrap();
+        let rejected = first_status(&status, "u-be").await;
+        assert_eq!(rejected.phase.as_deref(), Some("Failed"));
+        assert_eq!(rejected.reason.as_deref(), Some("Evicted"));
+        assert_eq!(
+            rejected.message.as_deref(),
+            Some("Pod was rejected: The node had condition: [MemoryPressure]. ")
+        );
+        assert!(!workers.is_known("u-be"));
         token.cancel();
         let _ = task.await;
     }

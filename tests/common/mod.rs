@@ -278,6 +278,12 @@ impl Kubelet {
         if !self.extra_config.contains("authorization:") {
             auth.push_str("authorization:\n  mode: AlwaysAllow\n");
         }
+        // The file's default disk thresholds (imagefs.available<15%...)
+        // would turn on DiskPressure, which refuses every pod, whenever the
+        // test machine's disk is that full: tests keep the memory one only.
+        if !self.extra_config.contains("evictionHard:") {
+            auth.push_str("evictionHard:\n  memory.available: 100Mi\n");
+        }
         std::fs::write(
             &config,
             format!(

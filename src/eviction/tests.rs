@@ -1,0 +1,410 @@
+use super::*;
+use serde_json::json;
+use std::collections::BTreeMap;
+
+const MI: u64 = 1 << 20;
+
+fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn ts(s: i64) -> String {
+    format!("2026-11-28T00:00:{:02}Z", s % 60)
+}
+
+/// A pod with one container `c` asking for `memory` (none: BestEffort).
+fn pod(name: &str, memory: Option<&str>, priority: i32) -> Arc<Pod> {
+    let resources = match memory {
+        Some(m) => json!({"requests": {"memory": m}}),
+        None => json!({}),
+    };
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+            "spec": {"priority": priority, "containers": [{"name": "c", "image": "busybox", "resources": resources}]}
+        }))
+        .unwrap(),
+    )
+}
+
+fn pod_stats(name: &str, working_set: u64, t: i64) -> serde_json::Value {
+    json!({
+        "podRef": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "startTime": ts(0),
+        "containers": [{"name": "c", "startTime": ts(0), "memory": {"time": ts(t), "workingSetBytes": working_set}}],
+        "memory": {"time": ts(t), "workingSetBytes": working_set}
+    })
+}
+
+fn summary(available: u64, t: i64, pods: Vec<serde_json::Value>) -> Summary {
+    serde_json::from_value(json!({
+        "node": {
+            "nodeName": "n1",
+            "startTime": ts(0),
+            "memory": {"time": ts(t), "availableBytes": available, "workingSetBytes": 1000 * MI},
+            "rlimit": {"time": ts(t), "maxpid": 1000, "curproc": 100}
+        },
+        "pods": pods
+    }))
+    .unwrap()
+}
+
+#[test]
+fn thresholds_parse_as_upstreams_parse_threshold_config() {
+    let t = parse_config(
+        true,
+        &map(&[("memory.available", "100Mi"), ("nodefs.available", "10%")]),
+        &map(&[("memory.available", "300Mi")]),
+        &map(&[("memory.available", "1m30s")]),
+        &map(&[("nodefs.available", "5%")]),
+    )
+    .unwrap();
+    // Hard ones, then soft, then allocatable for enforceNodeAllocatable=pods.
+    let signals: Vec<(&str, bool)> = t.iter().map(|t| (t.signal.as_str(), t.is_hard())).collect();
+    assert_eq!(
+        signals,
+        [
+            ("memory.available", true),
+            ("nodefs.available", true),
+            ("memory.available", false),
+            ("allocatableMemory.available", true),
+        ]
+    );
+    assert_eq!(t[2].grace, Duration::from_secs(90));
+    assert_eq!(t[1].min_reclaim, Some(Value::Percentage(0.05)));
+    assert_eq!(t[0].value.amount(0), 100 * 1024 * 1024);
+
+    // "0%" and "100%" switch a signal off.
+    let off = parse_config(
+        false,
+        &map(&[("memory.available", "0%"), ("nodefs.available", "100%")]),
+        &map(&[]),
+        &map(&[]),
+        &map(&[]),
+    )
+    .unwrap();
+    assert!(off.is_empty());
+
+    let err = |hard: &[(&str, &str)], soft: &[(&str, &str)]| {
+        parse_config(false, &map(hard), &map(soft), &map(&[]), &map(&[]))
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err(&[("memory.free", "1Gi")], &[]),
+        "unsupported eviction signal memory.free"
+    );
+    assert_eq!(
+        err(&[("nodefs.available", "120%")], &[]),
+        "eviction percentage threshold nodefs.available must be <= 100%: 120%"
+    );
+    assert_eq!(
+        err(&[("memory.available", "-1Gi")], &[]),
+        "eviction threshold memory.available must be positive: -1Gi"
+    );
+    assert_eq!(
+        err(&[], &[("memory.available", "1Gi")]),
+        "grace period must be specified for the soft eviction threshold memory.available"
+    );
+}
+
+#[test]
+fn a_threshold_is_met_below_its_amount_and_stays_until_its_minimum_reclaim() {
+    let t = parse_config(
+        false,
+        &map(&[("memory.available", "10%")]),
+        &map(&[]),
+        &map(&[]),
+        &map(&[("memory.available", "5%")]),
+    )
+    .unwrap();
+    let obs = |available| {
+        Observations::from([(
+            Signal::MemoryAvailable,
+            Observation {
+                available,
+                capacity: 1000,
+                time: 0,
+            },
+        )])
+    };
+    assert_eq!(thresholds_met(&t, &obs(99), false).len(), 1);
+    assert!(thresholds_met(&t, &obs(100), false).is_empty());
+    // With the minimum reclaim, 10% + 5% must be free again.
+    assert_eq!(thresholds_met(&t, &obs(140), true).len(), 1);
+    assert!(thresholds_met(&t, &obs(150), true).is_empty());
+}
+
+#[test]
+fn admission_under_pressure_is_upstreams() {
+    let be = pod("be", None, 0);
+    let burstable = pod("b", Some("10Mi"), 0);
+    let mut tolerating = (*be).clone();
+    tolerating.spec.as_mut().unwrap().tolerations =
+        Some(vec![k8s_openapi::api::core::v1::Toleration {
+            key: Some("node.kubernetes.io/memory-pressure".into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        }]);
+    let mut static_pod = (*be).clone();
+    static_pod.metadata.annotations = Some(
+        [(
+            "kubernetes.io/config.source".to_string(),
+            "file".to_string(),
+        )]
+        .into(),
+    );
+    let mem = [Condition::MemoryPressure];
+    assert_eq!(admit(&[], &be), Ok(()));
+    assert_eq!(
+        admit(&mem, &be),
+        Err("The node had condition: [MemoryPressure]. ".into())
+    );
+    assert_eq!(admit(&mem, &burstable), Ok(()));
+    assert_eq!(admit(&mem, &tolerating), Ok(()));
+    assert_eq!(admit(&mem, &static_pod), Ok(()));
+    // Any other condition refuses every pod but the critical ones.
+    let both = [Condition::MemoryPressure, Condition::DiskPressure];
+    assert_eq!(
+        admit(&both, &burstable),
+        Err("The node had condition: [MemoryPressure DiskPressure]. ".into())
+    );
+    assert_eq!(admit(&both, &static_pod), Ok(()));
+}
+
+#[test]
+fn memory_pressure_ranks_pods_over_their_requests_then_by_priority_then_usage() {
+    let mut pods = vec![
+        pod("within", Some("100Mi"), 0),
+        pod("important", None, 100),
+        pod("small", None, 0),
+        pod("big", None, 0),
+    ];
+    let stats: HashMap<String, PodStats> = [
+        ("within", 50),
+        ("important", 10),
+        ("small", 50),
+        ("big", 200),
+    ]
+    .into_iter()
+    .map(|(n, mi)| {
+        (
+            format!("uid-{n}"),
+            serde_json::from_value(pod_stats(n, mi * MI, 1)).unwrap(),
+        )
+    })
+    .collect();
+    rank(Signal::MemoryAvailable, &mut pods, &stats, false);
+    let names: Vec<&str> = pods
+        .iter()
+        .map(|p| p.metadata.name.as_deref().unwrap())
+        .collect();
+    assert_eq!(names, ["big", "small", "important", "within"]);
+}
+
+#[test]
+fn the_message_says_what_was_low_and_who_used_it_as_upstream() {
+    let t = parse_config(
+        false,
+        &map(&[("memory.available", "100Mi")]),
+        &map(&[]),
+        &map(&[]),
+        &map(&[]),
+    )
+    .unwrap();
+    let s = summary(50 * MI, 1, vec![pod_stats("hog", 200 * MI, 1)]);
+    let obs = observe(&s);
+    let p = pod("hog", Some("64Mi"), 0);
+    assert_eq!(
+        message(Signal::MemoryAvailable, &p, Some(&s.pods[0]), &t, &obs),
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. Container c was using 200Mi, request is 64Mi, has larger consumption of memory. "
+    );
+}
+
+/// A manager over fixed figures, recording the pods it evicts.
+struct Harness {
+    manager: EvictionManager,
+    deps: Deps,
+    evicted: Arc<Mutex<Vec<(String, i64, String)>>>,
+    figures: Arc<Mutex<Summary>>,
+}
+
+fn harness(cfg: Config, pods: Vec<Arc<Pod>>, s: Summary) -> Harness {
+    let evicted: Arc<Mutex<Vec<(String, i64, String)>>> = Default::default();
+    let figures = Arc::new(Mutex::new(s));
+    let (e, f, gone) = (evicted.clone(), figures.clone(), evicted.clone());
+    let deps = Deps {
+        sample: Box::new(move || {
+            let summary = f.lock().clone();
+            Box::pin(async move {
+                Some(Sample {
+                    summary,
+                    dedicated_image_fs: false,
+                })
+            })
+        }),
+        // An evicted pod is no longer active.
+        active_pods: Box::new(move || {
+            let gone = gone.lock();
+            let active =
+                |p: &&Arc<Pod>| !gone.iter().any(|g| Some(&g.0) == p.metadata.name.as_ref());
+            pods.iter().filter(active).cloned().collect()
+        }),
+        evict: Box::new(move |ev| {
+            e.lock()
+                .push((ev.pod.metadata.name.clone().unwrap(), ev.grace, ev.message));
+            true
+        }),
+        cleaned_up: Box::new(|_| true),
+        node_name: "n1".into(),
+    };
+    Harness {
+        manager: EvictionManager::new(cfg),
+        deps,
+        evicted,
+        figures,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hard_threshold_evicts_the_first_ranked_pod_at_once_and_never_a_critical_one() {
+    let cfg = Config {
+        thresholds: parse_config(
+            false,
+            &map(&[("memory.available", "100Mi")]),
+            &map(&[]),
+            &map(&[]),
+            &map(&[]),
+        )
+        .unwrap(),
+        pressure_transition: Duration::from_secs(300),
+        max_pod_grace: 0,
+    };
+    let mut critical = (*pod("etcd", None, 0)).clone();
+    critical.metadata.annotations = Some(
+        [(
+            "kubernetes.io/config.source".to_string(),
+            "file".to_string(),
+        )]
+        .into(),
+    );
+    let pods = vec![
+        pod("light", None, 0),
+        Arc::new(critical),
+        pod("heavy", None, 0),
+    ];
+    let s = summary(
+        50 * MI,
+        1,
+        vec![
+            pod_stats("light", 10 * MI, 1),
+            pod_stats("etcd", 900 * MI, 1),
+            pod_stats("heavy", 300 * MI, 1),
+        ],
+    );
+    let h = harness(cfg, pods, s);
+    let t0 = Instant::now();
+    assert_eq!(h.manager.pressure(), Pressure::default());
+    assert_eq!(
+        h.manager.synchronize(&h.deps, t0).await.as_deref(),
+        Some("uid-heavy")
+    );
+    assert!(h.manager.pressure().memory);
+    let got = h.evicted.lock().clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, "heavy");
+    assert_eq!(got[0].1, IMMEDIATE_GRACE);
+    assert!(got[0].2.starts_with("The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. Container c was using 300Mi, request is 0"), "{}", got[0].2);
+
+    // The same figures again (not newer): nobody else is evicted for them.
+    assert_eq!(
+        h.manager.synchronize(&h.deps, t0 + MONITORING_PERIOD).await,
+        None
+    );
+    // Newer figures: the next pod, passing over the critical one that
+    // uses more.
+    *h.figures.lock() = summary(
+        50 * MI,
+        2,
+        vec![
+            pod_stats("light", 10 * MI, 2),
+            pod_stats("etcd", 900 * MI, 2),
+        ],
+    );
+    assert_eq!(
+        h.manager
+            .synchronize(&h.deps, t0 + 2 * MONITORING_PERIOD)
+            .await
+            .as_deref(),
+        Some("uid-light")
+    );
+    // Nothing left but the critical pod.
+    *h.figures.lock() = summary(50 * MI, 3, vec![pod_stats("etcd", 900 * MI, 3)]);
+    assert_eq!(
+        h.manager
+            .synchronize(&h.deps, t0 + 3 * MONITORING_PERIOD)
+            .await,
+        None
+    );
+    assert_eq!(h.evicted.lock().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pressure_outlasts_the_threshold_by_the_transition_period_and_soft_ones_wait_their_grace() {
+    let cfg = Config {
+        thresholds: parse_config(
+            false,
+            &map(&[]),
+            &map(&[("pid.available", "950")]),
+            &map(&[("pid.available", "30s")]),
+            &map(&[]),
+        )
+        .unwrap(),
+        pressure_transition: Duration::from_secs(60),
+        max_pod_grace: 5,
+    };
+    let h = harness(
+        cfg,
+        vec![pod("p", None, 0)],
+        summary(500 * MI, 1, vec![pod_stats("p", MI, 1)]),
+    );
+    let t0 = Instant::now();
+    // 900 pids free of 1000: below 950, but the grace period has not passed.
+    assert_eq!(h.manager.synchronize(&h.deps, t0).await, None);
+    assert!(h.manager.pressure().pid);
+    assert!(!h.manager.pressure().memory);
+    *h.figures.lock() = summary(500 * MI, 2, vec![pod_stats("p", MI, 2)]);
+    assert_eq!(
+        h.manager
+            .synchronize(&h.deps, t0 + Duration::from_secs(30))
+            .await
+            .as_deref(),
+        Some("uid-p")
+    );
+    // A soft eviction gives evictionMaxPodGracePeriod.
+    assert_eq!(h.evicted.lock()[0].1, 5);
+
+    // The pressure ends: the condition stays for the transition period.
+    *h.figures.lock() = serde_json::from_value(json!({
+        "node": {"nodeName": "n1", "startTime": ts(0), "rlimit": {"time": ts(3), "maxpid": 1000, "curproc": 10}},
+        "pods": []
+    }))
+    .unwrap();
+    assert_eq!(
+        h.manager
+            .synchronize(&h.deps, t0 + Duration::from_secs(40))
+            .await,
+        None
+    );
+    assert!(h.manager.pressure().pid);
+    assert_eq!(
+        h.manager
+            .synchronize(&h.deps, t0 + Duration::from_secs(91))
+            .await,
+        None
+    );
+    assert!(!h.manager.pressure().pid);
+}
