@@ -1497,3 +1497,48 @@ fn under_memory_pressure_pods_are_refused_and_evicted_as_upstream() {
             .join("\n")
     );
 }
+
+#[test]
+fn a_pod_over_its_emptydir_size_limit_is_evicted_as_upstream() {
+    // Old code: an emptyDir's sizeLimit was never enforced.
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-evict-local";
+    let mut k = Kubelet::new(node);
+    let kc = kubeconfig(&api, &k.dir, node);
+    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
+    // Volume usage measured every 2 s instead of every minute.
+    k.extra_config =
+        "nodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 4\nvolumeStatsAggPeriod: 2s\n"
+            .into();
+    k.spawn();
+    let name = format!("scratch-{node}");
+    let mut pod = bound_pod(
+        &name,
+        node,
+        30,
+        "dd if=/dev/zero of=/scratch/fill bs=1M count=4; sleep 3600",
+    );
+    pod["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "scratch", "mountPath": "/scratch"}]);
+    pod["spec"]["volumes"] = json!([{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]);
+    api.create(pod);
+    let p = wait_for("the pod evicted", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["phase"] == "Failed")
+    });
+    assert_eq!(p["status"]["reason"], "Evicted", "{:#}", p["status"]);
+    assert_eq!(
+        p["status"]["message"],
+        "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". "
+    );
+    // Upstream's local storage evictions set no DisruptionTarget.
+    assert!(cond(&p, "DisruptionTarget").is_none(), "{:#}", p["status"]);
+    let e = wait_for("an Evicted event", T, || {
+        api.list("events")
+            .into_iter()
+            .find(|e| e["reason"] == "Evicted" && e["involvedObject"]["name"] == name.as_str())
+    });
+    assert_eq!(e["type"], "Warning");
+    let n = api.get("nodes", None, node).unwrap();
+    assert_eq!(cond(&n, "MemoryPressure").unwrap()["status"], "False");
+}

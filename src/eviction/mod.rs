@@ -9,8 +9,10 @@
 //! Not done (upstream does them): node-level reclaim before evicting (image
 //! and container garbage collection: rkubelet has no image GC), the
 //! allocatable and containerfs signals (parsed, never observed: the summary
-//! has no `pods` system container and no split image file system), memcg
-//! threshold notifications, and local-storage limit evictions.
+//! has no `pods` system container and no split image file system), and
+//! memcg threshold notifications. With localStorageCapacityIsolation, pods
+//! over their emptyDir size limits or ephemeral-storage limits are evicted
+//! first, as upstream's localStorageEviction.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -211,6 +213,9 @@ pub struct Config {
     pub pressure_transition: Duration,
     /// evictionMaxPodGracePeriod, for soft evictions.
     pub max_pod_grace: i64,
+    /// localStorageCapacityIsolation: pods over their emptyDir size limits
+    /// or ephemeral-storage limits are evicted.
+    pub local_storage: bool,
 }
 
 fn parse_quantity_units(signal: &str, val: &str) -> Result<i128, EvictionError> {
@@ -779,12 +784,15 @@ struct State {
 }
 
 /// An eviction to carry out: the pod is stopped within `grace` seconds
-/// and left Failed with reason Evicted, `message`, and a DisruptionTarget
-/// condition (reason TerminationByKubelet) saying the same.
+/// and left Failed with reason Evicted and `message`, with a
+/// DisruptionTarget condition (reason TerminationByKubelet) saying the same
+/// when `disruption`.
 pub struct Eviction {
     pub pod: Arc<Pod>,
     pub grace: i64,
     pub message: String,
+    /// Whether the status gets the DisruptionTarget condition.
+    pub disruption: bool,
 }
 
 /// The figures of one round.
@@ -851,7 +859,7 @@ impl EvictionManager {
     /// Every `MONITORING_PERIOD` a round; after an eviction, the next round
     /// comes once the pod is cleaned up (up to 30 s), as upstream.
     pub async fn run(self, deps: Deps, token: CancellationToken) {
-        if self.config.thresholds.is_empty() {
+        if self.config.thresholds.is_empty() && !self.config.local_storage {
             info!("eviction manager: no thresholds configured; not monitoring");
             return;
         }
@@ -861,35 +869,38 @@ impl EvictionManager {
                 _ = token.cancelled() => return,
                 e = self.synchronize(&deps, Instant::now()) => e,
             };
-            match evicted {
-                Some(uid) => {
-                    info!(pod_uid = %uid, "eviction manager: pods evicted, waiting for pod to be cleaned up");
-                    let deadline = Instant::now() + CLEANUP_TIMEOUT;
-                    loop {
-                        tokio::select! {
-                            _ = token.cancelled() => return,
-                            _ = tokio::time::sleep(CLEANUP_POLL) => {}
-                        }
-                        if (deps.cleaned_up)(&uid) {
-                            info!(pod_uid = %uid, "eviction manager: pods successfully cleaned up");
-                            break;
-                        }
-                        if Instant::now() >= deadline {
-                            info!(pod_uid = %uid, "eviction manager: timed out waiting for pods to be cleaned up");
-                            break;
-                        }
-                    }
-                }
-                None => tokio::select! {
+            if evicted.is_empty() {
+                tokio::select! {
                     _ = token.cancelled() => return,
                     _ = tokio::time::sleep(MONITORING_PERIOD) => {}
-                },
+                }
+                continue;
+            }
+            info!(pods = ?evicted, "eviction manager: pods evicted, waiting for pod to be cleaned up");
+            let deadline = Instant::now() + CLEANUP_TIMEOUT;
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tokio::time::sleep(CLEANUP_POLL) => {}
+                }
+                if evicted.iter().all(|uid| (deps.cleaned_up)(uid)) {
+                    info!(pods = ?evicted, "eviction manager: pods successfully cleaned up");
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    info!(pods = ?evicted, "eviction manager: timed out waiting for pods to be cleaned up");
+                    break;
+                }
             }
         }
     }
 
-    /// One round (upstream synchronize); the UID of the pod evicted, if any.
-    pub async fn synchronize(&self, deps: &Deps, now: Instant) -> Option<String> {
+    /// One round (upstream synchronize); the UIDs of the pods evicted.
+    pub async fn synchronize(&self, deps: &Deps, now: Instant) -> Vec<String> {
+        self.round(deps, now).await.unwrap_or_default()
+    }
+
+    async fn round(&self, deps: &Deps, now: Instant) -> Option<Vec<String>> {
         let active = (deps.active_pods)();
         let Some(Sample {
             summary,
@@ -969,6 +980,18 @@ impl EvictionManager {
             st.last_observations = obs.clone();
             updated
         };
+        let stats: HashMap<String, PodStats> = summary
+            .pods
+            .into_iter()
+            .map(|p| (p.pod_ref.uid.clone(), p))
+            .collect();
+        // Pods over their own local storage limits go first, and alone.
+        if cfg.local_storage {
+            let evicted = local_storage_evictions(&active, &stats, dedicated_image_fs, deps);
+            if !evicted.is_empty() {
+                return Some(evicted);
+            }
+        }
         let mut thresholds = evictable;
         if thresholds.is_empty() {
             return None;
@@ -988,11 +1011,6 @@ impl EvictionManager {
             warn!("eviction manager: eviction thresholds have been met, but no pods are active to evict");
             return None;
         }
-        let stats: HashMap<String, PodStats> = summary
-            .pods
-            .into_iter()
-            .map(|p| (p.pod_ref.uid.clone(), p))
-            .collect();
         let mut pods = active;
         rank(threshold.signal, &mut pods, &stats, dedicated_image_fs);
         for t in &thresholds {
@@ -1021,26 +1039,184 @@ impl EvictionManager {
                 &thresholds,
                 &obs,
             );
-            if is_critical(&pod) {
-                warn!(
-                    pod = pod.metadata.name.as_deref().unwrap_or_default(),
-                    "eviction manager: cannot evict a critical pod"
-                );
-                continue;
-            }
-            crate::events::pod(&pod, None, crate::events::WARNING, REASON, msg.clone());
-            let uid = pod_uid(&pod).to_string();
-            info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), pod_uid = %uid, message = %msg, "evicting pod");
-            if (deps.evict)(Eviction {
-                pod: pod.clone(),
-                grace,
-                message: msg,
-            }) {
+            if evict_pod(deps, &pod, grace, msg, true) {
                 crate::metrics::eviction(threshold.signal.as_str());
-                return Some(uid);
+                return Some(vec![pod_uid(&pod).to_string()]);
             }
         }
         info!("eviction manager: unable to evict any pods from the node");
         None
     }
+}
+
+/// Upstream evictPod: never a critical pod; the event, then the stop.
+/// `disruption` adds the DisruptionTarget condition (threshold evictions;
+/// upstream's local storage evictions have none).
+fn evict_pod(deps: &Deps, pod: &Arc<Pod>, grace: i64, message: String, disruption: bool) -> bool {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    if is_critical(pod) {
+        warn!(pod = name, "eviction manager: cannot evict a critical pod");
+        return false;
+    }
+    crate::events::pod(pod, None, crate::events::WARNING, REASON, message.clone());
+    info!(pod = name, pod_uid = pod_uid(pod), message = %message, "evicting pod");
+    (deps.evict)(Eviction {
+        pod: pod.clone(),
+        grace,
+        message,
+        disruption,
+    })
+}
+
+/// Upstream's signals for local storage limit evictions (the metric label).
+const SIGNAL_EMPTYDIR: &str = "emptydirfs.limit";
+const SIGNAL_POD_STORAGE: &str = "ephemeralpodfs.limit";
+const SIGNAL_CONTAINER_STORAGE: &str = "ephemeralcontainerfs.limit";
+
+/// A quantity's bytes, rounded up; None when it does not parse.
+fn bytes_of(q: &str) -> Option<i128> {
+    crate::cm::quantity::parse_milli(q)
+        .ok()
+        .map(|m| (m + 999).div_euclid(1000))
+}
+
+/// Upstream localStorageEviction: each running pod using more than an
+/// emptyDir's `sizeLimit`, than its containers' ephemeral-storage limits
+/// together, or with a container over its own limit, is evicted at once.
+fn local_storage_evictions(
+    pods: &[Arc<Pod>],
+    stats: &HashMap<String, PodStats>,
+    dedicated_image_fs: bool,
+    deps: &Deps,
+) -> Vec<String> {
+    let mut evicted = Vec::new();
+    for pod in pods {
+        let Some(st) = stats.get(pod_uid(pod)) else {
+            continue;
+        };
+        if let Some((signal, message)) = local_storage_excess(pod, st, dedicated_image_fs) {
+            if evict_pod(deps, pod, IMMEDIATE_GRACE, message, false) {
+                crate::metrics::eviction(signal);
+                evicted.push(pod_uid(pod).to_string());
+            }
+        }
+    }
+    evicted
+}
+
+/// The first local storage limit the pod is over (upstream's order:
+/// emptyDir, then the pod's total, then each container), with its signal
+/// and message.
+pub fn local_storage_excess(
+    pod: &Pod,
+    st: &PodStats,
+    dedicated_image_fs: bool,
+) -> Option<(&'static str, String)> {
+    let spec = pod.spec.as_ref()?;
+    for v in spec.volumes.iter().flatten() {
+        let Some(limit) = v.empty_dir.as_ref().and_then(|e| e.size_limit.as_ref()) else {
+            continue;
+        };
+        let Some(size) = bytes_of(&limit.0).filter(|b| *b > 0) else {
+            continue;
+        };
+        let used = st
+            .volume_stats
+            .iter()
+            .find(|s| s.name == v.name)
+            .and_then(|s| s.fs.used_bytes);
+        if used.is_some_and(|u| u as i128 > size) {
+            return Some((
+                SIGNAL_EMPTYDIR,
+                format!(
+                    "Usage of EmptyDir volume {:?} exceeds the limit {:?}. ",
+                    v.name, limit.0
+                ),
+            ));
+        }
+    }
+    let limit_of = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get("ephemeral-storage"))
+            .map(|q| q.0.clone())
+    };
+    // Upstream PodLimits: the app containers' limits and the sidecars'
+    // summed, against the largest other init container's.
+    let mut total: Option<i128> = None;
+    let mut binary = false;
+    let is_sidecar =
+        |c: &&k8s_openapi::api::core::v1::Container| c.restart_policy.as_deref() == Some("Always");
+    let inits = || spec.init_containers.iter().flatten();
+    for c in spec.containers.iter().chain(inits().filter(is_sidecar)) {
+        if let Some(q) = limit_of(c) {
+            binary |= q.contains('i');
+            *total.get_or_insert(0) += bytes_of(&q).unwrap_or(0);
+        }
+    }
+    for c in inits().filter(|c| !is_sidecar(c)) {
+        if let Some(q) = limit_of(c) {
+            let b = bytes_of(&q).unwrap_or(0);
+            if total.is_none_or(|t| b > t) {
+                binary |= q.contains('i');
+                total = Some(b);
+            }
+        }
+    }
+    if let Some(limit) = total {
+        let used = st
+            .ephemeral_storage
+            .as_ref()
+            .and_then(|e| e.used_bytes)
+            .unwrap_or(0) as i128;
+        if used > limit {
+            let text = if binary {
+                crate::nodestatus::quantity::format_binary(limit)
+            } else {
+                format_decimal(limit)
+            };
+            return Some((
+                SIGNAL_POD_STORAGE,
+                format!("Pod ephemeral local storage usage exceeds the total limit of containers {text}. "),
+            ));
+        }
+    }
+    for cs in &st.containers {
+        let Some(c) = spec.containers.iter().find(|c| c.name == cs.name) else {
+            continue;
+        };
+        let Some(q) = limit_of(c) else { continue };
+        let Some(limit) = bytes_of(&q).filter(|b| *b != 0) else {
+            continue;
+        };
+        let used = |f: &Option<crate::stats::types::FsStats>| {
+            f.as_ref().and_then(|f| f.used_bytes).unwrap_or(0) as i128
+        };
+        let mut u = used(&cs.logs);
+        if !dedicated_image_fs {
+            u += used(&cs.rootfs);
+        }
+        if u > limit {
+            return Some((
+                SIGNAL_CONTAINER_STORAGE,
+                format!(
+                    "Container {} exceeded its local ephemeral storage limit {:?}. ",
+                    c.name, q
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// Bytes in a decimal quantity's canonical form ("5M", "1500k", "999").
+fn format_decimal(v: i128) -> String {
+    let mut v = v;
+    let mut i = 0;
+    while i < 6 && v != 0 && v % 1000 == 0 {
+        v /= 1000;
+        i += 1;
+    }
+    format!("{v}{}", ["", "k", "M", "G", "T", "P", "E"][i])
 }

@@ -282,6 +282,7 @@ async fn a_hard_threshold_evicts_the_first_ranked_pod_at_once_and_never_a_critic
         .unwrap(),
         pressure_transition: Duration::from_secs(300),
         max_pod_grace: 0,
+        local_storage: false,
     };
     let mut critical = (*pod("etcd", None, 0)).clone();
     critical.metadata.annotations = Some(
@@ -308,10 +309,7 @@ async fn a_hard_threshold_evicts_the_first_ranked_pod_at_once_and_never_a_critic
     let h = harness(cfg, pods, s);
     let t0 = Instant::now();
     assert_eq!(h.manager.pressure(), Pressure::default());
-    assert_eq!(
-        h.manager.synchronize(&h.deps, t0).await.as_deref(),
-        Some("uid-heavy")
-    );
+    assert_eq!(h.manager.synchronize(&h.deps, t0).await, ["uid-heavy"]);
     assert!(h.manager.pressure().memory);
     let got = h.evicted.lock().clone();
     assert_eq!(got.len(), 1);
@@ -322,7 +320,7 @@ async fn a_hard_threshold_evicts_the_first_ranked_pod_at_once_and_never_a_critic
     // The same figures again (not newer): nobody else is evicted for them.
     assert_eq!(
         h.manager.synchronize(&h.deps, t0 + MONITORING_PERIOD).await,
-        None
+        Vec::<String>::new()
     );
     // Newer figures: the next pod, passing over the critical one that
     // uses more.
@@ -337,9 +335,8 @@ async fn a_hard_threshold_evicts_the_first_ranked_pod_at_once_and_never_a_critic
     assert_eq!(
         h.manager
             .synchronize(&h.deps, t0 + 2 * MONITORING_PERIOD)
-            .await
-            .as_deref(),
-        Some("uid-light")
+            .await,
+        ["uid-light"]
     );
     // Nothing left but the critical pod.
     *h.figures.lock() = summary(50 * MI, 3, vec![pod_stats("etcd", 900 * MI, 3)]);
@@ -347,7 +344,7 @@ async fn a_hard_threshold_evicts_the_first_ranked_pod_at_once_and_never_a_critic
         h.manager
             .synchronize(&h.deps, t0 + 3 * MONITORING_PERIOD)
             .await,
-        None
+        Vec::<String>::new()
     );
     assert_eq!(h.evicted.lock().len(), 2);
 }
@@ -365,6 +362,7 @@ async fn pressure_outlasts_the_threshold_by_the_transition_period_and_soft_ones_
         .unwrap(),
         pressure_transition: Duration::from_secs(60),
         max_pod_grace: 5,
+        local_storage: false,
     };
     let h = harness(
         cfg,
@@ -373,16 +371,18 @@ async fn pressure_outlasts_the_threshold_by_the_transition_period_and_soft_ones_
     );
     let t0 = Instant::now();
     // 900 pids free of 1000: below 950, but the grace period has not passed.
-    assert_eq!(h.manager.synchronize(&h.deps, t0).await, None);
+    assert_eq!(
+        h.manager.synchronize(&h.deps, t0).await,
+        Vec::<String>::new()
+    );
     assert!(h.manager.pressure().pid);
     assert!(!h.manager.pressure().memory);
     *h.figures.lock() = summary(500 * MI, 2, vec![pod_stats("p", MI, 2)]);
     assert_eq!(
         h.manager
             .synchronize(&h.deps, t0 + Duration::from_secs(30))
-            .await
-            .as_deref(),
-        Some("uid-p")
+            .await,
+        ["uid-p"]
     );
     // A soft eviction gives evictionMaxPodGracePeriod.
     assert_eq!(h.evicted.lock()[0].1, 5);
@@ -397,14 +397,108 @@ async fn pressure_outlasts_the_threshold_by_the_transition_period_and_soft_ones_
         h.manager
             .synchronize(&h.deps, t0 + Duration::from_secs(40))
             .await,
-        None
+        Vec::<String>::new()
     );
     assert!(h.manager.pressure().pid);
     assert_eq!(
         h.manager
             .synchronize(&h.deps, t0 + Duration::from_secs(91))
             .await,
-        None
+        Vec::<String>::new()
     );
     assert!(!h.manager.pressure().pid);
+}
+
+#[test]
+fn local_storage_limits_are_checked_in_upstreams_order_with_its_messages() {
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "w", "namespace": "default", "uid": "uid-w"},
+        "spec": {
+            "containers": [
+                {"name": "a", "image": "busybox", "resources": {"limits": {"ephemeral-storage": "10Mi"}}},
+                {"name": "b", "image": "busybox", "resources": {"limits": {"ephemeral-storage": "20Mi"}}}
+            ],
+            "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]
+        }
+    }))
+    .unwrap();
+    let stats = |scratch: u64, pod_total: u64, a_rootfs: u64| -> PodStats {
+        serde_json::from_value(json!({
+            "podRef": {"name": "w", "namespace": "default", "uid": "uid-w"},
+            "startTime": ts(0),
+            "containers": [
+                {"name": "a", "startTime": ts(0),
+                 "rootfs": {"time": ts(1), "usedBytes": a_rootfs},
+                 "logs": {"time": ts(1), "usedBytes": 1024}},
+                {"name": "b", "startTime": ts(0)}
+            ],
+            "volume": [{"time": ts(1), "name": "scratch", "usedBytes": scratch}],
+            "ephemeral-storage": {"time": ts(1), "usedBytes": pod_total}
+        }))
+        .unwrap()
+    };
+    assert_eq!(
+        local_storage_excess(&p, &stats(MI, 29 * MI, MI), false),
+        None
+    );
+    assert_eq!(
+        local_storage_excess(&p, &stats(2 * MI, 40 * MI, 20 * MI), false),
+        Some((
+            "emptydirfs.limit",
+            "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ".into()
+        ))
+    );
+    assert_eq!(
+        local_storage_excess(&p, &stats(MI, 31 * MI, MI), false),
+        Some((
+            "ephemeralpodfs.limit",
+            "Pod ephemeral local storage usage exceeds the total limit of containers 30Mi. ".into()
+        ))
+    );
+    assert_eq!(
+        local_storage_excess(&p, &stats(MI, 20 * MI, 10 * MI), false),
+        Some((
+            "ephemeralcontainerfs.limit",
+            "Container a exceeded its local ephemeral storage limit \"10Mi\". ".into()
+        ))
+    );
+    // With a dedicated image file system the writable layer is not counted.
+    assert_eq!(
+        local_storage_excess(&p, &stats(MI, 20 * MI, 10 * MI), true),
+        None
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_over_its_emptydir_limit_is_evicted_without_any_threshold_met() {
+    let cfg = Config {
+        thresholds: Vec::new(),
+        pressure_transition: Duration::from_secs(300),
+        max_pod_grace: 0,
+        local_storage: true,
+    };
+    let p: Arc<Pod> = Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": "w", "namespace": "default", "uid": "uid-w"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}],
+                     "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]}
+        }))
+        .unwrap(),
+    );
+    let mut s = summary(500 * MI, 1, vec![pod_stats("w", MI, 1)]);
+    s.pods[0].volume_stats =
+        serde_json::from_value(json!([{"time": ts(1), "name": "scratch", "usedBytes": 3 * MI}]))
+            .unwrap();
+    let h = harness(cfg, vec![p], s);
+    assert_eq!(
+        h.manager.synchronize(&h.deps, Instant::now()).await,
+        ["uid-w"]
+    );
+    assert_eq!(h.manager.pressure(), Pressure::default());
+    let got = h.evicted.lock().clone();
+    assert_eq!(got[0].1, IMMEDIATE_GRACE);
+    assert_eq!(
+        got[0].2,
+        "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". "
+    );
 }

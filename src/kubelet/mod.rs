@@ -716,6 +716,7 @@ fn start_eviction(
         thresholds,
         pressure_transition: cfg.eviction_pressure_transition_period.0,
         max_pod_grace: cfg.eviction_max_pod_grace_period as i64,
+        local_storage: cfg.local_storage_capacity_isolation,
     });
     let s = state.clone();
     let (p, w, w2, w3) = (
@@ -757,6 +758,7 @@ fn start_eviction(
                 crate::podworkers::Stopped {
                     reason: eviction::REASON.into(),
                     message: e.message,
+                    disruption: e.disruption,
                 },
             )
         }),

@@ -140,12 +140,14 @@ struct Entry {
 }
 
 /// The terminal status a pod the kubelet stops itself gets (upstream
-/// killPodNow's status function): Failed with `reason` and `message`, and a
-/// DisruptionTarget condition with reason TerminationByKubelet.
+/// killPodNow's status function): Failed with `reason` and `message`, and,
+/// with `disruption`, a DisruptionTarget condition with reason
+/// TerminationByKubelet.
 #[derive(Clone, Debug)]
 pub struct Stopped {
     pub reason: String,
     pub message: String,
+    pub disruption: bool,
 }
 
 #[derive(Default)]
@@ -484,6 +486,10 @@ impl PodWorkers {
         st.phase = Some("Failed".into());
         st.reason = Some(why.reason.clone());
         st.message = Some(why.message.clone());
+        if !why.disruption {
+            self.deps.status.set(uid, st);
+            return;
+        }
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             Timestamp::from_nanosecond(crate::kuberuntime::wall_now().as_nanos() as i128)
                 .unwrap_or(Timestamp::UNIX_EPOCH),
@@ -1756,6 +1762,7 @@ mod tests {
         Stopped {
             reason: "Evicted".into(),
             message: "The node was low on resource: memory. ".into(),
+            disruption: true,
         }
     }
 
