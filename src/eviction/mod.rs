@@ -8,9 +8,10 @@
 //!
 //! Not done (upstream does them): node-level reclaim before evicting (image
 //! and container garbage collection: rkubelet has no image GC), the
-//! allocatable and containerfs signals (parsed, never observed: the summary
-//! has no `pods` system container and no split image file system), and
-//! memcg threshold notifications. With localStorageCapacityIsolation, pods
+//! containerfs signals (parsed, never observed: containerd 1.7 reports no
+//! split image file system), and memcg threshold notifications. The
+//! allocatable signal is observed only where the pods' cgroup has a memory
+//! limit (rkubelet does not enforce node allocatable itself). With localStorageCapacityIsolation, pods
 //! over their emptyDir size limits or ephemeral-storage limits are evicted
 //! first, as upstream's localStorageEviction.
 
@@ -361,6 +362,20 @@ pub fn observe(summary: &Summary) -> Observations {
         if let (Some(a), Some(w)) = (m.available_bytes, m.working_set_bytes) {
             out.insert(
                 Signal::MemoryAvailable,
+                Observation {
+                    available: a as i128,
+                    capacity: a as i128 + w as i128,
+                    time: time_ns(&m.time),
+                },
+            );
+        }
+    }
+    // The pods' cgroup, where it has a limit (node allocatable enforced).
+    let pods = n.system_containers.iter().find(|c| c.name == "pods");
+    if let Some(m) = pods.and_then(|c| c.memory.as_ref()) {
+        if let (Some(a), Some(w)) = (m.available_bytes, m.working_set_bytes) {
+            out.insert(
+                Signal::AllocatableMemoryAvailable,
                 Observation {
                     available: a as i128,
                     capacity: a as i128 + w as i128,
@@ -806,8 +821,13 @@ pub struct Sample {
 
 /// What the manager needs from the kubelet.
 pub struct Deps {
-    /// The round's figures (None when they could not be had).
-    pub sample: Box<dyn Fn() -> futures::future::BoxFuture<'static, Option<Sample>> + Send + Sync>,
+    /// The round's figures (None when they could not be had): the node's,
+    /// and with `true` the pods' too. Upstream takes the full summary each
+    /// round; the pods' figures are asked for only when a threshold or a
+    /// pod's own storage limit needs them, which spares most rounds the
+    /// cost of reading every pod's cgroups.
+    pub sample:
+        Box<dyn Fn(bool) -> futures::future::BoxFuture<'static, Option<Sample>> + Send + Sync>,
     /// The pods that are running (admitted, not terminating or finished).
     pub active_pods: Box<dyn Fn() -> Vec<Arc<Pod>> + Send + Sync>,
     /// Stops a pod for eviction; false when it could not be (already
@@ -905,7 +925,7 @@ impl EvictionManager {
         let Some(Sample {
             summary,
             dedicated_image_fs,
-        }) = (deps.sample)().await
+        }) = (deps.sample)(false).await
         else {
             warn!("eviction manager: failed to get summary stats");
             return None;
@@ -980,19 +1000,29 @@ impl EvictionManager {
             st.last_observations = obs.clone();
             updated
         };
-        let stats: HashMap<String, PodStats> = summary
-            .pods
+        let mut thresholds = evictable;
+        let storage_limited = cfg.local_storage && active.iter().any(|p| has_storage_limit(p));
+        if thresholds.is_empty() && !storage_limited {
+            return None;
+        }
+        let pods = match (deps.sample)(true).await {
+            Some(s) => s.summary.pods,
+            None => {
+                warn!("eviction manager: failed to get summary stats");
+                return None;
+            }
+        };
+        let stats: HashMap<String, PodStats> = pods
             .into_iter()
             .map(|p| (p.pod_ref.uid.clone(), p))
             .collect();
         // Pods over their own local storage limits go first, and alone.
-        if cfg.local_storage {
+        if storage_limited {
             let evicted = local_storage_evictions(&active, &stats, dedicated_image_fs, deps);
             if !evicted.is_empty() {
                 return Some(evicted);
             }
         }
-        let mut thresholds = evictable;
         if thresholds.is_empty() {
             return None;
         }
@@ -1078,6 +1108,30 @@ fn bytes_of(q: &str) -> Option<i128> {
     crate::cm::quantity::parse_milli(q)
         .ok()
         .map(|m| (m + 999).div_euclid(1000))
+}
+
+/// Whether the pod sets a local storage limit (an emptyDir `sizeLimit`
+/// or an ephemeral-storage limit) that `local_storage_excess` checks.
+fn has_storage_limit(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let sized = spec
+        .volumes
+        .iter()
+        .flatten()
+        .any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()));
+    let limited = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| {
+            c.resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref())
+                .is_some_and(|l| l.contains_key("ephemeral-storage"))
+        });
+    sized || limited
 }
 
 /// Upstream localStorageEviction: each running pod using more than an

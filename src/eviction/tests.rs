@@ -230,14 +230,21 @@ struct Harness {
     deps: Deps,
     evicted: Arc<Mutex<Vec<(String, i64, String)>>>,
     figures: Arc<Mutex<Summary>>,
+    /// How many times the pods' figures were asked for.
+    pod_samples: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 fn harness(cfg: Config, pods: Vec<Arc<Pod>>, s: Summary) -> Harness {
     let evicted: Arc<Mutex<Vec<(String, i64, String)>>> = Default::default();
     let figures = Arc::new(Mutex::new(s));
     let (e, f, gone) = (evicted.clone(), figures.clone(), evicted.clone());
+    let pod_samples: Arc<std::sync::atomic::AtomicUsize> = Default::default();
+    let asked = pod_samples.clone();
     let deps = Deps {
-        sample: Box::new(move || {
+        sample: Box::new(move |pods| {
+            if pods {
+                asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             let summary = f.lock().clone();
             Box::pin(async move {
                 Some(Sample {
@@ -266,6 +273,7 @@ fn harness(cfg: Config, pods: Vec<Arc<Pod>>, s: Summary) -> Harness {
         deps,
         evicted,
         figures,
+        pod_samples,
     }
 }
 
@@ -377,6 +385,8 @@ async fn pressure_outlasts_the_threshold_by_the_transition_period_and_soft_ones_
     );
     assert!(h.manager.pressure().pid);
     assert!(!h.manager.pressure().memory);
+    // Nothing to act on yet: the pods' figures were not read.
+    assert_eq!(h.pod_samples.load(std::sync::atomic::Ordering::Relaxed), 0);
     *h.figures.lock() = summary(500 * MI, 2, vec![pod_stats("p", MI, 2)]);
     assert_eq!(
         h.manager

@@ -726,10 +726,10 @@ fn start_eviction(
         workers.clone(),
     );
     let deps = eviction::Deps {
-        sample: Box::new(move || {
+        sample: Box::new(move |pods| {
             let s = s.clone();
             Box::pin(async move {
-                match crate::stats::eviction_sample(&s).await {
+                match crate::stats::eviction_sample(&s, pods).await {
                     Ok(x) => Some(x),
                     Err(e) => {
                         tracing::warn!(error = %e, "eviction manager: stats collection failed");

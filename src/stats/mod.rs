@@ -81,28 +81,39 @@ async fn collection(
     s: &ServerState,
     detail: cgroup::Detail,
 ) -> Result<Arc<provider::Snapshot>, StatsError> {
-    let src = provider::Sources {
+    s.stats.snapshot(sources(s), stats_config(s), detail).await
+}
+
+fn sources(s: &ServerState) -> provider::Sources {
+    provider::Sources {
         runtime: s.runtime.clone(),
         images: s.images.clone(),
         pleg: Some(s.pleg.clone()),
-    };
-    s.stats.snapshot(src, stats_config(s), detail).await
+    }
 }
 
-/// The full summary as `/stats/summary` gives it, for the eviction
-/// manager, with whether the image file system is on its own device.
-pub async fn eviction_sample(s: &ServerState) -> Result<crate::eviction::Sample, StatsError> {
-    let snap = collection(s, cgroup::Detail::Summary).await?;
-    let mut summary = summary::build(&snap, &s.node_name, false);
-    let cache = s.stats.volume_stats();
-    for p in &mut summary.pods {
-        summary::add_volumes(p, &cache.pod(&p.pod_ref.uid));
-    }
-    let n = &snap.node;
+/// The eviction manager's figures: the node's alone, or with `pods` the
+/// full summary as `/stats/summary` gives it; with whether the image file
+/// system is on its own device.
+pub async fn eviction_sample(
+    s: &ServerState,
+    pods: bool,
+) -> Result<crate::eviction::Sample, StatsError> {
+    let node = s.stats.node_snapshot(sources(s), stats_config(s)).await?;
+    let n = &node.node;
     let dedicated_image_fs = matches!(
         (&n.rootfs_device, &n.imagefs_device),
         (Some(r), Some(i)) if r != i
     );
+    let mut summary = summary::build(&node, &s.node_name, false);
+    if pods {
+        let snap = collection(s, cgroup::Detail::Summary).await?;
+        let cache = s.stats.volume_stats();
+        summary.pods = summary::build(&snap, &s.node_name, false).pods;
+        for p in &mut summary.pods {
+            summary::add_volumes(p, &cache.pod(&p.pod_ref.uid));
+        }
+    }
     Ok(crate::eviction::Sample {
         summary,
         dedicated_image_fs,

@@ -439,6 +439,56 @@ impl StatsProvider {
         }
     }
 
+    /// The node's own figures and no pod's (the summary's node part with
+    /// its system containers, and the root and image file systems'
+    /// devices): the eviction manager's rounds, which look at pods only
+    /// when a threshold or a pod's own storage limit calls for it. Neither
+    /// cached nor shared and without CPU rates, so the scrapes' snapshots
+    /// and rates are left as they are.
+    pub async fn node_snapshot(
+        &self,
+        src: Sources,
+        cfg: StatsConfig,
+    ) -> Result<Snapshot, StatsError> {
+        let inner = self.inner.clone();
+        let image = image_fs(&inner, &src).await;
+        crate::blocking::run("stats/node".into(), READ_DEADLINE, move || {
+            with_readers(&inner, |rs| {
+                let r = &mut rs[0];
+                r.begin();
+                r.psi = cfg.psi;
+                let h = hierarchy(&inner);
+                let mount = image
+                    .as_ref()
+                    .and_then(|fs| fs.fs_id.as_ref())
+                    .map(|f| PathBuf::from(&f.mountpoint));
+                let part = read_node(&inner, &h, &cfg, image, Detail::Summary, r);
+                r.sweep();
+                let mut node = part.node;
+                let mut paths = vec![cfg.root_dir.as_path()];
+                paths.extend(mount.as_deref());
+                let mut devs = devices_of(&inner, &paths).into_iter();
+                node.rootfs_device = devs.next().flatten();
+                node.imagefs_device = devs.next().flatten();
+                Snapshot {
+                    time_ns: part.time_ns,
+                    full: true,
+                    detail: Detail::Summary,
+                    v2: h.is_v2(),
+                    node,
+                    system: part.system,
+                    hierarchy: part.hierarchy,
+                    pods: Vec::new(),
+                    sandbox_image: String::new(),
+                    oom: None,
+                    disk_names: Arc::default(),
+                }
+            })
+        })
+        .await
+        .map_err(|e| StatsError::Read(e.to_string()))
+    }
+
     /// Forgets the last snapshot, so the next scrape collects (tests).
     #[cfg(test)]
     pub(crate) fn expire(&self) {
@@ -753,35 +803,7 @@ async fn collect(
         Default::default()
     };
     let image_fs = if full {
-        let (cached, stale) = {
-            let d = inner.disk.lock();
-            (
-                d.image_fs_at.map(|_| d.image_fs.clone()),
-                d.image_fs_at.is_none_or(|at| at.elapsed() >= DISK_PERIOD),
-            )
-        };
-        match cached {
-            Some(fs) => {
-                if stale {
-                    refresh_disk_in_background(&inner, &src);
-                }
-                fs
-            }
-            // The first full scrape waits for it.
-            None => {
-                let fs = match src.images.image_fs_info().await {
-                    Ok(r) => r.image_filesystems.into_iter().next(),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "ImageFsInfo failed");
-                        None
-                    }
-                };
-                let mut d = inner.disk.lock();
-                d.image_fs = fs.clone();
-                d.image_fs_at = Some(Instant::now());
-                fs
-            }
-        }
+        image_fs(&inner, &src).await
     } else {
         None
     };
@@ -823,6 +845,39 @@ async fn collect(
     rates(&inner, &mut snap, detail);
     inner.cadences.lock().collected(detail, started.elapsed());
     Ok(Arc::new(snap))
+}
+
+/// The image file system as ImageFsInfo last gave it (refreshed in the
+/// background once `DISK_PERIOD` old; the first caller waits for it).
+async fn image_fs(inner: &Arc<Inner>, src: &Sources) -> Option<v1::FilesystemUsage> {
+    let (cached, stale) = {
+        let d = inner.disk.lock();
+        (
+            d.image_fs_at.map(|_| d.image_fs.clone()),
+            d.image_fs_at.is_none_or(|at| at.elapsed() >= DISK_PERIOD),
+        )
+    };
+    match cached {
+        Some(fs) => {
+            if stale {
+                refresh_disk_in_background(inner, src);
+            }
+            fs
+        }
+        None => {
+            let fs = match src.images.image_fs_info().await {
+                Ok(r) => r.image_filesystems.into_iter().next(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "ImageFsInfo failed");
+                    None
+                }
+            };
+            let mut d = inner.disk.lock();
+            d.image_fs = fs.clone();
+            d.image_fs_at = Some(Instant::now());
+            fs
+        }
+    }
 }
 
 /// The CRI's figures: writable layers for the full form (from the cache,
