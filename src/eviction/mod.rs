@@ -358,32 +358,25 @@ fn time_ns(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> i128 {
 pub fn observe(summary: &Summary) -> Observations {
     let mut out = Observations::new();
     let n = &summary.node;
-    if let Some(m) = &n.memory {
-        if let (Some(a), Some(w)) = (m.available_bytes, m.working_set_bytes) {
+    let mut memory = |m: Option<&crate::stats::types::MemoryStats>, signal: Signal| {
+        if let Some((a, w)) = m.and_then(|m| Some((m.available_bytes?, m.working_set_bytes?))) {
             out.insert(
-                Signal::MemoryAvailable,
+                signal,
                 Observation {
                     available: a as i128,
                     capacity: a as i128 + w as i128,
-                    time: time_ns(&m.time),
+                    time: m.map_or(0, |m| time_ns(&m.time)),
                 },
             );
         }
-    }
+    };
+    memory(n.memory.as_ref(), Signal::MemoryAvailable);
     // The pods' cgroup, where it has a limit (node allocatable enforced).
     let pods = n.system_containers.iter().find(|c| c.name == "pods");
-    if let Some(m) = pods.and_then(|c| c.memory.as_ref()) {
-        if let (Some(a), Some(w)) = (m.available_bytes, m.working_set_bytes) {
-            out.insert(
-                Signal::AllocatableMemoryAvailable,
-                Observation {
-                    available: a as i128,
-                    capacity: a as i128 + w as i128,
-                    time: time_ns(&m.time),
-                },
-            );
-        }
-    }
+    memory(
+        pods.and_then(|c| c.memory.as_ref()),
+        Signal::AllocatableMemoryAvailable,
+    );
     let mut fs = |f: &crate::stats::types::FsStats, bytes: Signal, inodes: Signal| {
         if let (Some(a), Some(c)) = (f.available_bytes, f.capacity_bytes) {
             out.insert(
@@ -927,7 +920,7 @@ impl EvictionManager {
             dedicated_image_fs,
         }) = (deps.sample)(false).await
         else {
-            warn!("eviction manager: failed to get summary stats");
+            // The sampler has logged why.
             return None;
         };
         let obs = observe(&summary);
@@ -1007,10 +1000,8 @@ impl EvictionManager {
         }
         let pods = match (deps.sample)(true).await {
             Some(s) => s.summary.pods,
-            None => {
-                warn!("eviction manager: failed to get summary stats");
-                return None;
-            }
+            // The sampler has logged why.
+            None => return None,
         };
         let stats: HashMap<String, PodStats> = pods
             .into_iter()

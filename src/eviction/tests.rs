@@ -512,3 +512,34 @@ async fn a_pod_over_its_emptydir_limit_is_evicted_without_any_threshold_met() {
         "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". "
     );
 }
+
+#[test]
+fn signals_are_observed_as_upstreams_make_signal_observations() {
+    let mut s = summary(50 * MI, 1, vec![]);
+    let obs = observe(&s);
+    assert_eq!(
+        obs[&Signal::MemoryAvailable],
+        Observation {
+            available: (50 * MI) as i128,
+            capacity: (1050 * MI) as i128,
+            time: 1_795_824_001_000_000_000,
+        }
+    );
+    assert_eq!(obs[&Signal::PidAvailable].available, 900);
+    // No limit on the pods' cgroup: no allocatable observation.
+    assert!(!obs.contains_key(&Signal::AllocatableMemoryAvailable));
+    s.node.system_containers = serde_json::from_value(json!([{
+        "name": "pods", "startTime": ts(0),
+        "memory": {"time": ts(1), "availableBytes": 10 * MI, "workingSetBytes": 90 * MI}
+    }]))
+    .unwrap();
+    let obs = observe(&s);
+    assert_eq!(
+        obs[&Signal::AllocatableMemoryAvailable].available,
+        (10 * MI) as i128
+    );
+    assert_eq!(
+        obs[&Signal::AllocatableMemoryAvailable].capacity,
+        (100 * MI) as i128
+    );
+}

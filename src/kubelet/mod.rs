@@ -51,8 +51,8 @@ pub enum KubeletError {
     /// Upstream exits with "Failed to register CRI auth plugins".
     #[error("failed to register CRI auth plugins: {0}")]
     CredentialProviders(#[from] crate::images::credentialprovider::ConfigError),
-    #[error("{0}")]
-    Eviction(String),
+    #[error(transparent)]
+    Eviction(#[from] crate::eviction::EvictionError),
     #[error("cannot create directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -710,14 +710,20 @@ fn start_eviction(
         &cfg.eviction_soft,
         &cfg.eviction_soft_grace_period,
         &cfg.eviction_minimum_reclaim,
-    )
-    .map_err(|e| KubeletError::Eviction(e.to_string()))?;
+    )?;
     let manager = EvictionManager::new(eviction::Config {
         thresholds,
         pressure_transition: cfg.eviction_pressure_transition_period.0,
         max_pod_grace: cfg.eviction_max_pod_grace_period as i64,
         local_storage: cfg.local_storage_capacity_isolation,
     });
+    if !cluster {
+        // Every pod is static without an API server, and static pods are
+        // critical: none could be evicted or refused, and no Node shows the
+        // conditions, so the collections are not spent.
+        info!("eviction manager: standalone mode, no pod can be evicted; not monitoring");
+        return Ok(manager);
+    }
     let s = state.clone();
     let (p, w, w2, w3) = (
         pods.clone(),
@@ -773,13 +779,6 @@ fn start_eviction(
         }),
         node_name: state.node_name.clone(),
     };
-    if !cluster {
-        // Every pod is static without an API server, and static pods are
-        // critical: none could be evicted or refused, and no Node shows the
-        // conditions, so the collections are not spent.
-        info!("eviction manager: standalone mode, no pod can be evicted; not monitoring");
-        return Ok(manager);
-    }
     let m = manager.clone();
     tasks.spawn(tracing::Instrument::instrument(
         m.run(deps, token.child_token()),
