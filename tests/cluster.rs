@@ -73,6 +73,11 @@ fn ready_pod(api: &ApiServer, name: &str, what: &str) -> Value {
 }
 
 fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
+    cluster_kubelet_with(node, api, "")
+}
+
+/// `cluster_kubelet` with `extra` appended to its KubeletConfiguration.
+fn cluster_kubelet_with(node: &str, api: &ApiServer, extra: &str) -> Kubelet {
     let mut k = Kubelet::new(node);
     let kc = kubeconfig(api, &k.dir, node);
     k.extra_args = vec![
@@ -80,8 +85,9 @@ fn cluster_kubelet(node: &str, api: &ApiServer) -> Kubelet {
         kc.display().to_string(),
         format!("--cert-dir={}", k.dir.join("pki").display()),
     ];
-    k.extra_config =
-        "nodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 4\nsyncFrequency: 5s\n".into();
+    k.extra_config = format!(
+        "nodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 4\nsyncFrequency: 5s\n{extra}"
+    );
     k.spawn();
     k
 }
@@ -1414,12 +1420,8 @@ fn under_memory_pressure_pods_are_refused_and_evicted_as_upstream() {
     // showed MemoryPressure and no pod was refused or evicted.
     let api = ApiServer::start(ApiServerOptions::default());
     let node = "it-evict";
-    let mut k = Kubelet::new(node);
-    let kc = kubeconfig(&api, &k.dir, node);
-    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
     // More than any machine has: the threshold is met from the first round.
-    k.extra_config = "nodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 4\nsyncFrequency: 5s\nevictionHard:\n  memory.available: 1Pi\n".into();
-    k.spawn();
+    let k = cluster_kubelet_with(node, &api, "evictionHard:\n  memory.available: 1Pi\n");
     let n = wait_for("MemoryPressure on the Node", T, || {
         api.get("nodes", None, node)
             .filter(|n| cond(n, "MemoryPressure").is_some_and(|c| c["status"] == "True"))
@@ -1503,14 +1505,8 @@ fn a_pod_over_its_emptydir_size_limit_is_evicted_as_upstream() {
     // Old code: an emptyDir's sizeLimit was never enforced.
     let api = ApiServer::start(ApiServerOptions::default());
     let node = "it-evict-local";
-    let mut k = Kubelet::new(node);
-    let kc = kubeconfig(&api, &k.dir, node);
-    k.extra_args = vec!["--kubeconfig".into(), kc.display().to_string()];
     // Volume usage measured every 2 s instead of every minute.
-    k.extra_config =
-        "nodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 4\nvolumeStatsAggPeriod: 2s\n"
-            .into();
-    k.spawn();
+    let _k = cluster_kubelet_with(node, &api, "volumeStatsAggPeriod: 2s\n");
     let name = format!("scratch-{node}");
     let mut pod = bound_pod(
         &name,

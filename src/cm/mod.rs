@@ -194,19 +194,27 @@ pub fn cpu_quota(milli: Option<i64>) -> i64 {
     }
 }
 
-/// Upstream IsNodeCriticalPod: a critical pod (static, mirror, or of
-/// system-critical priority) of priority class `system-node-critical`.
-pub fn is_node_critical(pod: &Pod) -> bool {
+/// Upstream IsCriticalPod: static, mirror, or of system-critical priority
+/// (scheduling.SystemCriticalPriority).
+pub fn is_critical(pod: &Pod) -> bool {
     const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
-    let spec = pod.spec.as_ref();
-    if spec.and_then(|s| s.priority_class_name.as_deref()) != Some("system-node-critical") {
-        return false;
-    }
     crate::status::apisync::is_static_pod(pod)
         || crate::source::api::is_mirror_pod(pod)
-        || spec
+        || pod
+            .spec
+            .as_ref()
             .and_then(|s| s.priority)
             .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
+}
+
+/// Upstream IsNodeCriticalPod: a critical pod of priority class
+/// `system-node-critical`.
+pub fn is_node_critical(pod: &Pod) -> bool {
+    let class = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.priority_class_name.as_deref());
+    class == Some("system-node-critical") && is_critical(pod)
 }
 
 /// A resource a pod may set at pod level (upstream

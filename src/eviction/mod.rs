@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::source::pod_uid;
 use crate::stats::types::{PodStats, Summary};
 
 #[cfg(test)]
@@ -41,8 +42,6 @@ const CLEANUP_POLL: Duration = Duration::from_secs(1);
 const IMMEDIATE_GRACE: i64 = 1;
 /// Upstream's eviction reason, on the pod status and the event.
 pub const REASON: &str = "Evicted";
-/// Pods at or above this priority are critical (scheduling.SystemCriticalPriority).
-const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum EvictionError {
@@ -220,10 +219,7 @@ pub struct Config {
 }
 
 fn parse_quantity_units(signal: &str, val: &str) -> Result<i128, EvictionError> {
-    let milli = crate::cm::quantity::parse_milli(val)
-        .map_err(|_| EvictionError::Invalid(format!("quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {signal}={val}")))?;
-    // Whole units, rounded up as Quantity.Value does.
-    Ok((milli + 999).div_euclid(1000))
+    bytes_of(val).ok_or_else(|| EvictionError::Invalid(format!("quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {signal}={val}")))
 }
 
 fn parse_percentage(signal: &str, val: &str) -> Result<f32, EvictionError> {
@@ -483,19 +479,12 @@ fn priority(pod: &Pod) -> i32 {
     pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
-/// Upstream IsCriticalPod: static, mirror, or of system-critical priority.
-pub fn is_critical(pod: &Pod) -> bool {
-    crate::status::apisync::is_static_pod(pod)
-        || crate::source::api::is_mirror_pod(pod)
-        || priority(pod) >= SYSTEM_CRITICAL_PRIORITY
-}
-
 /// Upstream's admission under pressure: critical pods always; under
 /// memory pressure alone, pods that are not BestEffort, and BestEffort
 /// pods that tolerate the memory-pressure taint; nothing else while any
 /// condition holds. Err is the rejection message.
 pub fn admit(conditions: &[Condition], pod: &Pod) -> Result<(), String> {
-    if conditions.is_empty() || is_critical(pod) {
+    if conditions.is_empty() || crate::cm::is_critical(pod) {
         return Ok(());
     }
     if conditions == [Condition::MemoryPressure] {
@@ -513,29 +502,18 @@ pub fn admit(conditions: &[Condition], pod: &Pod) -> Result<(), String> {
 }
 
 /// Upstream TolerationsTolerateTaint for the taint
-/// node.kubernetes.io/memory-pressure:NoSchedule (empty value).
+/// node.kubernetes.io/memory-pressure:NoSchedule.
 fn tolerates_memory_pressure(pod: &Pod) -> bool {
-    const KEY: &str = "node.kubernetes.io/memory-pressure";
+    let taint = k8s_openapi::api::core::v1::Taint {
+        key: "node.kubernetes.io/memory-pressure".into(),
+        effect: "NoSchedule".into(),
+        ..Default::default()
+    };
     let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref());
-    tolerations.into_iter().flatten().any(|t| {
-        let effect_ok = t
-            .effect
-            .as_deref()
-            .is_none_or(|e| e.is_empty() || e == "NoSchedule");
-        let key = t.key.as_deref().unwrap_or_default();
-        let op = t.operator.as_deref().unwrap_or("Equal");
-        let key_ok = if key.is_empty() {
-            op == "Exists"
-        } else {
-            key == KEY
-        };
-        let value_ok = match op {
-            "Exists" => true,
-            "Equal" | "" => t.value.as_deref().unwrap_or_default().is_empty(),
-            _ => false,
-        };
-        effect_ok && key_ok && value_ok
-    })
+    tolerations
+        .into_iter()
+        .flatten()
+        .any(|t| crate::lifecycle::tolerates(t, &taint))
 }
 
 /// A pod's request of `resource` in whole units (upstream
@@ -543,10 +521,6 @@ fn tolerates_memory_pressure(pod: &Pod) -> bool {
 fn request_units(pod: &Pod, resource: &str) -> i128 {
     let milli = crate::lifecycle::pod_requests(pod, resource);
     (milli + 999).div_euclid(1000)
-}
-
-fn pod_uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
 }
 
 /// What a pod uses of the disk resource, counting what `parts` name
@@ -656,40 +630,32 @@ pub fn rank(
                 })
         }),
         _ => {
-            let usage = |p: &Pod, s: &PodStats| -> (i128, i128) {
+            // (usage, the request it exceeds or not, the request taken from
+            // it): inodes are compared with an inode request (none exists:
+            // 0) yet less the storage request, as upstream's disk().
+            let usage = |p: &Pod, s: &PodStats| -> (i128, i128, i128) {
                 if signal.is_memory() {
-                    let used = s
-                        .memory
-                        .as_ref()
-                        .and_then(|m| m.working_set_bytes)
-                        .unwrap_or(0) as i128;
-                    (used, request_units(p, "memory"))
-                } else {
-                    let (bytes, inodes) = disk_usage(s, p, disk_parts(signal, dedicated_image_fs));
-                    if signal.resource() == "inodes" {
-                        // Upstream compares inodes with an inode request
-                        // (none exists: 0) and subtracts the storage request.
-                        (inodes, 0)
-                    } else {
-                        (bytes, request_units(p, "ephemeral-storage"))
-                    }
+                    let used = s.memory.as_ref().and_then(|m| m.working_set_bytes);
+                    let req = request_units(p, "memory");
+                    return (used.unwrap_or(0) as i128, req, req);
                 }
-            };
-            let key = |p: &Pod| match st(p) {
-                None => (false, false, priority(p), 0),
-                Some(s) => {
-                    let (used, req) = usage(p, s);
-                    let above = if signal.resource() == "inodes" {
-                        used - request_units(p, "ephemeral-storage")
-                    } else {
-                        used - req
-                    };
-                    (true, used <= req, priority(p), -above)
+                let (bytes, inodes) = disk_usage(s, p, disk_parts(signal, dedicated_image_fs));
+                let req = request_units(p, "ephemeral-storage");
+                if signal.resource() == "inodes" {
+                    (inodes, 0, req)
+                } else {
+                    (bytes, req, req)
                 }
             };
             // Without stats first, then exceeding requests (false sorts
             // first), then lower priority, then more above requests.
-            pods.sort_by_key(|p| key(p));
+            pods.sort_by_key(|p| match st(p) {
+                None => (false, false, priority(p), 0),
+                Some(s) => {
+                    let (used, exceeds, less) = usage(p, s);
+                    (true, used <= exceeds, priority(p), less - used)
+                }
+            });
         }
     }
 }
@@ -749,11 +715,7 @@ pub fn message(
             .and_then(|r| r.requests.as_ref())
             .and_then(|r| r.get(resource))
             .map(|q| q.0.clone());
-        let req_units = request
-            .as_deref()
-            .and_then(|q| crate::cm::quantity::parse_milli(q).ok())
-            .map(|m| (m + 999).div_euclid(1000))
-            .unwrap_or(0);
+        let req_units = request.as_deref().and_then(bytes_of).unwrap_or(0);
         let usage = match resource {
             "ephemeral-storage" => match (
                 cs.rootfs.as_ref().and_then(|f| f.used_bytes),
@@ -814,13 +776,14 @@ pub struct Sample {
 
 /// What the manager needs from the kubelet.
 pub struct Deps {
-    /// The round's figures (None when they could not be had): the node's,
-    /// and with `true` the pods' too. Upstream takes the full summary each
-    /// round; the pods' figures are asked for only when a threshold or a
-    /// pod's own storage limit needs them, which spares most rounds the
-    /// cost of reading every pod's cgroups.
-    pub sample:
-        Box<dyn Fn(bool) -> futures::future::BoxFuture<'static, Option<Sample>> + Send + Sync>,
+    /// The node's figures of the round (None when they could not be had).
+    pub sample: Box<dyn Fn() -> futures::future::BoxFuture<'static, Option<Sample>> + Send + Sync>,
+    /// The pods' figures. Upstream takes the full summary each round; here
+    /// they are asked for only when a threshold or a pod's own storage
+    /// limit needs them, which spares most rounds reading every pod's
+    /// cgroups.
+    pub pod_stats:
+        Box<dyn Fn() -> futures::future::BoxFuture<'static, Option<Vec<PodStats>>> + Send + Sync>,
     /// The pods that are running (admitted, not terminating or finished).
     pub active_pods: Box<dyn Fn() -> Vec<Arc<Pod>> + Send + Sync>,
     /// Stops a pod for eviction; false when it could not be (already
@@ -918,7 +881,7 @@ impl EvictionManager {
         let Some(Sample {
             summary,
             dedicated_image_fs,
-        }) = (deps.sample)(false).await
+        }) = (deps.sample)().await
         else {
             // The sampler has logged why.
             return None;
@@ -998,11 +961,8 @@ impl EvictionManager {
         if thresholds.is_empty() && !storage_limited {
             return None;
         }
-        let pods = match (deps.sample)(true).await {
-            Some(s) => s.summary.pods,
-            // The sampler has logged why.
-            None => return None,
-        };
+        // The sampler has logged why when there are none.
+        let pods = (deps.pod_stats)().await?;
         let stats: HashMap<String, PodStats> = pods
             .into_iter()
             .map(|p| (p.pod_ref.uid.clone(), p))
@@ -1075,7 +1035,7 @@ impl EvictionManager {
 /// upstream's local storage evictions have none).
 fn evict_pod(deps: &Deps, pod: &Arc<Pod>, grace: i64, message: String, disruption: bool) -> bool {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
-    if is_critical(pod) {
+    if crate::cm::is_critical(pod) {
         warn!(pod = name, "eviction manager: cannot evict a critical pod");
         return false;
     }
@@ -1096,9 +1056,7 @@ const SIGNAL_CONTAINER_STORAGE: &str = "ephemeralcontainerfs.limit";
 
 /// A quantity's bytes, rounded up; None when it does not parse.
 fn bytes_of(q: &str) -> Option<i128> {
-    crate::cm::quantity::parse_milli(q)
-        .ok()
-        .map(|m| (m + 999).div_euclid(1000))
+    crate::cm::quantity::parse_bytes(q).ok().map(i128::from)
 }
 
 /// Whether the pod sets a local storage limit (an emptyDir `sizeLimit`

@@ -237,14 +237,16 @@ struct Harness {
 fn harness(cfg: Config, pods: Vec<Arc<Pod>>, s: Summary) -> Harness {
     let evicted: Arc<Mutex<Vec<(String, i64, String)>>> = Default::default();
     let figures = Arc::new(Mutex::new(s));
-    let (e, f, gone) = (evicted.clone(), figures.clone(), evicted.clone());
+    let (e, f, f2, gone) = (
+        evicted.clone(),
+        figures.clone(),
+        figures.clone(),
+        evicted.clone(),
+    );
     let pod_samples: Arc<std::sync::atomic::AtomicUsize> = Default::default();
     let asked = pod_samples.clone();
     let deps = Deps {
-        sample: Box::new(move |pods| {
-            if pods {
-                asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
+        sample: Box::new(move || {
             let summary = f.lock().clone();
             Box::pin(async move {
                 Some(Sample {
@@ -252,6 +254,11 @@ fn harness(cfg: Config, pods: Vec<Arc<Pod>>, s: Summary) -> Harness {
                     dedicated_image_fs: false,
                 })
             })
+        }),
+        pod_stats: Box::new(move || {
+            asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let pods = f2.lock().pods.clone();
+            Box::pin(async move { Some(pods) })
         }),
         // An evicted pod is no longer active.
         active_pods: Box::new(move || {

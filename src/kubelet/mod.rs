@@ -724,7 +724,7 @@ fn start_eviction(
         info!("eviction manager: standalone mode, no pod can be evicted; not monitoring");
         return Ok(manager);
     }
-    let s = state.clone();
+    let (s, s2) = (state.clone(), state.clone());
     let (p, w, w2, w3) = (
         pods.clone(),
         workers.clone(),
@@ -732,16 +732,24 @@ fn start_eviction(
         workers.clone(),
     );
     let deps = eviction::Deps {
-        sample: Box::new(move |pods| {
+        sample: Box::new(move || {
             let s = s.clone();
             Box::pin(async move {
-                match crate::stats::eviction_sample(&s, pods).await {
-                    Ok(x) => Some(x),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "eviction manager: stats collection failed");
-                        None
-                    }
-                }
+                crate::stats::eviction_sample(&s)
+                    .await
+                    .inspect_err(
+                        |e| tracing::warn!(error = %e, "eviction manager: stats collection failed"),
+                    )
+                    .ok()
+            })
+        }),
+        pod_stats: Box::new(move || {
+            let s = s2.clone();
+            Box::pin(async move {
+                crate::stats::eviction_pod_stats(&s)
+                    .await
+                    .inspect_err(|e| tracing::warn!(error = %e, "eviction manager: pod stats collection failed"))
+                    .ok()
             })
         }),
         // Upstream's getAllocatedPods less those already stopping: the
@@ -768,15 +776,7 @@ fn start_eviction(
                 },
             )
         }),
-        cleaned_up: Box::new(move |uid| {
-            !matches!(
-                w3.phase(uid),
-                Some(
-                    crate::podworkers::WorkerPhase::Syncing
-                        | crate::podworkers::WorkerPhase::Terminating
-                )
-            )
-        }),
+        cleaned_up: Box::new(move |uid| !w3.could_have_running(uid)),
         node_name: state.node_name.clone(),
     };
     let m = manager.clone();
@@ -1121,13 +1121,7 @@ impl ClusterTasks {
             mirrors,
             deleting: self.deleting,
             worker_known: Arc::new(move |uid| workers.is_known(uid)),
-            could_have_running: Arc::new(move |uid| {
-                use crate::podworkers::WorkerPhase;
-                matches!(
-                    workers2.phase(uid),
-                    Some(WorkerPhase::Syncing | WorkerPhase::Terminating)
-                )
-            }),
+            could_have_running: Arc::new(move |uid| workers2.could_have_running(uid)),
         };
         tasks.spawn(tracing::Instrument::instrument(
             sync.run(token.child_token()),

@@ -365,9 +365,6 @@ pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::Pod
     }
 }
 
-/// The pod's supplementary groups with its fsGroup among them (upstream's
-/// effective security context, for the sandbox and every container), so
-/// processes can use the pod's volumes.
 /// The pod's `supplementalGroupsPolicy` in CRI terms (Merge, the default,
 /// or Strict), for the sandbox and each container.
 pub(crate) fn supplemental_groups_policy(
@@ -379,6 +376,9 @@ pub(crate) fn supplemental_groups_policy(
     }
 }
 
+/// The pod's supplementary groups with its fsGroup among them (upstream's
+/// effective security context, for the sandbox and every container), so
+/// processes can use the pod's volumes.
 pub(crate) fn supplemental_groups(
     psc: Option<&k8s_openapi::api::core::v1::PodSecurityContext>,
 ) -> Vec<i64> {

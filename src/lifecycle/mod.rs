@@ -179,7 +179,8 @@ fn affinity_matches(pod: &Pod, node: &NodeFacts) -> bool {
     selector_ok && affinity_ok
 }
 
-fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+/// Upstream ToleratesTaint.
+pub(crate) fn tolerates(t: &Toleration, taint: &Taint) -> bool {
     if t.effect
         .as_deref()
         .is_some_and(|e| !e.is_empty() && e != taint.effect)

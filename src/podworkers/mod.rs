@@ -550,6 +550,15 @@ impl PodWorkers {
         self.state.lock().entries.contains_key(uid)
     }
 
+    /// Whether the pod's containers could still be running: its worker
+    /// syncs or stops it (upstream CouldHaveRunningContainers).
+    pub fn could_have_running(&self, uid: &str) -> bool {
+        matches!(
+            self.phase(uid),
+            Some(WorkerPhase::Syncing | WorkerPhase::Terminating)
+        )
+    }
+
     pub fn is_terminating(&self, uid: &str) -> bool {
         self.phase(uid).is_some_and(|p| p != WorkerPhase::Syncing)
     }

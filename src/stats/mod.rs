@@ -92,32 +92,31 @@ fn sources(s: &ServerState) -> provider::Sources {
     }
 }
 
-/// The eviction manager's figures: the node's alone, or with `pods` the
-/// full summary as `/stats/summary` gives it; with whether the image file
-/// system is on its own device.
-pub async fn eviction_sample(
-    s: &ServerState,
-    pods: bool,
-) -> Result<crate::eviction::Sample, StatsError> {
+/// The eviction manager's figures of the node (no pod's), with whether
+/// the image file system is on its own device.
+pub async fn eviction_sample(s: &ServerState) -> Result<crate::eviction::Sample, StatsError> {
     let node = s.stats.node_snapshot(sources(s), stats_config(s)).await?;
     let n = &node.node;
     let dedicated_image_fs = matches!(
         (&n.rootfs_device, &n.imagefs_device),
         (Some(r), Some(i)) if r != i
     );
-    let mut summary = summary::build(&node, &s.node_name, false);
-    if pods {
-        let snap = collection(s, cgroup::Detail::Summary).await?;
-        let cache = s.stats.volume_stats();
-        summary.pods = summary::build(&snap, &s.node_name, false).pods;
-        for p in &mut summary.pods {
-            summary::add_volumes(p, &cache.pod(&p.pod_ref.uid));
-        }
-    }
     Ok(crate::eviction::Sample {
-        summary,
+        summary: summary::build(&node, &s.node_name, false),
         dedicated_image_fs,
     })
+}
+
+/// The pods' figures of the full summary, as `/stats/summary` gives them,
+/// for the eviction manager's rounds that rank or check pods.
+pub async fn eviction_pod_stats(s: &ServerState) -> Result<Vec<types::PodStats>, StatsError> {
+    let snap = collection(s, cgroup::Detail::Summary).await?;
+    let cache = s.stats.volume_stats();
+    let mut pods = summary::build(&snap, &s.node_name, false).pods;
+    for p in &mut pods {
+        summary::add_volumes(p, &cache.pod(&p.pod_ref.uid));
+    }
+    Ok(pods)
 }
 
 /// The pod stats of `/stats/summary` (shared with a concurrent summary
