@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::apiserver::{ApiServer, ApiServerOptions, KubeconfigUser};
 use common::*;
+use rkubelet::cri::{ImageService, RuntimeService};
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(90);
@@ -1483,12 +1484,7 @@ fn under_memory_pressure_pods_are_refused_and_evicted_as_upstream() {
         .expect("an EvictionThresholdMet event");
     assert_eq!(e["message"], "Attempting to reclaim memory");
 
-    let out = std::process::Command::new("curl")
-        .args(["-sk", "--max-time", "10"])
-        .arg(format!("https://{}/metrics", k.api))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = metrics_text(&k);
     assert!(
         text.lines()
             .any(|l| l == "kubelet_evictions{eviction_signal=\"memory.available\"} 1"),
@@ -1537,4 +1533,195 @@ fn a_pod_over_its_emptydir_size_limit_is_evicted_as_upstream() {
     assert_eq!(e["type"], "Warning");
     let n = api.get("nodes", None, node).unwrap();
     assert_eq!(cond(&n, "MemoryPressure").unwrap()["status"], "False");
+}
+
+/// The kubelet's `/metrics` (anonymous, as the harness allows).
+fn metrics_text(k: &Kubelet) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-sk", "--max-time", "10"])
+        .arg(format!("https://{}/metrics", k.api))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// An image no test uses, made for the test: no layers, a config label of
+/// its own so its ID is new. Returns its name.
+fn import_throwaway_image(dir: &std::path::Path, tag: &str) -> String {
+    let layout = dir.join("oci");
+    let sh = format!(
+        "set -e; rm -rf {l}; umoci init --layout {l}; umoci new --image {l}:v1; \
+         umoci config --image {l}:v1 --config.label rkubelet.test={tag}; \
+         tar -C {l} -cf {l}.tar .; \
+         ctr -n k8s.io images import --base-name localhost/rkubelet-test/{tag} {l}.tar",
+        l = layout.display()
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", &sh])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    format!("localhost/rkubelet-test/{tag}:v1")
+}
+
+/// A container made from busybox (created, never started, without the
+/// kubelet's labels, so no kubelet manages it): while it exists, image
+/// garbage collection must keep busybox, which every other test needs.
+struct BusyboxKeeper {
+    cri: Cri,
+    sandbox: String,
+}
+
+impl BusyboxKeeper {
+    fn new(name: &str) -> Self {
+        use rkubelet::cri::v1;
+        let cri = Cri::new();
+        let sandbox = cri.rt.block_on(async {
+            let sb = v1::PodSandboxConfig {
+                metadata: Some(v1::PodSandboxMetadata {
+                    name: name.into(),
+                    uid: format!("{name}-uid"),
+                    namespace: "rkubelet-test".into(),
+                    attempt: 0,
+                }),
+                ..Default::default()
+            };
+            let id = cri
+                .client
+                .run_pod_sandbox(sb.clone(), String::new())
+                .await
+                .unwrap();
+            let c = v1::ContainerConfig {
+                metadata: Some(v1::ContainerMetadata {
+                    name: "keeper".into(),
+                    attempt: 0,
+                }),
+                image: Some(v1::ImageSpec {
+                    image: BUSYBOX.into(),
+                    ..Default::default()
+                }),
+                command: vec!["sleep".into(), "3600".into()],
+                ..Default::default()
+            };
+            cri.client.create_container(&id, c, sb).await.unwrap();
+            id
+        });
+        BusyboxKeeper { cri, sandbox }
+    }
+}
+
+impl Drop for BusyboxKeeper {
+    fn drop(&mut self) {
+        self.cri.rt.block_on(async {
+            for c in self
+                .cri
+                .client
+                .list_containers(None)
+                .await
+                .unwrap_or_default()
+            {
+                if c.pod_sandbox_id == self.sandbox {
+                    let _ = self.cri.client.remove_container(&c.id).await;
+                }
+            }
+            let _ = self.cri.client.stop_pod_sandbox(&self.sandbox).await;
+            let _ = self.cri.client.remove_pod_sandbox(&self.sandbox).await;
+        });
+    }
+}
+
+fn image_names(cri: &Cri) -> Vec<String> {
+    cri.rt
+        .block_on(cri.client.list_images())
+        .unwrap()
+        .into_iter()
+        .flat_map(|i| i.repo_tags)
+        .collect()
+}
+
+#[test]
+fn under_disk_pressure_finished_pods_containers_and_unused_images_are_reclaimed_first() {
+    // Old code: no image garbage collector and no node-level reclaim; the
+    // eviction manager went straight to pods, and images were never
+    // removed.
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-reclaim";
+    let keeper = BusyboxKeeper::new(&format!("gc-keeper-{node}"));
+    let mut k = Kubelet::new(node);
+    let victim = import_throwaway_image(&k.dir, &format!("gc-victim-{}", std::process::id()));
+    assert!(image_names(&k.cri).contains(&victim));
+    // More free space asked for than the disk has: DiskPressure from the
+    // first round, and a reclaim every round. Images are collected by the
+    // eviction manager's reclaim alone (the periodic collection is off), as
+    // soon as they have been seen.
+    let kc = kubeconfig(&api, &k.dir, node);
+    k.extra_args = vec![
+        "--kubeconfig".into(),
+        kc.display().to_string(),
+        format!("--cert-dir={}", k.dir.join("pki").display()),
+    ];
+    k.extra_config =
+        "nodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 4\nsyncFrequency: 5s\n\
+        evictionHard:\n  imagefs.available: \"99%\"\nimageMinimumGCAge: 1ms\n"
+            .into();
+    k.spawn();
+    // A static pod is critical, so admitted under disk pressure; it
+    // finishes at once, and its worker is done with it.
+    k.write_manifest("done.yaml", &simple_pod("done", "true", "Never"));
+    let name = format!("done-{node}");
+    wait_for("the static pod to succeed", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["phase"] == "Succeeded")
+    });
+    let n = api.get("nodes", None, node).unwrap();
+    assert_eq!(
+        cond(&n, "DiskPressure").unwrap()["status"],
+        "True",
+        "{:#}",
+        n["status"]
+    );
+
+    wait_for("the unused image removed", T, || {
+        (!image_names(&k.cri).contains(&victim)).then_some(())
+    });
+    wait_for(
+        "the finished pod's containers and sandbox removed",
+        T,
+        || (k.cri.count_labelled("io.kubernetes.pod.name", &name, false) == (0, 0)).then_some(()),
+    );
+    // Pinned (the sandbox image) and used (by the keeper) images stay.
+    let left = image_names(&k.cri);
+    assert!(left.iter().any(|n| n == BUSYBOX), "{left:?}");
+    assert!(left.iter().any(|n| n.contains("/pause:")), "{left:?}");
+    // The pod stays Succeeded; nothing was evicted (no pod was running).
+    let p = api.get("pods", Some("default"), &name).unwrap();
+    assert_eq!(p["status"]["phase"], "Succeeded");
+    let events = api.list("events");
+    let e = events
+        .iter()
+        .find(|e| e["reason"] == "EvictionThresholdMet")
+        .expect("an EvictionThresholdMet event");
+    assert_eq!(e["message"], "Attempting to reclaim ephemeral-storage");
+    assert!(!events.iter().any(|e| e["reason"] == "Evicted"));
+
+    let text = metrics_text(&k);
+    // At least the throwaway image (any other unused image goes too).
+    let removed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("kubelet_image_garbage_collected_total{reason=\"space\"} "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        removed.is_some_and(|n| n >= 1),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("garbage"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    drop(k);
+    drop(keeper);
 }

@@ -73,12 +73,29 @@ impl FakeRuntime {
     }
 
     pub fn add_image(&self, name: &str) {
+        self.add_sized_image(name, 0, false);
+    }
+
+    /// Adds an image of `size` bytes, pinned or not; its ID.
+    pub fn add_sized_image(&self, name: &str, size: u64, pinned: bool) -> String {
         let img = Image {
             id: format!("sha256:{:064x}", self.next()),
             repo_tags: vec![name.to_string()],
+            size,
+            pinned,
             ..Default::default()
         };
+        let id = img.id.clone();
         self.state.lock().images.insert(name.to_string(), img);
+        id
+    }
+
+    /// The ID of the image a container was created from, as the runtime
+    /// reports it (`image_ref`).
+    fn image_ref(s: &State, image: Option<&ImageSpec>) -> String {
+        image
+            .and_then(|i| s.images.get(&i.image))
+            .map_or_else(|| "sha256:fake".to_string(), |i| i.id.clone())
     }
 
     /// Makes pulls of `image` fail as unauthorized unless they log in as
@@ -530,7 +547,7 @@ impl RuntimeService for FakeRuntime {
                 pod_sandbox_id: c.sandbox_id.clone(),
                 metadata: c.config.metadata.clone(),
                 image: c.config.image.clone(),
-                image_ref: "sha256:fake".into(),
+                image_ref: Self::image_ref(&s, c.config.image.as_ref()),
                 state: c.state,
                 created_at: c.created_at,
                 labels: c.config.labels.clone(),
@@ -776,7 +793,10 @@ impl ImageService for FakeRuntime {
     }
 
     async fn remove_image(&self, image: &str) -> CriResult<()> {
-        self.state.lock().images.remove(image);
+        let mut s = self.state.lock();
+        self.record(&mut s, format!("RemoveImage {image}"));
+        // By name or by ID, as containerd takes either.
+        s.images.retain(|name, i| name != image && i.id != image);
         Ok(())
     }
 }

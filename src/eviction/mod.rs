@@ -791,7 +791,45 @@ pub struct Deps {
     pub evict: Box<dyn Fn(Eviction) -> bool + Send + Sync>,
     /// Whether the pod's worker has finished with it (upstream PodIsFinished).
     pub cleaned_up: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    /// Frees node-level resources before any pod is evicted; the error as
+    /// text.
+    pub reclaim: Box<
+        dyn Fn(Reclaim) -> futures::future::BoxFuture<'static, Result<(), String>> + Send + Sync,
+    >,
     pub node_name: String,
+}
+
+/// Upstream's node reclaim functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reclaim {
+    /// The dead containers of finished pods (upstream
+    /// DeleteAllUnusedContainers).
+    DeadContainers,
+    /// Every unused image old enough (upstream DeleteUnusedImages).
+    UnusedImages,
+}
+
+/// What may be reclaimed for a signal before pods are evicted (upstream
+/// buildSignalToNodeReclaimFuncs; the container and image file systems are
+/// never split here, as containerd 1.7 reports none). With the images on
+/// their own device, the root file system has nothing to reclaim.
+fn reclaim_for(signal: Signal, dedicated_image_fs: bool) -> &'static [Reclaim] {
+    use Signal::*;
+    const BOTH: &[Reclaim] = &[Reclaim::DeadContainers, Reclaim::UnusedImages];
+    match signal {
+        NodeFsAvailable | NodeFsInodesFree | ContainerFsAvailable | ContainerFsInodesFree
+            if dedicated_image_fs =>
+        {
+            &[]
+        }
+        NodeFsAvailable
+        | NodeFsInodesFree
+        | ContainerFsAvailable
+        | ContainerFsInodesFree
+        | ImageFsAvailable
+        | ImageFsInodesFree => BOTH,
+        MemoryAvailable | AllocatableMemoryAvailable | PidAvailable => &[],
+    }
 }
 
 /// Cheap to clone: the conditions it reports are read by node status and
@@ -869,6 +907,27 @@ impl EvictionManager {
                 }
             }
         }
+    }
+
+    /// Reclaims what the signal allows; true when, on fresh figures, no
+    /// threshold is met any more, minimum reclaims included (upstream
+    /// reclaimNodeLevelResources).
+    async fn reclaim_node_level(&self, deps: &Deps, signal: Signal, dedicated: bool) -> bool {
+        let what = reclaim_for(signal, dedicated);
+        if what.is_empty() {
+            return false;
+        }
+        for r in what {
+            if let Err(e) = (deps.reclaim)(*r).await {
+                info!(resource = signal.resource(), error = %e, "eviction manager: unexpected error when attempting to reduce resource pressure");
+            }
+        }
+        let Some(sample) = (deps.sample)().await else {
+            warn!("eviction manager: failed to get summary stats after resource reclaim");
+            return false;
+        };
+        let obs = observe(&sample.summary);
+        thresholds_met(&self.config.thresholds, &obs, true).is_empty()
     }
 
     /// One round (upstream synchronize); the UIDs of the pods evicted.
@@ -987,6 +1046,16 @@ impl EvictionManager {
             "EvictionThresholdMet",
             format!("Attempting to reclaim {resource}"),
         );
+        if self
+            .reclaim_node_level(deps, threshold.signal, dedicated_image_fs)
+            .await
+        {
+            info!(
+                resource,
+                "eviction manager: able to reduce resource pressure without evicting pods."
+            );
+            return None;
+        }
         info!(resource, "eviction manager: must evict pod(s) to reclaim");
         if active.is_empty() {
             warn!("eviction manager: eviction thresholds have been met, but no pods are active to evict");

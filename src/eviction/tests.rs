@@ -224,6 +224,23 @@ fn the_message_says_what_was_low_and_who_used_it_as_upstream() {
     );
 }
 
+/// A hard `memory.available<100Mi` alone, the transition period 5m.
+fn memory_config() -> Config {
+    Config {
+        thresholds: parse_config(
+            false,
+            &map(&[("memory.available", "100Mi")]),
+            &map(&[]),
+            &map(&[]),
+            &map(&[]),
+        )
+        .unwrap(),
+        pressure_transition: Duration::from_secs(300),
+        max_pod_grace: 0,
+        local_storage: false,
+    }
+}
+
 /// A manager over fixed figures, recording the pods it evicts.
 struct Harness {
     manager: EvictionManager,
@@ -232,6 +249,10 @@ struct Harness {
     figures: Arc<Mutex<Summary>>,
     /// How many times the pods' figures were asked for.
     pod_samples: Arc<std::sync::atomic::AtomicUsize>,
+    /// The node-level reclaims asked for, in order.
+    reclaims: Arc<Mutex<Vec<Reclaim>>>,
+    /// The figures a reclaim of unused images leaves, if it frees anything.
+    after_reclaim: Arc<Mutex<Option<Summary>>>,
 }
 
 fn harness(cfg: Config, pods: Vec<Arc<Pod>>, s: Summary) -> Harness {
@@ -245,6 +266,9 @@ fn harness(cfg: Config, pods: Vec<Arc<Pod>>, s: Summary) -> Harness {
     );
     let pod_samples: Arc<std::sync::atomic::AtomicUsize> = Default::default();
     let asked = pod_samples.clone();
+    let reclaims: Arc<Mutex<Vec<Reclaim>>> = Default::default();
+    let after_reclaim: Arc<Mutex<Option<Summary>>> = Default::default();
+    let (r, after, f3) = (reclaims.clone(), after_reclaim.clone(), figures.clone());
     let deps = Deps {
         sample: Box::new(move || {
             let summary = f.lock().clone();
@@ -273,6 +297,15 @@ fn harness(cfg: Config, pods: Vec<Arc<Pod>>, s: Summary) -> Harness {
             true
         }),
         cleaned_up: Box::new(|_| true),
+        reclaim: Box::new(move |what| {
+            r.lock().push(what);
+            if what == Reclaim::UnusedImages {
+                if let Some(s) = after.lock().take() {
+                    *f3.lock() = s;
+                }
+            }
+            Box::pin(async { Ok(()) })
+        }),
         node_name: "n1".into(),
     };
     Harness {
@@ -281,24 +314,14 @@ fn harness(cfg: Config, pods: Vec<Arc<Pod>>, s: Summary) -> Harness {
         evicted,
         figures,
         pod_samples,
+        reclaims,
+        after_reclaim,
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_hard_threshold_evicts_the_first_ranked_pod_at_once_and_never_a_critical_one() {
-    let cfg = Config {
-        thresholds: parse_config(
-            false,
-            &map(&[("memory.available", "100Mi")]),
-            &map(&[]),
-            &map(&[]),
-            &map(&[]),
-        )
-        .unwrap(),
-        pressure_transition: Duration::from_secs(300),
-        max_pod_grace: 0,
-        local_storage: false,
-    };
+    let cfg = memory_config();
     let mut critical = (*pod("etcd", None, 0)).clone();
     critical.metadata.annotations = Some(
         [(
@@ -549,4 +572,100 @@ fn signals_are_observed_as_upstreams_make_signal_observations() {
         obs[&Signal::AllocatableMemoryAvailable].capacity,
         (100 * MI) as i128
     );
+}
+
+/// A summary whose root file system (shared with the images) has
+/// `available` of 100 GiB free.
+fn disk_summary(available: u64, t: i64, pods: Vec<serde_json::Value>) -> Summary {
+    let mut s = summary(500 * MI, t, pods);
+    let fs = json!({"time": ts(t), "availableBytes": available, "capacityBytes": 100 * 1024 * MI});
+    s.node.fs = Some(serde_json::from_value(fs.clone()).unwrap());
+    s.node.runtime = Some(serde_json::from_value(json!({"imageFs": fs})).unwrap());
+    s
+}
+
+#[tokio::test(start_paused = true)]
+async fn disk_pressure_first_reclaims_dead_containers_and_unused_images_and_evicts_only_if_that_is_not_enough(
+) {
+    let cfg = Config {
+        thresholds: parse_config(
+            false,
+            &map(&[("nodefs.available", "10%"), ("memory.available", "100Mi")]),
+            &map(&[]),
+            &map(&[]),
+            &map(&[("nodefs.available", "1Gi")]),
+        )
+        .unwrap(),
+        pressure_transition: Duration::from_secs(300),
+        max_pod_grace: 0,
+        local_storage: false,
+    };
+    let pods = vec![pod("a", Some("10Mi"), 0)];
+    // 5 GiB free of 100: under 10%.
+    let h = harness(
+        cfg,
+        pods,
+        disk_summary(5 * 1024 * MI, 1, vec![pod_stats("a", MI, 1)]),
+    );
+    // The images freed bring it to 10.5 GiB: over 10%, but short of the
+    // 1 GiB minimum reclaim, so a pod still goes.
+    *h.after_reclaim.lock() = Some(disk_summary(10752 * MI, 2, vec![pod_stats("a", MI, 2)]));
+    let evicted = h.manager.synchronize(&h.deps, Instant::now()).await;
+    assert_eq!(
+        *h.reclaims.lock(),
+        [Reclaim::DeadContainers, Reclaim::UnusedImages]
+    );
+    assert_eq!(evicted, ["uid-a"]);
+
+    // Next time the reclaim frees enough (11 GiB ≥ 10% + 1 Gi): no pod goes.
+    h.evicted.lock().clear();
+    h.reclaims.lock().clear();
+    *h.figures.lock() = disk_summary(5 * 1024 * MI, 3, vec![pod_stats("a", MI, 3)]);
+    *h.after_reclaim.lock() = Some(disk_summary(
+        11 * 1024 * MI + MI,
+        4,
+        vec![pod_stats("a", MI, 4)],
+    ));
+    tokio::time::advance(MONITORING_PERIOD).await;
+    let evicted = h.manager.synchronize(&h.deps, Instant::now()).await;
+    assert_eq!(h.reclaims.lock().len(), 2);
+    assert!(evicted.is_empty(), "{evicted:?}");
+    assert!(h.evicted.lock().is_empty());
+    // DiskPressure holds still: the threshold was met this round.
+    assert!(h.manager.pressure().disk);
+}
+
+#[test]
+fn what_is_reclaimed_follows_the_signal_and_the_image_file_systems_device() {
+    use Reclaim::*;
+    assert_eq!(
+        reclaim_for(Signal::NodeFsAvailable, false),
+        [DeadContainers, UnusedImages]
+    );
+    assert_eq!(
+        reclaim_for(Signal::ImageFsInodesFree, false),
+        [DeadContainers, UnusedImages]
+    );
+    assert_eq!(
+        reclaim_for(Signal::ImageFsAvailable, true),
+        [DeadContainers, UnusedImages]
+    );
+    // With the images on their own device, freeing them cannot help the
+    // root file system.
+    assert!(reclaim_for(Signal::NodeFsAvailable, true).is_empty());
+    assert!(reclaim_for(Signal::MemoryAvailable, false).is_empty());
+    assert!(reclaim_for(Signal::PidAvailable, false).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_pressure_reclaims_nothing_at_node_level() {
+    let cfg = memory_config();
+    let h = harness(
+        cfg,
+        vec![pod("a", None, 0)],
+        summary(50 * MI, 1, vec![pod_stats("a", MI, 1)]),
+    );
+    let evicted = h.manager.synchronize(&h.deps, Instant::now()).await;
+    assert_eq!(evicted, ["uid-a"]);
+    assert!(h.reclaims.lock().is_empty());
 }

@@ -1,7 +1,9 @@
 //! Image manager: pull policies, pull backoff and pull serialization
-//! (upstream `pkg/kubelet/images/image_manager.go`, `puller.go`).
+//! (upstream `pkg/kubelet/images/image_manager.go`, `puller.go`); image
+//! garbage collection in `gc.rs`.
 
 pub mod credentialprovider;
+pub mod gc;
 pub mod keyring;
 
 use std::collections::HashMap;

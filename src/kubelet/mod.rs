@@ -232,6 +232,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     let images: Arc<dyn ImageService> = remote;
     let images_for_node = images.clone();
     let images_for_server = images.clone();
+    let images_for_gc = images.clone();
     let node_ip = opts
         .node_ip
         .clone()
@@ -540,11 +541,41 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             tracing::info_span!("log-rotation"),
         )));
     }
+    let image_gc = Arc::new(crate::images::gc::ImageGc::new(
+        runtime.clone(),
+        images_for_gc,
+        crate::images::gc::Policy {
+            high_threshold_percent: cfg.image_gc_high_threshold_percent,
+            low_threshold_percent: cfg.image_gc_low_threshold_percent,
+            min_age: cfg.image_minimum_gc_age.0,
+            max_age: if cfg.feature_gate("ImageMaximumGCAge") {
+                cfg.image_maximum_gc_age.0
+            } else {
+                Duration::ZERO
+            },
+        },
+        {
+            let s = state.clone();
+            Box::new(move || {
+                let s = s.clone();
+                Box::pin(async move { crate::stats::image_fs_figures(&s).await })
+            })
+        },
+        opts.node_name.clone(),
+    ));
+    cluster_tasks.spawn(tracing::Instrument::instrument(
+        image_gc.clone().run(token.child_token()),
+        tracing::info_span!("image-gc"),
+    ));
     let eviction = start_eviction(
         cfg,
         &state,
         &pods,
         &workers,
+        Reclaimers {
+            images: image_gc,
+            runtime: manager.clone(),
+        },
         &cluster_tasks,
         &token,
         opts.kubeconfig.is_some(),
@@ -692,13 +723,48 @@ struct ClusterParts<'a> {
     eviction: crate::eviction::EvictionManager,
 }
 
+/// What the eviction manager reclaims with before evicting pods.
+struct Reclaimers {
+    images: Arc<crate::images::gc::ImageGc>,
+    runtime: Arc<RuntimeManager>,
+}
+
+/// Removes the containers and sandboxes of the pods whose workers have
+/// finished with them (upstream's DeleteAllUnusedContainers: the pods
+/// whose runtime may go; those never seen by a worker are housekeeping's).
+async fn remove_finished_pods_containers(
+    workers: &PodWorkers,
+    runtime: &RuntimeManager,
+) -> Result<(), String> {
+    let mut errors = Vec::new();
+    for (uid, phase, ..) in workers.working() {
+        if phase != crate::podworkers::WorkerPhase::Terminated {
+            continue;
+        }
+        let r = async {
+            let rt = runtime.pod_status(&uid).await?;
+            runtime.remove_pod(&rt).await
+        };
+        if let Err(e) = r.await {
+            errors.push(format!("pod {uid}: {e}"));
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
 /// Starts the eviction manager (upstream NewManager and Start; thresholds
 /// that do not parse stop the kubelet, as upstream's ParseThresholdConfig).
+#[allow(clippy::too_many_arguments)]
 fn start_eviction(
     cfg: &crate::config::KubeletConfiguration,
     state: &ServerState,
     pods: &PodManager,
     workers: &PodWorkers,
+    reclaimers: Reclaimers,
     tasks: &tokio_util::task::TaskTracker,
     token: &CancellationToken,
     cluster: bool,
@@ -725,8 +791,9 @@ fn start_eviction(
         return Ok(manager);
     }
     let (s, s2) = (state.clone(), state.clone());
-    let (p, w, w2, w3) = (
+    let (p, w, w2, w3, w4) = (
         pods.clone(),
+        workers.clone(),
         workers.clone(),
         workers.clone(),
         workers.clone(),
@@ -777,6 +844,20 @@ fn start_eviction(
             )
         }),
         cleaned_up: Box::new(move |uid| !w3.could_have_running(uid)),
+        reclaim: Box::new(move |what| {
+            let (r, w) = (reclaimers.runtime.clone(), w4.clone());
+            let gc = reclaimers.images.clone();
+            Box::pin(async move {
+                match what {
+                    eviction::Reclaim::DeadContainers => {
+                        remove_finished_pods_containers(&w, &r).await
+                    }
+                    eviction::Reclaim::UnusedImages => {
+                        gc.delete_unused_images().await.map_err(|e| e.to_string())
+                    }
+                }
+            })
+        }),
         node_name: state.node_name.clone(),
     };
     let m = manager.clone();

@@ -1,10 +1,10 @@
 //! Families upstream's `metrics.Register` (`pkg/kubelet/metrics/metrics.go`)
-//! registers for parts rkubelet does not have (the eviction manager's stats
-//! age is here too, though `eviction` now fills it), critical-pod preemption, device plugins, the pod-resources gRPC
-//! endpoint, Windows host-process containers, the image garbage collector
-//! (`kubelet_image_garbage_collected_total{reason}`, counted upstream by
-//! `images/image_gc_manager.go` freeImage with reason "age" or "space";
-//! rkubelet removes no image) and dynamic resource allocation's two
+//! registers for parts rkubelet does not have (two are here though their
+//! parts now fill them: the eviction manager's stats age, and
+//! `kubelet_image_garbage_collected_total{reason}`, counted as upstream's
+//! `images/image_gc_manager.go` freeImage counts, by `images::gc`),
+//! critical-pod preemption, device plugins, the pod-resources gRPC
+//! endpoint, Windows host-process containers and dynamic resource allocation's two
 //! histograms (DRA is on by default in 1.34; rkubelet prepares no
 //! ResourceClaim). Upstream registers them whatever runs; all are labelled
 //! vectors, so nothing is counted and no series appears (rkubelet shows

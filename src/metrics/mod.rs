@@ -1993,6 +1993,30 @@ pub fn eviction_stats_age(signal: &str, seconds: f64) {
         .observe(seconds);
 }
 
+/// An image removed by the image garbage collector, by why ("age" or
+/// "space"; upstream's `kubelet_image_garbage_collected_total{reason}`).
+pub fn image_garbage_collected(reason: &str) {
+    METRICS
+        .absent
+        .image_garbage_collected
+        .get_or_create(&absent::ReasonLabel {
+            reason: reason.to_string(),
+        })
+        .inc();
+}
+
+/// The images collected for `reason` so far (unit tests).
+#[cfg(test)]
+pub fn image_garbage_collected_count(reason: &str) -> u64 {
+    METRICS
+        .absent
+        .image_garbage_collected
+        .get_or_create(&absent::ReasonLabel {
+            reason: reason.to_string(),
+        })
+        .get()
+}
+
 /// A pod refused at admission, by its rejection reason
 /// (`kubelet_admission_rejections_total{reason}`, upstream's
 /// recordAdmissionRejection: unknown reasons fold into "Other").

@@ -1402,8 +1402,8 @@ async fn rarer_families_count_what_rkubelet_does_and_show_zero_otherwise() {
     token.cancel();
 }
 
-/// The families metrics.go (1.34), the CPU manager, the image GC, DRA and
-/// the volume manager register that rkubelet lacked: the plain ones show
+/// The families metrics.go (1.34), the CPU manager, DRA and the volume
+/// manager register that rkubelet lacked: the plain ones show
 /// the value upstream has with rkubelet's configuration (CPU manager policy
 /// none: nothing pinned, shared pool 0 as the static policy alone sets it;
 /// nothing reconstructed), `_count` counters keep their names, and the
@@ -1433,7 +1433,6 @@ async fn families_upstream_registers_show_its_values_for_rkubelets_configuration
         "kubelet_cpu_manager_allocation_per_numa",
         "kubelet_container_aligned_compute_resources_count",
         "kubelet_container_aligned_compute_resources_failure_count",
-        "kubelet_image_garbage_collected_total",
         "dra_operations_duration_seconds",
         "dra_grpc_operations_duration_seconds",
     ] {

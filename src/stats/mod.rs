@@ -107,6 +107,25 @@ pub async fn eviction_sample(s: &ServerState) -> Result<crate::eviction::Sample,
     })
 }
 
+/// The image file system's size and free bytes (upstream ImageFsStats),
+/// for the image garbage collector.
+pub async fn image_fs_figures(s: &ServerState) -> Result<crate::images::gc::FsFigures, String> {
+    let node = s
+        .stats
+        .node_snapshot(sources(s), stats_config(s))
+        .await
+        .map_err(|e| e.to_string())?;
+    let summary = summary::build(&node, &s.node_name, false);
+    let fs = summary.node.runtime.and_then(|r| r.image_fs);
+    match fs.map(|f| (f.capacity_bytes, f.available_bytes)) {
+        Some((Some(capacity), Some(available))) => Ok(crate::images::gc::FsFigures {
+            capacity,
+            available,
+        }),
+        _ => Err("imageFs information is unavailable".into()),
+    }
+}
+
 /// The pods' figures of the full summary, as `/stats/summary` gives them,
 /// for the eviction manager's rounds that rank or check pods.
 pub async fn eviction_pod_stats(s: &ServerState) -> Result<Vec<types::PodStats>, StatsError> {

@@ -284,6 +284,11 @@ impl Kubelet {
         if !self.extra_config.contains("evictionHard:") {
             auth.push_str("evictionHard:\n  memory.available: 100Mi\n");
         }
+        // Nor may image garbage collection take the shared test images
+        // from other tests when that disk is over 85% full.
+        if !self.extra_config.contains("imageGCHighThresholdPercent:") {
+            auth.push_str("imageGCHighThresholdPercent: 100\n");
+        }
         std::fs::write(
             &config,
             format!(
