@@ -114,6 +114,10 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
         &cfg.eviction_minimum_reclaim,
     )
     .context("failed to run Kubelet")?;
+    // As upstream's NewMainKubelet: an allowed unsafe sysctl that is not
+    // namespaced, or not a sysctl pattern, stops it.
+    rkubelet::lifecycle::sysctl::Allowlist::new(&cfg.allowed_unsafe_sysctls)
+        .context("failed to run Kubelet")?;
     let baseline = config::honesty::baseline(flags.config.is_some());
     for w in config::honesty::unimplemented_settings(&cfg, &baseline, &flags) {
         warn!("warning: {w}");

@@ -84,6 +84,20 @@ fn a_bad_eviction_threshold_exits_one_with_upstreams_message() {
 }
 
 #[test]
+fn an_allowed_unsafe_sysctl_that_is_not_namespaced_exits_one_as_upstream() {
+    // Old code: allowedUnsafeSysctls was accepted unread.
+    let out = rkubelet(&["--allowed-unsafe-sysctls=kernel.msg*,kernel.panic"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "failed to run Kubelet: the sysctls \"kernel.panic\" are not known to be namespaced"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
 fn unknown_feature_gate_flag_exits_one_with_upstreams_message() {
     // cmd/kubelet/app/server.go sets the command line's gates before
     // anything else runs.

@@ -1725,3 +1725,64 @@ fn under_disk_pressure_finished_pods_containers_and_unused_images_are_reclaimed_
     drop(k);
     drop(keeper);
 }
+
+#[test]
+fn sysctls_are_admitted_as_upstreams_allowlist_and_reach_the_pod() {
+    // Old code: no sysctl admit handler; any sysctl went to the runtime,
+    // and allowedUnsafeSysctls was accepted unread.
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-sysctl";
+    let k = cluster_kubelet_with(node, &api, "allowedUnsafeSysctls:\n- kernel.msg*\n");
+    let with = |name: &str, sysctls: Value, host_network: bool| {
+        let mut p = bound_pod(
+            name,
+            node,
+            1,
+            "cat /proc/sys/kernel/msgmax; exec sleep 3600",
+        );
+        p["spec"]["securityContext"] = json!({ "sysctls": sysctls });
+        p["spec"]["hostNetwork"] = json!(host_network);
+        api.create(p);
+    };
+    let allowed = format!("allowed-{node}");
+    with(
+        &allowed,
+        json!([{"name": "kernel.msgmax", "value": "12345"}, {"name": "net/ipv4/tcp_syncookies", "value": "1"}]),
+        false,
+    );
+    let unsafe_ = format!("unsafe-{node}");
+    with(
+        &unsafe_,
+        json!([{"name": "kernel.sem", "value": "250 32000 32 128"}]),
+        false,
+    );
+    let host_net = format!("hostnet-{node}");
+    with(
+        &host_net,
+        json!([{"name": "net.ipv4.tcp_syncookies", "value": "1"}]),
+        true,
+    );
+
+    for (name, message) in [
+        (&unsafe_, "Pod was rejected: forbidden sysctl: \"kernel.sem\" not allowlisted"),
+        (
+            &host_net,
+            "Pod was rejected: forbidden sysctl: \"net.ipv4.tcp_syncookies\" not allowed with host Net enabled",
+        ),
+    ] {
+        let p = wait_for("the pod refused", T, || {
+            api.get("pods", Some("default"), name)
+                .filter(|p| p["status"]["phase"] == "Failed")
+        });
+        assert_eq!(p["status"]["reason"], "SysctlForbidden");
+        assert_eq!(p["status"]["message"], message);
+        assert_eq!(k.cri.count_labelled("io.kubernetes.pod.name", name, false), (0, 0));
+    }
+    // The allowed unsafe sysctl is set in the pod's own IPC namespace.
+    ready_pod(&api, &allowed, "the pod with allowed sysctls");
+    let logs = wait_for("its output", T, || {
+        let l = container_logs(&k, &allowed, "main");
+        l.starts_with("12345\n").then_some(l)
+    });
+    assert!(logs.ends_with("200"), "{logs}");
+}

@@ -194,12 +194,16 @@ pub const FOLLOWED: &[&str] = &[
     // cpuCFSQuotaPeriod and imageMaximumGCAge fields are reported apart).
     "CustomCPUCFSQuotaPeriod",
     "DynamicResourceAllocation",
-    // Validation only, as CustomCPUCFSQuotaPeriod.
+    // The image garbage collector's maximum age.
     "ImageMaximumGCAge",
+    // The crash loop backoff's maximum (`kuberuntime::backoff`).
+    "KubeletCrashLoopBackOffMax",
     "KubeletFineGrainedAuthz",
     "KubeletPSI",
     "KubeletServiceAccountTokenForCredentialProviders",
     "PodCertificateRequest",
+    // The crash loop backoff's shorter periods.
+    "ReduceDefaultCrashLoopBackOffDecay",
     // Validation refuses serverTLSBootstrap without it, as upstream.
     "RotateKubeletServerCertificate",
 ];

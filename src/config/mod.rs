@@ -1326,6 +1326,19 @@ impl KubeletConfiguration {
                 self.cpu_cfs_quota_period
             ));
         }
+        let restart_max = self.crash_loop_back_off.max_container_restart_period;
+        if gate("KubeletCrashLoopBackOffMax") {
+            match restart_max {
+                None => bad("FeatureGate KubeletCrashLoopBackOffMax is enabled, CrashLoopBackOff.MaxContainerRestartPeriod must be set".into()),
+                Some(d) if !(1000..=300_000).contains(&d.0.as_millis()) => bad(format!(
+                    "CrashLoopBackOff.MaxContainerRestartPeriod (got: {} seconds) must be set between 1s and 300s",
+                    d.0.as_secs_f64()
+                )),
+                Some(_) => {}
+            }
+        } else if restart_max.is_some() {
+            bad("FeatureGate KubeletCrashLoopBackOffMax not enabled, CrashLoopBackOff.MaxContainerRestartPeriod must not be set".into());
+        }
         let (high, low) = (
             self.image_gc_high_threshold_percent,
             self.image_gc_low_threshold_percent,
@@ -1868,6 +1881,20 @@ volumeStatsAggPeriod: 0s
             (c.max_pods, c.port, c.address.as_str()),
             (110, 10250, "0.0.0.0")
         );
+    }
+
+    #[test]
+    fn the_crash_loop_maximum_is_checked_as_upstream() {
+        let invalid = |body: &str| match load(body).0.validate() {
+            Err(ConfigError::Invalid(errs)) => errs,
+            other => panic!("{other:?}"),
+        };
+        let errs = invalid("crashLoopBackOff:\n  maxContainerRestartPeriod: 30s\n");
+        assert!(errs.iter().any(|e| e.contains("FeatureGate KubeletCrashLoopBackOffMax not enabled, CrashLoopBackOff.MaxContainerRestartPeriod must not be set")), "{errs:?}");
+        let errs = invalid("featureGates:\n  KubeletCrashLoopBackOffMax: true\ncrashLoopBackOff:\n  maxContainerRestartPeriod: 400s\n");
+        assert!(errs.iter().any(|e| e.contains("CrashLoopBackOff.MaxContainerRestartPeriod (got: 400 seconds) must be set between 1s and 300s")), "{errs:?}");
+        let (c, _) = load("featureGates:\n  KubeletCrashLoopBackOffMax: true\ncrashLoopBackOff:\n  maxContainerRestartPeriod: 30s\n");
+        assert!(c.validate().is_ok());
     }
 
     #[test]

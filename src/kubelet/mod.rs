@@ -53,6 +53,8 @@ pub enum KubeletError {
     CredentialProviders(#[from] crate::images::credentialprovider::ConfigError),
     #[error(transparent)]
     Eviction(#[from] crate::eviction::EvictionError),
+    #[error(transparent)]
+    Sysctl(#[from] crate::lifecycle::sysctl::SysctlError),
     #[error("cannot create directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -313,8 +315,10 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     // workers (the runtime's handlers and their user-namespace support).
     let runtime_state = crate::runtimestate::RuntimeState::default();
     let manager = Arc::new({
+        let (initial, max) = crate::kuberuntime::backoff::crash_loop_backoff(cfg);
         let mut m = RuntimeManager::new(runtime.clone(), image_manager, rt_opts)
-            .with_objects(objects.clone());
+            .with_objects(objects.clone())
+            .with_crash_loop_backoff(initial, max);
         m.allocation = allocation;
         m.runtime_state = runtime_state.clone();
         m
@@ -580,9 +584,15 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         &token,
         opts.kubeconfig.is_some(),
     )?;
+    // Safe sysctls can always be set, and unsafe ones once allowed.
+    let sysctls = crate::lifecycle::sysctl::Allowlist::for_node(
+        &node_cfg.kernel_version,
+        &cfg.allowed_unsafe_sysctls,
+    )?;
     let admission = crate::syncloop::Admission::new(node_cfg.facts.clone())
         .with_runtime(runtime_state.clone())
-        .with_eviction(eviction.clone());
+        .with_eviction(eviction.clone())
+        .with_sysctls(sysctls);
     let mut deleting = None;
     if let Some(path) = opts.kubeconfig.as_deref() {
         let c = ClusterParts {
@@ -1243,7 +1253,7 @@ fn node_config(
             })
             .collect(),
         provider_id: cfg.provider_id.clone(),
-        max_pods: cfg.max_pods,
+        max_pods: nodestatus::pods_capacity(cfg.max_pods, cfg.pods_per_core, machine.num_cores),
         kubelet_port: cfg.port,
         controller_attach_detach: cfg.enable_controller_attach_detach,
         kube_reserved: cfg.kube_reserved.clone().into_iter().collect(),
@@ -1252,6 +1262,7 @@ fn node_config(
         num_cores: machine.num_cores,
         memory_bytes: machine.memory_capacity,
         ephemeral_storage_bytes: nodestatus::fs_capacity(&c_opts.root_dir),
+        local_storage_capacity_isolation: cfg.local_storage_capacity_isolation,
         machine_id: machine.machine_id.clone(),
         system_uuid: machine.system_uuid.clone(),
         boot_id: machine.boot_id.clone(),

@@ -12,6 +12,31 @@ pub const CONTAINER_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 /// Upstream `MaxContainerBackOff`.
 pub const CONTAINER_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
+/// Upstream's reducedInitialCrashLoopBackOff and reducedMaxCrashLoopBackOff
+/// (gate ReduceDefaultCrashLoopBackOffDecay).
+const REDUCED_INITIAL: Duration = Duration::from_secs(1);
+const REDUCED_MAX: Duration = Duration::from_secs(60);
+
+/// The crash loop backoff's initial and maximum periods (upstream
+/// newCrashLoopBackOff): 10 s to 5 min; 1 s to 1 min with
+/// ReduceDefaultCrashLoopBackOffDecay; with KubeletCrashLoopBackOffMax the
+/// configured `crashLoopBackOff.maxContainerRestartPeriod` is the maximum,
+/// and the initial too when it is shorter.
+pub fn crash_loop_backoff(cfg: &crate::config::KubeletConfiguration) -> (Duration, Duration) {
+    let (mut initial, mut max) = if cfg.feature_gate("ReduceDefaultCrashLoopBackOffDecay") {
+        (REDUCED_INITIAL, REDUCED_MAX)
+    } else {
+        (CONTAINER_BACKOFF_INITIAL, CONTAINER_BACKOFF_MAX)
+    };
+    if cfg.feature_gate("KubeletCrashLoopBackOffMax") {
+        if let Some(m) = cfg.crash_loop_back_off.max_container_restart_period {
+            max = m.0;
+            initial = initial.min(max);
+        }
+    }
+    (initial, max)
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     backoff: Duration,
@@ -128,6 +153,30 @@ mod tests {
     use super::*;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
+
+    fn config(body: &str) -> crate::config::KubeletConfiguration {
+        let text = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{body}"
+        );
+        crate::config::KubeletConfiguration::load_str(&text)
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn the_crash_loop_periods_follow_upstreams_gates_and_configuration() {
+        // Old code: 10 s to 5 min whatever the gates and configuration.
+        assert_eq!(crash_loop_backoff(&config("")), (S(10), S(300)));
+        let reduced = "featureGates:\n  ReduceDefaultCrashLoopBackOffDecay: true\n";
+        assert_eq!(crash_loop_backoff(&config(reduced)), (S(1), S(60)));
+        let max = "featureGates:\n  KubeletCrashLoopBackOffMax: true\ncrashLoopBackOff:\n  maxContainerRestartPeriod: 5s\n";
+        assert_eq!(crash_loop_backoff(&config(max)), (S(5), S(5)));
+        let max = "featureGates:\n  KubeletCrashLoopBackOffMax: true\ncrashLoopBackOff:\n  maxContainerRestartPeriod: 30s\n";
+        assert_eq!(crash_loop_backoff(&config(max)), (S(10), S(30)));
+        // The gate's default maximum is 300 s.
+        let gate = "featureGates:\n  KubeletCrashLoopBackOffMax: true\n";
+        assert_eq!(crash_loop_backoff(&config(gate)), (S(10), S(300)));
+    }
 
     #[test]
     fn first_crash_restarts_at_once_then_waits_doubling_to_the_cap() {

@@ -206,6 +206,12 @@ impl RuntimeManager {
         }
     }
 
+    /// Restarts crashed containers after `initial`, doubling up to `max`.
+    pub fn with_crash_loop_backoff(self, initial: Duration, max: Duration) -> Self {
+        *self.backoff.lock() = Backoff::new(initial, max);
+        self
+    }
+
     /// Reads API objects through `objects` (cluster mode).
     pub fn with_objects(mut self, objects: crate::objects::ObjectManager) -> Self {
         self.volumes = volume::manager::VolumeManager::new(objects.clone(), self.opts.clone());

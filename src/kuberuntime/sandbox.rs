@@ -316,8 +316,15 @@ pub fn sandbox_config(opts: &RuntimeOptions, pod: &Pod, attempt: u32) -> v1::Pod
         .and_then(|s| s.security_context.as_ref())
         .and_then(|sc| sc.sysctls.as_ref())
         .map(|v| {
+            // Upstream ConvertPodSysctlsVariableToDotsSeparator: the
+            // runtime gets the dotted form.
             v.iter()
-                .map(|s| (s.name.clone(), s.value.clone()))
+                .map(|s| {
+                    (
+                        crate::lifecycle::sysctl::normalize_name(&s.name),
+                        s.value.clone(),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();

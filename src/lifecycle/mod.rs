@@ -14,6 +14,8 @@ use k8s_openapi::api::core::v1::{
 
 use crate::nodestatus::quantity::parse_milli;
 
+pub mod sysctl;
+
 /// What admission checks a pod against: allocatable amounts and the node's
 /// labels and taints.
 #[derive(Debug, Clone, Default)]

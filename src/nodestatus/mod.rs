@@ -96,6 +96,9 @@ pub struct NodeConfig {
     pub num_cores: usize,
     pub memory_bytes: u64,
     pub ephemeral_storage_bytes: u64,
+    /// `localStorageCapacityIsolation`: without it the Node reports no
+    /// ephemeral-storage at all, as upstream's MachineInfo setter.
+    pub local_storage_capacity_isolation: bool,
     pub machine_id: String,
     pub system_uuid: String,
     pub boot_id: String,
@@ -216,10 +219,12 @@ fn resources(cfg: &NodeConfig) -> (BTreeMap<String, Quantity>, BTreeMap<String, 
     let mut cap = BTreeMap::new();
     cap.insert("cpu".to_string(), q(format_decimal_milli(cpu)));
     cap.insert("memory".to_string(), q(format_binary(mem / 1000)));
-    cap.insert(
-        "ephemeral-storage".to_string(),
-        q(format_binary(eph / 1000)),
-    );
+    if cfg.local_storage_capacity_isolation {
+        cap.insert(
+            "ephemeral-storage".to_string(),
+            q(format_binary(eph / 1000)),
+        );
+    }
     cap.insert("pods".to_string(), q(cfg.max_pods.to_string()));
     cap.insert("hugepages-1Gi".to_string(), q("0".into()));
     cap.insert("hugepages-2Mi".to_string(), q("0".into()));
@@ -228,13 +233,25 @@ fn resources(cfg: &NodeConfig) -> (BTreeMap<String, Quantity>, BTreeMap<String, 
     alloc.insert("cpu".to_string(), q(format_decimal_milli(cpu_a)));
     let mem_a = (mem - reserved("memory", mem) - threshold("memory.available", mem)).max(0);
     alloc.insert("memory".to_string(), q(format_binary(mem_a / 1000)));
-    let eph_a =
-        (eph - reserved("ephemeral-storage", eph) - threshold("nodefs.available", eph)).max(0);
-    alloc.insert(
-        "ephemeral-storage".to_string(),
-        q(format_binary(eph_a / 1000)),
-    );
+    if cfg.local_storage_capacity_isolation {
+        let eph_a =
+            (eph - reserved("ephemeral-storage", eph) - threshold("nodefs.available", eph)).max(0);
+        alloc.insert(
+            "ephemeral-storage".to_string(),
+            q(format_binary(eph_a / 1000)),
+        );
+    }
     (cap, alloc)
+}
+
+/// The Node's pods capacity: `maxPods`, or with `podsPerCore` set that
+/// many per core when fewer (upstream's MachineInfo setter).
+pub fn pods_capacity(max_pods: i32, pods_per_core: i32, cores: usize) -> i32 {
+    if pods_per_core > 0 {
+        (i64::from(pods_per_core) * cores as i64).min(i64::from(max_pods)) as i32
+    } else {
+        max_pods
+    }
 }
 
 /// What admission checks against, from the configured Node.
@@ -1118,6 +1135,7 @@ mod tests {
             num_cores: 2,
             memory_bytes: 4 << 30,
             ephemeral_storage_bytes: 100 << 30,
+            local_storage_capacity_isolation: true,
             kubelet_version: "v1.34.0".into(),
             eviction_hard: [("memory.available", "100Mi"), ("nodefs.available", "10%")]
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -1128,6 +1146,27 @@ mod tests {
 
     fn at(s: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())
+    }
+
+    #[test]
+    fn pods_per_core_caps_the_pods_capacity_as_upstream() {
+        // Old code: podsPerCore was accepted unread.
+        assert_eq!(pods_capacity(110, 0, 2), 110);
+        assert_eq!(pods_capacity(110, 10, 2), 20);
+        assert_eq!(pods_capacity(110, 100, 2), 110);
+    }
+
+    #[test]
+    fn without_local_storage_capacity_isolation_no_ephemeral_storage_is_reported() {
+        // Old code: ephemeral-storage was reported whatever the setting.
+        let mut c = cfg();
+        let (cap, alloc) = resources(&c);
+        assert!(cap.contains_key("ephemeral-storage") && alloc.contains_key("ephemeral-storage"));
+        c.local_storage_capacity_isolation = false;
+        let (cap, alloc) = resources(&c);
+        assert!(!cap.contains_key("ephemeral-storage"), "{cap:?}");
+        assert!(!alloc.contains_key("ephemeral-storage"), "{alloc:?}");
+        assert_eq!(node_facts(&c).ephemeral_milli, 0);
     }
 
     #[test]

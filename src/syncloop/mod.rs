@@ -97,6 +97,8 @@ pub struct Admission {
     /// The eviction manager's pressure conditions (its admit handler comes
     /// first, as upstream's).
     eviction: Option<crate::eviction::EvictionManager>,
+    /// The sysctls pods may set (upstream's second admit handler).
+    sysctls: Option<crate::lifecycle::sysctl::Allowlist>,
 }
 
 impl Admission {
@@ -106,7 +108,14 @@ impl Admission {
             rejected: Default::default(),
             runtime: None,
             eviction: None,
+            sysctls: None,
         }
+    }
+
+    /// Refuses pods setting sysctls the allowlist does not allow.
+    pub fn with_sysctls(mut self, s: crate::lifecycle::sysctl::Allowlist) -> Self {
+        self.sysctls = Some(s);
+        self
     }
 
     /// Refuses pods as the eviction manager's admit handler does under
@@ -287,7 +296,11 @@ impl SyncLoop {
                 reason: crate::eviction::REASON.into(),
                 message,
             }),
-            None => crate::lifecycle::admit(checked, &refs, &a.facts(), is_static),
+            None => a
+                .sysctls
+                .as_ref()
+                .map_or(Ok(()), |s| s.admit(checked))
+                .and_then(|()| crate::lifecycle::admit(checked, &refs, &a.facts(), is_static)),
         };
         crate::metrics::topology_manager_admission(Duration::ZERO);
         match verdict {
@@ -880,6 +893,44 @@ mod tests {
             Some("Pod was rejected: The node had condition: [MemoryPressure]. ")
         );
         assert!(!workers.is_known("u-be"));
+        token.cancel();
+        let _ = task.await;
+    }
+
+    #[tokio::test]
+    async fn a_pod_setting_an_unsafe_sysctl_is_rejected_as_sysctl_forbidden() {
+        // Old code: no sysctl admit handler; the pod ran with whatever
+        // sysctls it asked for.
+        let (_, token, workers, pleg) = fixture();
+        let status = workers.status().clone();
+        let sysctls = crate::lifecycle::sysctl::Allowlist::for_node("6.1.0", &[]).unwrap();
+        let admission = two_cpu_node().with_sysctls(sysctls);
+        let sl = sync_loop(PodManager::new(), &workers, pleg, Some(admission));
+        let (updates_tx, task) = run_loop(sl, &token);
+        let mut pod = api_pod("tuned", "u-tuned");
+        pod.spec.as_mut().unwrap().security_context = Some(
+            serde_json::from_value(serde_json::json!({"sysctls": [
+                {"name": "net.ipv4.tcp_syncookies", "value": "1"},
+                {"name": "kernel.msgmax", "value": "65536"}
+            ]}))
+            .unwrap(),
+        );
+        updates_tx
+            .send(PodUpdate {
+                pods: vec![pod],
+                op: PodOperation::Add,
+                source: crate::source::API_SOURCE.to_string(),
+            })
+            .await
+            .unwrap();
+        let rejected = first_status(&status, "u-tuned").await;
+        assert_eq!(rejected.phase.as_deref(), Some("Failed"));
+        assert_eq!(rejected.reason.as_deref(), Some("SysctlForbidden"));
+        assert_eq!(
+            rejected.message.as_deref(),
+            Some("Pod was rejected: forbidden sysctl: \"kernel.msgmax\" not allowlisted")
+        );
+        assert!(!workers.is_known("u-tuned"));
         token.cancel();
         let _ = task.await;
     }
