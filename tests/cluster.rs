@@ -1786,3 +1786,44 @@ fn sysctls_are_admitted_as_upstreams_allowlist_and_reach_the_pod() {
     });
     assert!(logs.ends_with("200"), "{logs}");
 }
+
+#[test]
+fn without_cpu_cfs_quota_a_cpu_limit_sets_no_quota() {
+    // Old code: cpuCFSQuota was accepted unread; every cpu limit became a
+    // CFS quota.
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-nocfs";
+    let k = cluster_kubelet_with(node, &api, "cpuCFSQuota: false\n");
+    let name = format!("limited-{node}");
+    let mut pod = bound_pod(
+        &name,
+        node,
+        1,
+        "q=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cat /sys/fs/cgroup/cpu.max); \
+         echo \"quota=$q\"; exec sleep 3600",
+    );
+    pod["spec"]["containers"][0]["resources"] = json!({
+        "requests": {"cpu": "100m"},
+        "limits": {"cpu": "200m"}
+    });
+    api.create(pod);
+    let p = ready_pod(&api, &name, "the pod running");
+    let logs = wait_for("the quota printed", T, || {
+        let l = container_logs(&k, &name, "main");
+        l.contains("quota=").then_some(l)
+    });
+    // cgroup v1 shows no quota as -1, v2 as "max".
+    assert!(
+        logs.contains("quota=-1\n") || logs.contains("quota=max "),
+        "{logs}"
+    );
+    // The limit is still the pod's, and nothing takes the runtime's
+    // settings for a resize to make.
+    let cs = &p["status"]["containerStatuses"][0];
+    assert_eq!(cs["resources"]["limits"]["cpu"], "200m", "{cs:#}");
+    assert!(
+        cond(&p, "PodResizeInProgress").is_none(),
+        "{:#}",
+        p["status"]
+    );
+}

@@ -272,3 +272,37 @@ fn garbage_manifest_is_skipped_and_other_pods_keep_running() {
     );
     k.wait_pod("later", "running", T, |p| running(p, "main"));
 }
+
+#[test]
+fn log_directories_and_links_of_pods_that_are_gone_are_removed() {
+    // Old code: nothing removed a pod's directory under /var/log/pods nor
+    // a dead link in /var/log/containers; every pod ever run left them.
+    let stale = std::path::PathBuf::from(format!(
+        "/var/log/pods/default_gone-it-podlogs_{}",
+        "0f0e0d0c-0b0a-4909-8807-060504030201"
+    ));
+    std::fs::create_dir_all(stale.join("main")).unwrap();
+    std::fs::write(stale.join("main/0.log"), "old\n").unwrap();
+    let link = std::path::PathBuf::from(format!(
+        "/var/log/containers/gone-it-podlogs_default_main-{}.log",
+        "ab".repeat(32)
+    ));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(stale.join("main/1.log"), &link).unwrap();
+
+    let k = Kubelet::start("it-podlogs");
+    k.write_manifest(
+        "keep.yaml",
+        &simple_pod("keep", "exec sleep 3600", "Always"),
+    );
+    let p = k.wait_pod("keep", "running", T, |p| running(p, "main"));
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    let kept = std::path::PathBuf::from(format!("/var/log/pods/default_keep-it-podlogs_{uid}"));
+    wait_for("the gone pod's log directory removed", T, || {
+        (!stale.exists()).then_some(())
+    });
+    wait_for("the dead link removed", T, || {
+        link.symlink_metadata().is_err().then_some(())
+    });
+    assert!(kept.join("main").exists(), "a running pod's logs stay");
+}

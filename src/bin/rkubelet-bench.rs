@@ -429,7 +429,9 @@ fn bare_sandbox(i: usize, uid: &str) -> v1::PodSandboxConfig {
             attempt: 0,
         }),
         hostname: format!("bare{i}"),
-        log_directory: format!("/var/log/pods/bench_bare{i}_{uid}"),
+        // Outside the kubelet's podLogsDir: its log cleanup takes the
+        // directories of pods it does not know.
+        log_directory: format!("{BARE_LOGS}/bench_bare{i}_{uid}"),
         labels: HashMap::from([("rkubelet-bench".to_string(), "bare".to_string())]),
         linux: Some(v1::LinuxPodSandboxConfig {
             cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
@@ -478,6 +480,9 @@ async fn bare_cri(cri: &RemoteRuntime, n: usize, image_ref: &str) -> Result<(Vec
     Ok((per, wall))
 }
 
+/// Where the bare CRI pods' logs go.
+const BARE_LOGS: &str = "/var/log/rkubelet-bench";
+
 async fn remove_bare(cri: &RemoteRuntime) {
     for s in cri.list_pod_sandbox(None).await.unwrap_or_default() {
         if s.labels.contains_key("rkubelet-bench") {
@@ -485,6 +490,7 @@ async fn remove_bare(cri: &RemoteRuntime) {
             let _ = cri.remove_pod_sandbox(&s.id).await;
         }
     }
+    let _ = tokio::fs::remove_dir_all(BARE_LOGS).await;
 }
 
 /// CPU seconds of every containerd and shim process: the runtime's share.

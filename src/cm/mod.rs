@@ -185,12 +185,74 @@ pub fn cpu_shares(milli: Option<i64>) -> i64 {
     }
 }
 
-/// Upstream MilliCPUToQuota with a 100 ms period; the quota floor is 1 ms.
+/// Upstream's QuotaPeriod, the CFS period without CustomCPUCFSQuotaPeriod.
 pub const CPU_PERIOD_US: i64 = 100_000;
+
+/// How cpu limits become CFS quotas: `cpuCFSQuota` (whether they do at
+/// all) and the period (`cpuCFSQuotaPeriod` with CustomCPUCFSQuotaPeriod,
+/// else 100 ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cfs {
+    pub enforce: bool,
+    pub period_us: i64,
+}
+
+impl Default for Cfs {
+    fn default() -> Self {
+        Cfs {
+            enforce: true,
+            period_us: CPU_PERIOD_US,
+        }
+    }
+}
+
+/// Set once at start from the configuration; read wherever container
+/// resources are made or compared.
+static CFS: std::sync::OnceLock<Cfs> = std::sync::OnceLock::new();
+
+/// Sets the node's CFS settings (at start; later calls are ignored).
+pub fn set_cfs(c: Cfs) {
+    let _ = CFS.set(c);
+}
+
+/// The node's CFS settings.
+pub fn cfs() -> Cfs {
+    CFS.get().copied().unwrap_or_default()
+}
+
+impl Cfs {
+    /// From the configuration, as upstream's kuberuntime manager takes it.
+    pub fn from_config(cfg: &crate::config::KubeletConfiguration) -> Self {
+        Cfs {
+            enforce: cfg.cpu_cfs_quota,
+            period_us: if cfg.feature_gate("CustomCPUCFSQuotaPeriod") {
+                cfg.cpu_cfs_quota_period.0.as_micros() as i64
+            } else {
+                CPU_PERIOD_US
+            },
+        }
+    }
+
+    /// The period and quota a cpu limit is set as; zeros (none) without a
+    /// limit or when quotas are not enforced.
+    pub fn period_and_quota(self, milli: Option<i64>) -> (i64, i64) {
+        match milli {
+            Some(m) if self.enforce && m > 0 => (self.period_us, cpu_quota_over(m, self.period_us)),
+            _ => (0, 0),
+        }
+    }
+}
+
+/// Upstream MilliCPUToQuota: the quota floor is 1 ms.
+fn cpu_quota_over(milli: i64, period_us: i64) -> i64 {
+    (milli * period_us / 1000).max(1000)
+}
+
+/// The quota of a cpu limit over the node's period (0 without one).
 pub fn cpu_quota(milli: Option<i64>) -> i64 {
     match milli {
         None | Some(0) => 0,
-        Some(m) => (m * CPU_PERIOD_US / 1000).max(1000),
+        Some(m) => cpu_quota_over(m, cfs().period_us),
     }
 }
 
@@ -451,6 +513,36 @@ mod tests {
         };
         with_sidecar.spec.as_mut().unwrap().init_containers = Some(vec![sidecar.clone()]);
         assert_eq!(oom_score_adj(&with_sidecar, &sidecar, cap), 900);
+    }
+
+    #[test]
+    fn cpu_limits_become_cfs_quotas_as_the_configuration_says() {
+        // Old code: cpuCFSQuota and cpuCFSQuotaPeriod were accepted unread.
+        let on = Cfs::default();
+        assert_eq!(on.period_and_quota(Some(500)), (100_000, 50_000));
+        assert_eq!(on.period_and_quota(None), (0, 0));
+        let off = Cfs {
+            enforce: false,
+            ..Cfs::default()
+        };
+        assert_eq!(off.period_and_quota(Some(500)), (0, 0));
+        // CustomCPUCFSQuotaPeriod: 5 ms periods, the 1 ms floor kept.
+        let short = Cfs {
+            enforce: true,
+            period_us: 5_000,
+        };
+        assert_eq!(short.period_and_quota(Some(500)), (5_000, 2_500));
+        assert_eq!(short.period_and_quota(Some(100)), (5_000, 1_000));
+        let text = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+            cpuCFSQuota: false\nfeatureGates:\n  CustomCPUCFSQuotaPeriod: true\ncpuCFSQuotaPeriod: 5ms\n";
+        let (cfg, _) = crate::config::KubeletConfiguration::load_str(text).unwrap();
+        assert_eq!(
+            Cfs::from_config(&cfg),
+            Cfs {
+                enforce: false,
+                period_us: 5_000
+            }
+        );
     }
 
     #[test]

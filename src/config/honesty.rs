@@ -27,8 +27,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "hairpinMode",
     "podPidsLimit",
     "runOnce",
-    "cpuCFSQuota",
-    "cpuCFSQuotaPeriod",
     "contentType",
     "protectKernelDefaults",
     "makeIPTablesUtilChains",

@@ -204,6 +204,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     let rotation =
         crate::logs::rotation::Policy::from_config(cfg).map_err(KubeletError::LogManager)?;
     set_own_oom_score_adj(cfg.oom_score_adj);
+    crate::cm::set_cfs(crate::cm::Cfs::from_config(cfg));
     set_open_file_limit(cfg.max_open_files);
     let logs_dir = PathBuf::from(if cfg.pod_logs_dir.is_empty() {
         "/var/log/pods"
@@ -253,10 +254,12 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     let machine_for_node = machine.clone();
 
     let node_cfg = node_config(&opts, &node_ip, &machine_for_node);
+    // Upstream's ContainerLogsDir, where log collectors read.
+    let container_logs_dir = PathBuf::from("/var/log/containers");
     let rt_opts = RuntimeOptions {
         root_dir: opts.root_dir.clone(),
         pod_logs_dir: logs_dir.clone(),
-        container_logs_dir: PathBuf::from("/var/log/containers"),
+        container_logs_dir: container_logs_dir.clone(),
         cgroup_root: cfg.cgroup_root.clone(),
         systemd_cgroups: cfg.cgroup_driver == "systemd",
         cluster_dns: cfg.cluster_dns.clone(),
@@ -333,6 +336,15 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         token.child_token(),
     )
     .await;
+    // Log directories and links of pods that are gone, removed at
+    // housekeeping once a minute.
+    let pod_logs = crate::logs::podlogs::Cleaner::new(
+        logs_dir.clone(),
+        container_logs_dir,
+        runtime.clone(),
+        cluster_tasks.clone(),
+        token.child_token(),
+    );
     // CSI drivers register through sockets in <root-dir>/plugins_registry
     // (upstream's plugin manager).
     manager.volumes.csi_drivers().set_node_name(&opts.node_name);
@@ -642,6 +654,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
                 };
                 gc_manager.volumes.cleanup_orphaned_pod_dirs(known());
                 pod_cgroups.run(known());
+                pod_logs.run(known());
             })
         }),
         deleting,

@@ -47,15 +47,11 @@ pub fn resize_changes(c: &Container, s: &ContainerInfo) -> (bool, bool) {
         return (false, false);
     };
     let r = crate::cm::container_resources(c);
-    let period = if r.cpu_limit.is_some() {
-        crate::cm::CPU_PERIOD_US
-    } else {
-        0
-    };
+    let (period, quota) = crate::cm::cfs().period_and_quota(r.cpu_limit);
     // A runtime may report an unset period as its default.
     let period_differs = have.cpu_period != period && !(period == 0 && have.cpu_quota <= 0);
     let cpu = have.cpu_shares != crate::cm::cpu_shares(r.cpu_request)
-        || have.cpu_quota.max(0) != crate::cm::cpu_quota(r.cpu_limit)
+        || have.cpu_quota.max(0) != quota
         || period_differs;
     let memory = have.memory_limit_in_bytes.max(0) != r.mem_limit.unwrap_or(0);
     (cpu, memory)

@@ -66,21 +66,18 @@ pub enum ConfigError {
 /// unknown references left as written (upstream `expansion.Expand`).
 /// The cgroup settings a container is made with, and an in-place resize
 /// sends (upstream generateLinuxContainerResources): shares from the cpu
-/// request, quota over a 100 ms period from the cpu limit, the memory
-/// limit.
+/// request, quota over the CFS period (100 ms) from the cpu limit unless
+/// `cpuCFSQuota` is off, the memory limit.
 pub fn linux_resources(
     pod: &Pod,
     c: &Container,
     memory_capacity: i64,
 ) -> v1::LinuxContainerResources {
     let res = cm::container_resources(c);
+    let (cpu_period, cpu_quota) = cm::cfs().period_and_quota(res.cpu_limit);
     v1::LinuxContainerResources {
-        cpu_period: if res.cpu_limit.is_some() {
-            cm::CPU_PERIOD_US
-        } else {
-            0
-        },
-        cpu_quota: cm::cpu_quota(res.cpu_limit),
+        cpu_period,
+        cpu_quota,
         cpu_shares: cm::cpu_shares(res.cpu_request),
         memory_limit_in_bytes: res.mem_limit.unwrap_or(0),
         oom_score_adj: cm::oom_score_adj(pod, c, memory_capacity),

@@ -5,6 +5,7 @@
 
 pub mod cri_format;
 pub mod files;
+pub mod podlogs;
 pub mod rotation;
 
 use std::io::{Read, Seek, SeekFrom};

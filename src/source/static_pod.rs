@@ -285,10 +285,14 @@ pub fn static_pod_uid(pod: &Pod, node_name: &str, path: &Path) -> String {
 }
 
 /// As `static_pod_uid`, with the origin given (`file:<path>`, `url:<url>`).
+/// As upstream's applyDefaults, only a file's pod is hashed with the node
+/// name: a URL's pods get the same UID on every node that polls it.
 fn pod_uid_for(pod: &Pod, node_name: &str, origin: &str) -> String {
     let mut hasher = Md5::new();
     hasher.update(serde_json::to_vec(pod).unwrap_or_default());
-    hasher.update(format!("host:{node_name}"));
+    if origin.starts_with("file:") {
+        hasher.update(format!("host:{node_name}"));
+    }
     hasher.update(origin);
     hasher
         .finalize()
@@ -1367,6 +1371,19 @@ spec:
         ))
         .unwrap();
         assert_eq!(a.metadata.uid, reformatted.metadata.uid);
+    }
+
+    #[test]
+    fn a_urls_pod_has_one_uid_on_every_node_as_upstream() {
+        // Old code hashed the node name in for URL pods too; upstream's
+        // applyDefaults writes only "url:<url>" after the pod.
+        let pod = || crate::yaml::from_slice::<Pod>(YAML.as_bytes()).unwrap();
+        let url = "http://config.example/pods";
+        let a = http_static_pod(pod(), url, "node-1", at(0)).unwrap();
+        let b = http_static_pod(pod(), url, "node-2", at(0)).unwrap();
+        assert_eq!(a.metadata.uid, b.metadata.uid);
+        let c = http_static_pod(pod(), "http://other.example/pods", "node-1", at(0)).unwrap();
+        assert_ne!(a.metadata.uid, c.metadata.uid);
     }
 
     #[test]
