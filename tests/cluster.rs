@@ -1418,7 +1418,8 @@ fn sandbox_and_node_troubles_are_reported_as_upstreams_events() {
 #[test]
 fn under_memory_pressure_pods_are_refused_and_evicted_as_upstream() {
     // Old code: evictionHard was accepted and ignored; the Node never
-    // showed MemoryPressure and no pod was refused or evicted.
+    // showed MemoryPressure and no pod was refused or evicted. Then an
+    // evicted pod's containers and logs stayed as long as the pod did.
     let api = ApiServer::start(ApiServerOptions::default());
     let node = "it-evict";
     // More than any machine has: the threshold is met from the first round.
@@ -1484,6 +1485,19 @@ fn under_memory_pressure_pods_are_refused_and_evicted_as_upstream() {
         .expect("an EvictionThresholdMet event");
     assert_eq!(e["message"], "Attempting to reclaim memory");
 
+    // Within a container GC period, the evicted pod's containers, sandbox
+    // and logs go, though the pod stays (upstream ShouldPodContentBeRemoved).
+    wait_for(
+        "the evicted pod's containers removed",
+        Duration::from_secs(90),
+        || (cri.count_labelled("io.kubernetes.pod.uid", &uid, false) == (0, 0)).then_some(()),
+    );
+    let logs = std::path::PathBuf::from(format!("/var/log/pods/default_{victim}_{uid}"));
+    wait_for("its logs removed", Duration::from_secs(90), || {
+        (!logs.exists()).then_some(())
+    });
+    let p = api.get("pods", Some("default"), &victim).unwrap();
+    assert_eq!(p["status"]["reason"], "Evicted");
     let text = metrics_text(&k);
     assert!(
         text.lines()

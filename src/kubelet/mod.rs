@@ -336,15 +336,6 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         token.child_token(),
     )
     .await;
-    // Log directories and links of pods that are gone, removed at
-    // housekeeping once a minute.
-    let pod_logs = crate::logs::podlogs::Cleaner::new(
-        logs_dir.clone(),
-        container_logs_dir,
-        runtime.clone(),
-        cluster_tasks.clone(),
-        token.child_token(),
-    );
     // CSI drivers register through sockets in <root-dir>/plugins_registry
     // (upstream's plugin manager).
     manager.volumes.csi_drivers().set_node_name(&opts.node_name);
@@ -557,6 +548,28 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             tracing::info_span!("log-rotation"),
         )));
     }
+    // Log directories and links of pods that are gone, removed at
+    // housekeeping once a minute.
+    let pod_logs = crate::logs::podlogs::Cleaner::new(
+        logs_dir.clone(),
+        container_logs_dir,
+        runtime.clone(),
+        cluster_tasks.clone(),
+        token.child_token(),
+    )
+    .with_first({
+        // An evicted pod's containers and sandboxes go though it stays in
+        // config, as upstream's container GC removes them.
+        let (w, m) = (workers.clone(), manager.clone());
+        Arc::new(move || {
+            let (w, m) = (w.clone(), m.clone());
+            Box::pin(async move {
+                if let Err(e) = remove_finished_pods_containers(&w, &m, true).await {
+                    tracing::info!(error = %e, "failed to remove an evicted pod's containers");
+                }
+            })
+        })
+    });
     let image_gc = Arc::new(crate::images::gc::ImageGc::new(
         runtime.clone(),
         images_for_gc,
@@ -654,7 +667,11 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
                 };
                 gc_manager.volumes.cleanup_orphaned_pod_dirs(known());
                 pod_cgroups.run(known());
-                pod_logs.run(known());
+                // An evicted pod's logs go though it stays (upstream
+                // ShouldPodContentBeRemoved), with its containers.
+                let keep = known();
+                let w2 = w.clone();
+                pod_logs.run(move |uid| keep(uid) && !w2.is_evicted_and_terminated(uid));
             })
         }),
         deleting,
@@ -758,10 +775,13 @@ struct Reclaimers {
 async fn remove_finished_pods_containers(
     workers: &PodWorkers,
     runtime: &RuntimeManager,
+    evicted_only: bool,
 ) -> Result<(), String> {
     let mut errors = Vec::new();
     for (uid, phase, ..) in workers.working() {
-        if phase != crate::podworkers::WorkerPhase::Terminated {
+        if phase != crate::podworkers::WorkerPhase::Terminated
+            || (evicted_only && !workers.is_evicted_and_terminated(&uid))
+        {
             continue;
         }
         let r = async {
@@ -873,7 +893,7 @@ fn start_eviction(
             Box::pin(async move {
                 match what {
                     eviction::Reclaim::DeadContainers => {
-                        remove_finished_pods_containers(&w, &r).await
+                        remove_finished_pods_containers(&w, &r, false).await
                     }
                     eviction::Reclaim::UnusedImages => {
                         gc.delete_unused_images().await.map_err(|e| e.to_string())

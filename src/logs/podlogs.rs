@@ -39,7 +39,13 @@ pub struct Cleaner {
     last: Arc<Mutex<Option<Instant>>>,
     tasks: TaskTracker,
     token: CancellationToken,
+    /// Runs first in each pass (upstream's GC removes containers and
+    /// sandboxes before pod logs).
+    first: Option<Hook>,
 }
+
+/// Work a pass begins with.
+pub type Hook = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 impl Cleaner {
     pub fn new(
@@ -57,7 +63,14 @@ impl Cleaner {
             last: Arc::default(),
             tasks,
             token,
+            first: None,
         }
+    }
+
+    /// Runs `hook` at the start of each pass.
+    pub fn with_first(mut self, hook: Hook) -> Self {
+        self.first = Some(hook);
+        self
     }
 
     /// One pass, unless one ran less than a `PERIOD` ago or is still
@@ -86,6 +99,9 @@ impl Cleaner {
     }
 
     async fn pass(&self, known: impl Fn(&str) -> bool + Send + 'static) {
+        if let Some(first) = &self.first {
+            first().await;
+        }
         let (pods, links) = (self.pod_logs_dir.clone(), self.container_logs_dir.clone());
         let found = crate::blocking::run("pod log cleanup".into(), DEADLINE, move || {
             (remove_pod_dirs(&pods, &known), dangling_links(&links))

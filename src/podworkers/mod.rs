@@ -559,6 +559,18 @@ impl PodWorkers {
         )
     }
 
+    /// Whether the pod was evicted and its worker has stopped everything:
+    /// its content may go though it stays in config (upstream
+    /// ShouldPodContentBeRemoved counts an evicted pod's).
+    pub fn is_evicted_and_terminated(&self, uid: &str) -> bool {
+        self.state.lock().entries.get(uid).is_some_and(|e| {
+            e.phase == WorkerPhase::Terminated
+                && e.stopped_because
+                    .as_ref()
+                    .is_some_and(|s| s.reason == crate::eviction::REASON)
+        })
+    }
+
     pub fn is_terminating(&self, uid: &str) -> bool {
         self.phase(uid).is_some_and(|p| p != WorkerPhase::Syncing)
     }
@@ -1724,12 +1736,15 @@ mod tests {
         w.update("u-web", Work::Sync(pod.clone()));
         until("the app to start", || has(&fake, "StartContainer app")).await;
         until("a status", || w.deps.status.get("u-web").is_some()).await;
+        assert!(!w.is_evicted_and_terminated("u-web"));
         assert!(w.stop_now("u-web", 1, stopped()));
         assert!(!w.stop_now("u-web", 1, stopped()), "already stopping");
         until("the pod to be terminated", || {
             w.phase("u-web") == Some(WorkerPhase::Terminated)
         })
         .await;
+        // Its content may go now, though the pod stays.
+        assert!(w.is_evicted_and_terminated("u-web"));
         assert!(has(&fake, "StopContainer"));
         assert!(!has(&fake, "RemovePodSandbox"), "kept until removed");
         let st = w.deps.status.get("u-web").unwrap();
