@@ -305,12 +305,9 @@ impl ImageGc {
         let mut freed = 0i64;
         let mut errors = Vec::new();
         for (id, r) in images {
-            // Used at or after this pass began (upstream compares with
-            // freeTime): not eligible.
-            if r.last_used.is_some_and(|u| u >= at) {
-                continue;
-            }
-            // Perhaps just pulled, for a container about to start.
+            // (Images in use, which upstream also skips here by their
+            // last use, are not in `images`: `in_eviction_order` left them
+            // out.) Perhaps just pulled, for a container about to start.
             if at.duration_since(r.first_detected) < self.policy.min_age {
                 debug!(image = %id, "image younger than imageMinimumGCAge, kept");
                 continue;

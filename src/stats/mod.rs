@@ -92,8 +92,9 @@ fn sources(s: &ServerState) -> provider::Sources {
     }
 }
 
-/// The eviction manager's figures of the node (no pod's), with whether
-/// the image file system is on its own device.
+/// The node's figures (no pod's), with whether the image file system is
+/// on its own device: the eviction manager's, and the image garbage
+/// collector's through `image_fs_figures`.
 pub async fn eviction_sample(s: &ServerState) -> Result<crate::eviction::Sample, StatsError> {
     let node = s.stats.node_snapshot(sources(s), stats_config(s)).await?;
     let n = &node.node;
@@ -110,13 +111,8 @@ pub async fn eviction_sample(s: &ServerState) -> Result<crate::eviction::Sample,
 /// The image file system's size and free bytes (upstream ImageFsStats),
 /// for the image garbage collector.
 pub async fn image_fs_figures(s: &ServerState) -> Result<crate::images::gc::FsFigures, String> {
-    let node = s
-        .stats
-        .node_snapshot(sources(s), stats_config(s))
-        .await
-        .map_err(|e| e.to_string())?;
-    let summary = summary::build(&node, &s.node_name, false);
-    let fs = summary.node.runtime.and_then(|r| r.image_fs);
+    let sample = eviction_sample(s).await.map_err(|e| e.to_string())?;
+    let fs = sample.summary.node.runtime.and_then(|r| r.image_fs);
     match fs.map(|f| (f.capacity_bytes, f.available_bytes)) {
         Some((Some(capacity), Some(available))) => Ok(crate::images::gc::FsFigures {
             capacity,
