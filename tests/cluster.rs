@@ -1154,6 +1154,17 @@ fn a_resize_is_applied_in_place_or_waits_as_upstream() {
             .contains("quota=40000 memory=100663296")
             .then_some(())
     });
+    // The pod's own cgroup follows (old code left it without limits; a
+    // pod cgroup left at the old quota refuses the container's on v1).
+    let pod_dir = format!(
+        "kubepods/burstable/pod{}",
+        p["metadata"]["uid"].as_str().unwrap()
+    );
+    assert_eq!(pod_cpu_quota(&pod_dir), "40000");
+    assert_eq!(
+        host_cgroup("memory", &pod_dir, "memory.limit_in_bytes", "memory.max"),
+        "100663296"
+    );
     wait_for("the ResizeCompleted event", T, || {
         api.list("events").into_iter().find(|e| {
             e["reason"] == "ResizeCompleted" && e["involvedObject"]["name"] == name.as_str()
@@ -1840,4 +1851,106 @@ fn without_cpu_cfs_quota_a_cpu_limit_sets_no_quota() {
         "{:#}",
         p["status"]
     );
+}
+
+/// A file of a cgroup on the host, relative to its hierarchy's root: the
+/// v1 controller's file, or the v2 one in the unified hierarchy.
+fn host_cgroup(controller: &str, dir: &str, v1: &str, v2: &str) -> String {
+    let unified = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let path = if unified {
+        format!("/sys/fs/cgroup/{dir}/{v2}")
+    } else {
+        format!("/sys/fs/cgroup/{controller}/{dir}/{v1}")
+    };
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .trim()
+        .to_string()
+}
+
+/// A cgroup's cpu quota in microseconds ("max" or -1 for none).
+fn pod_cpu_quota(dir: &str) -> String {
+    let q = host_cgroup("cpu", dir, "cpu.cfs_quota_us", "cpu.max");
+    q.split(' ').next().unwrap_or_default().to_string()
+}
+
+/// cpu.shares on v1, or what it is as cpu.weight on v2.
+fn host_cpu_weight(dir: &str, shares: u64) -> (String, String) {
+    let unified = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let want = if unified {
+        1 + (shares - 2) * 9999 / 262_142
+    } else {
+        shares
+    };
+    (
+        host_cgroup("cpu", dir, "cpu.shares", "cpu.weight"),
+        want.to_string(),
+    )
+}
+
+/// The container manager's cgroups, as upstream's (old code left them to
+/// the runtime, bare): the pod's own cgroup is made with its limits and
+/// podPidsLimit before its sandbox, the QoS tiers carry their shares, and
+/// kubepods the node's.
+#[test]
+fn pod_cgroups_carry_the_pods_limits_as_upstreams_container_manager() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-cgroups";
+    let k = cluster_kubelet_with(node, &api, "podPidsLimit: 77\n");
+    let name = format!("limited-{node}");
+    // Each container limits cpu, one leaves memory open: the pod gets a
+    // quota of both limits and no memory limit.
+    let mut pod = bound_pod(&name, node, 1, "exec sleep 3600");
+    pod["spec"]["containers"][0]["resources"] = json!({
+        "requests": {"cpu": "100m", "memory": "32Mi"},
+        "limits": {"cpu": "200m", "memory": "64Mi"}
+    });
+    let mut second = pod["spec"]["containers"][0].clone();
+    second["name"] = json!("second");
+    second["resources"] = json!({"requests": {"cpu": "50m"}, "limits": {"cpu": "100m"}});
+    pod["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(second);
+    let created = api.create(pod);
+    assert_eq!(created["status"]["qosClass"], "Burstable");
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    ready_pod(&api, &name, "the pod running");
+    let dir = format!("kubepods/burstable/pod{uid}");
+    assert_eq!(host_cgroup("pids", &dir, "pids.max", "pids.max"), "77");
+    assert_eq!(pod_cpu_quota(&dir), "30000");
+    let (have, want) = host_cpu_weight(&dir, 153);
+    assert_eq!(have, want, "the pod's shares of its 150m request");
+    let memory = host_cgroup("memory", &dir, "memory.limit_in_bytes", "memory.max");
+    assert!(
+        memory == "max" || memory.parse::<u64>().unwrap() > 1 << 60,
+        "no memory limit: {memory}"
+    );
+    // BestEffort's tier at the minimum; burstable's at least this pod's
+    // requests (other kubelets' pods may share it).
+    let (have, want) = host_cpu_weight("kubepods/besteffort", 2);
+    assert_eq!(have, want);
+    wait_for("the burstable tier's shares", T, || {
+        let (have, _) = host_cpu_weight("kubepods/burstable", 2);
+        let (_, floor) = host_cpu_weight("kubepods/burstable", 153);
+        (have.parse::<u64>().ok()? >= floor.parse::<u64>().ok()?).then_some(())
+    });
+    // kubepods: the node's cpu in shares, and a pid limit (not "max").
+    let cores: u64 = wait_for("the node's capacity", T, || {
+        api.get("nodes", None, node)?["status"]["capacity"]["cpu"]
+            .as_str()?
+            .parse()
+            .ok()
+    });
+    let (have, want) = host_cpu_weight("kubepods", cores * 1024);
+    assert_eq!(have, want);
+    let pids = host_cgroup("pids", "kubepods", "pids.max", "pids.max");
+    assert!(pids.parse::<u64>().is_ok(), "kubepods pids.max {pids}");
+    wait_for("the node allocatable event", T, || {
+        api.list("events").into_iter().find(|e| {
+            e["reason"] == "SuccessfulNodeAllocatableEnforcement"
+                && e["involvedObject"]["name"] == node
+        })
+    });
+    drop(k);
 }

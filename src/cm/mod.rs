@@ -2,6 +2,7 @@
 //! cgroup parents under `kubepods`, CPU/memory settings and OOM scores
 //! (upstream `pkg/kubelet/cm`, `qos/policy.go`, `apis/core/v1/helper/qos`).
 
+pub mod manager;
 pub mod podcgroups;
 pub mod quantity;
 
@@ -233,12 +234,14 @@ impl Cfs {
         }
     }
 
-    /// The period and quota a cpu limit is set as; zeros (none) without a
-    /// limit or when quotas are not enforced.
+    /// The period and quota a cpu limit is set as: with quotas enforced
+    /// the period always, and a quota of 0 (none) without a limit (upstream
+    /// calculateLinuxResources); zeros when quotas are not enforced.
     pub fn period_and_quota(self, milli: Option<i64>) -> (i64, i64) {
         match milli {
-            Some(m) if self.enforce && m > 0 => (self.period_us, cpu_quota_over(m, self.period_us)),
-            _ => (0, 0),
+            _ if !self.enforce => (0, 0),
+            Some(m) if m > 0 => (self.period_us, cpu_quota_over(m, self.period_us)),
+            _ => (self.period_us, 0),
         }
     }
 }
@@ -520,7 +523,7 @@ mod tests {
         // Old code: cpuCFSQuota and cpuCFSQuotaPeriod were accepted unread.
         let on = Cfs::default();
         assert_eq!(on.period_and_quota(Some(500)), (100_000, 50_000));
-        assert_eq!(on.period_and_quota(None), (0, 0));
+        assert_eq!(on.period_and_quota(None), (100_000, 0));
         let off = Cfs {
             enforce: false,
             ..Cfs::default()

@@ -25,7 +25,6 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "topologyManagerPolicyOptions",
     "qosReserved",
     "hairpinMode",
-    "podPidsLimit",
     "runOnce",
     "contentType",
     "protectKernelDefaults",
@@ -34,13 +33,8 @@ pub const UNIMPLEMENTED_FIELDS: &[&str] = &[
     "iptablesDropBit",
     "failSwapOn",
     "memorySwap",
-    "systemReserved",
-    "kubeReserved",
     "reservedSystemCPUs",
     "showHiddenMetricsForVersion",
-    "systemReservedCgroup",
-    "kubeReservedCgroup",
-    "enforceNodeAllocatable",
     "volumePluginDir",
     "kernelMemcgNotification",
     "logging",
@@ -115,14 +109,14 @@ mod tests {
     fn only_settings_the_user_made_are_reported() {
         let base = baseline(true);
         let (cfg, _) = KubeletConfiguration::load_str(&format!(
-            "{HEADER}podPidsLimit: 50\nstaticPodPath: /etc/kubernetes/manifests\nenableServer: false\n"
+            "{HEADER}hairpinMode: hairpin-veth\nstaticPodPath: /etc/kubernetes/manifests\nenableServer: false\n"
         ))
         .unwrap();
         let mut flags = KubeletFlags::default();
         let w = unimplemented_settings(&cfg, &base, &flags);
         assert_eq!(
             w,
-            vec!["field podPidsLimit is accepted but not implemented".to_string()]
+            vec!["field hairpinMode is accepted but not implemented".to_string()]
         );
         let (gated, _) = KubeletConfiguration::load_str(&format!(
             "{HEADER}featureGates:\n  ImageVolume: true\n  PodCertificateRequest: true\n"

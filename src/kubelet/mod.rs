@@ -55,6 +55,9 @@ pub enum KubeletError {
     Eviction(#[from] crate::eviction::EvictionError),
     #[error(transparent)]
     Sysctl(#[from] crate::lifecycle::sysctl::SysctlError),
+    /// Upstream exits with "Failed to start ContainerManager".
+    #[error("failed to start ContainerManager: {0}")]
+    ContainerManager(String),
     #[error("cannot create directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -317,6 +320,9 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     // The runtime's last Status answer: polled below, read by the pod
     // workers (the runtime's handlers and their user-namespace support).
     let runtime_state = crate::runtimestate::RuntimeState::default();
+    // The node allocatable, QoS and pod cgroups.
+    let cgroups =
+        start_container_manager(cfg, &opts.node_name, &machine, &cluster_tasks, &token).await?;
     let manager = Arc::new({
         let (initial, max) = crate::kuberuntime::backoff::crash_loop_backoff(cfg);
         let mut m = RuntimeManager::new(runtime.clone(), image_manager, rt_opts)
@@ -324,6 +330,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             .with_crash_loop_backoff(initial, max);
         m.allocation = allocation;
         m.runtime_state = runtime_state.clone();
+        m.cgroups = cgroups.clone();
         m
     });
     manager.volumes.start(&cluster_tasks, token.child_token());
@@ -394,6 +401,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         },
         token.child_token(),
     );
+    cgroups.set_active_pods(active_pods(pods.clone(), workers.clone()));
 
     let (pleg_tx, pleg_rx) = mpsc::channel(pleg::CHANNEL_CAPACITY);
     pleg::evented::spawn(runtime.clone(), pleg_tx.clone(), token.child_token());
@@ -638,10 +646,13 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
             objects: objects.clone(),
             csi: manager.volumes.csi_drivers().clone(),
             eviction,
+            cgroups: cgroups.clone(),
         };
         let d = start_cluster_mode(c, pod_config.channel(source::API_SOURCE), &token).await?;
         expected.push(source::API_SOURCE);
         deleting = Some(d);
+    } else {
+        cgroups.enforce_node_allocatable(&cluster_tasks, token.child_token());
     }
     info!(node = %opts.node_name, static_pod_path = %cfg.static_pod_path, cluster = opts.kubeconfig.is_some(), "rkubelet started");
     let (pods_for_gc, workers_for_gc) = (pods.clone(), workers.clone());
@@ -761,6 +772,8 @@ struct ClusterParts<'a> {
     csi: crate::volume::csi::Registry,
     /// The pressure conditions for the Node.
     eviction: crate::eviction::EvictionManager,
+    /// Node allocatable enforcement, once events can be sent.
+    cgroups: crate::cm::manager::ContainerManager,
 }
 
 /// What the eviction manager reclaims with before evicting pods.
@@ -797,6 +810,58 @@ async fn remove_finished_pods_containers(
     } else {
         Err(errors.join("; "))
     }
+}
+
+/// Upstream's getAllocatedPods less those already stopping: the pods
+/// whose worker still syncs them, as granted.
+fn active_pods(p: PodManager, w: PodWorkers) -> crate::cm::manager::ActivePods {
+    Box::new(move || {
+        let (desired, _) = p.desired_and_terminating();
+        desired
+            .into_iter()
+            .filter(|pod| {
+                w.phase(crate::source::pod_uid(pod))
+                    == Some(crate::podworkers::WorkerPhase::Syncing)
+            })
+            .map(|pod| w.allocation().granted(pod))
+            .collect()
+    })
+}
+
+/// Starts the container manager's cgroups for the cgroupfs driver with
+/// `cgroupsPerQOS` (upstream's containerManager Start; an error stops the
+/// kubelet as upstream's "Failed to start ContainerManager" does).
+async fn start_container_manager(
+    cfg: &crate::config::KubeletConfiguration,
+    node_name: &str,
+    machine: &MachineInfo,
+    tasks: &tokio_util::task::TaskTracker,
+    token: &CancellationToken,
+) -> Result<crate::cm::manager::ContainerManager, KubeletError> {
+    use crate::cm::manager::{self, Capacity, ContainerManager};
+    if cfg.cgroup_driver == "systemd" || !cfg.cgroups_per_qos {
+        manager::warn_disabled(&cfg.cgroup_driver, cfg.cgroups_per_qos);
+        return Ok(ContainerManager::default());
+    }
+    let capacity = Capacity {
+        cpu_milli: machine.num_cores as i64 * 1000,
+        memory_bytes: machine.memory_capacity as i64,
+        max_pid: manager::max_pid().await,
+    };
+    let c = manager::Config {
+        node_name: node_name.to_string(),
+        cgroup_root: cfg.cgroup_root.clone(),
+        cfs: crate::cm::Cfs::from_config(cfg),
+        pod_pids_limit: cfg.pod_pids_limit,
+        enforce_node_allocatable: cfg.enforce_node_allocatable.clone(),
+        system_reserved: cfg.system_reserved.clone(),
+        kube_reserved: cfg.kube_reserved.clone(),
+        system_reserved_cgroup: cfg.system_reserved_cgroup.clone(),
+        kube_reserved_cgroup: cfg.kube_reserved_cgroup.clone(),
+    };
+    ContainerManager::start(c, capacity, tasks, token.child_token())
+        .await
+        .map_err(|e| KubeletError::ContainerManager(e.to_string()))
 }
 
 /// Starts the eviction manager (upstream NewManager and Start; thresholds
@@ -862,19 +927,7 @@ fn start_eviction(
                     .ok()
             })
         }),
-        // Upstream's getAllocatedPods less those already stopping: the
-        // pods whose worker still syncs them.
-        active_pods: Box::new(move || {
-            let (desired, _) = p.desired_and_terminating();
-            desired
-                .into_iter()
-                .filter(|pod| {
-                    w.phase(crate::source::pod_uid(pod))
-                        == Some(crate::podworkers::WorkerPhase::Syncing)
-                })
-                .map(|pod| w.allocation().granted(pod))
-                .collect()
-        }),
+        active_pods: active_pods(p, w),
         evict: Box::new(move |e| {
             w2.stop_now(
                 crate::source::pod_uid(&e.pod),
@@ -1026,6 +1079,7 @@ async fn start_cluster_mode(
         api_health: c.api_health.clone(),
         tasks: c.tasks.clone(),
         csi: c.csi.clone(),
+        cgroups: c.cgroups.clone(),
     };
     let t = token.clone();
     c.tasks.spawn(tracing::Instrument::instrument(
@@ -1067,6 +1121,7 @@ struct ClusterTasks {
     tasks: tokio_util::task::TaskTracker,
     objects: crate::objects::ObjectManager,
     csi: crate::volume::csi::Registry,
+    cgroups: crate::cm::manager::ContainerManager,
 }
 
 impl ClusterTasks {
@@ -1169,6 +1224,8 @@ impl ClusterTasks {
                 crate::cm::CGROUP_V1_WARNING.into(),
             );
         }
+        self.cgroups
+            .enforce_node_allocatable(&tasks, token.child_token());
         let (registered_tx, registered_rx) = tokio::sync::watch::channel(None);
         // The kubelet's own Node, watched: the status loop's first read.
         let (node_tx, node_rx) =

@@ -48,8 +48,9 @@ pub fn resize_changes(c: &Container, s: &ContainerInfo) -> (bool, bool) {
     };
     let r = crate::cm::container_resources(c);
     let (period, quota) = crate::cm::cfs().period_and_quota(r.cpu_limit);
-    // A runtime may report an unset period as its default.
-    let period_differs = have.cpu_period != period && !(period == 0 && have.cpu_quota <= 0);
+    // The period matters only under a quota (a runtime may report an
+    // unset one as 0 or as its default).
+    let period_differs = (quota > 0 || have.cpu_quota > 0) && have.cpu_period != period;
     let cpu = have.cpu_shares != crate::cm::cpu_shares(r.cpu_request)
         || have.cpu_quota.max(0) != quota
         || period_differs;

@@ -171,6 +171,8 @@ pub struct RuntimeManager {
     pub allocation: crate::allocation::AllocationManager,
     /// The runtime's last Status answer (its handlers' features).
     pub runtime_state: crate::runtimestate::RuntimeState,
+    /// The pods' cgroups (disabled unless the kubelet starts it).
+    pub cgroups: crate::cm::manager::ContainerManager,
     backoff: Mutex<Backoff>,
     /// The last actions computed per pod UID and when, for `/debug/pods`.
     last_actions: Mutex<HashMap<String, (std::time::SystemTime, actions::PodActions)>>,
@@ -200,6 +202,7 @@ impl RuntimeManager {
             ),
             allocation: Default::default(),
             runtime_state: Default::default(),
+            cgroups: Default::default(),
             backoff: Mutex::new(Backoff::container()),
             last_actions: Mutex::new(HashMap::new()),
             resize_errors: Mutex::new(HashMap::new()),
@@ -358,6 +361,18 @@ impl RuntimeManager {
                 &[]
             }
         };
+        // The pod's cgroup first where the resize raises its limits (the
+        // kernel refuses a container more cpu than its pod), and after the
+        // containers where it lowers them (upstream doPodResizeAction).
+        if !to_update.is_empty() {
+            if let Err(e) = self.cgroups.resize_pod_before(pod).await {
+                warn!(pod = pod_name(pod), error = %e, "in-place resize of the pod cgroup failed");
+                result.errors.push(format!("ResizePodInPlace: {e}"));
+                result.requeue(Duration::from_secs(2));
+                failed = Some(e.to_string());
+            }
+        }
+        let to_update = if failed.is_some() { &[] } else { to_update };
         for (id, name) in to_update {
             let Some(c) = container_spec(pod, name) else {
                 continue;
@@ -369,6 +384,14 @@ impl RuntimeManager {
                 result
                     .errors
                     .push(format!("UpdateContainerResources {name}: {e}"));
+                result.requeue(Duration::from_secs(2));
+                failed = Some(e.to_string());
+            }
+        }
+        if !to_update.is_empty() && failed.is_none() {
+            if let Err(e) = self.cgroups.resize_pod_after(pod).await {
+                warn!(pod = pod_name(pod), error = %e, "in-place resize of the pod cgroup failed");
+                result.errors.push(format!("ResizePodInPlace: {e}"));
                 result.requeue(Duration::from_secs(2));
                 failed = Some(e.to_string());
             }
@@ -533,6 +556,27 @@ impl RuntimeManager {
                 }
             }
             self.resize_in_place(pod, rt, &a, &mut result).await;
+        }
+
+        // The pod's cgroup, with its limits, before its sandbox goes in it
+        // (upstream SyncPod's EnsureExists).
+        if a.create_sandbox {
+            if let Err(e) = self.cgroups.ensure_pod(pod).await {
+                warn!(pod = pod_name(pod), error = %e, "unable to ensure pod container exists");
+                events::pod(
+                    pod,
+                    None,
+                    events::WARNING,
+                    "FailedToCreatePodContainer",
+                    format!("unable to ensure pod container exists: {e}"),
+                );
+                result.errors.push(format!(
+                    "failed to ensure that the pod: {} cgroups exist and are correctly applied: {e}",
+                    pod.metadata.uid.as_deref().unwrap_or_default()
+                ));
+                result.requeue(Duration::from_secs(10));
+                return result;
+            }
         }
 
         // The volume manager sets them up; a hung mount or a missing object

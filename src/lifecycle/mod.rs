@@ -12,6 +12,8 @@ use k8s_openapi::api::core::v1::{
     Container, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
 };
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
 use crate::nodestatus::quantity::parse_milli;
 
 pub mod sysctl;
@@ -67,29 +69,98 @@ pub fn pod_requests(pod: &Pod, resource: &str) -> i128 {
 /// What the containers request together (upstream
 /// AggregateContainerRequests).
 pub fn container_requests(pod: &Pod, resource: &str) -> i128 {
-    let req = |c: &Container| {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get(resource))
-            .and_then(|q| parse_milli(&q.0))
-            .unwrap_or(0)
-    };
+    aggregate(
+        pod,
+        |c| {
+            amount(
+                c.resources.as_ref().and_then(|r| r.requests.as_ref()),
+                resource,
+            )
+        },
+        |_| {},
+    )
+}
+
+/// A resource's amount in a container's requests or limits, in milli-units.
+fn amount(list: Option<&BTreeMap<String, Quantity>>, resource: &str) -> i128 {
+    list.and_then(|r| r.get(resource))
+        .and_then(|q| parse_milli(&q.0))
+        .unwrap_or(0)
+}
+
+/// Upstream's sum over a pod's containers (AggregateContainerRequests and
+/// AggregateContainerLimits): apps and sidecars together, or the largest
+/// init container with the sidecars started before it, whichever is more.
+/// `each` sees every container's amount as counted: an app's or sidecar's
+/// own, an init container's with the sidecars before it.
+fn aggregate(pod: &Pod, of: impl Fn(&Container) -> i128, mut each: impl FnMut(i128)) -> i128 {
     let Some(spec) = pod.spec.as_ref() else {
         return 0;
     };
-    let apps: i128 = spec.containers.iter().map(req).sum();
+    let mut apps = 0i128;
+    for c in &spec.containers {
+        let a = of(c);
+        each(a);
+        apps += a;
+    }
     let mut sidecars = 0i128;
     let mut init_max = 0i128;
     for c in spec.init_containers.iter().flatten() {
-        if c.restart_policy.as_deref() == Some("Always") {
-            sidecars += req(c);
-            init_max = init_max.max(sidecars);
+        let counted = if c.restart_policy.as_deref() == Some("Always") {
+            sidecars += of(c);
+            sidecars
         } else {
-            init_max = init_max.max(sidecars + req(c));
-        }
+            sidecars + of(c)
+        };
+        each(counted);
+        init_max = init_max.max(counted);
     }
     (apps + sidecars).max(init_max)
+}
+
+/// A pod's limit in milli-units (upstream PodLimits: the containers' limits
+/// summed as requests are, the pod-level limit instead where the pod sets
+/// one, plus the overhead when there is a limit), and whether a limit is
+/// declared: by every container as counted (an init container's with the
+/// sidecars before it), or at pod level.
+pub fn pod_limits(pod: &Pod, resource: &str) -> (i128, bool) {
+    let mut declared = true;
+    let mut total = aggregate(
+        pod,
+        |c| {
+            amount(
+                c.resources.as_ref().and_then(|r| r.limits.as_ref()),
+                resource,
+            )
+        },
+        |a| declared &= a != 0,
+    );
+    let pod_level = pod.spec.as_ref().and_then(|s| s.resources.as_ref());
+    // Upstream IsPodLevelResourcesSet: any supported resource requested or
+    // limited at pod level.
+    let set = pod_level.is_some_and(|r| {
+        r.requests
+            .iter()
+            .chain(r.limits.iter())
+            .flat_map(|m| m.keys())
+            .any(|k| crate::cm::is_pod_level_resource(k))
+    });
+    if set && crate::cm::is_pod_level_resource(resource) {
+        if let Some(l) = pod_level
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get(resource))
+        {
+            total = parse_milli(&l.0).unwrap_or(0);
+            declared |= total != 0;
+        }
+    }
+    if total != 0 {
+        total += amount(
+            pod.spec.as_ref().and_then(|s| s.overhead.as_ref()),
+            resource,
+        );
+    }
+    (total, declared)
 }
 
 fn host_ports(pod: &Pod) -> Vec<(String, String, i32)> {
