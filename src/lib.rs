@@ -14,6 +14,7 @@ pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
+pub mod lockfile;
 pub mod logging;
 pub mod logs;
 pub mod memtrim;

@@ -92,8 +92,17 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
             }
             cfg
         }
-        None => KubeletConfiguration::default(),
+        // Upstream's base is the flag-parsed configuration.
+        None => from_flags.clone(),
     };
+    if let Some(dir) = &flags.config_dir {
+        for w in config::dropin::merge_drop_ins(&mut cfg, dir)
+            .context("failed to merge kubelet configs")?
+        {
+            warn!(dir = %dir.display(), "{w}");
+        }
+    }
+    // Flags win over the file and the drop-ins (kubeletConfigFlagPrecedence).
     flags.apply(&mut cfg);
     // As upstream applies `logging` once flags and file are merged (the
     // flag, when given, has set the field).
@@ -122,6 +131,30 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
     for w in config::honesty::unimplemented_settings(&cfg, &baseline, &flags) {
         warn!("warning: {w}");
     }
+    // As upstream's run(): taken before anything starts, held until exit.
+    if flags.exit_on_lock_contention && flags.lock_file.is_none() {
+        anyhow::bail!("cannot exit on lock file contention: no lock file specified");
+    }
+    // `_lock` keeps the flock until the process exits.
+    let (_lock, contention) = match &flags.lock_file {
+        None => (None, None),
+        Some(path) => {
+            info!(path = %path.display(), "Acquiring file lock");
+            let lock = rkubelet::lockfile::acquire(path).with_context(|| {
+                format!(
+                    "unable to acquire file lock on {:?}",
+                    path.display().to_string()
+                )
+            })?;
+            let contention = if flags.exit_on_lock_contention {
+                info!(path = %path.display(), "Watching for inotify events");
+                Some(rkubelet::lockfile::watch_for_contention(path)?)
+            } else {
+                None
+            };
+            (Some(lock), contention)
+        }
+    };
 
     let opts = KubeletOptions {
         node_name: kubelet::node_name(flags.hostname_override.as_deref()),
@@ -131,6 +164,13 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
         node_labels: flags.node_labels.clone(),
         bootstrap_kubeconfig: flags.bootstrap_kubeconfig.clone(),
         cert_dir: flags.cert_dir.clone(),
+        seccomp_default: flags.seccomp_default,
+        allocatable_ignore_eviction: flags.experimental_allocatable_ignore_eviction,
+        container_gc: rkubelet::kuberuntime::gc::Policy {
+            min_age: flags.minimum_container_ttl_duration.0,
+            max_per_pod_container: flags.maximum_dead_containers_per_container,
+            max_containers: flags.maximum_dead_containers,
+        },
         config: cfg,
     };
     // Probes and CRI calls are many small wake-ups: one worker thread saves
@@ -149,10 +189,18 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
         let token = CancellationToken::new();
         let mut task = tokio::spawn(kubelet::run(opts, token.clone()));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let contended = async {
+            match contention {
+                Some(rx) => rx.await.unwrap_or_else(|_| "watch ended".to_string()),
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             r = &mut task => return r?.map_err(anyhow::Error::from),
             _ = term.recv() => info!("received SIGTERM, shutting down"),
             _ = tokio::signal::ctrl_c() => info!("received SIGINT, shutting down"),
+            // Upstream's run() returns (exit 0) on the first event or watch error.
+            ev = contended => info!(event = %ev, "lock file contention, shutting down"),
         }
         token.cancel();
         match tokio::time::timeout(Duration::from_secs(10), task).await {

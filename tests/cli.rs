@@ -133,3 +133,73 @@ fn locked_feature_gate_in_the_config_file_exits_one_with_upstreams_message() {
         "{err}"
     );
 }
+
+#[test]
+fn a_bad_config_dir_exits_one_with_upstreams_message() {
+    let dir = std::env::temp_dir().join(format!("rkubelet-dropins-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    // A missing directory is an error, as upstream's WalkDir makes it.
+    let out = rkubelet(&["--config-dir", &format!("{d}/none")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "failed to merge kubelet configs: failed to walk through kubelet dropin directory \"{d}/none\": lstat {d}/none: no such file or directory"
+        )),
+        "{err}"
+    );
+    // A drop-in of another kind.
+    std::fs::write(
+        dir.join("10-a.conf"),
+        "apiVersion: kubelet.config.k8s.io/v1\nkind: KubeletConfiguration\n",
+    )
+    .unwrap();
+    let out = rkubelet(&["--config-dir", d]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "failed to load kubelet dropin file, path: {d}/10-a.conf, unknown apiVersion/kind: kubelet.config.k8s.io/v1, Kind=KubeletConfiguration"
+        )),
+        "{err}"
+    );
+    // A valid drop-in is applied: its bad eviction threshold stops rkubelet.
+    std::fs::write(
+        dir.join("10-a.conf"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         evictionHard:\n  memory.free: 1Gi\n",
+    )
+    .unwrap();
+    let out = rkubelet(&["--config-dir", d]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unsupported eviction signal memory.free"),
+        "{err}"
+    );
+}
+
+#[test]
+fn exit_on_lock_contention_needs_a_lock_file_as_upstream() {
+    let out = rkubelet(&["--exit-on-lock-contention"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot exit on lock file contention: no lock file specified"),
+        "{err}"
+    );
+}
+
+#[test]
+fn runonce_is_refused_as_upstream() {
+    let out = rkubelet(&["--runonce"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Runonce mode has been deprecated and should not be set"),
+        "{err}"
+    );
+}

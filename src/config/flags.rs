@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use super::{parse_go_duration, GoDuration, KubeletConfiguration, Taint};
+use super::{parse_go_duration, GoDuration, KubeletConfiguration, MemoryReservation, Taint};
 
 /// Upstream marks every KubeletConfiguration flag deprecated with this text
 /// (except `--v`, `--vmodule`, `--log-flush-frequency` and `--provider-id`).
@@ -15,6 +15,10 @@ pub const CONFIG_FLAG_DEPRECATION: &str = "This parameter should be set via the 
 /// Upstream 1.34 text for `--pod-infra-container-image` (ContainerRuntimeOptions.AddFlags).
 const POD_INFRA_DEPRECATION: &str =
     "will be removed in 1.35. Image garbage collector will get sandbox image information from CRI.";
+
+/// Upstream's text for the three container garbage collection flags (KubeletFlags.AddFlags).
+const CONTAINER_GC_DEPRECATION: &str =
+    "Use --eviction-hard or --eviction-soft instead. Will be removed in a future version.";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FlagError {
@@ -64,6 +68,8 @@ pub enum FlagValue {
     /// `key:value` pairs in order, repeats kept (ColonSeparatedMultimapStringString).
     Multimap(Vec<(String, String)>),
     Taints(Vec<Taint>),
+    /// `--reserved-memory` entries, appended across repeats (ReservedMemoryVar).
+    ReservedMemory(Vec<MemoryReservation>),
 }
 
 /// A config-file field given on the command line; applied over the file by
@@ -79,6 +85,8 @@ pub struct ConfigOverride {
 #[derive(Debug, Clone, PartialEq)]
 pub struct KubeletFlags {
     pub config: Option<PathBuf>,
+    /// `--config-dir`: drop-in `*.conf` files merged over the config (see `config::dropin`).
+    pub config_dir: Option<PathBuf>,
     pub kubeconfig: Option<PathBuf>,
     pub bootstrap_kubeconfig: Option<PathBuf>,
     pub hostname_override: Option<String>,
@@ -91,18 +99,40 @@ pub struct KubeletFlags {
     pub register_node: Option<bool>,
     /// Accepted for compatibility; informational only (the CRI owns the sandbox image).
     pub pod_infra_container_image: Option<String>,
+    /// `--seccomp-default`: a KubeletFlags field upstream, ORed with the
+    /// config's `seccompDefault` (server.go), so `=false` cannot clear the file's `true`.
+    pub seccomp_default: bool,
+    /// `--lock-file`: held with an exclusive flock for the life of the process.
+    pub lock_file: Option<PathBuf>,
+    /// `--exit-on-lock-contention`: exit when another process opens the lock file.
+    pub exit_on_lock_contention: bool,
+    /// Deprecated `--experimental-mounter-path`; accepted, not acted on.
+    pub experimental_mounter_path: Option<String>,
+    /// Deprecated `--experimental-allocatable-ignore-eviction`: hard eviction
+    /// thresholds are left out of node allocatable.
+    pub experimental_allocatable_ignore_eviction: bool,
+    /// Deprecated `--minimum-container-ttl-duration` (upstream MinimumGCAge, default 0).
+    pub minimum_container_ttl_duration: GoDuration,
+    /// Deprecated `--maximum-dead-containers-per-container` (MaxPerPodContainerCount, default 1).
+    pub maximum_dead_containers_per_container: i32,
+    /// Deprecated `--maximum-dead-containers` (MaxContainerCount, default -1: no limit).
+    pub maximum_dead_containers: i32,
     /// `-v`/`--v`, saturated to u8; the full value also overrides `logging.verbosity`.
     pub verbosity: u8,
     pub version: Option<VersionMode>,
     pub overrides: Vec<ConfigOverride>,
     /// pflag-style notices: `Flag --X has been deprecated, ...` and removed-flag notices.
     pub deprecation_warnings: Vec<String>,
+    /// An empty `--reserved-memory` makes upstream's ReservedMemoryVar drop its
+    /// target, so any later `--reserved-memory` fails.
+    reserved_memory_detached: bool,
 }
 
 impl Default for KubeletFlags {
     fn default() -> Self {
         KubeletFlags {
             config: None,
+            config_dir: None,
             kubeconfig: None,
             bootstrap_kubeconfig: None,
             hostname_override: None,
@@ -113,10 +143,19 @@ impl Default for KubeletFlags {
             node_labels: BTreeMap::new(),
             register_node: None,
             pod_infra_container_image: None,
+            seccomp_default: false,
+            lock_file: None,
+            exit_on_lock_contention: false,
+            experimental_mounter_path: None,
+            experimental_allocatable_ignore_eviction: false,
+            minimum_container_ttl_duration: GoDuration::default(),
+            maximum_dead_containers_per_container: 1,
+            maximum_dead_containers: -1,
             verbosity: 0,
             version: None,
             overrides: Vec::new(),
             deprecation_warnings: Vec::new(),
+            reserved_memory_detached: false,
         }
     }
 }
@@ -134,9 +173,12 @@ enum Kind {
     MapBool,
     MapLangle,
     MapString,
+    /// cliflag.NewMapStringStringNoSplit: one `key=value` per use, commas kept in the value.
+    MapStringNoSplit,
     LabelMap,
     ColonMultimap,
     Taints,
+    ReservedMemory,
     Version,
     Help,
 }
@@ -158,9 +200,12 @@ impl Kind {
             Kind::Duration => "duration",
             Kind::Strings => "strings",
             Kind::MapBool => "mapStringBool",
-            Kind::MapLangle | Kind::MapString | Kind::LabelMap => "mapStringString",
+            Kind::MapLangle | Kind::MapString | Kind::MapStringNoSplit | Kind::LabelMap => {
+                "mapStringString"
+            }
             Kind::ColonMultimap => "colonSeparatedMultimapStringString",
             Kind::Taints => "[]Taint",
+            Kind::ReservedMemory => "reserved-memory",
             Kind::Version => "version[=true]",
         }
     }
@@ -225,6 +270,7 @@ const fn removed(name: &'static str) -> Spec {
 const SPECS: &[Spec] = &[
     // KubeletFlags.
     local("config", Kind::Str, "The Kubelet will load its initial configuration from this file. Command-line flags override values from this file."),
+    local("config-dir", Kind::Str, "Directory of drop-in *.conf KubeletConfiguration files, merged in lexical order over --config; command-line flags still win."),
     local("kubeconfig", Kind::Str, "Path to a kubeconfig file for connecting to the API server. Omitting it enables standalone mode."),
     local("bootstrap-kubeconfig", Kind::Str, "Path to a kubeconfig used to request a client certificate when --kubeconfig does not exist yet."),
     local("hostname-override", Kind::Str, "If non-empty, use this string as the node's identity instead of the hostname."),
@@ -236,6 +282,29 @@ const SPECS: &[Spec] = &[
     Spec {
         deprecation: Some(POD_INFRA_DEPRECATION),
         ..local("pod-infra-container-image", Kind::Str, "Sandbox image exempt from image garbage collection; the CRI runtime must be configured with it too.")
+    },
+    local("seccomp-default", Kind::Bool, "Enable the use of `RuntimeDefault` as the default seccomp profile for all workloads."),
+    local("lock-file", Kind::Str, "<Warning: Alpha feature> The path to file for kubelet to use as a lock file."),
+    local("exit-on-lock-contention", Kind::Bool, "Whether kubelet should exit upon lock-file contention."),
+    Spec {
+        deprecation: Some(CONTAINER_GC_DEPRECATION),
+        ..local("minimum-container-ttl-duration", Kind::Duration, "Minimum age for a finished container before it is garbage collected.")
+    },
+    Spec {
+        deprecation: Some(CONTAINER_GC_DEPRECATION),
+        ..local("maximum-dead-containers-per-container", Kind::Int32, "Maximum number of old instances to retain per container.")
+    },
+    Spec {
+        deprecation: Some(CONTAINER_GC_DEPRECATION),
+        ..local("maximum-dead-containers", Kind::Int32, "Maximum number of old instances of containers to retain globally; negative disables.")
+    },
+    Spec {
+        deprecation: Some("will be removed in 1.25 or later. in favor of using CSI."),
+        ..local("experimental-mounter-path", Kind::Str, "[Experimental] Path of mounter binary. Leave empty to use the default mount.")
+    },
+    Spec {
+        deprecation: Some("will be removed in 1.25 or later."),
+        ..local("experimental-allocatable-ignore-eviction", Kind::Bool, "When set to 'true', Hard Eviction Thresholds will be ignored while calculating Node Allocatable.")
     },
     local("version", Kind::Version, "--version, --version=raw prints version information and quits."),
     Spec {
@@ -251,6 +320,11 @@ const SPECS: &[Spec] = &[
     Spec {
         deprecation: None,
         ..cfg("provider-id", Kind::Str, "Unique identifier for the node in a machine database, i.e. cloud provider.")
+    },
+    // Left undeprecated upstream too (options.go's notDeprecated set).
+    Spec {
+        deprecation: None,
+        ..cfg("fail-cgroupv1", Kind::Bool, "Prevent the kubelet from starting on the host using cgroup v1.")
     },
     // Command-line only upstream (ContainerRuntimeOptions), never deprecated;
     // carried on KubeletConfiguration's non-file fields.
@@ -294,6 +368,7 @@ const SPECS: &[Spec] = &[
     cfg("event-qps", Kind::Int32, "QPS to limit event creations."),
     cfg("event-burst", Kind::Int32, "Maximum size of bursty event records."),
     cfg("enable-debugging-handlers", Kind::Bool, "Enables server endpoints for log collection and running commands in containers."),
+    cfg("contention-profiling", Kind::Bool, "Enable block profiling, if profiling is enabled."),
     cfg("healthz-port", Kind::Int32, "The port of the localhost healthz endpoint (0 disables)."),
     cfg("healthz-bind-address", Kind::Ip, "The IP address for the healthz server to serve on."),
     cfg("oom-score-adj", Kind::Int32, "The oom-score-adj value for the kubelet process, in [-1000, 1000]."),
@@ -313,17 +388,21 @@ const SPECS: &[Spec] = &[
     cfg("cgroup-driver", Kind::Str, "Driver the kubelet uses to manipulate cgroups on the host: 'cgroupfs' or 'systemd'."),
     cfg("cgroup-root", Kind::Str, "Optional root cgroup to use for pods."),
     cfg("cpu-manager-policy", Kind::Str, "CPU Manager policy to use: 'none' or 'static'."),
+    cfg("cpu-manager-policy-options", Kind::MapStringNoSplit, "A key=value CPU Manager policy option; repeat the flag for several."),
     cfg("cpu-manager-reconcile-period", Kind::Duration, "CPU Manager reconciliation period."),
     cfg("qos-reserved", Kind::MapString, "ResourceName=Percentage pairs reserved at the QoS level."),
     cfg("topology-manager-policy", Kind::Str, "Topology Manager policy: 'none', 'best-effort', 'restricted' or 'single-numa-node'."),
     cfg("topology-manager-scope", Kind::Str, "Scope topology hints apply to: 'container' or 'pod'."),
+    cfg("topology-manager-policy-options", Kind::MapString, "A set of key=value Topology Manager policy options."),
     cfg("memory-manager-policy", Kind::Str, "Memory Manager policy: 'None' or 'Static'."),
+    cfg("reserved-memory", Kind::ReservedMemory, "Memory reservations per NUMA node, e.g. 0:memory=1Gi,hugepages-1M=2Gi;1:memory=2Gi; may be repeated."),
     cfg("runtime-request-timeout", Kind::Duration, "Timeout of all runtime requests except long running ones."),
     cfg("hairpin-mode", Kind::Str, "How to set up hairpin NAT: 'promiscuous-bridge', 'hairpin-veth' or 'none'."),
     cfg("max-pods", Kind::Int32, "Number of Pods that can run on this Kubelet."),
     cfg("pod-cidr", Kind::Str, "The CIDR to use for pod IP addresses, only used in standalone mode."),
     cfg("pod-max-pids", Kind::Int64, "Maximum number of processes per pod; -1 uses the node allocatable pid capacity."),
     cfg("resolv-conf", Kind::Str, "Resolver configuration file used as the basis for container DNS resolution."),
+    cfg("runonce", Kind::Bool, "If true, exit after spawning pods from static pod files or remote urls (rejected since runOnce mode is deprecated)."),
     cfg("cpu-cfs-quota", Kind::Bool, "Enable CPU CFS quota enforcement for containers that specify CPU limits."),
     cfg("cpu-cfs-quota-period", Kind::Duration, "Sets the CPU CFS quota period value, cpu.cfs_period_us."),
     cfg("enable-controller-attach-detach", Kind::Bool, "Let the attach/detach controller manage volumes scheduled to this node."),
@@ -332,6 +411,7 @@ const SPECS: &[Spec] = &[
     cfg("container-log-max-files", Kind::Int32, "Maximum number of container log files per container; must be >= 2."),
     cfg("allowed-unsafe-sysctls", Kind::Strings, "Comma-separated allowlist of unsafe sysctls or patterns (ending in *)."),
     cfg("node-status-max-images", Kind::Int32, "Maximum number of images reported in Node.Status.Images; -1 means no cap."),
+    cfg("kernel-memcg-notification", Kind::Bool, "Use the kernel memcg notification to detect memory eviction thresholds instead of polling."),
     cfg("local-storage-capacity-isolation", Kind::Bool, "Enable local ephemeral storage isolation."),
     cfg("max-open-files", Kind::Int64, "Number of files that can be opened by the Kubelet process."),
     cfg("kube-api-content-type", Kind::Str, "Content type of requests sent to the API server."),
@@ -453,11 +533,17 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<KubeletFlag
 
 impl KubeletFlags {
     fn set(&mut self, spec: &'static Spec, raw: &str, help: &mut bool) -> Result<(), FlagError> {
-        let value = parse_value(spec.kind, raw).map_err(|reason| FlagError::InvalidValue {
+        let invalid = |reason: String| FlagError::InvalidValue {
             value: raw.to_string(),
             flag: display_name(spec),
             reason,
-        })?;
+        };
+        if spec.kind == Kind::ReservedMemory && self.reserved_memory_detached {
+            return Err(invalid(
+                "no target (nil pointer to *[]MemoryReservation".to_string(),
+            ));
+        }
+        let value = parse_value(spec.kind, raw).map_err(invalid)?;
         // pflag prints the notice on every successful Set of a deprecated flag.
         if let Some(msg) = spec.deprecation {
             self.deprecation_warnings
@@ -478,8 +564,13 @@ impl KubeletFlags {
                     }
                     _ => {}
                 }
-                if let Parsed::Value(v) = value {
-                    self.push_override(spec.name, v);
+                match value {
+                    // ReservedMemoryVar.Set("") leaves the field as it was.
+                    Parsed::Value(FlagValue::ReservedMemory(_)) if raw.is_empty() => {
+                        self.reserved_memory_detached = true;
+                    }
+                    Parsed::Value(v) => self.push_override(spec.name, v),
+                    Parsed::Version(_) => {}
                 }
             }
             Role::Local => self.set_local(spec.name, value, help),
@@ -494,6 +585,34 @@ impl KubeletFlags {
         };
         match name {
             "config" => self.config = text(value).map(PathBuf::from),
+            "config-dir" => self.config_dir = text(value).map(PathBuf::from),
+            "lock-file" => self.lock_file = text(value).map(PathBuf::from),
+            "experimental-mounter-path" => self.experimental_mounter_path = text(value),
+            "seccomp-default"
+            | "exit-on-lock-contention"
+            | "experimental-allocatable-ignore-eviction" => {
+                if let Parsed::Value(FlagValue::Bool(b)) = value {
+                    match name {
+                        "seccomp-default" => self.seccomp_default = b,
+                        "exit-on-lock-contention" => self.exit_on_lock_contention = b,
+                        _ => self.experimental_allocatable_ignore_eviction = b,
+                    }
+                }
+            }
+            "minimum-container-ttl-duration" => {
+                if let Parsed::Value(FlagValue::Duration(d)) = value {
+                    self.minimum_container_ttl_duration = d;
+                }
+            }
+            "maximum-dead-containers-per-container" | "maximum-dead-containers" => {
+                if let Parsed::Value(FlagValue::Int32(n)) = value {
+                    if name == "maximum-dead-containers" {
+                        self.maximum_dead_containers = n;
+                    } else {
+                        self.maximum_dead_containers_per_container = n;
+                    }
+                }
+            }
             "kubeconfig" => self.kubeconfig = text(value).map(PathBuf::from),
             "bootstrap-kubeconfig" => self.bootstrap_kubeconfig = text(value).map(PathBuf::from),
             "hostname-override" => self.hostname_override = text(value),
@@ -538,6 +657,7 @@ impl KubeletFlags {
                 (FlagValue::BoolMap(a), FlagValue::BoolMap(b)) => a.extend(b),
                 (FlagValue::StringMap(a), FlagValue::StringMap(b)) => a.extend(b),
                 (FlagValue::Multimap(a), FlagValue::Multimap(b)) => a.extend(b),
+                (FlagValue::ReservedMemory(a), FlagValue::ReservedMemory(b)) => a.extend(b),
                 (slot, v) => *slot = v,
             },
             None => self.overrides.push(ConfigOverride { flag, value }),
@@ -618,6 +738,7 @@ impl ConfigOverride {
             ("event-qps", V::Int32(n)) => c.event_record_qps = *n,
             ("event-burst", V::Int32(n)) => c.event_burst = *n,
             ("enable-debugging-handlers", V::Bool(b)) => c.enable_debugging_handlers = *b,
+            ("contention-profiling", V::Bool(b)) => c.enable_contention_profiling = *b,
             ("healthz-port", V::Int32(n)) => c.healthz_port = *n,
             ("healthz-bind-address", V::String(s)) => c.healthz_bind_address = s.clone(),
             ("oom-score-adj", V::Int32(n)) => c.oom_score_adj = *n,
@@ -642,17 +763,27 @@ impl ConfigOverride {
             ("cgroup-driver", V::String(s)) => c.cgroup_driver = s.clone(),
             ("cgroup-root", V::String(s)) => c.cgroup_root = s.clone(),
             ("cpu-manager-policy", V::String(s)) => c.cpu_manager_policy = s.clone(),
+            ("cpu-manager-policy-options", V::StringMap(m)) => {
+                c.cpu_manager_policy_options = m.clone()
+            }
             ("cpu-manager-reconcile-period", V::Duration(d)) => c.cpu_manager_reconcile_period = *d,
             ("qos-reserved", V::StringMap(m)) => c.qos_reserved = m.clone(),
             ("topology-manager-policy", V::String(s)) => c.topology_manager_policy = s.clone(),
             ("topology-manager-scope", V::String(s)) => c.topology_manager_scope = s.clone(),
+            ("topology-manager-policy-options", V::StringMap(m)) => {
+                c.topology_manager_policy_options = m.clone()
+            }
             ("memory-manager-policy", V::String(s)) => c.memory_manager_policy = s.clone(),
+            // The first use replaces the file's list, later ones append (ReservedMemoryVar).
+            ("reserved-memory", V::ReservedMemory(r)) => c.reserved_memory = r.clone(),
             ("runtime-request-timeout", V::Duration(d)) => c.runtime_request_timeout = *d,
             ("hairpin-mode", V::String(s)) => c.hairpin_mode = s.clone(),
             ("max-pods", V::Int32(n)) => c.max_pods = *n,
             ("pod-cidr", V::String(s)) => c.pod_cidr = s.clone(),
             ("pod-max-pids", V::Int64(n)) => c.pod_pids_limit = *n,
             ("resolv-conf", V::String(s)) => c.resolv_conf = s.clone(),
+            // Validation rejects it, as upstream's does.
+            ("runonce", V::Bool(b)) => c.run_once = *b,
             ("cpu-cfs-quota", V::Bool(b)) => c.cpu_cfs_quota = *b,
             ("cpu-cfs-quota-period", V::Duration(d)) => c.cpu_cfs_quota_period = *d,
             ("enable-controller-attach-detach", V::Bool(b)) => {
@@ -663,6 +794,8 @@ impl ConfigOverride {
             ("container-log-max-files", V::Int32(n)) => c.container_log_max_files = *n,
             ("allowed-unsafe-sysctls", V::List(l)) => c.allowed_unsafe_sysctls = l.clone(),
             ("node-status-max-images", V::Int32(n)) => c.node_status_max_images = *n,
+            ("kernel-memcg-notification", V::Bool(b)) => c.kernel_memcg_notification = *b,
+            ("fail-cgroupv1", V::Bool(b)) => c.fail_cgroup_v1 = *b,
             ("local-storage-capacity-isolation", V::Bool(b)) => {
                 c.local_storage_capacity_isolation = *b
             }
@@ -738,6 +871,8 @@ fn parse_value(kind: Kind, raw: &str) -> Result<Parsed, String> {
         Kind::MapBool => FlagValue::BoolMap(parse_bool_map(raw)?),
         Kind::MapLangle => FlagValue::StringMap(parse_pairs(raw, '<')?),
         Kind::MapString => FlagValue::StringMap(parse_pairs(raw, '=')?),
+        Kind::MapStringNoSplit => FlagValue::StringMap(parse_pair_no_split(raw)?),
+        Kind::ReservedMemory => FlagValue::ReservedMemory(parse_reserved_memory(raw)?),
         Kind::LabelMap => FlagValue::StringMap(parse_labels(raw)),
         Kind::ColonMultimap => FlagValue::Multimap(parse_colon_pairs(raw)?),
         Kind::Taints => FlagValue::Taints(parse_taints(raw)?),
@@ -842,6 +977,71 @@ fn parse_pairs(s: &str, sep: char) -> Result<BTreeMap<String, String>, String> {
         out.insert(k.trim().to_string(), v.trim().to_string());
     }
     Ok(out)
+}
+
+/// cliflag.MapStringString with NoSplit: exactly one `key=value`, split at the first `=`.
+fn parse_pair_no_split(s: &str) -> Result<BTreeMap<String, String>, String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| "malformed pair, expect string=string".to_string())?;
+    Ok(BTreeMap::from([(
+        k.trim().to_string(),
+        v.trim().to_string(),
+    )]))
+}
+
+/// Upstream `ReservedMemoryVar.Set` (pkg/util/flag): `;`-separated NUMA nodes, each
+/// `id:type=quantity[,type=quantity...]`, types `memory` or `hugepages-*`. Error texts
+/// (typos included) are upstream's. Quantities are kept as written, as the file's are.
+fn parse_reserved_memory(s: &str) -> Result<Vec<MemoryReservation>, String> {
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for reservation in s.split(';') {
+        let parts: Vec<&str> = reservation.split(':').collect();
+        let [id, limits] = parts[..] else {
+            return Err(format!("the reserved memory has incorrect format, expected numaNodeID:type=quantity[,type=quantity...], got {reservation}"));
+        };
+        // strconv.Atoi, then Go's int32 conversion.
+        let numa_node = go_atoi(id).ok_or_else(|| {
+            format!("failed to convert the NUMA node ID, exptected integer, got {id}")
+        })? as i32;
+        let mut r = MemoryReservation {
+            numa_node,
+            limits: BTreeMap::new(),
+        };
+        for limit in limits.split(',') {
+            let kv: Vec<&str> = limit.split('=').collect();
+            let [name, quantity] = kv[..] else {
+                return Err(format!(
+                    "the reserved limit has incorrect value, expected type=quantatity, got {limit}"
+                ));
+            };
+            if name != "memory" && !name.starts_with("hugepages-") {
+                return Err(format!(
+                    "memory type conversion error, unknown type: {name:?}"
+                ));
+            }
+            if crate::cm::quantity::parse_milli(quantity).is_err() || quantity.trim() != quantity {
+                return Err(format!(
+                    "failed to parse the quantatity, expected quantatity, got {quantity}"
+                ));
+            }
+            r.limits.insert(name.to_string(), quantity.to_string());
+        }
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// Go's `strconv.Atoi`: optional sign and decimal digits, within 64 bits.
+fn go_atoi(s: &str) -> Option<i64> {
+    let digits = s.strip_prefix(['+', '-']).unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// cliflag.ConfigurationMap: like `k=v,k2=v2`, but a key without `=` gets an empty value.
@@ -1271,6 +1471,167 @@ mod tests {
     }
 
     #[test]
+    fn v1_34_config_flags_set_their_fields() {
+        let (mut cfg, _) = KubeletConfiguration::load_str(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             cpuManagerPolicyOptions:\n  full-pcpus-only: \"true\"\n\
+             topologyManagerPolicyOptions:\n  prefer-closest-numa-nodes: \"true\"\n\
+             reservedMemory:\n- numaNode: 3\n  limits:\n    memory: 1Gi\n\
+             kernelMemcgNotification: true\nfailCgroupV1: true\n",
+        )
+        .unwrap();
+        let f = ok(&[
+            "--contention-profiling",
+            "--kernel-memcg-notification=false",
+            "--fail-cgroupv1=false",
+            // NoSplit: one pair per use, commas stay in the value.
+            "--cpu-manager-policy-options=distribute-cpus-across-numa=true,x",
+            "--cpu-manager-policy-options",
+            "align-by-socket = true",
+            "--topology-manager-policy-options=max-allowable-numa-nodes=12,prefer-closest-numa-nodes=true",
+            "--reserved-memory",
+            "0:memory=1Gi,hugepages-1M=2Gi;1:memory=2Gi",
+            "--reserved-memory=2:hugepages-2Mi=64Mi",
+        ]);
+        f.apply(&mut cfg);
+        assert!(cfg.enable_contention_profiling);
+        assert!(!cfg.kernel_memcg_notification);
+        assert!(!cfg.fail_cgroup_v1);
+        let pairs = |m: &BTreeMap<String, String>| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+        };
+        // The first use replaces the file's map; repeats add.
+        assert_eq!(
+            pairs(&cfg.cpu_manager_policy_options),
+            ["align-by-socket=true", "distribute-cpus-across-numa=true,x"]
+        );
+        assert_eq!(
+            pairs(&cfg.topology_manager_policy_options),
+            [
+                "max-allowable-numa-nodes=12",
+                "prefer-closest-numa-nodes=true"
+            ]
+        );
+        let rm: Vec<String> = cfg
+            .reserved_memory
+            .iter()
+            .map(|r| format!("{}:{}", r.numa_node, pairs(&r.limits).join(",")))
+            .collect();
+        assert_eq!(
+            rm,
+            [
+                "0:hugepages-1M=2Gi,memory=1Gi",
+                "1:memory=2Gi",
+                "2:hugepages-2Mi=64Mi"
+            ]
+        );
+        // fail-cgroupv1 is not deprecated upstream; the others are.
+        assert_eq!(f.deprecation_warnings.len(), 7);
+        assert!(!f
+            .deprecation_warnings
+            .iter()
+            .any(|w| w.contains("--fail-cgroupv1")));
+
+        // runonce reaches runOnce, which validation rejects as upstream's does.
+        let mut cfg = KubeletConfiguration::default();
+        ok(&["--runonce"]).apply(&mut cfg);
+        assert!(cfg.run_once);
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(e.contains("Runonce mode has been deprecated"), "{e}");
+    }
+
+    #[test]
+    fn reserved_memory_errors_are_upstreams() {
+        let e = |v: &str| err(&[&format!("--reserved-memory={v}")]);
+        assert_eq!(
+            e("memory=1Gi"),
+            "invalid argument \"memory=1Gi\" for \"--reserved-memory\" flag: the reserved memory has incorrect format, expected numaNodeID:type=quantity[,type=quantity...], got memory=1Gi"
+        );
+        assert!(e("x:memory=1Gi")
+            .ends_with("failed to convert the NUMA node ID, exptected integer, got x"));
+        assert!(e("0:memory").ends_with(
+            "the reserved limit has incorrect value, expected type=quantatity, got memory"
+        ));
+        assert!(e("0:cpu=1").ends_with("memory type conversion error, unknown type: \"cpu\""));
+        assert!(e("0:memory=lots")
+            .ends_with("failed to parse the quantatity, expected quantatity, got lots"));
+        assert!(e("0:memory=1Gi,").ends_with("expected type=quantatity, got "));
+        // An empty value leaves the field alone, and ReservedMemoryVar then
+        // has no target: a later use fails.
+        let f = ok(&["--reserved-memory="]);
+        assert!(f.overrides.is_empty());
+        assert_eq!(
+            err(&["--reserved-memory=", "--reserved-memory=0:memory=1Gi"]),
+            "invalid argument \"0:memory=1Gi\" for \"--reserved-memory\" flag: no target (nil pointer to *[]MemoryReservation"
+        );
+        assert!(err(&["--cpu-manager-policy-options=full-pcpus-only"])
+            .ends_with("malformed pair, expect string=string"));
+    }
+
+    #[test]
+    fn v1_34_local_flags() {
+        let f = ok(&[]);
+        assert_eq!(
+            (
+                f.maximum_dead_containers,
+                f.maximum_dead_containers_per_container
+            ),
+            (-1, 1)
+        );
+        assert!(f.minimum_container_ttl_duration.is_zero());
+        let f = ok(&[
+            "--config-dir=/etc/kubernetes/kubelet.conf.d",
+            "--seccomp-default",
+            "--lock-file",
+            "/var/run/lock/kubelet.lock",
+            "--exit-on-lock-contention",
+            "--minimum-container-ttl-duration=1m",
+            "--maximum-dead-containers-per-container=2",
+            "--maximum-dead-containers=100",
+            "--experimental-mounter-path=/usr/bin/mount",
+            "--experimental-allocatable-ignore-eviction",
+        ]);
+        assert_eq!(
+            f.config_dir,
+            Some(PathBuf::from("/etc/kubernetes/kubelet.conf.d"))
+        );
+        assert!(f.seccomp_default && f.exit_on_lock_contention);
+        assert_eq!(
+            f.lock_file,
+            Some(PathBuf::from("/var/run/lock/kubelet.lock"))
+        );
+        assert_eq!(f.minimum_container_ttl_duration, GoDuration::from_mins(1));
+        assert_eq!(f.maximum_dead_containers_per_container, 2);
+        assert_eq!(f.maximum_dead_containers, 100);
+        assert_eq!(
+            f.experimental_mounter_path.as_deref(),
+            Some("/usr/bin/mount")
+        );
+        assert!(f.experimental_allocatable_ignore_eviction);
+        assert!(f.overrides.is_empty(), "{:?}", f.overrides);
+        let gc =
+            "Use --eviction-hard or --eviction-soft instead. Will be removed in a future version.";
+        assert_eq!(
+            f.deprecation_warnings,
+            vec![
+                format!("Flag --minimum-container-ttl-duration has been deprecated, {gc}"),
+                format!("Flag --maximum-dead-containers-per-container has been deprecated, {gc}"),
+                format!("Flag --maximum-dead-containers has been deprecated, {gc}"),
+                "Flag --experimental-mounter-path has been deprecated, will be removed in 1.25 or later. in favor of using CSI.".to_string(),
+                "Flag --experimental-allocatable-ignore-eviction has been deprecated, will be removed in 1.25 or later.".to_string(),
+            ]
+        );
+        // seccomp-default is a KubeletFlags field upstream: it does not touch
+        // the configuration (the kubelet ORs the two).
+        let mut cfg = KubeletConfiguration::default();
+        f.apply(&mut cfg);
+        assert!(!cfg.seccomp_default);
+        assert!(err(&["--maximum-dead-containers=x"]).contains("strconv.ParseInt"));
+    }
+
+    #[test]
     fn every_config_flag_maps_to_a_field() {
         let mut cfg = KubeletConfiguration::default();
         for spec in SPECS.iter().filter(|s| s.role == Role::Config) {
@@ -1283,7 +1644,8 @@ mod tests {
                 Kind::Strings => "a,b",
                 Kind::MapBool => "a=true",
                 Kind::MapLangle => "a<1",
-                Kind::MapString | Kind::LabelMap => "a=1",
+                Kind::MapString | Kind::MapStringNoSplit | Kind::LabelMap => "a=1",
+                Kind::ReservedMemory => "0:memory=1Gi",
                 Kind::ColonMultimap => "a:1",
                 Kind::Taints => "k=v:NoSchedule",
                 Kind::Version | Kind::Help => unreachable!("not a config flag"),

@@ -98,6 +98,11 @@ pub fn unimplemented_settings(
         }
     };
     flag(flags.cloud_provider.is_some(), "cloud-provider", "ignored");
+    flag(
+        flags.experimental_mounter_path.is_some(),
+        "experimental-mounter-path",
+        "volumes are mounted without a mounter binary",
+    );
     out
 }
 
@@ -131,6 +136,36 @@ mod tests {
         assert!(w[1].starts_with("flag --cloud-provider is accepted but not implemented"));
         let w = unimplemented_settings(&base, &base, &KubeletFlags::default());
         assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn the_deprecated_mounter_flag_is_reported_only_off_default() {
+        let base = baseline(false);
+        let parse = |args: &[&str]| {
+            super::super::flags::parse_args(args.iter().map(|s| s.to_string())).unwrap()
+        };
+        // Upstream's defaults, given explicitly, are not reported.
+        let flags = parse(&[
+            "--maximum-dead-containers=-1",
+            "--maximum-dead-containers-per-container=1",
+            "--minimum-container-ttl-duration=0s",
+            "--experimental-mounter-path=",
+            "--experimental-allocatable-ignore-eviction",
+        ]);
+        assert!(unimplemented_settings(&base, &base, &flags).is_empty());
+        let flags = parse(&[
+            "--maximum-dead-containers=10",
+            "--maximum-dead-containers-per-container=2",
+            "--minimum-container-ttl-duration=1m",
+            "--experimental-mounter-path=/bin/mount",
+        ]);
+        let w = unimplemented_settings(&base, &base, &flags);
+        let names: Vec<&str> = w
+            .iter()
+            .map(|l| l.split_whitespace().nth(1).unwrap())
+            .collect();
+        // The container GC flags are followed (kuberuntime::gc).
+        assert_eq!(names, ["--experimental-mounter-path"]);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! `pkg/kubelet/apis/config/v1beta1/defaults.go`, `pkg/kubelet/apis/config/validation`
 //! and the config-file handling in `cmd/kubelet/app` (targets Kubernetes 1.34).
 
+pub mod dropin;
 pub mod duration;
 pub mod features;
 pub mod flags;

@@ -82,6 +82,15 @@ pub struct KubeletOptions {
     pub bootstrap_kubeconfig: Option<PathBuf>,
     /// `--cert-dir`.
     pub cert_dir: PathBuf,
+    /// `--seccomp-default`, ORed with the config's `seccompDefault` as
+    /// upstream does (the flag is not a configuration field).
+    pub seccomp_default: bool,
+    /// `--experimental-allocatable-ignore-eviction`: hard eviction
+    /// thresholds are not subtracted from node allocatable.
+    pub allocatable_ignore_eviction: bool,
+    /// The deprecated container GC flags (`--minimum-container-ttl-duration`,
+    /// `--maximum-dead-containers-per-container`, `--maximum-dead-containers`).
+    pub container_gc: crate::kuberuntime::gc::Policy,
 }
 
 /// The node name upstream uses: --hostname-override or the hostname, lowercased.
@@ -272,7 +281,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         memory_capacity: machine.memory_capacity as i64,
         allocatable: crate::kuberuntime::Allocatable::of(&node_cfg.facts.read()),
         runtime_handler: String::new(),
-        seccomp_default: cfg.seccomp_default,
+        seccomp_default: cfg.seccomp_default || opts.seccomp_default,
         track_observed_generation: cfg.feature_gate("PodObservedGenerationTracking"),
     };
     let max_parallel = cfg.max_parallel_image_pulls.map(|n| n.max(1) as usize);
@@ -331,6 +340,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         m.allocation = allocation;
         m.runtime_state = runtime_state.clone();
         m.cgroups = cgroups.clone();
+        m.container_gc = opts.container_gc;
         m
     });
     manager.volumes.start(&cluster_tasks, token.child_token());
@@ -568,12 +578,17 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     .with_first({
         // An evicted pod's containers and sandboxes go though it stays in
         // config, as upstream's container GC removes them.
+        // Then the policy's dead containers (upstream's minute
+        // GarbageCollect).
         let (w, m) = (workers.clone(), manager.clone());
         Arc::new(move || {
             let (w, m) = (w.clone(), m.clone());
             Box::pin(async move {
                 if let Err(e) = remove_finished_pods_containers(&w, &m, true).await {
                     tracing::info!(error = %e, "failed to remove an evicted pod's containers");
+                }
+                if let Err(e) = m.collect_dead_containers(m.container_gc).await {
+                    tracing::warn!(error = %e, "container garbage collection failed");
                 }
             })
         })
@@ -1348,7 +1363,12 @@ fn node_config(
         controller_attach_detach: cfg.enable_controller_attach_detach,
         kube_reserved: cfg.kube_reserved.clone().into_iter().collect(),
         system_reserved: cfg.system_reserved.clone().into_iter().collect(),
-        eviction_hard: cfg.eviction_hard.clone().into_iter().collect(),
+        // Upstream leaves the container manager's hard thresholds nil then.
+        eviction_hard: if opts.allocatable_ignore_eviction {
+            std::collections::BTreeMap::new()
+        } else {
+            cfg.eviction_hard.clone().into_iter().collect()
+        },
         num_cores: machine.num_cores,
         memory_bytes: machine.memory_capacity,
         ephemeral_storage_bytes: nodestatus::fs_capacity(&c_opts.root_dir),

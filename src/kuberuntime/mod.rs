@@ -5,6 +5,7 @@ pub mod actions;
 pub mod backoff;
 pub mod container;
 pub mod envvars;
+pub mod gc;
 pub mod hash;
 pub mod labels;
 pub mod lifecycle;
@@ -173,6 +174,8 @@ pub struct RuntimeManager {
     pub runtime_state: crate::runtimestate::RuntimeState,
     /// The pods' cgroups (disabled unless the kubelet starts it).
     pub cgroups: crate::cm::manager::ContainerManager,
+    /// How many dead containers are kept (the deprecated GC flags).
+    pub container_gc: gc::Policy,
     backoff: Mutex<Backoff>,
     /// The last actions computed per pod UID and when, for `/debug/pods`.
     last_actions: Mutex<HashMap<String, (std::time::SystemTime, actions::PodActions)>>,
@@ -203,6 +206,7 @@ impl RuntimeManager {
             allocation: Default::default(),
             runtime_state: Default::default(),
             cgroups: Default::default(),
+            container_gc: Default::default(),
             backoff: Mutex::new(Backoff::container()),
             last_actions: Mutex::new(HashMap::new()),
             resize_errors: Mutex::new(HashMap::new()),
@@ -1211,16 +1215,48 @@ impl RuntimeManager {
         Ok(())
     }
 
+    /// The minute container GC's policy pass (`gc::evictions`): returns how
+    /// many containers went.
+    pub async fn collect_dead_containers(&self, policy: gc::Policy) -> Result<usize, CriError> {
+        let list = self.runtime.list_containers(None).await?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        let evict = gc::evictions(&list, policy, now);
+        for e in &evict {
+            if e.unknown {
+                // It could be running: stopped first, as upstream.
+                if let Err(err) = self.runtime.stop_container(&e.id, 0).await {
+                    warn!(container_id = %e.id, error = %err, "failed to stop a container in an unknown state");
+                    continue;
+                }
+            }
+            debug!(container = %e.name, container_id = %e.id, "removing dead container");
+            if let Err(err) = self.remove_container(&e.id).await {
+                warn!(container_id = %e.id, error = %err, "failed to remove container");
+            }
+        }
+        Ok(evict.len())
+    }
+
     /// Per-pod container GC: keep the newest instance of each container and
-    /// one dead one before it (upstream maxPerPodContainer=1), and drop dead
-    /// sandboxes that no container uses any more.
+    /// the dead ones before it the policy keeps (upstream
+    /// maxPerPodContainer, 1 by default; the minute pass trims to exactly
+    /// that), and drop dead sandboxes that no container uses any more.
     async fn prune_dead(&self, rt: &RuntimePod) {
+        let policy = self.container_gc;
+        // Created before this may go (upstream's MinAge).
+        let newest = SystemTime::now()
+            .checked_sub(policy.min_age)
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as i64);
+        let keep = usize::try_from(policy.max_per_pod_container).map_or(usize::MAX, |n| n + 1);
         let mut seen: HashMap<&str, usize> = HashMap::new();
         let mut used_sandboxes: Vec<&str> = Vec::new();
         for c in &rt.containers {
             let n = seen.entry(c.name.as_str()).or_default();
             *n += 1;
-            if *n > 2 && c.state == CState::Exited {
+            if *n > keep && c.state == CState::Exited && c.created_at <= newest {
                 if let Err(e) = self.remove_container(&c.id).await {
                     debug!(container = %c.name, error = %e, "failed to remove dead container");
                 }
