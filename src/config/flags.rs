@@ -70,6 +70,8 @@ pub enum FlagValue {
     Taints(Vec<Taint>),
     /// `--reserved-memory` entries, appended across repeats (ReservedMemoryVar).
     ReservedMemory(Vec<MemoryReservation>),
+    /// `--vmodule` patterns, appended across repeats (VModuleConfigurationPflag).
+    VModule(Vec<super::VModuleItem>),
 }
 
 /// A config-file field given on the command line; applied over the file by
@@ -179,6 +181,10 @@ enum Kind {
     ColonMultimap,
     Taints,
     ReservedMemory,
+    /// logsapi's VModuleConfigurationPflag: `pattern=N,...`.
+    VModule,
+    /// resource.QuantityValue (the log info buffer sizes).
+    Quantity,
     Version,
     Help,
 }
@@ -206,6 +212,8 @@ impl Kind {
             Kind::ColonMultimap => "colonSeparatedMultimapStringString",
             Kind::Taints => "[]Taint",
             Kind::ReservedMemory => "reserved-memory",
+            Kind::VModule => "pattern=N,...",
+            Kind::Quantity => "quantity",
             Kind::Version => "version[=true]",
         }
     }
@@ -317,6 +325,22 @@ const SPECS: &[Spec] = &[
         deprecation: None,
         ..cfg("v", Kind::Level, "number for the log level verbosity")
     },
+    // component-base's logging flags (logsapi.AddFlags over the
+    // configuration's `logging`); vmodule and log-flush-frequency stay
+    // undeprecated upstream, the others get the config-flag notice.
+    Spec {
+        deprecation: None,
+        ..cfg("vmodule", Kind::VModule, "comma-separated list of pattern=N settings for file-filtered logging (only works for text log format)")
+    },
+    Spec {
+        deprecation: None,
+        ..cfg("log-flush-frequency", Kind::Duration, "Maximum number of seconds between log flushes")
+    },
+    cfg("logging-format", Kind::Str, "Sets the log format. Permitted formats: \"json\" (gated by LoggingBetaOptions), \"text\"."),
+    cfg("log-text-split-stream", Kind::Bool, "[Alpha] In text format, write error messages to stderr and info messages to stdout."),
+    cfg("log-text-info-buffer-size", Kind::Quantity, "[Alpha] In text format with split output streams, the info messages can be buffered for a while to increase performance."),
+    cfg("log-json-split-stream", Kind::Bool, "[Alpha] In JSON format, write error messages to stderr and info messages to stdout."),
+    cfg("log-json-info-buffer-size", Kind::Quantity, "[Alpha] In JSON format with split output streams, the info messages can be buffered for a while to increase performance."),
     Spec {
         deprecation: None,
         ..cfg("provider-id", Kind::Str, "Unique identifier for the node in a machine database, i.e. cloud provider.")
@@ -658,6 +682,7 @@ impl KubeletFlags {
                 (FlagValue::StringMap(a), FlagValue::StringMap(b)) => a.extend(b),
                 (FlagValue::Multimap(a), FlagValue::Multimap(b)) => a.extend(b),
                 (FlagValue::ReservedMemory(a), FlagValue::ReservedMemory(b)) => a.extend(b),
+                (FlagValue::VModule(a), FlagValue::VModule(b)) => a.extend(b),
                 (slot, v) => *slot = v,
             },
             None => self.overrides.push(ConfigOverride { flag, value }),
@@ -684,6 +709,21 @@ impl ConfigOverride {
         use FlagValue as V;
         match (self.flag, &self.value) {
             ("v", V::Level(l)) => c.logging.verbosity = *l,
+            // The first use replaces the file's list, later ones append.
+            ("vmodule", V::VModule(v)) => c.logging.vmodule = v.clone(),
+            ("log-flush-frequency", V::Duration(d)) => {
+                c.logging.flush_frequency.duration = *d;
+                c.logging.flush_frequency.serialize_as_string = true;
+            }
+            ("logging-format", V::String(s)) => c.logging.format = s.clone(),
+            ("log-text-split-stream", V::Bool(b)) => c.logging.options.text.split_stream = *b,
+            ("log-text-info-buffer-size", V::String(s)) => {
+                c.logging.options.text.info_buffer_size = s.clone()
+            }
+            ("log-json-split-stream", V::Bool(b)) => c.logging.options.json.split_stream = *b,
+            ("log-json-info-buffer-size", V::String(s)) => {
+                c.logging.options.json.info_buffer_size = s.clone()
+            }
             ("provider-id", V::String(s)) => c.provider_id = s.clone(),
             ("image-credential-provider-config", V::String(s)) => {
                 c.image_credential_provider_config = s.clone()
@@ -873,6 +913,11 @@ fn parse_value(kind: Kind, raw: &str) -> Result<Parsed, String> {
         Kind::MapString => FlagValue::StringMap(parse_pairs(raw, '=')?),
         Kind::MapStringNoSplit => FlagValue::StringMap(parse_pair_no_split(raw)?),
         Kind::ReservedMemory => FlagValue::ReservedMemory(parse_reserved_memory(raw)?),
+        Kind::VModule => FlagValue::VModule(parse_vmodule(raw)?),
+        Kind::Quantity => {
+            crate::cm::quantity::parse_milli(raw).map_err(|e| e.to_string())?;
+            FlagValue::String(raw.to_string())
+        }
         Kind::LabelMap => FlagValue::StringMap(parse_labels(raw)),
         Kind::ColonMultimap => FlagValue::Multimap(parse_colon_pairs(raw)?),
         Kind::Taints => FlagValue::Taints(parse_taints(raw)?),
@@ -946,6 +991,32 @@ fn parse_int(s: &str, bits: u32) -> Result<i64, String> {
 }
 
 /// component-base `VerbosityLevel.Set`: `strconv.ParseUint(s, 10, 32)`.
+/// logsapi's VModuleConfigurationPflag.Set (klog's -vmodule): `pattern=N`
+/// items split on commas, empty ones skipped, N below 2^31.
+fn parse_vmodule(raw: &str) -> Result<Vec<super::VModuleItem>, String> {
+    let mut out = Vec::new();
+    for pat in raw.split(',').filter(|p| !p.is_empty()) {
+        let parts: Vec<&str> = pat.split('=').collect();
+        if parts.len() != 2 || parts[0].is_empty() || parts[1].is_empty() {
+            return Err(format!("{pat:?} does not have the pattern=N format"));
+        }
+        let n = parse_level(parts[1])
+            .ok()
+            .filter(|n| *n < 1 << 31)
+            .ok_or_else(|| {
+                format!(
+                    "parsing verbosity in {pat:?}: strconv.ParseUint: parsing {:?}: invalid syntax",
+                    parts[1]
+                )
+            })?;
+        out.push(super::VModuleItem {
+            file_pattern: parts[0].to_string(),
+            verbosity: n,
+        });
+    }
+    Ok(out)
+}
+
 fn parse_level(s: &str) -> Result<u32, String> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("strconv.ParseUint: parsing {s:?}: invalid syntax"));
@@ -1632,6 +1703,65 @@ mod tests {
     }
 
     #[test]
+    fn logging_flags_set_the_logging_configuration_as_logsapi_does() {
+        // Old code: every one of these was an unknown flag (exit 1).
+        let f = parse_args(
+            [
+                "--vmodule=pleg*=4,,kubelet=2",
+                "--vmodule=server=3",
+                "--log-flush-frequency=10s",
+                "--logging-format=json",
+                "--log-json-split-stream",
+                "--log-json-info-buffer-size=64Ki",
+                "--log-text-info-buffer-size=1M",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        )
+        .unwrap();
+        let mut cfg = KubeletConfiguration::default();
+        f.apply(&mut cfg);
+        let l = &cfg.logging;
+        let vm: Vec<(&str, u32)> = l
+            .vmodule
+            .iter()
+            .map(|v| (v.file_pattern.as_str(), v.verbosity))
+            .collect();
+        assert_eq!(vm, [("pleg*", 4), ("kubelet", 2), ("server", 3)]);
+        assert_eq!(
+            l.flush_frequency.duration.0,
+            std::time::Duration::from_secs(10)
+        );
+        assert_eq!(l.format, "json");
+        assert!(l.options.json.split_stream);
+        assert_eq!(l.options.json.info_buffer_size, "64Ki");
+        assert_eq!(l.options.text.info_buffer_size, "1M");
+        // Only the undeprecated two stay quiet.
+        let notices: Vec<&str> = f
+            .deprecation_warnings
+            .iter()
+            .map(|w| w.split_whitespace().nth(1).unwrap())
+            .collect();
+        assert_eq!(
+            notices,
+            [
+                "--logging-format",
+                "--log-json-split-stream",
+                "--log-json-info-buffer-size",
+                "--log-text-info-buffer-size"
+            ]
+        );
+        let err = |a: &str| parse_args([a.to_string()]).unwrap_err().to_string();
+        assert!(
+            err("--vmodule=a").contains("\"a\" does not have the pattern=N format"),
+            "{}",
+            err("--vmodule=a")
+        );
+        assert!(err("--vmodule=a=x").contains("parsing verbosity in \"a=x\""));
+        assert!(err("--log-json-info-buffer-size=lots").contains("invalid quantity"));
+    }
+
+    #[test]
     fn every_config_flag_maps_to_a_field() {
         let mut cfg = KubeletConfiguration::default();
         for spec in SPECS.iter().filter(|s| s.role == Role::Config) {
@@ -1646,6 +1776,8 @@ mod tests {
                 Kind::MapLangle => "a<1",
                 Kind::MapString | Kind::MapStringNoSplit | Kind::LabelMap => "a=1",
                 Kind::ReservedMemory => "0:memory=1Gi",
+                Kind::VModule => "a=1",
+                Kind::Quantity => "64Ki",
                 Kind::ColonMultimap => "a:1",
                 Kind::Taints => "k=v:NoSchedule",
                 Kind::Version | Kind::Help => unreachable!("not a config flag"),
