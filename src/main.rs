@@ -109,6 +109,7 @@ fn run(flags: flags::KubeletFlags) -> anyhow::Result<()> {
     if cfg.logging.verbosity != rkubelet::logging::verbosity() {
         rkubelet::logging::set_verbosity(cfg.logging.verbosity);
     }
+    rkubelet::logging::set_json(cfg.logging.format == "json");
     for w in set_feature_gates(&cfg.feature_gates)? {
         warn!("{w}");
     }

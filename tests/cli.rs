@@ -203,3 +203,28 @@ fn runonce_is_refused_as_upstream() {
         "{err}"
     );
 }
+
+#[test]
+fn logging_format_json_writes_upstreams_json_lines() {
+    // Old code: --logging-format was an unknown flag; then `logging.format`
+    // was accepted but the logs stayed text. A GA gate's warning is logged
+    // once the format is in force, before validation refuses --runonce.
+    let out = rkubelet(&[
+        "--logging-format=json",
+        "--feature-gates=NodeSwap=true",
+        "--runonce",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("Setting GA feature gate NodeSwap=true"))
+        .unwrap_or_else(|| panic!("no gate warning: {err}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert!(v["ts"].as_f64().is_some(), "{line}");
+    assert!(
+        v["caller"].as_str().is_some_and(|c| c.contains(':')),
+        "{line}"
+    );
+    assert_eq!(v["v"], 0, "{line}");
+}

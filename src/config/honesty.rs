@@ -73,11 +73,12 @@ pub fn unimplemented_settings(
 ) -> Vec<String> {
     let mut set = serde_json::to_value(cfg).unwrap_or_default();
     let mut default = serde_json::to_value(baseline).unwrap_or_default();
-    // `logging.verbosity` is acted on (`crate::logging`); the rest of
-    // `logging` is not.
+    // `logging.verbosity` and `logging.format` are acted on
+    // (`crate::logging`); the rest of `logging` is not.
     for v in [&mut set, &mut default] {
         if let Some(l) = v.get_mut("logging").and_then(|l| l.as_object_mut()) {
             l.remove("verbosity");
+            l.remove("format");
         }
     }
     let mut out: Vec<String> = UNIMPLEMENTED_FIELDS
