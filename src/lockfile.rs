@@ -3,11 +3,9 @@
 //! kubelet started in "bootstrap" mode holds the lock and exits as soon as
 //! another process opens the file, so the next kubelet can take the lock over.
 
-use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -42,62 +40,35 @@ pub fn acquire(path: &Path) -> io::Result<File> {
 /// a thread of its own; the receiver gets a description of the first event,
 /// or of the error that ended the watch (upstream exits on either).
 pub fn watch_for_contention(path: &Path) -> io::Result<oneshot::Receiver<String>> {
-    // SAFETY: plain syscall; the descriptor is owned right after.
-    let raw = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let c_path = CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: valid descriptor and NUL-terminated path.
-    let wd = unsafe {
-        libc::inotify_add_watch(
-            fd.as_raw_fd(),
-            c_path.as_ptr(),
-            libc::IN_OPEN | libc::IN_DELETE_SELF,
-        )
-    };
-    if wd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    use inotify::{EventMask, Inotify, WatchMask};
+    let mut ino = Inotify::init()?;
+    ino.watches()
+        .add(path, WatchMask::OPEN | WatchMask::DELETE_SELF)?;
     let (tx, rx) = oneshot::channel();
     std::thread::Builder::new()
         .name("lock-file-watch".into())
         .spawn(move || {
-            let _ = tx.send(wait_for_event(&fd));
+            let mut buf = [0u8; 4096];
+            let said = loop {
+                match ino.read_events_blocking(&mut buf) {
+                    Ok(mut events) => {
+                        let Some(e) = events.next() else { continue };
+                        let name = if e.mask.contains(EventMask::OPEN) {
+                            "IN_OPEN"
+                        } else if e.mask.contains(EventMask::DELETE_SELF) {
+                            "IN_DELETE_SELF"
+                        } else {
+                            "IN_IGNORED"
+                        };
+                        break format!("inotify event {name}");
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => break format!("inotify watcher error: {e}"),
+                }
+            };
+            let _ = tx.send(said);
         })?;
     Ok(rx)
-}
-
-/// Blocks until the inotify descriptor yields an event; names its mask.
-fn wait_for_event(fd: &OwnedFd) -> String {
-    let mut buf = [0u8; 4096];
-    loop {
-        // SAFETY: reads into a buffer of the length given.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return format!("inotify watcher error: {e}");
-        }
-        // struct inotify_event { int wd; uint32_t mask; ... }
-        if n < 8 {
-            return "inotify watcher error: short read".to_string();
-        }
-        let mask = u32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
-        let name = if mask & libc::IN_OPEN != 0 {
-            "IN_OPEN"
-        } else if mask & libc::IN_DELETE_SELF != 0 {
-            "IN_DELETE_SELF"
-        } else {
-            "IN_IGNORED"
-        };
-        return format!("inotify event {name} (mask {mask:#x})");
-    }
 }
 
 #[cfg(test)]
