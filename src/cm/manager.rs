@@ -451,30 +451,37 @@ impl ContainerManager {
         })
         .await??;
         info!(cgroup = %format!("/{kubepods}"), cpu_shares = ?node.cpu_shares, memory = ?node.memory, pids = ?node.pids, "container manager: node allocatable and QoS cgroups in place");
-        for (key, reserved, cgroup, compressible) in [
+        // Upstream's enforcement keys with the names its events use.
+        let system = (&cfg.system_reserved, &cfg.system_reserved_cgroup);
+        let kube = (&cfg.kube_reserved, &cfg.kube_reserved_cgroup);
+        for (key, (reserved, cgroup), compressible, which, title) in [
             (
                 "system-reserved",
-                &cfg.system_reserved,
-                &cfg.system_reserved_cgroup,
+                system,
                 false,
+                "system reserved",
+                "System Reserved",
             ),
             (
                 "kube-reserved",
-                &cfg.kube_reserved,
-                &cfg.kube_reserved_cgroup,
+                kube,
                 false,
+                "kube reserved",
+                "Kube Reserved",
             ),
             (
                 "system-reserved-compressible",
-                &cfg.system_reserved,
-                &cfg.system_reserved_cgroup,
+                system,
                 true,
+                "system reserved",
+                "System Reserved Compressible",
             ),
             (
                 "kube-reserved-compressible",
-                &cfg.kube_reserved,
-                &cfg.kube_reserved_cgroup,
+                kube,
                 true,
+                "kube reserved",
+                "Kube Reserved Compressible",
             ),
         ] {
             if !enforce(key) {
@@ -493,11 +500,6 @@ impl ContainerManager {
             .map_err(CgroupError::from)
             .and_then(|r| r);
             let node_ref = crate::events::node_ref(&cfg.node_name);
-            let which = if key.starts_with("system") {
-                "system reserved"
-            } else {
-                "kube reserved"
-            };
             match r {
                 Ok(()) => crate::events::record(
                     node_ref,
@@ -506,17 +508,8 @@ impl ContainerManager {
                     format!("Updated limits on {which} cgroup {cgroup}"),
                 ),
                 Err(e) => {
-                    // Upstream's message: "System Reserved", "Kube Reserved
-                    // Compressible", ...
-                    let title: Vec<String> = which
-                        .split(' ')
-                        .chain(compressible.then_some("compressible"))
-                        .map(|w| w[..1].to_uppercase() + &w[1..])
-                        .collect();
-                    let message = format!(
-                        "Failed to enforce {} Cgroup Limits on \"{cgroup}\": {e}",
-                        title.join(" ")
-                    );
+                    let message =
+                        format!("Failed to enforce {title} Cgroup Limits on \"{cgroup}\": {e}");
                     crate::events::record(
                         node_ref,
                         crate::events::WARNING,
@@ -722,10 +715,7 @@ pub async fn max_pid() -> Option<i64> {
                 .ok()
                 .and_then(|s| s.trim().parse::<i64>().ok())
         };
-        match (read("pid_max"), read("threads-max")) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        crate::stats::procfs::pid_limit(read("pid_max"), read("threads-max"))
     })
     .await
     .ok()

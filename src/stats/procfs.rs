@@ -103,6 +103,15 @@ pub fn parse_proc_stat_busy_ns(text: &str) -> Option<u64> {
     Some(ticks * (1_000_000_000 / 100))
 }
 
+/// Upstream pidlimit's node limit: the lesser of `kernel/pid_max` and
+/// `kernel/threads-max` (either stops new tasks), or whichever was read.
+pub fn pid_limit(pid_max: Option<i64>, threads_max: Option<i64>) -> Option<i64> {
+    match (pid_max, threads_max) {
+        (Some(p), Some(t)) => Some(p.min(t)),
+        (p, t) => p.or(t),
+    }
+}
+
 /// The number of processes (threads) from `/proc/loadavg`'s `running/total`.
 pub fn parse_loadavg_procs(text: &str) -> Option<i64> {
     text.split_whitespace()

@@ -1388,10 +1388,7 @@ fn read_node(
         };
         let pid_max = limit(r, "sys/kernel/pid_max");
         let threads_max = limit(r, "sys/kernel/threads-max");
-        node.maxpid = match (pid_max, threads_max) {
-            (Some(p), Some(t)) => Some(p.min(t)),
-            (p, t) => p.or(t),
-        };
+        node.maxpid = procfs::pid_limit(pid_max, threads_max);
         node.curproc = r
             .whole(proc_dir, "loadavg")
             .and_then(procfs::parse_loadavg_procs);
