@@ -228,3 +228,40 @@ fn logging_format_json_writes_upstreams_json_lines() {
     );
     assert_eq!(v["v"], 0, "{line}");
 }
+
+#[test]
+fn cgroup_v1_and_single_process_oom_kill_are_checked_against_the_host_as_upstream() {
+    // Old code: failCgroupV1 and singleProcessOOMKill were accepted unread.
+    // Upstream's validateKubeletOSConfiguration looks at the host, so the
+    // answer depends on it; --runonce keeps a v2 host from starting a kubelet.
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let out = rkubelet(&["--fail-cgroupv1", "--runonce"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let refused = err.contains(
+        "kubelet is configured to not run on a host using cgroup v1. cgroup v1 support is in maintenance mode",
+    );
+    assert_eq!(refused, !v2, "{err}");
+
+    let dir = std::env::temp_dir().join(format!("rk-cli-oomkill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("config.yaml");
+    std::fs::write(
+        &conf,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         singleProcessOOMKill: false\nuserNamespaces:\n  idsPerPod: 1000\n",
+    )
+    .unwrap();
+    let out = rkubelet(&["--config", conf.to_str().unwrap(), "--runonce"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let oom = err.contains(
+        "invalid configuration: singleProcessOOMKill must not be explicitly set to false when using cgroup v1",
+    );
+    assert_eq!(oom, !v2, "{err}");
+    // Upstream reports only the first of its host checks.
+    let ids =
+        err.contains("invalid configuration: userNamespaces.idsPerPod must not be less than 65536");
+    assert_eq!(ids, v2, "{err}");
+}

@@ -1083,8 +1083,8 @@ fn a_resize_is_applied_in_place_or_waits_as_upstream() {
     let node = "it-resize";
     let k = cluster_kubelet(node, &api);
     let name = format!("resized-{node}");
-    // The container prints its cgroup's cpu quota and memory limit (v1 or
-    // v2 files) every half second.
+    // The container prints its cgroup's cpu quota, memory limit and swap
+    // limit (v1 or v2 files) every half second.
     let mut pod = bound_pod(
         &name,
         node,
@@ -1092,8 +1092,19 @@ fn a_resize_is_applied_in_place_or_waits_as_upstream() {
         "while true; do \
            q=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cat /sys/fs/cgroup/cpu.max); \
            m=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max); \
-           echo \"quota=$q memory=$m\"; sleep 0.5; done",
+           s=$(cat /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.swap.max); \
+           echo \"quota=$q memory=$m swap=$s\"; sleep 0.5; done",
     );
+    // Upstream's NoSwap (the default): on v1 memory+swap capped at the
+    // memory limit, on v2 no swap. Old code left swap unlimited.
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let swap = |limit: &str| {
+        if v2 {
+            "0".to_string()
+        } else {
+            limit.to_string()
+        }
+    };
     pod["spec"]["containers"][0]["resources"] = json!({
         "requests": {"cpu": "100m", "memory": "32Mi"},
         "limits": {"cpu": "200m", "memory": "64Mi"}
@@ -1112,7 +1123,10 @@ fn a_resize_is_applied_in_place_or_waits_as_upstream() {
     let id = cs["containerID"].clone();
     wait_for("the old quota in the container", T, || {
         container_logs(&k, &name, "main")
-            .contains("quota=20000 memory=67108864")
+            .contains(&format!(
+                "quota=20000 memory=67108864 swap={}",
+                swap("67108864")
+            ))
             .then_some(())
     });
 
@@ -1151,7 +1165,10 @@ fn a_resize_is_applied_in_place_or_waits_as_upstream() {
     assert_eq!(p["status"]["observedGeneration"], 2);
     wait_for("the new quota in the container", T, || {
         container_logs(&k, &name, "main")
-            .contains("quota=40000 memory=100663296")
+            .contains(&format!(
+                "quota=40000 memory=100663296 swap={}",
+                swap("100663296")
+            ))
             .then_some(())
     });
     // The pod's own cgroup follows (old code left it without limits; a

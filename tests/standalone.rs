@@ -306,3 +306,96 @@ fn log_directories_and_links_of_pods_that_are_gone_are_removed() {
     });
     assert!(kept.join("main").exists(), "a running pod's logs stay");
 }
+
+/// Runs `iptables ARGS` (quietly); whether it exited 0.
+fn iptables(args: &str) -> bool {
+    std::process::Command::new("iptables")
+        .args(["-w", "5"])
+        .args(args.split_whitespace())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Upstream's container manager sets the kernel's panic, overcommit and
+/// keyring settings at start, or with `protectKernelDefaults` refuses to
+/// start when they differ; its kubelet makes the KUBE-IPTABLES-HINT and
+/// KUBE-FIREWALL chains (`makeIPTablesUtilChains`, on by default) that
+/// kube-proxy's image looks for. Old code did neither: the settings stayed
+/// as they were and no chain was made.
+#[test]
+fn kernel_settings_and_iptables_chains_are_made_as_upstream_at_start() {
+    let mut k = Kubelet::new("it-node-setup");
+    // What a fresh Debian host has (kernel.panic 0 or 1), and no chains.
+    let panic = std::path::Path::new("/proc/sys/kernel/panic");
+    std::fs::write(panic, "1").unwrap();
+    for from in ["INPUT", "OUTPUT"] {
+        while iptables(&format!("-t filter -D {from} -j KUBE-FIREWALL")) {}
+    }
+    for (table, chain) in [
+        ("filter", "KUBE-FIREWALL"),
+        ("mangle", "KUBE-IPTABLES-HINT"),
+        ("mangle", "KUBE-KUBELET-CANARY"),
+        ("nat", "KUBE-KUBELET-CANARY"),
+        ("filter", "KUBE-KUBELET-CANARY"),
+    ] {
+        iptables(&format!("-t {table} -F {chain}"));
+        iptables(&format!("-t {table} -X {chain}"));
+        assert!(
+            !iptables(&format!("-t {table} -S {chain}")),
+            "{table} {chain} left"
+        );
+    }
+
+    k.extra_config = "protectKernelDefaults: true\n".into();
+    k.launch();
+    wait_for("rkubelet to refuse to start", T, || {
+        (!k.is_running()).then_some(())
+    });
+    let log = k.log();
+    assert!(
+        log.contains("failed to start ContainerManager")
+            && log
+                .contains("invalid kernel flag: kernel/panic, expected value: 10, actual value: 1"),
+        "{log}"
+    );
+    assert_eq!(std::fs::read_to_string(panic).unwrap().trim(), "1");
+
+    k.extra_config = String::new();
+    k.spawn();
+    for (name, want) in [
+        ("vm/overcommit_memory", "1"),
+        ("vm/panic_on_oom", "0"),
+        ("kernel/panic", "10"),
+        ("kernel/panic_on_oops", "1"),
+        ("kernel/keys/root_maxkeys", "1000000"),
+        ("kernel/keys/root_maxbytes", "25000000"),
+    ] {
+        let have = std::fs::read_to_string(format!("/proc/sys/{name}")).unwrap();
+        assert_eq!(have.trim(), want, "{name}");
+    }
+    wait_for("the kubelet's iptables chains", T, || {
+        (iptables("-t mangle -S KUBE-IPTABLES-HINT")
+            && iptables("-t filter -C INPUT -j KUBE-FIREWALL")
+            && iptables("-t filter -C OUTPUT -j KUBE-FIREWALL")
+            && ["mangle", "nat", "filter"]
+                .iter()
+                .all(|t| iptables(&format!("-t {t} -S KUBE-KUBELET-CANARY"))))
+        .then_some(())
+    });
+    let rules = std::process::Command::new("iptables")
+        .args(["-w", "5", "-t", "filter", "-S", "KUBE-FIREWALL"])
+        .output()
+        .unwrap();
+    let rules = String::from_utf8_lossy(&rules.stdout);
+    let drop: Vec<&str> = rules.lines().filter(|l| l.contains("-j DROP")).collect();
+    assert_eq!(drop.len(), 1, "{rules}");
+    assert!(
+        drop[0].contains("-d 127.0.0.0/8")
+            && drop[0].contains("! -s 127.0.0.0/8")
+            && drop[0].contains("block incoming localnet connections")
+            && drop[0].contains("! --ctstate RELATED,ESTABLISHED,DNAT"),
+        "{rules}"
+    );
+}

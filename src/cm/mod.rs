@@ -3,6 +3,7 @@
 //! (upstream `pkg/kubelet/cm`, `qos/policy.go`, `apis/core/v1/helper/qos`).
 
 pub mod manager;
+pub mod node;
 pub mod podcgroups;
 pub mod quantity;
 

@@ -1248,6 +1248,12 @@ impl KubeletConfiguration {
     /// Runs the checks upstream's `ValidateKubeletConfiguration` makes that apply here,
     /// plus the cgroup driver and authorization mode checks done elsewhere upstream.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_on(crate::cm::node::cgroup_v2_unified())
+    }
+
+    /// `validate` for a host whose cgroups are v2 (`cgroup_v2`) or v1:
+    /// upstream's validateKubeletOSConfiguration looks at the host.
+    pub fn validate_on(&self, cgroup_v2: bool) -> Result<(), ConfigError> {
         let mut errs: Vec<String> = Vec::new();
         // Upstream words taint errors without the "invalid configuration" prefix.
         let mut taint_errs: Vec<String> = Vec::new();
@@ -1548,11 +1554,44 @@ impl KubeletConfiguration {
             ));
         }
 
+        // validateKubeletOSConfiguration (validation_linux.go): its first
+        // error alone, unprefixed for failCgroupV1 as upstream words it.
+        if let Some(e) = self.os_error(cgroup_v2) {
+            errs.push(e);
+        }
         errs.extend(taint_errs);
         if errs.is_empty() {
             Ok(())
         } else {
             Err(ConfigError::Invalid(errs))
+        }
+    }
+
+    fn os_error(&self, cgroup_v2: bool) -> Option<String> {
+        if self.fail_cgroup_v1 && !cgroup_v2 {
+            return Some("kubelet is configured to not run on a host using cgroup v1. cgroup v1 support is in maintenance mode".into());
+        }
+        if !cgroup_v2 && self.single_process_oom_kill == Some(false) {
+            return Some("invalid configuration: singleProcessOOMKill must not be explicitly set to false when using cgroup v1".into());
+        }
+        // One user namespace unit is 65536 IDs, as upstream's userNsUnitLength.
+        const UNIT: i64 = 65536;
+        let ids = self.user_namespaces.as_ref().and_then(|u| u.ids_per_pod)?;
+        if ids < UNIT {
+            Some(format!(
+                "invalid configuration: userNamespaces.idsPerPod must not be less than {UNIT}"
+            ))
+        } else if ids % UNIT != 0 {
+            Some(format!(
+                "invalid configuration: userNamespaces.idsPerPod must be a multiple of {UNIT}"
+            ))
+        } else if ids > u32::MAX as i64 {
+            Some(format!(
+                "invalid configuration: userNamespaces.idsPerPod must not be more than {}",
+                u32::MAX
+            ))
+        } else {
+            None
         }
     }
 
@@ -2160,5 +2199,50 @@ fn go_float<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_i64(*v as i64)
     } else {
         s.serialize_f64(*v)
+    }
+}
+
+#[cfg(test)]
+mod os_validation_tests {
+    use super::*;
+
+    fn load(body: &str) -> KubeletConfiguration {
+        KubeletConfiguration::load_str(&format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{body}"
+        ))
+        .unwrap()
+        .0
+    }
+
+    /// Old code: these settings were accepted unread on any host.
+    #[test]
+    fn host_checks_follow_upstreams_validate_kubelet_os_configuration() {
+        let errs = |c: &KubeletConfiguration, v2: bool| match c.validate_on(v2) {
+            Ok(()) => String::new(),
+            Err(e) => e.to_string(),
+        };
+        let fail = load("failCgroupV1: true\n");
+        assert!(errs(&fail, false).contains(
+            "kubelet is configured to not run on a host using cgroup v1. cgroup v1 support is in maintenance mode"
+        ));
+        assert_eq!(errs(&fail, true), "");
+        let single = load("singleProcessOOMKill: false\n");
+        assert!(errs(&single, false).contains(
+            "singleProcessOOMKill must not be explicitly set to false when using cgroup v1"
+        ));
+        assert_eq!(errs(&single, true), "");
+        assert_eq!(errs(&load("singleProcessOOMKill: true\n"), false), "");
+        for (ids, want) in [
+            ("1000", "must not be less than 65536"),
+            ("65537", "must be a multiple of 65536"),
+            ("4295098368", "must not be more than 4294967295"),
+        ] {
+            let c = load(&format!("userNamespaces:\n  idsPerPod: {ids}\n"));
+            assert!(errs(&c, true).contains(want), "{ids}: {}", errs(&c, true));
+        }
+        assert_eq!(
+            errs(&load("userNamespaces:\n  idsPerPod: 131072\n"), true),
+            ""
+        );
     }
 }

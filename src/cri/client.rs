@@ -42,20 +42,23 @@ pub fn socket_path(endpoint: &str) -> CriResult<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
+/// A channel to the unix socket of `endpoint` that connects at its first
+/// call.
+fn lazy_channel(endpoint: &str) -> CriResult<Channel> {
+    let path = socket_path(endpoint)?;
+    // The URI is a placeholder: the connector below ignores it.
+    Ok(Endpoint::from_static("http://[::]:0")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        })))
+}
+
 impl RemoteRuntime {
     /// Builds a lazily-connecting client; no I/O happens until the first call.
     pub fn connect_lazy(endpoint: &str, timeout: Duration) -> CriResult<Self> {
-        let path = socket_path(endpoint)?;
-        // The URI is a placeholder: the connector below ignores it.
-        let channel =
-            Endpoint::from_static("http://[::]:0")
-                .connect_timeout(Duration::from_secs(5))
-                .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
-                    }
-                }));
+        let channel = lazy_channel(endpoint)?;
         let runtime = RuntimeServiceClient::new(channel.clone())
             .max_decoding_message_size(MAX_MSG_SIZE)
             .max_encoding_message_size(MAX_MSG_SIZE);
@@ -68,6 +71,17 @@ impl RemoteRuntime {
             images,
             timeout,
         })
+    }
+
+    /// The ImageService on its own endpoint (`imageServiceEndpoint`;
+    /// upstream uses the runtime's when it is empty).
+    pub fn with_image_endpoint(mut self, endpoint: &str) -> CriResult<Self> {
+        if !endpoint.is_empty() {
+            self.images = ImageServiceClient::new(lazy_channel(endpoint)?)
+                .max_decoding_message_size(MAX_MSG_SIZE)
+                .max_encoding_message_size(MAX_MSG_SIZE);
+        }
+        Ok(self)
     }
 
     /// A unary RuntimeService call, as the generated client makes it, whose
@@ -568,6 +582,71 @@ impl ImageService for RemoteRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gRPC server on `sock` that answers every call Unimplemented and
+    /// records the paths it was asked for.
+    fn recording_server(sock: &std::path::Path) -> std::sync::Arc<parking_lot::Mutex<Vec<String>>> {
+        let listener = tokio::net::UnixListener::bind(sock).unwrap();
+        let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                let seen = s2.clone();
+                let svc = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                    seen.lock().push(req.uri().path().to_string());
+                    // A trailers-only answer: grpc-status 12, Unimplemented.
+                    let resp = hyper::Response::builder()
+                        .header("content-type", "application/grpc")
+                        .header("grpc-status", "12")
+                        .body(axum::body::Body::empty())
+                        .unwrap();
+                    async move { Ok::<_, std::convert::Infallible>(resp) }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(TokioIo::new(s), svc),
+                );
+            }
+        });
+        seen
+    }
+
+    /// Old code: `imageServiceEndpoint` was accepted unread, so image calls
+    /// went to the runtime's endpoint.
+    #[tokio::test]
+    async fn image_calls_go_to_the_image_service_endpoint_when_one_is_set() {
+        let dir = std::env::temp_dir().join(format!("rk-cri-images-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (rsock, isock) = (dir.join("runtime.sock"), dir.join("images.sock"));
+        let (runtime_seen, images_seen) = (recording_server(&rsock), recording_server(&isock));
+        let endpoint = |p: &std::path::Path| format!("unix://{}", p.display());
+        let rt = RemoteRuntime::connect_lazy(&endpoint(&rsock), Duration::from_secs(5))
+            .unwrap()
+            .with_image_endpoint(&endpoint(&isock))
+            .unwrap();
+        assert!(rt.list_images().await.is_err());
+        assert!(rt.version().await.is_err());
+        assert_eq!(
+            images_seen.lock().clone(),
+            ["/runtime.v1.ImageService/ListImages"]
+        );
+        assert_eq!(
+            runtime_seen.lock().clone(),
+            ["/runtime.v1.RuntimeService/Version"]
+        );
+        // Unset: the runtime's endpoint serves both, as upstream.
+        let same = RemoteRuntime::connect_lazy(&endpoint(&rsock), Duration::from_secs(5))
+            .unwrap()
+            .with_image_endpoint("")
+            .unwrap();
+        assert!(same.image_fs_info().await.is_err());
+        assert_eq!(
+            runtime_seen.lock().last().map(String::as_str),
+            Some("/runtime.v1.ImageService/ImageFsInfo")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// A runtime that, like containerd, answers a GetContainerEvents call
     /// with nothing (no headers either) until an event happens.

@@ -2,6 +2,8 @@
 //! manager, PLEG, pod workers, syncLoop and servers, each a task under one
 //! cancellation token (upstream `kubelet.go` NewMainKubelet + Run).
 
+pub mod iptables;
+
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,6 +60,9 @@ pub enum KubeletError {
     /// Upstream exits with "Failed to start ContainerManager".
     #[error("failed to start ContainerManager: {0}")]
     ContainerManager(String),
+    /// Upstream's NewContainerManager refuses a node with swap on.
+    #[error("{0}")]
+    Swap(String),
     #[error("cannot create directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -202,10 +207,24 @@ async fn cgroup_driver_from_runtime(
 
 /// Runs until `token` is cancelled. Running pods are left running on exit.
 pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(), KubeletError> {
-    let remote = Arc::new(RemoteRuntime::connect_lazy(
-        &opts.config.container_runtime_endpoint,
-        opts.config.runtime_request_timeout.0,
-    )?);
+    // Upstream's NewContainerManager, before the runtime is asked anything.
+    let swap_on = crate::blocking::try_run(
+        "read /proc/swaps".into(),
+        Duration::from_secs(10),
+        crate::cm::node::swap_on,
+    )
+    .await
+    .map_err(|e| KubeletError::Swap(format!("failed to determine if swap is on: {e}")))?;
+    if swap_on && opts.config.fail_swap_on {
+        return Err(KubeletError::Swap(crate::cm::node::SWAP_ON_ERROR.into()));
+    }
+    let remote = Arc::new(
+        RemoteRuntime::connect_lazy(
+            &opts.config.container_runtime_endpoint,
+            opts.config.runtime_request_timeout.0,
+        )?
+        .with_image_endpoint(&opts.config.image_service_endpoint)?,
+    );
     if opts.config.feature_gate(CGROUP_DRIVER_FROM_CRI_GATE) {
         let configured = std::mem::take(&mut opts.config.cgroup_driver);
         opts.config.cgroup_driver =
@@ -254,6 +273,16 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         .or_else(detect_node_ip)
         .unwrap_or_default();
     let machine = Arc::new(MachineInfo::read());
+    let memory_policy = {
+        let behavior = cfg.memory_swap.swap_behavior.clone();
+        let single = cfg.single_process_oom_kill;
+        let capacity = machine.memory_capacity as i64;
+        crate::blocking::run("memory policy".into(), Duration::from_secs(10), move || {
+            crate::cm::node::MemoryPolicy::detect(&behavior, single, capacity)
+        })
+        .await
+        .unwrap_or_default()
+    };
     crate::metrics::detect_cgroup_version();
     if crate::metrics::cgroup_version() == 1 {
         info!(
@@ -279,6 +308,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         resolv_conf: PathBuf::from(&cfg.resolv_conf),
         node_ip: node_ip.clone(),
         memory_capacity: machine.memory_capacity as i64,
+        memory_policy,
         allocatable: crate::kuberuntime::Allocatable::of(&node_cfg.facts.read()),
         runtime_handler: String::new(),
         seccomp_default: cfg.seccomp_default || opts.seccomp_default,
@@ -464,6 +494,16 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         }
     }
     let streams = state.streams.clone();
+    if cfg.make_iptables_util_chains {
+        let families: Vec<Box<dyn iptables::Runner>> = vec![
+            Box::new(iptables::Binary { ipv6: false }),
+            Box::new(iptables::Binary { ipv6: true }),
+        ];
+        cluster_tasks.spawn(tracing::Instrument::instrument(
+            iptables::run(families, iptables::MONITOR_INTERVAL, token.child_token()),
+            tracing::info_span!("iptables"),
+        ));
+    }
     // Snapshots for steady scrapers (Prometheus, metrics-server) collected
     // just before their scrapes are due.
     cluster_tasks.spawn(tracing::Instrument::instrument(
@@ -854,6 +894,15 @@ async fn start_container_manager(
     token: &CancellationToken,
 ) -> Result<crate::cm::manager::ContainerManager, KubeletError> {
     use crate::cm::manager::{self, Capacity, ContainerManager};
+    // setupNode: the kernel settings first, whatever the driver.
+    let protect = cfg.protect_kernel_defaults;
+    crate::blocking::try_run(
+        "kernel tunables".into(),
+        Duration::from_secs(10),
+        move || crate::cm::node::setup_kernel_tunables(std::path::Path::new("/proc/sys"), protect),
+    )
+    .await
+    .map_err(KubeletError::ContainerManager)?;
     if cfg.cgroup_driver == "systemd" || !cfg.cgroups_per_qos {
         manager::warn_disabled(&cfg.cgroup_driver, cfg.cgroups_per_qos);
         return Ok(ContainerManager::default());

@@ -67,22 +67,25 @@ pub enum ConfigError {
 /// The cgroup settings a container is made with, and an in-place resize
 /// sends (upstream generateLinuxContainerResources): shares from the cpu
 /// request, quota over the CFS period (100 ms) from the cpu limit unless
-/// `cpuCFSQuota` is off, the memory limit.
+/// `cpuCFSQuota` is off, the memory limit, then swap and the OOM group as
+/// the node's memory policy says.
 pub fn linux_resources(
     pod: &Pod,
     c: &Container,
-    memory_capacity: i64,
+    opts: &super::RuntimeOptions,
 ) -> v1::LinuxContainerResources {
     let res = cm::container_resources(c);
     let (cpu_period, cpu_quota) = cm::cfs().period_and_quota(res.cpu_limit);
-    v1::LinuxContainerResources {
+    let mut r = v1::LinuxContainerResources {
         cpu_period,
         cpu_quota,
         cpu_shares: cm::cpu_shares(res.cpu_request),
         memory_limit_in_bytes: res.mem_limit.unwrap_or(0),
-        oom_score_adj: cm::oom_score_adj(pod, c, memory_capacity),
+        oom_score_adj: cm::oom_score_adj(pod, c, opts.memory_capacity),
         ..Default::default()
-    }
+    };
+    opts.memory_policy.apply(pod, c, &mut r);
+    r
 }
 
 pub fn expand(input: &str, env: &HashMap<String, String>) -> String {
@@ -690,7 +693,7 @@ pub fn container_config(
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
         linux: Some(v1::LinuxContainerConfig {
-            resources: Some(linux_resources(pod, c, opts.memory_capacity)),
+            resources: Some(linux_resources(pod, c, opts)),
             security_context: Some(v1::LinuxContainerSecurityContext {
                 capabilities: caps.map(|k| v1::Capability {
                     add_capabilities: k.add.clone().unwrap_or_default(),

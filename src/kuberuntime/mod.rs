@@ -47,6 +47,8 @@ pub struct RuntimeOptions {
     pub resolv_conf: PathBuf,
     pub node_ip: String,
     pub memory_capacity: i64,
+    /// Containers' swap limit and OOM group.
+    pub memory_policy: crate::cm::node::MemoryPolicy,
     /// The node's allocatable cpu (millicores), memory and
     /// ephemeral-storage (bytes): what the downward API shows for a limit
     /// nobody set.
@@ -92,6 +94,7 @@ impl Default for RuntimeOptions {
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
             node_ip: String::new(),
             memory_capacity: 1 << 30,
+            memory_policy: Default::default(),
             allocatable: Allocatable {
                 cpu_milli: std::thread::available_parallelism()
                     .map(|n| n.get() as i64 * 1000)
@@ -381,7 +384,7 @@ impl RuntimeManager {
             let Some(c) = container_spec(pod, name) else {
                 continue;
             };
-            let linux = container::linux_resources(pod, c, self.opts.memory_capacity);
+            let linux = container::linux_resources(pod, c, &self.opts);
             info!(pod = pod_name(pod), container = %name, cpu_quota = linux.cpu_quota, cpu_shares = linux.cpu_shares, memory_limit = linux.memory_limit_in_bytes, "resizing container in place");
             if let Err(e) = self.runtime.update_container_resources(id, linux).await {
                 warn!(pod = pod_name(pod), container = %name, error = %e, "in-place resize failed");
