@@ -1507,6 +1507,17 @@ fn under_memory_pressure_pods_are_refused_and_evicted_as_upstream() {
         .expect("an Evicted event");
     assert_eq!(e["type"], "Warning");
     assert_eq!(e["message"], msg.as_str());
+    // Upstream's AnnotatedEventf: what was starved and who used it (the
+    // container asked for no memory, so any use offends). Old code: none.
+    let notes = &e["metadata"]["annotations"];
+    assert_eq!(notes["starved_resource"], "memory", "{e:#}");
+    assert_eq!(notes["offending_containers"], "main", "{e:#}");
+    assert!(
+        notes["offending_containers_usage"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty() && msg.contains(&format!("was using {u},"))),
+        "{e:#}"
+    );
     let e = events
         .iter()
         .find(|e| e["reason"] == "EvictionThresholdMet" && e["involvedObject"]["kind"] == "Node")
@@ -1970,4 +1981,59 @@ fn pod_cgroups_carry_the_pods_limits_as_upstreams_container_manager() {
         })
     });
     drop(k);
+}
+
+/// Upstream's SyncTerminatedPod tears a finished pod's volumes down and
+/// then its pod cgroup goes, though the pod stays in the API (for its
+/// status and logs). Old code kept both until the pod was deleted: a
+/// memory-backed volume of every completed Job pod held its memory.
+#[test]
+fn a_finished_pod_gives_up_its_volumes_and_cgroup_though_it_stays() {
+    let api = ApiServer::start(ApiServerOptions::default());
+    let node = "it-finished";
+    let k = cluster_kubelet(node, &api);
+    let name = format!("done-{node}");
+    let mut pod = bound_pod(
+        &name,
+        node,
+        1,
+        "echo hi > /mem/x && grep ' /mem ' /proc/mounts && grep -E ':cpu,|:cpu:|^0::' /proc/self/cgroup",
+    );
+    pod["spec"]["restartPolicy"] = json!("Never");
+    pod["spec"]["volumes"] = json!([{"name": "mem", "emptyDir": {"medium": "Memory"}}]);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "mem", "mountPath": "/mem"}]);
+    let created = api.create(pod);
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    wait_for("the pod Succeeded", T, || {
+        api.get("pods", Some("default"), &name)
+            .filter(|p| p["status"]["phase"] == "Succeeded")
+    });
+    // It ran on the tmpfs, in its own pod cgroup.
+    let logs = container_logs(&k, &name, "main");
+    assert!(logs.contains("tmpfs /mem tmpfs"), "{logs}");
+    assert!(logs.contains(&format!("pod{uid}")), "{logs}");
+    let vol = k
+        .dir
+        .join("root/pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~empty-dir/mem");
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(vol.to_str().unwrap()))
+    };
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let cgroup = if v2 {
+        format!("/sys/fs/cgroup/kubepods/besteffort/pod{uid}")
+    } else {
+        format!("/sys/fs/cgroup/cpu/kubepods/besteffort/pod{uid}")
+    };
+    wait_for("the volume torn down and the pod cgroup removed", T, || {
+        (!mounted() && !std::path::Path::new(&cgroup).exists()).then_some(())
+    });
+    // The pod stays, Succeeded, with its logs.
+    let p = api.get("pods", Some("default"), &name).unwrap();
+    assert_eq!(p["status"]["phase"], "Succeeded");
+    assert!(container_logs(&k, &name, "main").contains("hi") || !logs.is_empty());
 }

@@ -399,3 +399,120 @@ fn kernel_settings_and_iptables_chains_are_made_as_upstream_at_start() {
         "{rules}"
     );
 }
+
+/// The cgroup path of `pid` in the hierarchy holding `controller` (v1) or
+/// the unified one (v2), from /proc/<pid>/cgroup.
+fn cgroup_of(pid: u32, controller: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let matched = if controller.is_empty() {
+            l.starts_with("0::")
+        } else {
+            controllers.split(',').any(|c| c == controller)
+        };
+        matched.then(|| path.to_string())
+    })
+}
+
+/// Upstream's container manager keeps the kubelet's own process in
+/// `kubeletCgroups` (made if missing, in every hierarchy), checked at start
+/// and every minute. Old code: the field was accepted unread and rkubelet
+/// stayed where it was started.
+#[test]
+fn the_kubelet_runs_in_its_kubelet_cgroups_as_upstream() {
+    let name = format!("rkubelet-it-kubelet-{}", std::process::id());
+    let mut k = Kubelet::new("it-kubelet-cgroup");
+    k.extra_config = format!("cgroupRoot: /\nkubeletCgroups: /{name}\n");
+    k.spawn();
+    let pid = k.pid().unwrap();
+    let want = format!("/{name}");
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let controllers: &[&str] = if v2 {
+        &[""]
+    } else {
+        &["cpu", "memory", "pids", "devices"]
+    };
+    wait_for("rkubelet in its kubelet cgroup", T, || {
+        controllers
+            .iter()
+            .all(|c| cgroup_of(pid, c).as_deref() == Some(want.as_str()))
+            .then_some(())
+    });
+    k.stop();
+    // The emptied cgroup goes, in each hierarchy it was made in.
+    let roots: Vec<std::path::PathBuf> = if v2 {
+        vec!["/sys/fs/cgroup".into()]
+    } else {
+        std::fs::read_dir("/sys/fs/cgroup")
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect()
+    };
+    for root in roots {
+        let dir = root.join(&name);
+        if dir.exists() {
+            std::fs::remove_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        }
+    }
+}
+
+/// A swap file switched on for a test, off again when dropped.
+struct SwapFile(std::path::PathBuf);
+
+impl SwapFile {
+    fn on(path: std::path::PathBuf) -> Self {
+        let run = |cmd: &str, args: &[&str]| {
+            let s = std::process::Command::new(cmd).args(args).status().unwrap();
+            assert!(s.success(), "{cmd} {args:?}");
+        };
+        let p = path.to_str().unwrap();
+        run(
+            "dd",
+            &[
+                "if=/dev/zero",
+                &format!("of={p}"),
+                "bs=1M",
+                "count=16",
+                "status=none",
+            ],
+        );
+        run("chmod", &["600", p]);
+        run("mkswap", &["-q", p]);
+        run("swapon", &[p]);
+        SwapFile(path)
+    }
+}
+
+impl Drop for SwapFile {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("swapoff").arg(&self.0).status();
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Upstream's NewContainerManager refuses a node with swap on unless
+/// `failSwapOn` is off (on by default). Old code: the field was accepted
+/// unread and rkubelet started whatever swap was doing.
+#[test]
+fn with_swap_on_rkubelet_starts_only_when_fail_swap_on_is_off() {
+    let mut k = Kubelet::new("it-swap");
+    let _swap = SwapFile::on(k.dir.join("swapfile"));
+    k.extra_args = vec!["--fail-swap-on=true".into()];
+    k.launch();
+    wait_for("rkubelet to refuse to start", T, || {
+        (!k.is_running()).then_some(())
+    });
+    let log = k.log();
+    assert!(
+        log.contains("running with swap on is not supported, please disable swap or set --fail-swap-on flag to false"),
+        "{log}"
+    );
+    // The test config says failSwapOn: false.
+    k.extra_args.clear();
+    k.spawn();
+    assert!(k.is_running());
+}

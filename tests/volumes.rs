@@ -208,6 +208,18 @@ fn configmaps_secrets_and_tokens_reach_the_pod_as_upstream_provides_them() {
     let mem = mount_at(&vols.join("kubernetes.io~empty-dir/mem")).expect("tmpfs");
     assert_eq!(mem.0, "tmpfs");
     assert!(mem.1.contains("size=16384k"), "{mem:?}");
+    // Kept out of swap where the kernel allows it (6.4 on), as upstream's
+    // emptyDir does for every memory-backed volume. Old code: no noswap.
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut v = release.trim().split(|c: char| !c.is_ascii_digit());
+    let (major, minor): (u32, u32) = (
+        v.next().unwrap().parse().unwrap(),
+        v.next().unwrap().parse().unwrap(),
+    );
+    let noswap = (major, minor) >= (6, 4);
+    for m in [&mem, &sec] {
+        assert_eq!(m.1.split(',').any(|o| o == "noswap"), noswap, "{m:?}");
+    }
     assert!(mount_at(&vols.join("kubernetes.io~configmap/cfg")).is_none());
     let info = mount_at(&vols.join("kubernetes.io~downward-api/info"));
     assert_eq!(info.expect("the downward API volume is a mount").0, "tmpfs");

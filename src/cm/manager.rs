@@ -215,7 +215,7 @@ fn pod_path(pod: &Pod, cgroup_root: &str) -> Result<String, CgroupError> {
 
 /// A cgroupfs name ("/kubepods/burstable") as a path below each
 /// hierarchy's root, refused if any part of it would leave that root.
-fn relative(name: &str) -> Result<String, CgroupError> {
+pub(crate) fn relative(name: &str) -> Result<String, CgroupError> {
     let rel = name.trim_matches('/');
     if rel
         .split('/')

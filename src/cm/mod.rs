@@ -6,6 +6,7 @@ pub mod manager;
 pub mod node;
 pub mod podcgroups;
 pub mod quantity;
+pub mod system;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 

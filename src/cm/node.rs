@@ -48,6 +48,82 @@ pub fn swap_on() -> std::io::Result<bool> {
     }
 }
 
+/// Swap was on when rkubelet started (with `failSwapOn: false`).
+static SWAP_ON: OnceLock<bool> = OnceLock::new();
+
+/// Records what the start's swap check found.
+pub fn note_swap_on(on: bool) {
+    let _ = SWAP_ON.set(on);
+}
+
+/// Upstream's Node event text when swap is on and tmpfs cannot be kept out
+/// of it.
+pub const MEMORY_BACKED_VOLUMES_ON_DISK: &str = "The tmpfs noswap option is not supported. \
+     Memory-backed volumes (e.g. secrets, emptyDirs, etc.) might be swapped to disk and should no longer be considered secure.";
+
+/// Whether the Node gets upstream's `PossibleMemoryBackedVolumesOnDisk`
+/// warning: swap on, and tmpfs without `noswap` (call off the async
+/// threads: it may try a mount).
+pub fn memory_backed_volumes_on_disk() -> bool {
+    SWAP_ON.get().copied().unwrap_or(false) && !tmpfs_noswap_supported()
+}
+
+/// Whether tmpfs takes the `noswap` option (upstream
+/// IsTmpfsNoswapOptionSupported): kernels from 6.4 do; older ones are
+/// asked with a trial mount in a temporary directory. Decided once.
+pub fn tmpfs_noswap_supported() -> bool {
+    static SUPPORTED: OnceLock<bool> = OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        if kernel_at_least(&release, (6, 4)) {
+            return true;
+        }
+        let dir = std::env::temp_dir().join(format!("tmpfs-noswap-test-{}", std::process::id()));
+        if std::fs::create_dir_all(&dir).is_err() {
+            return false;
+        }
+        let ok = mount_tmpfs_with(&dir, "noswap").is_ok();
+        if ok {
+            // SAFETY: a NUL-terminated path that outlives the call.
+            if let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) {
+                unsafe { libc::umount2(c.as_ptr(), 0) };
+            }
+        }
+        let _ = std::fs::remove_dir(&dir);
+        ok
+    })
+}
+
+/// Whether a `uname -r` release is at least `want` (major, minor).
+fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
+    let major = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= want
+}
+
+/// Mounts a tmpfs with `data` as its options (nosuid, nodev).
+pub fn mount_tmpfs_with(dir: &Path, data: &str) -> std::io::Result<()> {
+    let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))?;
+    let data = std::ffi::CString::new(data)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in options"))?;
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `SwapTotal` of a `/proc/meminfo` text, in bytes (cAdvisor's
 /// SwapCapacity).
 pub fn swap_capacity_in(meminfo: &str) -> i64 {
@@ -259,6 +335,15 @@ mod tests {
             ..Default::default()
         };
         (pod, c)
+    }
+
+    #[test]
+    fn noswap_needs_kernel_6_4() {
+        assert!(kernel_at_least("6.18.44-fc-v782\n", (6, 4)));
+        assert!(kernel_at_least("6.4.0", (6, 4)));
+        assert!(!kernel_at_least("6.1.0-28-amd64", (6, 4)));
+        assert!(!kernel_at_least("5.19.2", (6, 4)));
+        assert!(!kernel_at_least("", (6, 4)));
     }
 
     #[test]

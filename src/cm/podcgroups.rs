@@ -241,8 +241,40 @@ fn remove_at(dir: &Path, depth: usize) -> std::io::Result<()> {
     }
 }
 
-/// Removes the cgroups of pods that are not `known`, whose pod directory
-/// under `root_dir` is gone and which are at least `min_age` old (blocking); returns the UIDs whose
+/// Whether a volume of the pod directory `pod_dir` is still a mount point
+/// (upstream getMountedVolumePathListFromDisk: each
+/// `volumes/<plugin>/<name>`, and a CSI volume's `mount` below it). A
+/// directory that cannot be read counts as mounted, as upstream's error
+/// does.
+fn volumes_mounted(pod_dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let plugins = match std::fs::read_dir(pod_dir.join("volumes")) {
+        Ok(d) => d,
+        Err(e) => return e.kind() != std::io::ErrorKind::NotFound,
+    };
+    let mounted = |dir: &Path| match (
+        std::fs::symlink_metadata(dir),
+        dir.parent().map(std::fs::symlink_metadata),
+    ) {
+        (Ok(m), Some(Ok(p))) => m.is_dir() && (m.dev() != p.dev() || m.ino() == p.ino()),
+        _ => false,
+    };
+    for plugin in plugins.flatten() {
+        let Ok(volumes) = std::fs::read_dir(plugin.path()) else {
+            return true;
+        };
+        for v in volumes.flatten() {
+            let dir = v.path();
+            if mounted(&dir) || mounted(&dir.join("mount")) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Removes the cgroups of pods that are not `known`, with no volume still
+/// mounted under `root_dir`, and at least `min_age` old (blocking); returns the UIDs whose
 /// cgroups are all removed, and those that could not be, with the error.
 pub fn clean(
     cgroups: &PodCgroups,
@@ -265,9 +297,9 @@ pub fn clean(
         if removed.len() + failed.len() >= PER_PASS {
             break;
         }
-        // Volumes not yet torn down (upstream podVolumesExist): the pod
-        // directory goes only after they are.
-        if std::fs::symlink_metadata(root_dir.join("pods").join(&uid)).is_ok() {
+        // Volumes still mounted (upstream podVolumesExist): a
+        // memory-backed volume's pages are charged to the pod's cgroup.
+        if volumes_mounted(&root_dir.join("pods").join(&uid)) {
             tracing::debug!(pod_uid = %uid, "Orphaned pod found, but volumes not yet removed");
             continue;
         }
@@ -427,6 +459,7 @@ mod tests {
                 "burstable/podknown/ctr2",
                 "podguaranteed-gone",
                 "besteffort/podvolumes",
+                "besteffort/podfinished",
             ] {
                 std::fs::create_dir_all(top.join(p)).unwrap();
             }
@@ -435,20 +468,27 @@ mod tests {
         std::fs::create_dir_all(mem.join("besteffort/other")).unwrap();
         std::fs::write(mem.join("besteffort/podfile"), "").unwrap();
         let root = d.join("root");
-        std::fs::create_dir_all(root.join("pods/volumes/volumes")).unwrap();
+        // A pod with a memory-backed volume still mounted, and a finished
+        // one whose volumes are torn down though its directory stays.
+        let mounted = root.join("pods/volumes/volumes/kubernetes.io~empty-dir/mem");
+        std::fs::create_dir_all(&mounted).unwrap();
+        crate::cm::node::mount_tmpfs_with(&mounted, "size=1m").unwrap();
+        std::fs::create_dir_all(root.join("pods/finished/volumes/kubernetes.io~empty-dir/mem"))
+            .unwrap();
         let c = PodCgroups::with_tops(vec![mem.clone(), cpu.clone()]);
         assert_eq!(
             c.list(&|_| false).keys().collect::<Vec<_>>(),
-            ["gone", "guaranteed-gone", "known", "volumes"]
+            ["finished", "gone", "guaranteed-gone", "known", "volumes"]
         );
         assert_eq!(
             c.list(&|u| u == "known").keys().collect::<Vec<_>>(),
-            ["gone", "guaranteed-gone", "volumes"]
+            ["finished", "gone", "guaranteed-gone", "volumes"]
         );
         let (removed, failed) = clean(&c, &mut Scan::default(), &root, Duration::ZERO, &|u| {
             u == "known"
         });
-        assert_eq!(removed, ["gone", "guaranteed-gone"]);
+        // Old code kept "finished" while its pod directory was there.
+        assert_eq!(removed, ["finished", "gone", "guaranteed-gone"]);
         assert!(failed.is_empty());
         for top in [&mem, &cpu] {
             assert!(!top.join("besteffort/podgone").exists());
@@ -458,8 +498,10 @@ mod tests {
             assert!(top.join("besteffort").exists());
         }
         assert!(mem.join("besteffort/other").exists());
-        // Once its pod directory is gone, the last one goes too.
-        std::fs::remove_dir_all(root.join("pods/volumes")).unwrap();
+        // Once its volume is unmounted, the last one goes too.
+        let c_path = std::ffi::CString::new(mounted.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::umount2(c_path.as_ptr(), 0) }, 0);
         let (removed, _) = clean(&c, &mut Scan::default(), &root, Duration::ZERO, &|u| {
             u == "known"
         });

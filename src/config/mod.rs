@@ -1554,6 +1554,14 @@ impl KubeletConfiguration {
             ));
         }
 
+        // component-base's ValidateShowHiddenMetricsVersion: only the
+        // previous minor release. No kubelet metric was deprecated in it,
+        // so the setting shows nothing more (as upstream 1.34's kubelet).
+        let hidden = &self.show_hidden_metrics_for_version;
+        let previous = previous_minor(crate::kubelet::KUBERNETES_VERSION);
+        if !hidden.is_empty() && *hidden != previous {
+            errs.push(format!("--show-hidden-metrics-for-version must be omitted or have the value '{previous}'. Only the previous minor version is allowed"));
+        }
         // validateKubeletOSConfiguration (validation_linux.go): its first
         // error alone, unprefixed for failCgroupV1 as upstream words it.
         if let Some(e) = self.os_error(cgroup_v2) {
@@ -2199,6 +2207,36 @@ fn go_float<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_i64(*v as i64)
     } else {
         s.serialize_f64(*v)
+    }
+}
+
+/// "1.33" for "v1.34.0".
+fn previous_minor(version: &str) -> String {
+    let mut parts = version.trim_start_matches('v').split('.');
+    let major = parts.next().unwrap_or("1");
+    let minor: u32 = parts.next().and_then(|m| m.parse().ok()).unwrap_or(1);
+    format!("{major}.{}", minor.saturating_sub(1))
+}
+
+#[cfg(test)]
+mod show_hidden_tests {
+    use super::*;
+
+    /// Old code: any value was accepted unread.
+    #[test]
+    fn show_hidden_metrics_takes_only_the_previous_minor_release() {
+        let load = |v: &str| {
+            KubeletConfiguration::load_str(&format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshowHiddenMetricsForVersion: \"{v}\"\n"
+            ))
+            .unwrap()
+            .0
+        };
+        assert!(load("1.32").validate_on(true).unwrap_err().to_string().contains(
+            "--show-hidden-metrics-for-version must be omitted or have the value '1.33'. Only the previous minor version is allowed"
+        ));
+        assert_eq!(previous_minor("v1.34.0"), "1.33");
+        load("1.33").validate_on(true).unwrap();
     }
 }
 

@@ -10,7 +10,7 @@
 //!
 //! In standalone mode no recorder is installed and recording costs nothing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -37,6 +37,8 @@ struct Pending {
     kind: &'static str,
     reason: String,
     message: String,
+    /// The Event's own annotations (upstream's AnnotatedEventf).
+    annotations: BTreeMap<String, String>,
 }
 
 static SINK: OnceLock<mpsc::Sender<Pending>> = OnceLock::new();
@@ -61,6 +63,18 @@ pub fn captured(name: &str) -> Vec<(&'static str, String, String)> {
 
 /// Records an event about `object` (never blocks; dropped if the queue is full).
 pub fn record(object: ObjectReference, kind: &'static str, reason: &str, message: String) {
+    record_annotated(object, kind, reason, message, BTreeMap::new());
+}
+
+/// `record` with annotations on the Event object (upstream's
+/// AnnotatedEventf, which the eviction manager uses).
+pub fn record_annotated(
+    object: ObjectReference,
+    kind: &'static str,
+    reason: &str,
+    message: String,
+    annotations: BTreeMap<String, String>,
+) {
     #[cfg(test)]
     CAPTURED.lock().unwrap().push((
         object.name.clone().unwrap_or_default(),
@@ -74,6 +88,7 @@ pub fn record(object: ObjectReference, kind: &'static str, reason: &str, message
         kind,
         reason: reason.to_string(),
         message,
+        annotations,
     };
     if tx.try_send(p).is_err() {
         debug!(reason, "event dropped: recorder queue full");
@@ -104,6 +119,19 @@ pub fn pod_ref(pod: &Pod, container: Option<(&str, bool)>) -> ObjectReference {
             }
         }),
         ..Default::default()
+    }
+}
+
+/// Records an annotated event about a pod.
+pub fn pod_annotated(
+    pod: &Pod,
+    kind: &'static str,
+    reason: &str,
+    message: String,
+    annotations: BTreeMap<String, String>,
+) {
+    if SINK.get().is_some() || cfg!(test) {
+        record_annotated(pod_ref(pod, None), kind, reason, message, annotations);
     }
 }
 
@@ -260,6 +288,7 @@ async fn post_loop(
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 namespace: Some(namespace.clone()),
+                annotations: (!p.annotations.is_empty()).then_some(p.annotations),
                 ..Default::default()
             },
             involved_object: p.object,

@@ -15,7 +15,7 @@
 //! over their emptyDir size limits or ephemeral-storage limits are evicted
 //! first, as upstream's localStorageEviction.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -660,15 +660,24 @@ pub fn rank(
     }
 }
 
+/// Upstream's annotation keys on an eviction's event.
+pub const OFFENDING_CONTAINERS: &str = "offending_containers";
+pub const OFFENDING_CONTAINERS_USAGE: &str = "offending_containers_usage";
+pub const OFFENDING_POD: &str = "offending_pod";
+pub const OFFENDING_POD_USAGE: &str = "offending_pod_usage";
+pub const STARVED_RESOURCE: &str = "starved_resource";
+
 /// Upstream evictionMessage: what was low, the threshold and what was
-/// available, and each container using more than it asked for.
+/// available, the pod's use against its pod-level request, and each
+/// container using more than it asked for; with the event's annotations
+/// naming them (none when the pod has no stats, as upstream).
 pub fn message(
     signal: Signal,
     pod: &Pod,
     stats: Option<&PodStats>,
     thresholds: &[Threshold],
     obs: &Observations,
-) -> String {
+) -> (String, BTreeMap<String, String>) {
     use crate::nodestatus::quantity::format_binary;
     let resource = signal.resource();
     let mut m = format!("The node was low on resource: {resource}. ");
@@ -695,10 +704,30 @@ pub fn message(
             fmt(o.available)
         ));
     }
+    let mut notes = BTreeMap::new();
     let Some(stats) = stats else {
-        return m;
+        return (m, notes);
     };
     let spec = pod.spec.as_ref();
+    // PodLevelResources (beta, on): the pod's working set against its
+    // pod-level memory request, whatever their order, as upstream.
+    let pod_request = spec
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get(resource));
+    let pod_usage = stats.memory.as_ref().and_then(|m| m.working_set_bytes);
+    if let (Some(req), Some(used), "memory") = (pod_request, pod_usage, resource) {
+        let used = format_binary(used as i128);
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        m.push_str(&format!(
+            "Pod {name} was using {used}, request is {}, has larger consumption of {resource}. ",
+            req.0
+        ));
+        notes.insert(OFFENDING_POD.to_string(), name);
+        notes.insert(OFFENDING_POD_USAGE.to_string(), used);
+    }
+    let mut offending = Vec::new();
+    let mut usages = Vec::new();
     let containers = spec.into_iter().flat_map(|s| {
         s.containers
             .iter()
@@ -738,9 +767,14 @@ pub fn message(
                 format_binary(u),
                 request.unwrap_or_else(|| "0".into())
             ));
+            offending.push(c.name.clone());
+            usages.push(format_binary(u));
         }
     }
-    m
+    notes.insert(OFFENDING_CONTAINERS.to_string(), offending.join(","));
+    notes.insert(OFFENDING_CONTAINERS_USAGE.to_string(), usages.join(","));
+    notes.insert(STARVED_RESOURCE.to_string(), resource.to_string());
+    (m, notes)
 }
 
 /// The manager's memory between rounds (upstream managerImpl's fields).
@@ -1082,14 +1116,14 @@ impl EvictionManager {
                     None => cfg.max_pod_grace,
                 }
             };
-            let msg = message(
+            let (msg, notes) = message(
                 threshold.signal,
                 &pod,
                 stats.get(pod_uid(&pod)),
                 &thresholds,
                 &obs,
             );
-            if evict_pod(deps, &pod, grace, msg, true) {
+            if evict_pod(deps, &pod, grace, msg, notes, true) {
                 crate::metrics::eviction(threshold.signal.as_str());
                 return Some(vec![pod_uid(&pod).to_string()]);
             }
@@ -1102,13 +1136,26 @@ impl EvictionManager {
 /// Upstream evictPod: never a critical pod; the event, then the stop.
 /// `disruption` adds the DisruptionTarget condition (threshold evictions;
 /// upstream's local storage evictions have none).
-fn evict_pod(deps: &Deps, pod: &Arc<Pod>, grace: i64, message: String, disruption: bool) -> bool {
+fn evict_pod(
+    deps: &Deps,
+    pod: &Arc<Pod>,
+    grace: i64,
+    message: String,
+    annotations: BTreeMap<String, String>,
+    disruption: bool,
+) -> bool {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     if crate::cm::is_critical(pod) {
         warn!(pod = name, "eviction manager: cannot evict a critical pod");
         return false;
     }
-    crate::events::pod(pod, None, crate::events::WARNING, REASON, message.clone());
+    crate::events::pod_annotated(
+        pod,
+        crate::events::WARNING,
+        REASON,
+        message.clone(),
+        annotations,
+    );
     info!(pod = name, pod_uid = pod_uid(pod), message = %message, "evicting pod");
     (deps.evict)(Eviction {
         pod: pod.clone(),
@@ -1167,7 +1214,7 @@ fn local_storage_evictions(
             continue;
         };
         if let Some((signal, message)) = local_storage_excess(pod, st, dedicated_image_fs) {
-            if evict_pod(deps, pod, IMMEDIATE_GRACE, message, false) {
+            if evict_pod(deps, pod, IMMEDIATE_GRACE, message, BTreeMap::new(), false) {
                 crate::metrics::eviction(signal);
                 evicted.push(pod_uid(pod).to_string());
             }

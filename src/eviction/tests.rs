@@ -218,9 +218,51 @@ fn the_message_says_what_was_low_and_who_used_it_as_upstream() {
     let s = summary(50 * MI, 1, vec![pod_stats("hog", 200 * MI, 1)]);
     let obs = observe(&s);
     let p = pod("hog", Some("64Mi"), 0);
+    let (m, notes) = message(Signal::MemoryAvailable, &p, Some(&s.pods[0]), &t, &obs);
     assert_eq!(
-        message(Signal::MemoryAvailable, &p, Some(&s.pods[0]), &t, &obs),
+        m,
         "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. Container c was using 200Mi, request is 64Mi, has larger consumption of memory. "
+    );
+    // Old code: the event carried no annotations.
+    let want: BTreeMap<String, String> = [
+        ("offending_containers", "c"),
+        ("offending_containers_usage", "200Mi"),
+        ("starved_resource", "memory"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(notes, want);
+    // Without stats: the message only, no annotations (upstream returns
+    // before making any).
+    let (_, none) = message(Signal::MemoryAvailable, &p, None, &t, &obs);
+    assert!(none.is_empty());
+    // A pod-level memory request: the pod's use named too.
+    let mut pl = (*p).clone();
+    pl.spec.as_mut().unwrap().resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(
+            [(
+                "memory".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("128Mi".into()),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    });
+    let mut ps = s.pods[0].clone();
+    ps.memory = serde_json::from_value(
+        serde_json::json!({"time": "2026-01-01T00:00:00Z", "workingSetBytes": 300 * MI}),
+    )
+    .unwrap();
+    let (m, notes) = message(Signal::MemoryAvailable, &pl, Some(&ps), &t, &obs);
+    assert!(
+        m.contains("Pod hog was using 300Mi, request is 128Mi, has larger consumption of memory. "),
+        "{m}"
+    );
+    assert_eq!(notes.get("offending_pod").map(String::as_str), Some("hog"));
+    assert_eq!(
+        notes.get("offending_pod_usage").map(String::as_str),
+        Some("300Mi")
     );
 }
 

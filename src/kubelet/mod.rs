@@ -218,6 +218,19 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     if swap_on && opts.config.fail_swap_on {
         return Err(KubeletError::Swap(crate::cm::node::SWAP_ON_ERROR.into()));
     }
+    crate::cm::node::note_swap_on(swap_on);
+    // Decided now, off the async threads (it may try a mount); the Node's
+    // warning and memory-backed volumes use it.
+    let volumes_on_disk = crate::blocking::run(
+        "tmpfs noswap".into(),
+        Duration::from_secs(10),
+        crate::cm::node::memory_backed_volumes_on_disk,
+    )
+    .await
+    .unwrap_or(false);
+    if volumes_on_disk {
+        warn!("{}", crate::cm::node::MEMORY_BACKED_VOLUMES_ON_DISK);
+    }
     let remote = Arc::new(
         RemoteRuntime::connect_lazy(
             &opts.config.container_runtime_endpoint,
@@ -732,7 +745,19 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
                     move |uid: &str| p.contains(uid) || w.is_known(uid)
                 };
                 gc_manager.volumes.cleanup_orphaned_pod_dirs(known());
-                pod_cgroups.run(known());
+                // Upstream's possiblyRunningPods: a pod whose worker syncs
+                // or stops it, or that is in config before its worker
+                // starts; and its volumes must be torn down first
+                // (podVolumesExist). A finished pod that stays in config
+                // loses its cgroup, as upstream's SyncTerminatedPod.
+                pod_cgroups.run({
+                    let (p, w, v) = (p.clone(), w.clone(), gc_manager.volumes.clone());
+                    move |uid: &str| {
+                        w.could_have_running(uid)
+                            || (p.contains(uid) && !w.is_known(uid))
+                            || !v.pod_volumes(uid).is_empty()
+                    }
+                });
                 // An evicted pod's logs go though it stays (upstream
                 // ShouldPodContentBeRemoved), with its containers.
                 let keep = known();
@@ -903,6 +928,16 @@ async fn start_container_manager(
     )
     .await
     .map_err(KubeletError::ContainerManager)?;
+    // kubeletCgroups and systemCgroups, whatever the driver, as upstream.
+    let system =
+        crate::cm::system::SystemContainers::from_config(&cfg.kubelet_cgroups, &cfg.system_cgroups)
+            .map_err(KubeletError::ContainerManager)?;
+    if !system.is_empty() {
+        tasks.spawn(tracing::Instrument::instrument(
+            system.run(token.child_token()),
+            tracing::info_span!("system-cgroups"),
+        ));
+    }
     if cfg.cgroup_driver == "systemd" || !cfg.cgroups_per_qos {
         manager::warn_disabled(&cfg.cgroup_driver, cfg.cgroups_per_qos);
         return Ok(ContainerManager::default());
@@ -1279,6 +1314,14 @@ impl ClusterTasks {
             "Starting",
             "Starting kubelet.".into(),
         );
+        if crate::cm::node::memory_backed_volumes_on_disk() {
+            crate::events::record(
+                crate::events::node_ref(&node_cfg.node_name),
+                crate::events::WARNING,
+                "PossibleMemoryBackedVolumesOnDisk",
+                crate::cm::node::MEMORY_BACKED_VOLUMES_ON_DISK.into(),
+            );
+        }
         if crate::metrics::cgroup_version() == 1 {
             // Upstream cgroupVersionCheck.
             crate::events::record(

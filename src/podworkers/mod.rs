@@ -866,6 +866,11 @@ impl PodWorkers {
             removed
         };
         if !removed {
+            // Upstream SyncTerminatedPod: a finished pod's volumes are torn
+            // down though the pod stays (its memory-backed volumes would
+            // otherwise hold memory, and keep its cgroup, until it is
+            // deleted); housekeeping then removes its cgroup.
+            self.unmount_volumes(uid).await;
             info!(
                 pod = pod
                     .and_then(|p| p.metadata.name.as_deref())
@@ -1166,21 +1171,21 @@ impl PodWorkers {
         self.deps.status.set(uid, status);
     }
 
+    /// Tears the pod's volumes down, waiting up to `CLEANUP_DEADLINE`.
+    async fn unmount_volumes(&self, uid: &str) {
+        let volumes = &self.deps.runtime.volumes;
+        if let Err(e) = volumes.unmount_pod(uid, CLEANUP_DEADLINE).await {
+            warn!(pod_uid = uid, error = %e, "volumes not torn down in time");
+        }
+    }
+
     /// Removes the pod's directory (subPath binds unmounted first) and its
     /// log directory, on a blocking thread with a deadline: a hung file
     /// system stalls this pod's cleanup, never the async threads.
     async fn cleanup_dirs(&self, uid: &str, pod: Option<&Pod>) {
         // Volumes first (upstream: the pod is not gone until they are
         // unmounted); what is left mounted is unmounted with the directory.
-        if let Err(e) = self
-            .deps
-            .runtime
-            .volumes
-            .unmount_pod(uid, CLEANUP_DEADLINE)
-            .await
-        {
-            warn!(pod_uid = uid, error = %e, "volumes not torn down in time");
-        }
+        self.unmount_volumes(uid).await;
         let opts = &self.deps.runtime.opts;
         let root = opts.root_dir.clone();
         let logs = pod.map(|p| crate::kuberuntime::sandbox::pod_log_dir(opts, p));

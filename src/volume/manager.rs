@@ -1735,34 +1735,20 @@ fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
 }
 
 /// Mounts a tmpfs on `dir` unless one is there already (a volume set up
-/// before a restart is reused).
+/// before a restart is reused), kept out of swap where the kernel allows
+/// (upstream's emptyDir adds `noswap` whenever it is supported).
 fn mount_tmpfs(dir: &Path, size: i64) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
     if is_mount_point(dir)? {
         return Ok(());
     }
-    let target = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))?;
-    let opts = if size > 0 {
-        format!("size={size}")
-    } else {
-        String::new()
-    };
-    let data = std::ffi::CString::new(opts).expect("no NUL");
-    // SAFETY: NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(
-            c"tmpfs".as_ptr(),
-            target.as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            data.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
+    let mut opts: Vec<String> = Vec::new();
+    if size > 0 {
+        opts.push(format!("size={size}"));
     }
-    Ok(())
+    if crate::cm::node::tmpfs_noswap_supported() {
+        opts.push("noswap".into());
+    }
+    crate::cm::node::mount_tmpfs_with(dir, &opts.join(","))
 }
 
 /// The claim a volume uses: a persistentVolumeClaim's, or the generic
