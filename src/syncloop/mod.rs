@@ -99,6 +99,9 @@ pub struct Admission {
     eviction: Option<crate::eviction::EvictionManager>,
     /// The sysctls pods may set (upstream's second admit handler).
     sysctls: Option<crate::lifecycle::sysctl::Allowlist>,
+    /// Exclusive CPUs (upstream's third handler, the topology manager's,
+    /// which calls the CPU manager's Allocate).
+    cpu: Option<crate::cm::cpumanager::CpuManager>,
 }
 
 impl Admission {
@@ -109,7 +112,14 @@ impl Admission {
             runtime: None,
             eviction: None,
             sysctls: None,
+            cpu: None,
         }
+    }
+
+    /// Takes exclusive CPUs for the pod's containers, or refuses it.
+    pub fn with_cpu_manager(mut self, m: crate::cm::cpumanager::CpuManager) -> Self {
+        self.cpu = Some(m);
+        self
     }
 
     /// Refuses pods setting sysctls the allowlist does not allow.
@@ -296,11 +306,18 @@ impl SyncLoop {
                 reason: crate::eviction::REASON.into(),
                 message,
             }),
-            None => a
-                .sysctls
-                .as_ref()
-                .map_or(Ok(()), |s| s.admit(checked))
-                .and_then(|()| crate::lifecycle::admit(checked, &refs, &a.facts(), is_static)),
+            None => {
+                a.sysctls
+                    .as_ref()
+                    .map_or(Ok(()), |s| s.admit(checked))
+                    .and_then(|()| match &a.cpu {
+                        Some(m) => m.admit(checked).map_err(|(reason, message)| {
+                            crate::lifecycle::Rejection { reason, message }
+                        }),
+                        None => Ok(()),
+                    })
+                    .and_then(|()| crate::lifecycle::admit(checked, &refs, &a.facts(), is_static))
+            }
         };
         crate::metrics::topology_manager_admission(Duration::ZERO);
         match verdict {

@@ -255,7 +255,15 @@ pub mod tests {
     #[test]
     fn takes_as_upstreams_common_test_cases() {
         // cpu_assignment_test.go commonTakeByTopologyTestCases.
-        let cases: &[(&str, CpuTopology, &str, usize, Result<&str, &str>)] = &[
+        // (name, topology, available, request, expected set or error).
+        type Case = (
+            &'static str,
+            CpuTopology,
+            &'static str,
+            usize,
+            Result<&'static str, &'static str>,
+        );
+        let cases: &[Case] = &[
             (
                 "more than available",
                 single_socket_ht(),

@@ -74,6 +74,9 @@ pub struct Config {
     pub root_dir: PathBuf,
     pub alpha_options: bool,
     pub beta_options: bool,
+    /// Whether to set the process-wide metrics (the kubelet does; unit
+    /// tests do not, sharing the registry with the metrics tests).
+    pub metrics: bool,
 }
 
 /// The active pods (upstream GetActivePods).
@@ -256,8 +259,9 @@ impl CpuManager {
                 }
                 // Upstream: ceil of the reserved millicores.
                 let n = ((cfg.reserved_milli + 999) / 1000) as usize;
-                let p = StaticPolicy::new(topo.clone(), n, &cfg.reserved_cpus, options)
+                let mut p = StaticPolicy::new(topo.clone(), n, &cfg.reserved_cpus, options)
                     .map_err(CpuManagerError::StaticPolicy)?;
+                p.metrics = cfg.metrics;
                 info!(reserved = %p.reserved, "Reserved CPUs not available for exclusive assignment");
                 Some(p)
             }
@@ -292,7 +296,9 @@ impl CpuManager {
         if let Some(p) = &policy {
             p.validate_state(&mut state)
                 .map_err(CpuManagerError::Start)?;
-            crate::metrics::cpu_manager_alignment(None);
+            if p.metrics {
+                crate::metrics::cpu_manager_alignment(None);
+            }
         }
         info!(policy = %policy_name, reconcile_period = ?cfg.reconcile_period, "Starting CPU manager");
         let (persist, rx) = watch::channel(None);
@@ -347,7 +353,7 @@ impl CpuManager {
         };
         let cp = state::Checkpoint::from_state(&i.policy_name, &l.state);
         i.persist.send_replace(Some(cp.to_json()));
-        if let Some(p) = &l.policy {
+        if let Some(p) = l.policy.as_ref().filter(|p| p.metrics) {
             let exclusive = l
                 .state
                 .assignments

@@ -113,6 +113,7 @@ fn config(policy: &str, root: &Path) -> Config {
         root_dir: root.to_path_buf(),
         alpha_options: false,
         beta_options: true,
+        metrics: false,
     }
 }
 
