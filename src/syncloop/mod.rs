@@ -102,6 +102,8 @@ pub struct Admission {
     /// Exclusive CPUs (upstream's third handler, the topology manager's,
     /// which calls the CPU manager's Allocate).
     cpu: Option<crate::cm::cpumanager::CpuManager>,
+    /// Feature gate InPlacePodVerticalScalingExclusiveCPUs.
+    exclusive_cpu_resize: bool,
 }
 
 impl Admission {
@@ -113,12 +115,20 @@ impl Admission {
             eviction: None,
             sysctls: None,
             cpu: None,
+            exclusive_cpu_resize: false,
         }
     }
 
     /// Takes exclusive CPUs for the pod's containers, or refuses it.
     pub fn with_cpu_manager(mut self, m: crate::cm::cpumanager::CpuManager) -> Self {
         self.cpu = Some(m);
+        self
+    }
+
+    /// Lets Guaranteed pods' cpu be resized under the static CPU manager
+    /// policy (gate InPlacePodVerticalScalingExclusiveCPUs).
+    pub fn with_exclusive_cpu_resize(mut self, on: bool) -> Self {
+        self.exclusive_cpu_resize = on;
         self
     }
 
@@ -439,6 +449,18 @@ impl SyncLoop {
                 reason: INFEASIBLE,
                 message: "In-place resize of static-pods is not supported".into(),
             })
+        } else if a.cpu.as_ref().is_some_and(|m| m.is_static())
+            && !a.exclusive_cpu_resize
+            && crate::cm::pod_qos(pod) == crate::cm::QosClass::Guaranteed
+            && cpu_request_changes(pod, &alloc)
+        {
+            // Upstream canResizePod: pinned CPUs are not resized (without
+            // InPlacePodVerticalScalingExclusiveCPUs).
+            crate::metrics::resize_infeasible("guaranteed_pod_cpu_manager_static_policy");
+            Some(Pending {
+                reason: INFEASIBLE,
+                message: "Resize is infeasible for Guaranteed Pods alongside CPU Manager policy \"static\"".into(),
+            })
         } else if let Some(p) = crate::allocation::infeasible(pod, &node) {
             crate::metrics::resize_infeasible("insufficient_node_allocatable");
             Some(p)
@@ -625,6 +647,18 @@ impl SyncLoop {
             gc();
         }
     }
+}
+
+/// Upstream guaranteedPodResourceResizeRequired for cpu: a resizable
+/// container asks for another cpu request than it was granted.
+fn cpu_request_changes(pod: &crate::source::Pod, granted: &crate::allocation::Allocation) -> bool {
+    let cpu = |r: Option<&k8s_openapi::api::core::v1::ResourceRequirements>| {
+        r.and_then(|r| r.requests.as_ref())
+            .and_then(|m| m.get("cpu"))
+            .and_then(|q| crate::cm::quantity::parse_milli(&q.0).ok())
+    };
+    crate::allocation::resizable(pod)
+        .any(|c| cpu(c.resources.as_ref()) != cpu(granted.get(&c.name)))
 }
 
 #[cfg(test)]
@@ -1016,6 +1050,34 @@ mod tests {
         assert!(status.get("u-later").is_none_or(|s| s.reason.is_none()));
         token.cancel();
         let _ = task.await;
+    }
+
+    #[test]
+    fn a_cpu_resize_is_told_from_other_resizes() {
+        // Under the static CPU manager policy only a changed cpu request
+        // makes a Guaranteed pod's resize Infeasible (upstream
+        // guaranteedPodResourceResizeRequired).
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let res = |cpu: &str, mem: &str| ResourceRequirements {
+            requests: Some(
+                [
+                    ("cpu".to_string(), Quantity(cpu.into())),
+                    ("memory".to_string(), Quantity(mem.into())),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let mut pod = crate::testutil::named_pod("p", "u");
+        pod.spec.as_mut().unwrap().containers[0].resources = Some(res("1", "64Mi"));
+        let name = pod.spec.as_ref().unwrap().containers[0].name.clone();
+        let granted = |cpu: &str, mem: &str| {
+            crate::allocation::Allocation::from([(name.clone(), res(cpu, mem))])
+        };
+        assert!(!cpu_request_changes(&pod, &granted("1", "64Mi")));
+        assert!(!cpu_request_changes(&pod, &granted("1000m", "32Mi")));
+        assert!(cpu_request_changes(&pod, &granted("2", "64Mi")));
     }
 
     #[tokio::test]
