@@ -379,7 +379,9 @@ impl CpuManager {
         let Some(i) = &self.inner else {
             return;
         };
-        if !i.sources_ready.get().is_none_or(|f| f()) {
+        // Unset (before the kubelet has its sources) is not ready: the
+        // pods of a restart are not known yet, and their CPUs must stay.
+        if !i.sources_ready.get().is_some_and(|f| f()) {
             return;
         }
         let Some(active) = i.active.get() else {

@@ -148,6 +148,12 @@ async fn static_policy_admits_pins_frees_and_keeps_its_file() {
     let active: Arc<Mutex<Vec<Arc<Pod>>>> = Default::default();
     let a = active.clone();
     m.set_active_pods(Box::new(move || a.lock().clone()));
+    // Not before the sources are seen (a restart's pods are not back yet).
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = ready.clone();
+    m.set_sources_ready(Box::new(move || {
+        r.load(std::sync::atomic::Ordering::SeqCst)
+    }));
 
     let g = pod("g", Some("2"));
     assert_eq!(m.admit(&g), Ok(()));
@@ -164,10 +170,14 @@ async fn static_policy_admits_pins_frees_and_keeps_its_file() {
         message,
         "Allocate failed due to not enough cpus available to satisfy request: requested=3, available=1, which is unexpected"
     );
-    // The pod leaves: its CPUs return at the next stale-state pass.
+    // The pod leaves: its CPUs return at the next stale-state pass, once
+    // the sources have been seen.
     active.lock().clear();
     let none: PodStatuses = Box::new(|_| None);
     let fake = crate::cri::fake::FakeRuntime::new();
+    assert_eq!(m.reconcile(&fake, &none).await, (0, 0));
+    assert_eq!(m.cpuset_for("g", "app").as_deref(), Some("1,3"));
+    ready.store(true, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(m.reconcile(&fake, &none).await, (0, 0));
     assert_eq!(m.cpuset_for("b", "app").as_deref(), Some("0-3"));
     settle(
@@ -242,5 +252,84 @@ async fn none_policy_writes_upstreams_file_and_pins_nothing() {
         err.to_string(),
         "new none policy error: None policy: received unsupported options=map[full-pcpus-only:true]"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_reconcile_updates_running_containers_once_and_retries_failures() {
+    use crate::cri::RuntimeService;
+    let dir = crate::testutil::tempdir("cpu-manager-reconcile");
+    let tasks = TaskTracker::new();
+    let token = CancellationToken::new();
+    let m = CpuManager::start(
+        config("static", &dir),
+        synthetic(1, 2, 2),
+        &tasks,
+        token.clone(),
+    )
+    .await
+    .unwrap();
+    let fake = Arc::new(crate::cri::fake::FakeRuntime::new());
+    let sb = fake
+        .run_pod_sandbox(Default::default(), String::new())
+        .await
+        .unwrap();
+    let config = crate::cri::v1::ContainerConfig {
+        metadata: Some(crate::cri::v1::ContainerMetadata {
+            name: "app".into(),
+            attempt: 0,
+        }),
+        linux: Some(Default::default()),
+        ..Default::default()
+    };
+    let id = fake
+        .create_container(&sb, config, Default::default())
+        .await
+        .unwrap();
+    let active: Arc<Mutex<Vec<Arc<Pod>>>> = Arc::new(Mutex::new(vec![
+        Arc::new(pod("b", None)),
+        Arc::new(pod("gone", None)),
+    ]));
+    let a = active.clone();
+    m.set_active_pods(Box::new(move || a.lock().clone()));
+    m.set_sources_ready(Box::new(|| true));
+    let status = move |cid: &str| PodStatus {
+        container_statuses: Some(vec![ContainerStatus {
+            name: "app".into(),
+            container_id: Some(format!("containerd://{cid}")),
+            state: Some(ContainerState {
+                running: Some(ContainerStateRunning::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let (known, unknown) = (status(&id), status("missing"));
+    let statuses: PodStatuses = Box::new(move |uid| match uid {
+        "b" => Some(Arc::new(known.clone())),
+        "gone" => Some(Arc::new(unknown.clone())),
+        // No status yet: skipped, as upstream.
+        _ => None,
+    });
+    // The shared container gets the whole pool; the container the
+    // runtime no longer has fails and is tried again next time.
+    assert_eq!(m.reconcile(fake.as_ref(), &statuses).await, (1, 1));
+    let sent: Vec<String> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("UpdateContainerResources"))
+        .collect();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(m.reconcile(fake.as_ref(), &statuses).await, (0, 1));
+    // A new exclusive assignment elsewhere: the shared one shrinks.
+    assert_eq!(m.admit(&pod("g", Some("2"))), Ok(()));
+    active.lock().push(Arc::new(pod("g", Some("2"))));
+    assert_eq!(m.reconcile(fake.as_ref(), &statuses).await, (1, 1));
+    assert_eq!(m.cpuset_for("b", "app").as_deref(), Some("0,2"));
+    assert_eq!(m.reconcile(fake.as_ref(), &statuses).await, (0, 1));
+    token.cancel();
+    tasks.close();
+    tasks.wait().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
