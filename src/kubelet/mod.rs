@@ -685,8 +685,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         .with_runtime(runtime_state.clone())
         .with_eviction(eviction.clone())
         .with_sysctls(sysctls)
-        .with_cpu_manager(cpu_manager.clone())
-        .with_exclusive_cpu_resize(cfg.feature_gate("InPlacePodVerticalScalingExclusiveCPUs"));
+        .with_cpu_manager(cpu_manager.clone());
     let mut deleting = None;
     if let Some(path) = opts.kubeconfig.as_deref() {
         let c = ClusterParts {

@@ -102,8 +102,6 @@ pub struct Admission {
     /// Exclusive CPUs (upstream's third handler, the topology manager's,
     /// which calls the CPU manager's Allocate).
     cpu: Option<crate::cm::cpumanager::CpuManager>,
-    /// Feature gate InPlacePodVerticalScalingExclusiveCPUs.
-    exclusive_cpu_resize: bool,
 }
 
 impl Admission {
@@ -115,20 +113,12 @@ impl Admission {
             eviction: None,
             sysctls: None,
             cpu: None,
-            exclusive_cpu_resize: false,
         }
     }
 
     /// Takes exclusive CPUs for the pod's containers, or refuses it.
     pub fn with_cpu_manager(mut self, m: crate::cm::cpumanager::CpuManager) -> Self {
         self.cpu = Some(m);
-        self
-    }
-
-    /// Lets Guaranteed pods' cpu be resized under the static CPU manager
-    /// policy (gate InPlacePodVerticalScalingExclusiveCPUs).
-    pub fn with_exclusive_cpu_resize(mut self, on: bool) -> Self {
-        self.exclusive_cpu_resize = on;
         self
     }
 
@@ -450,12 +440,12 @@ impl SyncLoop {
                 message: "In-place resize of static-pods is not supported".into(),
             })
         } else if a.cpu.as_ref().is_some_and(|m| m.is_static())
-            && !a.exclusive_cpu_resize
             && crate::cm::pod_qos(pod) == crate::cm::QosClass::Guaranteed
             && cpu_request_changes(pod, &alloc)
         {
-            // Upstream canResizePod: pinned CPUs are not resized (without
-            // InPlacePodVerticalScalingExclusiveCPUs).
+            // Upstream canResizePod: pinned CPUs are not resized (rkubelet
+            // does not follow InPlacePodVerticalScalingExclusiveCPUs, under
+            // which upstream would re-allocate them).
             crate::metrics::resize_infeasible("guaranteed_pod_cpu_manager_static_policy");
             Some(Pending {
                 reason: INFEASIBLE,
