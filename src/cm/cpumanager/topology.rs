@@ -181,15 +181,14 @@ impl CpuTopology {
         if online.is_empty() {
             return Err(TopologyError::NoCpus);
         }
-        let num = |p: &Path| -> Result<usize, TopologyError> {
-            let t = read(p)?;
-            // physical_package_id is -1 on some virtual machines.
-            Ok(t.parse::<i64>()
-                .map_err(|e| TopologyError::Read {
-                    path: p.display().to_string(),
-                    message: e.to_string(),
-                })?
-                .max(0) as usize)
+        // A missing or odd topology file (some virtual machines and
+        // containers) counts as `fallback` instead of stopping the kubelet;
+        // physical_package_id is -1 on some virtual machines.
+        let num = |p: &Path, fallback: usize| -> usize {
+            read(p)
+                .ok()
+                .and_then(|t| t.parse::<i64>().ok())
+                .map_or(fallback, |v| v.max(0) as usize)
         };
         // (socket, sysfs core_id) → CPUs, then each core named by its
         // lowest CPU.
@@ -197,8 +196,9 @@ impl CpuTopology {
         let mut groups: BTreeMap<(usize, usize), usize> = BTreeMap::new();
         for cpu in online.iter() {
             let dir = cpu_dir.join(format!("cpu{cpu}"));
-            let socket = num(&dir.join("topology/physical_package_id"))?;
-            let core_id = num(&dir.join("topology/core_id"))?;
+            let socket = num(&dir.join("topology/physical_package_id"), 0);
+            // Without core_id each CPU is a core of its own.
+            let core_id = num(&dir.join("topology/core_id"), cpu);
             // The node<N> link in the CPU's directory; no NUMA in sysfs
             // means one node, 0 (as cAdvisor).
             let numa = std::fs::read_dir(&dir)
@@ -284,7 +284,6 @@ pub mod tests {
             std::fs::create_dir_all(cpu.join(format!("cpu{c}/node0"))).unwrap();
         }
         let topo = CpuTopology::discover(&dir).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(topo.num_cpus, 4);
         assert_eq!(topo.num_cores, 2);
         assert_eq!(topo.num_sockets, 1);
@@ -292,6 +291,12 @@ pub mod tests {
         assert_eq!(topo.cpus_per_core(), 2);
         assert_eq!(topo.details.cpus_in_core(0).to_string(), "0,2");
         assert_eq!(topo.details.cpus_in_core(1).to_string(), "1,3");
+        // No topology files (some virtual machines): one core per CPU.
+        std::fs::write(cpu.join("online"), "0-1,5\n").unwrap();
+        let topo = CpuTopology::discover(&dir).unwrap();
+        assert_eq!((topo.num_cpus, topo.num_cores), (3, 3));
+        assert_eq!(topo.details.cpus_in_core(5).to_string(), "5");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
