@@ -2,6 +2,7 @@
 //! cgroup parents under `kubepods`, CPU/memory settings and OOM scores
 //! (upstream `pkg/kubelet/cm`, `qos/policy.go`, `apis/core/v1/helper/qos`).
 
+pub mod cpumanager;
 pub mod manager;
 pub mod node;
 pub mod podcgroups;

@@ -187,6 +187,9 @@ pub fn enabled(gates: &BTreeMap<String, bool>, name: &str) -> bool {
 /// moves from its default is reported as accepted but not implemented
 /// (`config::honesty`). Sorted.
 pub const FOLLOWED: &[&str] = &[
+    // Which cpuManagerPolicyOptions the static CPU manager policy takes.
+    "CPUManagerPolicyAlphaOptions",
+    "CPUManagerPolicyBetaOptions",
     "CSIVolumeHealth",
     "ClusterTrustBundleProjection",
     "ContainerCheckpoint",

@@ -1482,6 +1482,20 @@ impl KubeletConfiguration {
             ));
         }
         self.validate_enforce_node_allocatable(&mut bad);
+        if !self.reserved_system_cpus.is_empty() {
+            // --reserved-cpus replaces the cpu reservations, which the
+            // reserved cgroups would be sized from.
+            if !self.system_reserved_cgroup.is_empty() || !self.kube_reserved_cgroup.is_empty() {
+                bad("can't use reservedSystemCPUs (--reserved-cpus) with systemReservedCgroup (--system-reserved-cgroup) or kubeReservedCgroup (--kube-reserved-cgroup)".into());
+            }
+            if let Err(e) = crate::cm::cpumanager::cpuset::CpuSet::parse(&self.reserved_system_cpus)
+            {
+                bad(format!(
+                    "unable to parse reservedSystemCPUs (--reserved-cpus) {}, error: {e}",
+                    self.reserved_system_cpus
+                ));
+            }
+        }
         if !matches!(
             self.hairpin_mode.as_str(),
             "none" | "hairpin-veth" | "promiscuous-bridge"
@@ -1929,6 +1943,21 @@ volumeStatsAggPeriod: 0s
             (c.max_pods, c.port, c.address.as_str()),
             (110, 10250, "0.0.0.0")
         );
+    }
+
+    #[test]
+    fn reserved_system_cpus_are_checked_as_upstream() {
+        // Old code: reservedSystemCPUs was accepted unread.
+        let invalid = |body: &str| match load(body).0.validate() {
+            Err(ConfigError::Invalid(errs)) => errs,
+            other => panic!("{other:?}"),
+        };
+        let errs = invalid("reservedSystemCPUs: \"3-1\"\n");
+        assert!(errs.iter().any(|e| e.starts_with("invalid configuration: unable to parse reservedSystemCPUs (--reserved-cpus) 3-1, error:")), "{errs:?}");
+        let errs = invalid("reservedSystemCPUs: \"0\"\nkubeReservedCgroup: /kube\n");
+        assert!(errs.iter().any(|e| e == "invalid configuration: can't use reservedSystemCPUs (--reserved-cpus) with systemReservedCgroup (--system-reserved-cgroup) or kubeReservedCgroup (--kube-reserved-cgroup)"), "{errs:?}");
+        let (c, _) = load("cpuManagerPolicy: static\nreservedSystemCPUs: \"0,2-3\"\n");
+        assert!(c.validate().is_ok());
     }
 
     #[test]

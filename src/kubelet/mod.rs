@@ -63,6 +63,11 @@ pub enum KubeletError {
     /// Upstream's NewContainerManager refuses a node with swap on.
     #[error("{0}")]
     Swap(String),
+    #[error(transparent)]
+    CpuManager(#[from] crate::cm::cpumanager::CpuManagerError),
+    /// Upstream's getReservedCPUs errors.
+    #[error("{0}")]
+    ReservedCpus(String),
     #[error("cannot create directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -243,6 +248,20 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         opts.config.cgroup_driver =
             cgroup_driver_from_runtime(remote.as_ref(), configured, Duration::from_secs(2)).await;
     }
+    // Upstream's run(): named reserved CPUs replace the cpu reservations
+    // (systemReserved.cpu becomes their count, kubeReserved.cpu goes),
+    // whatever the CPU manager policy, so the node allocatable follows.
+    let topology = crate::cm::cpumanager::discover_topology().await?;
+    let reserved_cpus =
+        crate::cm::cpumanager::reserved_cpus(&opts.config.reserved_system_cpus, &topology)
+            .map_err(KubeletError::ReservedCpus)?;
+    if !reserved_cpus.is_empty() {
+        info!(reserved_cpus = %reserved_cpus, "Option --reserved-cpus is specified, it will overwrite the cpu setting in KubeReserved and SystemReserved");
+        opts.config.kube_reserved.remove("cpu");
+        opts.config
+            .system_reserved
+            .insert("cpu".into(), reserved_cpus.len().to_string());
+    }
     let cfg = &opts.config;
     // Before anything starts, as upstream's NewMainKubelet fails.
     let rotation =
@@ -375,6 +394,16 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     // The node allocatable, QoS and pod cgroups.
     let cgroups =
         start_container_manager(cfg, &opts.node_name, &machine, &cluster_tasks, &token).await?;
+    // Exclusive CPUs (cpuManagerPolicy), its state file under the root.
+    let cpu_manager = start_cpu_manager(
+        cfg,
+        &opts.root_dir,
+        topology,
+        reserved_cpus,
+        &cluster_tasks,
+        &token,
+    )
+    .await?;
     let manager = Arc::new({
         let (initial, max) = crate::kuberuntime::backoff::crash_loop_backoff(cfg);
         let mut m = RuntimeManager::new(runtime.clone(), image_manager, rt_opts)
@@ -383,6 +412,7 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         m.allocation = allocation;
         m.runtime_state = runtime_state.clone();
         m.cgroups = cgroups.clone();
+        m.cpu = cpu_manager.clone();
         m.container_gc = opts.container_gc;
         m
     });
@@ -455,6 +485,20 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
         token.child_token(),
     );
     cgroups.set_active_pods(active_pods(pods.clone(), workers.clone()));
+    cpu_manager.set_active_pods(cpu_active_pods(
+        pods.clone(),
+        workers.clone(),
+        status.clone(),
+    ));
+    {
+        let status = status.clone();
+        cpu_manager.spawn_reconcile(
+            runtime.clone(),
+            Box::new(move |uid| status.get(uid)),
+            &cluster_tasks,
+            token.child_token(),
+        );
+    }
 
     let (pleg_tx, pleg_rx) = mpsc::channel(pleg::CHANNEL_CAPACITY);
     pleg::evented::spawn(runtime.clone(), pleg_tx.clone(), token.child_token());
@@ -693,7 +737,8 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     let admission = crate::syncloop::Admission::new(node_cfg.facts.clone())
         .with_runtime(runtime_state.clone())
         .with_eviction(eviction.clone())
-        .with_sysctls(sysctls);
+        .with_sysctls(sysctls)
+        .with_cpu_manager(cpu_manager.clone());
     let mut deleting = None;
     if let Some(path) = opts.kubeconfig.as_deref() {
         let c = ClusterParts {
@@ -725,6 +770,14 @@ pub async fn run(mut opts: KubeletOptions, token: CancellationToken) -> Result<(
     info!(node = %opts.node_name, static_pod_path = %cfg.static_pod_path, cluster = opts.kubeconfig.is_some(), "rkubelet started");
     let (pods_for_gc, workers_for_gc) = (pods.clone(), workers.clone());
     let workers_at_shutdown = workers.clone();
+    {
+        // Stale CPU assignments go only once every source has been seen.
+        let (seen, expected) = (pod_config.seen_sources(), expected.clone());
+        cpu_manager.set_sources_ready(Box::new(move || {
+            let seen = seen.borrow();
+            expected.iter().all(|s| seen.contains(*s))
+        }));
+    }
     let sync_loop = SyncLoop {
         pods,
         status,
@@ -906,6 +959,71 @@ fn active_pods(p: PodManager, w: PodWorkers) -> crate::cm::manager::ActivePods {
             .map(|pod| w.allocation().granted(pod))
             .collect()
     })
+}
+
+/// The active pods as the CPU manager sees them (upstream GetActivePods):
+/// the desired pods and the deleted ones still stopping, less those whose
+/// worker finished and those that ended (or were refused) and are not
+/// being stopped.
+fn cpu_active_pods(
+    p: PodManager,
+    w: PodWorkers,
+    s: StatusManager,
+) -> crate::cm::cpumanager::ActivePods {
+    Box::new(move || {
+        use crate::podworkers::WorkerPhase;
+        let (desired, deleted) = p.desired_and_terminating();
+        let keep = |pod: &Arc<crate::source::Pod>, is_desired: bool| {
+            let id = crate::source::pod_uid(pod);
+            match w.phase(id) {
+                Some(WorkerPhase::Terminated) => false,
+                Some(WorkerPhase::Terminating) => true,
+                None if !is_desired => false,
+                _ => !s
+                    .get(id)
+                    .is_some_and(|st| crate::status::generate::is_terminal(st.phase.as_deref())),
+            }
+        };
+        desired
+            .into_iter()
+            .filter(|pod| keep(pod, true))
+            .chain(deleted.into_iter().filter(|pod| keep(pod, false)))
+            .collect()
+    })
+}
+
+/// Starts the CPU manager (upstream NewManager and Start; an error stops
+/// the kubelet). The cpu reservation is systemReserved.cpu +
+/// kubeReserved.cpu, as upstream's GetNodeAllocatableReservation.
+async fn start_cpu_manager(
+    cfg: &crate::config::KubeletConfiguration,
+    root_dir: &std::path::Path,
+    topology: crate::cm::cpumanager::topology::CpuTopology,
+    reserved_cpus: crate::cm::cpumanager::cpuset::CpuSet,
+    tasks: &tokio_util::task::TaskTracker,
+    token: &CancellationToken,
+) -> Result<crate::cm::cpumanager::CpuManager, KubeletError> {
+    let reserved_milli: i128 = [&cfg.system_reserved, &cfg.kube_reserved]
+        .iter()
+        .filter_map(|m| m.get("cpu"))
+        .filter_map(|v| crate::cm::quantity::parse_milli(v).ok())
+        .sum();
+    let c = crate::cm::cpumanager::Config {
+        policy: cfg.cpu_manager_policy.clone(),
+        options: cfg
+            .cpu_manager_policy_options
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        reconcile_period: cfg.cpu_manager_reconcile_period.0,
+        reserved_cpus,
+        reserved_milli: reserved_milli.clamp(0, i64::MAX as i128) as i64,
+        root_dir: root_dir.to_path_buf(),
+        alpha_options: cfg.feature_gate("CPUManagerPolicyAlphaOptions"),
+        beta_options: cfg.feature_gate("CPUManagerPolicyBetaOptions"),
+        metrics: true,
+    };
+    Ok(crate::cm::cpumanager::CpuManager::start(c, topology, tasks, token.child_token()).await?)
 }
 
 /// Starts the container manager's cgroups for the cgroupfs driver with

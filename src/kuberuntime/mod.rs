@@ -177,6 +177,8 @@ pub struct RuntimeManager {
     pub runtime_state: crate::runtimestate::RuntimeState,
     /// The pods' cgroups (disabled unless the kubelet starts it).
     pub cgroups: crate::cm::manager::ContainerManager,
+    /// The containers' cpusets (pins nothing unless the kubelet starts it).
+    pub cpu: crate::cm::cpumanager::CpuManager,
     /// How many dead containers are kept (the deprecated GC flags).
     pub container_gc: gc::Policy,
     backoff: Mutex<Backoff>,
@@ -209,6 +211,7 @@ impl RuntimeManager {
             allocation: Default::default(),
             runtime_state: Default::default(),
             cgroups: Default::default(),
+            cpu: Default::default(),
             container_gc: Default::default(),
             backoff: Mutex::new(Backoff::container()),
             last_actions: Mutex::new(HashMap::new()),
@@ -908,7 +911,7 @@ impl RuntimeManager {
             },
         )
         .await;
-        let config = built.map_err(|message| {
+        let mut config = built.map_err(|message| {
             (
                 Waiting {
                     reason: "CreateContainerConfigError".into(),
@@ -917,6 +920,14 @@ impl RuntimeManager {
                 retry,
             )
         })?;
+        // Upstream PreCreateContainer: the CPU manager's cpuset (the
+        // container's exclusive CPUs, else the shared pool).
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        if let Some(cpus) = self.cpu.cpuset_for(uid, &c.name) {
+            if let Some(r) = config.linux.as_mut().and_then(|l| l.resources.as_mut()) {
+                r.cpuset_cpus = cpus;
+            }
+        }
         let id = self
             .runtime
             .create_container(ctx.sandbox_id, config, ctx.sandbox_cfg.clone())
@@ -931,6 +942,9 @@ impl RuntimeManager {
                     retry,
                 )
             })?;
+        // Upstream PreStartContainer: the cpuset given at creation counts
+        // as applied for the CPU manager's reconcile.
+        self.cpu.add_container(uid, &c.name);
         let ev = Some((c.name.as_str(), init));
         events::pod(
             pod,

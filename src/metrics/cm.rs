@@ -4,10 +4,10 @@
 //!
 //! Only upstream's `static` CPU manager policy sets them
 //! (`cm/cpumanager/policy_static.go`: initializeMetrics,
-//! updateMetricsOnAllocate/Release, the alignment counters). rkubelet runs
-//! what the default `none` policy does (no pinning), so the plain gauges
-//! show 0, as upstream's with `none`, and the labelled families have no
-//! series.
+//! updateMetricsOnAllocate/Release, the alignment counters); rkubelet's
+//! (`cm::cpumanager`) sets the gauges from its state after each change
+//! through `metrics::cpu_manager_pool`. Under `none` the plain gauges show
+//! 0 and the labelled families have no series, as upstream's.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -2357,3 +2357,65 @@ async fn reset_slis(State(s): State<ServerState>) -> Response {
 
 #[cfg(test)]
 mod tests;
+
+/// One exclusive CPU allocation asked of the static CPU manager policy
+/// (`kubelet_cpu_manager_pinning_requests_total`).
+pub fn cpu_manager_pinning_request() {
+    METRICS.rare.cpu_manager_pinning_requests.inc();
+}
+
+/// One that failed (`kubelet_cpu_manager_pinning_errors_total`).
+pub fn cpu_manager_pinning_error() {
+    METRICS.rare.cpu_manager_pinning_errors.inc();
+}
+
+/// The static policy's gauges, from its state: the shared pool less the
+/// reserved CPUs in millicores, the exclusively assigned CPUs, and those
+/// per NUMA node (upstream sets only nodes with some, never back to 0).
+pub fn cpu_manager_pool(shared_cpus: usize, exclusive_cpus: usize, per_numa: &[(usize, usize)]) {
+    let cm = &METRICS.cm;
+    cm.shared_pool_size_millicores
+        .set((shared_cpus * 1000) as i64);
+    cm.exclusive_cpu_allocation_count.set(exclusive_cpus as i64);
+    for (numa, n) in per_numa {
+        cm.allocation_per_numa
+            .get_or_create(&cm::NumaNode {
+                numa_node: numa.to_string(),
+            })
+            .set(*n as i64);
+    }
+}
+
+/// The full-pcpus-only alignment counters (`scope="container"`,
+/// `boundary="physical_cpu"`): `None` makes the series exist at 0 (the
+/// static policy's start, which also makes the uncore-cache one).
+pub fn cpu_manager_alignment(ok: Option<bool>) {
+    let cm = &METRICS.cm;
+    let labels = |boundary| cm::AlignmentLabels {
+        boundary,
+        scope: "container",
+    };
+    match ok {
+        None => {
+            let _ = cm
+                .aligned_compute_resources_failure
+                .get_or_create(&labels("physical_cpu"));
+            let _ = cm
+                .aligned_compute_resources
+                .get_or_create(&labels("physical_cpu"));
+            let _ = cm
+                .aligned_compute_resources
+                .get_or_create(&labels("uncore_cache"));
+        }
+        Some(true) => {
+            cm.aligned_compute_resources
+                .get_or_create(&labels("physical_cpu"))
+                .inc();
+        }
+        Some(false) => {
+            cm.aligned_compute_resources_failure
+                .get_or_create(&labels("physical_cpu"))
+                .inc();
+        }
+    }
+}

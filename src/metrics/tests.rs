@@ -1391,7 +1391,7 @@ async fn rarer_families_count_what_rkubelet_does_and_show_zero_otherwise() {
     // Counters upstream names without _total keep their names.
     assert!(text.contains("# TYPE kubelet_evented_pleg_connection_error_count counter\n"));
     assert!(text.contains("\nkubelet_evented_pleg_connection_success_count 0\n"));
-    // Behaviour rkubelet lacks (no CPU manager): registered, zero.
+    // The CPU manager's counters under its default policy (none): registered, zero.
     assert_eq!(
         line("kubelet_cpu_manager_pinning_requests_total").as_deref(),
         Some("0")

@@ -99,6 +99,9 @@ pub struct Admission {
     eviction: Option<crate::eviction::EvictionManager>,
     /// The sysctls pods may set (upstream's second admit handler).
     sysctls: Option<crate::lifecycle::sysctl::Allowlist>,
+    /// Exclusive CPUs (upstream's third handler, the topology manager's,
+    /// which calls the CPU manager's Allocate).
+    cpu: Option<crate::cm::cpumanager::CpuManager>,
 }
 
 impl Admission {
@@ -109,7 +112,14 @@ impl Admission {
             runtime: None,
             eviction: None,
             sysctls: None,
+            cpu: None,
         }
+    }
+
+    /// Takes exclusive CPUs for the pod's containers, or refuses it.
+    pub fn with_cpu_manager(mut self, m: crate::cm::cpumanager::CpuManager) -> Self {
+        self.cpu = Some(m);
+        self
     }
 
     /// Refuses pods setting sysctls the allowlist does not allow.
@@ -296,11 +306,18 @@ impl SyncLoop {
                 reason: crate::eviction::REASON.into(),
                 message,
             }),
-            None => a
-                .sysctls
-                .as_ref()
-                .map_or(Ok(()), |s| s.admit(checked))
-                .and_then(|()| crate::lifecycle::admit(checked, &refs, &a.facts(), is_static)),
+            None => {
+                a.sysctls
+                    .as_ref()
+                    .map_or(Ok(()), |s| s.admit(checked))
+                    .and_then(|()| match &a.cpu {
+                        Some(m) => m.admit(checked).map_err(|(reason, message)| {
+                            crate::lifecycle::Rejection { reason, message }
+                        }),
+                        None => Ok(()),
+                    })
+                    .and_then(|()| crate::lifecycle::admit(checked, &refs, &a.facts(), is_static))
+            }
         };
         crate::metrics::topology_manager_admission(Duration::ZERO);
         match verdict {
@@ -421,6 +438,18 @@ impl SyncLoop {
             Some(Pending {
                 reason: INFEASIBLE,
                 message: "In-place resize of static-pods is not supported".into(),
+            })
+        } else if a.cpu.as_ref().is_some_and(|m| m.is_static())
+            && crate::cm::pod_qos(pod) == crate::cm::QosClass::Guaranteed
+            && cpu_request_changes(pod, &alloc)
+        {
+            // Upstream canResizePod: pinned CPUs are not resized (rkubelet
+            // does not follow InPlacePodVerticalScalingExclusiveCPUs, under
+            // which upstream would re-allocate them).
+            crate::metrics::resize_infeasible("guaranteed_pod_cpu_manager_static_policy");
+            Some(Pending {
+                reason: INFEASIBLE,
+                message: "Resize is infeasible for Guaranteed Pods alongside CPU Manager policy \"static\"".into(),
             })
         } else if let Some(p) = crate::allocation::infeasible(pod, &node) {
             crate::metrics::resize_infeasible("insufficient_node_allocatable");
@@ -608,6 +637,18 @@ impl SyncLoop {
             gc();
         }
     }
+}
+
+/// Upstream guaranteedPodResourceResizeRequired for cpu: a resizable
+/// container asks for another cpu request than it was granted.
+fn cpu_request_changes(pod: &crate::source::Pod, granted: &crate::allocation::Allocation) -> bool {
+    let cpu = |r: Option<&k8s_openapi::api::core::v1::ResourceRequirements>| {
+        r.and_then(|r| r.requests.as_ref())
+            .and_then(|m| m.get("cpu"))
+            .and_then(|q| crate::cm::quantity::parse_milli(&q.0).ok())
+    };
+    crate::allocation::resizable(pod)
+        .any(|c| cpu(c.resources.as_ref()) != cpu(granted.get(&c.name)))
 }
 
 #[cfg(test)]
@@ -999,6 +1040,34 @@ mod tests {
         assert!(status.get("u-later").is_none_or(|s| s.reason.is_none()));
         token.cancel();
         let _ = task.await;
+    }
+
+    #[test]
+    fn a_cpu_resize_is_told_from_other_resizes() {
+        // Under the static CPU manager policy only a changed cpu request
+        // makes a Guaranteed pod's resize Infeasible (upstream
+        // guaranteedPodResourceResizeRequired).
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let res = |cpu: &str, mem: &str| ResourceRequirements {
+            requests: Some(
+                [
+                    ("cpu".to_string(), Quantity(cpu.into())),
+                    ("memory".to_string(), Quantity(mem.into())),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let mut pod = crate::testutil::named_pod("p", "u");
+        pod.spec.as_mut().unwrap().containers[0].resources = Some(res("1", "64Mi"));
+        let name = pod.spec.as_ref().unwrap().containers[0].name.clone();
+        let granted = |cpu: &str, mem: &str| {
+            crate::allocation::Allocation::from([(name.clone(), res(cpu, mem))])
+        };
+        assert!(!cpu_request_changes(&pod, &granted("1", "64Mi")));
+        assert!(!cpu_request_changes(&pod, &granted("1000m", "32Mi")));
+        assert!(cpu_request_changes(&pod, &granted("2", "64Mi")));
     }
 
     #[tokio::test]
