@@ -273,6 +273,22 @@ fn volumes_mounted(pod_dir: &Path) -> bool {
     false
 }
 
+/// Upstream's ReduceCPULimits for a pod waiting on its volumes: its cgroup
+/// at the minimum cpu weight (2 shares on v1, weight 1 on v2), so what is
+/// left in it cannot compete while the volumes go.
+fn reduce_cpu(dirs: &[PathBuf]) {
+    for d in dirs {
+        for (file, min) in [("cpu.shares", "2"), ("cpu.weight", "1")] {
+            let f = d.join(file);
+            if f.exists() {
+                if let Err(e) = std::fs::write(&f, min) {
+                    tracing::debug!(path = %f.display(), error = %e, "Failed to reduce cpu time for pod pending volume cleanup");
+                }
+            }
+        }
+    }
+}
+
 /// Removes the cgroups of pods that are not `known`, with no volume still
 /// mounted under `root_dir`, and at least `min_age` old (blocking); returns the UIDs whose
 /// cgroups are all removed, and those that could not be, with the error.
@@ -300,7 +316,8 @@ pub fn clean(
         // Volumes still mounted (upstream podVolumesExist): a
         // memory-backed volume's pages are charged to the pod's cgroup.
         if volumes_mounted(&root_dir.join("pods").join(&uid)) {
-            tracing::debug!(pod_uid = %uid, "Orphaned pod found, but volumes not yet removed");
+            tracing::debug!(pod_uid = %uid, "Orphaned pod found, but volumes not yet removed.  Reducing cpu to minimum");
+            reduce_cpu(&dirs);
             continue;
         }
         let now = std::time::SystemTime::now();
@@ -475,6 +492,7 @@ mod tests {
         crate::cm::node::mount_tmpfs_with(&mounted, "size=1m").unwrap();
         std::fs::create_dir_all(root.join("pods/finished/volumes/kubernetes.io~empty-dir/mem"))
             .unwrap();
+        std::fs::write(cpu.join("besteffort/podvolumes/cpu.shares"), "1024").unwrap();
         let c = PodCgroups::with_tops(vec![mem.clone(), cpu.clone()]);
         assert_eq!(
             c.list(&|_| false).keys().collect::<Vec<_>>(),
@@ -498,6 +516,13 @@ mod tests {
             assert!(top.join("besteffort").exists());
         }
         assert!(mem.join("besteffort/other").exists());
+        // The one waiting on its volumes was set to the minimum cpu weight.
+        assert_eq!(
+            std::fs::read_to_string(cpu.join("besteffort/podvolumes/cpu.shares")).unwrap(),
+            "2"
+        );
+        // (cgroupfs removes its files with the directory; a test one does not.)
+        std::fs::remove_file(cpu.join("besteffort/podvolumes/cpu.shares")).unwrap();
         // Once its volume is unmounted, the last one goes too.
         let c_path = std::ffi::CString::new(mounted.to_str().unwrap()).unwrap();
         // SAFETY: a NUL-terminated path that outlives the call.
