@@ -247,18 +247,11 @@ fn remove_at(dir: &Path, depth: usize) -> std::io::Result<()> {
 /// directory that cannot be read counts as mounted, as upstream's error
 /// does.
 fn volumes_mounted(pod_dir: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
     let plugins = match std::fs::read_dir(pod_dir.join("volumes")) {
         Ok(d) => d,
         Err(e) => return e.kind() != std::io::ErrorKind::NotFound,
     };
-    let mounted = |dir: &Path| match (
-        std::fs::symlink_metadata(dir),
-        dir.parent().map(std::fs::symlink_metadata),
-    ) {
-        (Ok(m), Some(Ok(p))) => m.is_dir() && (m.dev() != p.dev() || m.ino() == p.ino()),
-        _ => false,
-    };
+    let mounted = |dir: &Path| crate::volume::manager::is_mount_point(dir).unwrap_or(false);
     for plugin in plugins.flatten() {
         let Ok(volumes) = std::fs::read_dir(plugin.path()) else {
             return true;

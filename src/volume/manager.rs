@@ -1727,7 +1727,7 @@ fn memory_volume_size(
 }
 
 /// Whether `dir` is a mount point: on another device than its parent.
-fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
+pub(crate) fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
     let m = std::fs::symlink_metadata(dir)?;
     let parent = dir.parent().unwrap_or(Path::new("/"));
     let p = std::fs::symlink_metadata(parent)?;
