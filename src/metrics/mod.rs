@@ -1785,7 +1785,7 @@ pub fn cgroup_version() -> i64 {
 /// Reads whether /sys/fs/cgroup is the unified (v2) hierarchy and sets
 /// `kubelet_cgroup_version` (blocking stat; at startup).
 pub fn detect_cgroup_version() {
-    set_cgroup_version(std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists());
+    set_cgroup_version(crate::cm::node::cgroup_v2_unified());
 }
 
 // ------------------------------------------------------------ pod status sync
